@@ -1,0 +1,41 @@
+# One command each: `make demo` runs the main job end to end, `make test` passes the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast test-multiprocess demo lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,beam]'
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not multiprocess"
+
+test-multiprocess: setup
+	$(BIN)/python -m pytest -q -m multiprocess
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python -m pipeline bench
+
+clean:
+	rm -rf $(VENV) data runs .pytest_cache

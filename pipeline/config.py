@@ -1,0 +1,238 @@
+"""The data config: YAML in, a validated `DataConfig` out, before anything is read.
+
+    seed: 1234
+    seq_len: 1024
+    global_batch_size: 64        # rows per optimizer step
+    grad_accum: 1                # micro-batches per optimizer step
+    lanes: 1                     # canonical readers, fixed for a run (see docs/data-plan.md)
+    sources:
+      code: {path: ../data/python-code}     # relative to this file
+      docs: {path: ../data/python-docs}
+    mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
+    feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
+
+Every message names the file and the key, echoes the value and says what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import ConfigError, StoreError
+from pipeline.schedule import WeightSchedule, parse_schedule
+from pipeline.store import TokenStore
+
+TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
+            "stages", "feed")  # fmt: skip
+STAGE_KEYS = ("name", "steps", "mix", "epochs")
+FEED_KEYS = ("prefetch", "threads")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """`steps` + `mix` (steps None: open-ended), or an epochized blend (`epochs`)."""
+
+    name: str
+    steps: int | None = None
+    mix: tuple[tuple[str, WeightSchedule], ...] | None = None
+    epochs: tuple[tuple[str, int], ...] | None = None
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in (self.mix or self.epochs or ()))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.epochs is not None:
+            out["epochs"] = dict(self.epochs)
+        else:
+            out["steps"] = self.steps
+            out["mix"] = {name: schedule.to_json() for name, schedule in self.mix or ()}
+        return out
+
+
+@dataclass(frozen=True)
+class FeedOptions:
+    prefetch: int = 2
+    threads: int = 4
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    seed: int
+    seq_len: int
+    global_batch_size: int
+    sources: tuple[SourceSpec, ...]
+    stages: tuple[StageSpec, ...]
+    grad_accum: int = 1
+    lanes: int = 1
+    feed: FeedOptions = field(default_factory=FeedOptions)
+    origin: str = "<config>"
+
+    @property
+    def rows_per_lane(self) -> int:
+        return self.global_batch_size // self.lanes
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sources)
+
+    def source(self, name: str) -> SourceSpec:
+        return next(s for s in self.sources if s.name == name)
+
+    def open_stores(self) -> dict[str, TokenStore]:
+        """Open every source's store; a bad one is named by its config key."""
+        stores = {}
+        for spec in self.sources:
+            try:
+                stores[spec.name] = TokenStore(spec.path)
+            except StoreError as error:
+                raise ConfigError(f"{self.origin}: sources.{spec.name}.path: {error}") from error
+        return stores
+
+
+def load_config(path: str | Path) -> DataConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the data config: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from error
+    return parse_config(raw, origin=str(path), base_dir=path.parent)
+
+
+def parse_config(raw: Any, origin: str = "<config>", base_dir: Path = Path()) -> DataConfig:
+    where = _Where(origin)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: a data config is a mapping, got {type(raw).__name__}")
+    where.keys(raw, TOP_KEYS, "")
+    for key in ("seq_len", "global_batch_size", "sources"):
+        if key not in raw:
+            raise ConfigError(f"{origin}: missing required key '{key}'")
+    seed = where.integer(raw.get("seed", 0), "seed", minimum=0)
+    seq_len = where.integer(raw["seq_len"], "seq_len", minimum=1)
+    batch = where.integer(raw["global_batch_size"], "global_batch_size", minimum=1)
+    grad_accum = where.integer(raw.get("grad_accum", 1), "grad_accum", minimum=1)
+    lanes = where.integer(raw.get("lanes", 1), "lanes", minimum=1)
+    for key, value in (("lanes", lanes), ("grad_accum", grad_accum)):
+        if batch % value:
+            raise ConfigError(
+                f"{origin}: global_batch_size {batch} is not divisible by {key} {value}"
+            )
+    sources = _sources(raw["sources"], where, base_dir)
+    stages = _stages(raw, where, {s.name for s in sources})
+    feed = _feed(raw.get("feed", {}), where)
+    return DataConfig(seed, seq_len, batch, sources, stages, grad_accum, lanes, feed, origin)
+
+
+class _Where:
+    """Error helpers that prefix the config file and key."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.origin}: {key}: {message}")
+
+    def keys(self, mapping: dict, allowed: tuple[str, ...], key: str) -> None:
+        for name in mapping:
+            if name not in allowed:
+                place = f"{key}.{name}" if key else str(name)
+                raise self.fail(place, f"unknown key (valid keys: {', '.join(allowed)})")
+
+    def integer(self, value: Any, key: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(key, f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def mapping(self, value: Any, key: str) -> dict:
+        if not isinstance(value, dict) or not value:
+            raise self.fail(key, f"expected a non-empty mapping, got {value!r}")
+        return value
+
+    def known(self, name: Any, names: set[str], key: str) -> str:
+        if name not in names:
+            raise self.fail(
+                f"{key}.{name}", f"unknown source (sources: {', '.join(sorted(names))})"
+            )
+        return name
+
+
+def _sources(raw: Any, where: _Where, base_dir: Path) -> tuple[SourceSpec, ...]:
+    sources = []
+    for name, entry in where.mapping(raw, "sources").items():
+        key = f"sources.{name}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise where.fail(key, "source names are identifiers (letters, digits, _)")
+        where.keys(where.mapping(entry, key), ("path",), key)
+        if not isinstance(entry.get("path"), str):
+            raise where.fail(
+                f"{key}.path", f"expected a store directory, got {entry.get('path')!r}"
+            )
+        sources.append(SourceSpec(name, (base_dir / entry["path"]).resolve()))
+    return tuple(sorted(sources, key=lambda s: s.name))
+
+
+def _mix(raw: Any, where: _Where, names: set[str], key: str) -> tuple:
+    mix = where.mapping(raw, key)
+    return tuple(
+        (where.known(name, names, key), parse_schedule(value, f"{where.origin}: {key}.{name}"))
+        for name, value in sorted(mix.items())
+    )
+
+
+def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
+    if ("mix" in raw) == ("stages" in raw):
+        raise where.fail("mix", "give exactly one of 'mix' (one open-ended stage) or 'stages'")
+    if "mix" in raw:
+        return (StageSpec("main", None, _mix(raw["mix"], where, names, "mix")),)
+    entries = raw["stages"]
+    if not isinstance(entries, list) or not entries:
+        raise where.fail("stages", f"expected a non-empty list of stages, got {entries!r}")
+    stages = []
+    for index, entry in enumerate(entries):
+        key = f"stages[{index}]"
+        where.keys(where.mapping(entry, key), STAGE_KEYS, key)
+        name = str(entry.get("name", f"stage{index}"))
+        if "epochs" in entry:
+            if "mix" in entry or "steps" in entry:
+                raise where.fail(key, "an epochized stage ('epochs') takes no 'mix' or 'steps'")
+            epochs = tuple(
+                (where.known(n, names, f"{key}.epochs"),
+                 where.integer(r, f"{key}.epochs.{n}", minimum=1))
+                for n, r in sorted(where.mapping(entry["epochs"], f"{key}.epochs").items())
+            )  # fmt: skip
+            stages.append(StageSpec(name, None, None, epochs))
+            continue
+        if "mix" not in entry:
+            raise where.fail(key, "a stage has 'mix' (with optional 'steps') or 'epochs'")
+        steps = entry.get("steps")
+        if steps is None and index != len(entries) - 1:
+            raise where.fail(f"{key}.steps", "only the last stage may be open-ended")
+        if steps is not None:
+            where.integer(steps, f"{key}.steps", minimum=1)
+        stages.append(StageSpec(name, steps, _mix(entry["mix"], where, names, f"{key}.mix")))
+    if len({s.name for s in stages}) != len(stages):
+        raise where.fail("stages", "stage names must be unique")
+    return tuple(stages)
+
+
+def _feed(raw: Any, where: _Where) -> FeedOptions:
+    if not isinstance(raw, dict):
+        raise where.fail("feed", f"expected a mapping, got {raw!r}")
+    where.keys(raw, FEED_KEYS, "feed")
+    return FeedOptions(
+        prefetch=where.integer(raw.get("prefetch", 2), "feed.prefetch", minimum=1),
+        threads=where.integer(raw.get("threads", 4), "feed.threads", minimum=1),
+    )

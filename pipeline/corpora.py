@@ -1,0 +1,521 @@
+"""Where `prepare` gets its documents: files, globs, JSONL, Parquet, TFDS and builtin corpora.
+
+`resolve_inputs` turns what the user typed into `InputSpec` values and checks all of them before
+any tokenizing starts (a missing path fails in a second, not after an hour of work).
+`iter_documents` then yields `Document(key, text)` in a fixed order; a read error stops with the
+file and line instead of skipping anything.
+
+Input forms (each `prepare` argument is one input):
+
+* ``DIR``: every regular file under it, recursively, sorted by relative path, read as UTF-8
+  text, one document per file; hidden files and directories are ignored.
+* ``'PATTERN'`` (a quoted glob, ``**`` allowed): the matching regular files, sorted, each read as
+  if it were given on its own (so ``'data/*.jsonl'`` reads JSON Lines).
+* ``FILE.jsonl`` / ``FILE.json``: JSON Lines, one object per line, text in field ``text_field``;
+  blank lines carry no data and are passed over.
+* ``FILE.parquet``: column ``text_field``, read in record batches.
+* any other ``FILE``: one document, the whole file as UTF-8 text.
+* ``tfds:NAME[/CONFIG]:SPLIT``: a TFDS dataset prepared in ``array_record`` format, read with
+  ``as_data_source`` (no TensorFlow needed); feature ``text_field``.
+* ``builtin:NAME``: a corpus that ships with Python (see `BUILTIN_CORPORA`), for demos and tests.
+
+Document keys (stable, used for deterministic hashing, never machine paths):
+
+* a file of a directory or glob: its path relative to the directory, or to the glob's leading
+  directory (``pkg/mod.py``); a single file: its base name (``notes.txt``);
+* a JSONL line: ``<file key>:<line>``, 1-based (``data.jsonl:17``);
+* a Parquet row: ``<file key>:row <index>``, 0-based (``data.parquet:row 5``);
+* ``tfds:NAME[/CONFIG]:SPLIT:index <i>``, 0-based, and ``builtin:NAME:<path or topic>``.
+
+Keys are unique across the inputs of one call: when two file inputs could produce the same key
+(two directories that both hold ``README``), every key of those inputs is prefixed with the input
+argument as typed and a ``|`` (``data/a|README``). The same file reached through two inputs, or the
+same input given twice, is refused instead: a document is tokenized once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import sysconfig
+import tokenize
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from pipeline.errors import PrepareError
+
+__all__ = [
+    "BUILTIN_CORPORA",
+    "Document",
+    "InputSpec",
+    "iter_documents",
+    "resolve_inputs",
+]
+
+BUILTIN_CORPORA: dict[str, str] = {
+    "python-code": "the Python standard library's .py sources, without its tests",
+    "python-tests": "the Python standard library's test suite (Lib/test/*.py)",
+    "python-docs": "the English Python documentation topics (pydoc_data.topics)",
+}
+"""Corpora that need no download: every machine with the same Python has the same documents."""
+
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+PARQUET_BATCH_ROWS = 1024
+TFDS_BATCH = 256
+TFDS_PATTERN = re.compile(r"^tfds:([A-Za-z0-9_]+(?:/[A-Za-z0-9_.\-]+)?):(\S+)$")
+_EXCLUDED_CODE_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One document: ``key`` locates it stably (see the module docstring), ``text`` is its text."""
+
+    key: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One validated input of `prepare`.
+
+    Attributes:
+      kind: ``dir``, ``glob``, ``text``, ``jsonl``, ``parquet``, ``tfds`` or ``builtin``.
+      argument: the input as the user typed it (used in messages and key prefixes).
+      files: for file kinds, ``(path, file kind, file key)`` in read order, resolved up front so
+        the file set cannot change between validation and reading.
+      key_prefix: prepended to every key of this input to keep keys unique across inputs.
+      text_field: JSONL field, Parquet column or TFDS feature that holds the text.
+      name: the TFDS ``NAME[/CONFIG]`` or the builtin corpus name.
+      split: the TFDS split.
+      data_dir: the TFDS data directory.
+    """
+
+    kind: str
+    argument: str
+    files: tuple[tuple[str, str, str], ...] = ()
+    key_prefix: str = ""
+    text_field: str = "text"
+    name: str = ""
+    split: str = ""
+    data_dir: str = ""
+
+
+def resolve_inputs(
+    inputs: Sequence[str], text_field: str = "text", tfds_data_dir: str | None = None
+) -> list[InputSpec]:
+    """Validates every input up front and returns their specs, in the order given."""
+    if not inputs:
+        raise PrepareError(
+            "no inputs given; pass at least one file, directory, glob, tfds: or builtin: input"
+        )
+    seen: set[str] = set()
+    specs: list[InputSpec] = []
+    for argument in inputs:
+        if argument in seen:
+            raise PrepareError(f"input {argument!r} is given twice; give each input once")
+        seen.add(argument)
+        specs.append(_resolve_one(argument, text_field, tfds_data_dir))
+    _refuse_shared_files(specs)
+    return _prefix_colliding_keys(specs)
+
+
+def _resolve_one(argument: str, text_field: str, tfds_data_dir: str | None) -> InputSpec:
+    if argument.startswith("builtin:"):
+        return _resolve_builtin(argument)
+    if argument.startswith("tfds:"):
+        return _resolve_tfds(argument, text_field, tfds_data_dir)
+    path = os.path.expanduser(argument)
+    if os.path.isdir(path):
+        return _resolve_dir(argument, path, text_field)
+    if os.path.isfile(path):
+        kind = _file_kind(path)
+        _check_file(argument, path, kind, text_field)
+        files = ((path, kind, os.path.basename(path)),)
+        return InputSpec(kind, argument, files, text_field=text_field)
+    if glob.has_magic(path):
+        return _resolve_glob(argument, path, text_field)
+    if os.path.lexists(path):
+        raise PrepareError(f"input {argument!r} is neither a regular file nor a directory")
+    raise PrepareError(
+        f"input {argument!r} does not exist; give a file, directory, quoted glob, "
+        "tfds:NAME[/CONFIG]:SPLIT or builtin:NAME"
+    )
+
+
+def _file_kind(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if lower.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def _check_file(argument: str, path: str, kind: str, text_field: str) -> None:
+    """Checks what is cheap to check before reading: a Parquet file's schema has the column."""
+    if kind != "parquet":
+        return
+    columns = _parquet_columns(path)
+    if text_field not in columns:
+        raise PrepareError(
+            f"input {argument!r}: {path} has no column {text_field!r} (columns: "
+            f"{', '.join(columns)}); pass --text-field with the column that holds the text"
+        )
+
+
+def _walk_files(root: str, skip_dir: Callable[[str], bool] | None = None) -> list[str]:
+    """Relative POSIX paths of the regular, non-hidden files under ``root``, sorted."""
+    found: list[str] = []
+    for directory, dirs, files in os.walk(root):
+        rel_dir = os.path.relpath(directory, root)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and not (skip_dir and skip_dir(os.path.normpath(os.path.join(rel_dir, d))))
+        ]
+        for name in files:
+            full = os.path.join(directory, name)
+            if not name.startswith(".") and os.path.isfile(full):
+                found.append(os.path.normpath(os.path.join(rel_dir, name)).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def _resolve_dir(argument: str, path: str, text_field: str) -> InputSpec:
+    rels = _walk_files(path)
+    if not rels:
+        raise PrepareError(f"input {argument!r}: directory has no (non-hidden) files")
+    files = tuple((os.path.join(path, rel), "text", rel) for rel in rels)
+    return InputSpec("dir", argument, files, text_field=text_field)
+
+
+def _resolve_glob(argument: str, pattern: str, text_field: str) -> InputSpec:
+    parts = pattern.split("/")
+    fixed = []
+    for part in parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    base = "/".join(fixed) or ("/" if pattern.startswith("/") else ".")
+    matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+    if not matches:
+        raise PrepareError(
+            f"input {argument!r}: the glob matches no files; check the pattern and quote it "
+            "so the shell does not expand it"
+        )
+    files = []
+    for match in matches:
+        kind = _file_kind(match)
+        _check_file(argument, match, kind, text_field)
+        files.append((match, kind, os.path.relpath(match, base).replace(os.sep, "/")))
+    return InputSpec("glob", argument, tuple(files), text_field=text_field)
+
+
+def _resolve_builtin(argument: str) -> InputSpec:
+    name = argument[len("builtin:") :]
+    if name not in BUILTIN_CORPORA:
+        raise PrepareError(
+            f"unknown builtin corpus {argument!r}; valid: "
+            + ", ".join(f"builtin:{n}" for n in BUILTIN_CORPORA)
+        )
+    if name == "python-docs":
+        return InputSpec("builtin", argument, name=name)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    if name == "python-code":
+        rels = _walk_files(stdlib, _is_excluded_code_dir)
+    else:
+        test_dir = os.path.join(stdlib, "test")
+        if not os.path.isdir(test_dir):
+            raise PrepareError(
+                f"input {argument!r}: this Python has no test suite at {test_dir} (Debian-like "
+                "systems split it out); install it (e.g. libpython3-testsuite) or use "
+                "builtin:python-code"
+            )
+        rels = ["test/" + rel for rel in _walk_files(test_dir)]
+    rels = [rel for rel in rels if rel.endswith(".py")]
+    if not rels:
+        raise PrepareError(f"input {argument!r}: found no .py files under {stdlib}")
+    files = tuple((os.path.join(stdlib, rel), "python", f"{argument}:{rel}") for rel in rels)
+    return InputSpec("builtin", argument, files, name=name)
+
+
+def _is_excluded_code_dir(rel_dir: str) -> bool:
+    """Test packages and third-party code are not part of ``builtin:python-code``."""
+    rel = rel_dir.replace(os.sep, "/")
+    return os.path.basename(rel) in _EXCLUDED_CODE_DIRS or rel == "lib2to3/tests"
+
+
+def _resolve_tfds(argument: str, text_field: str, tfds_data_dir: str | None) -> InputSpec:
+    match = TFDS_PATTERN.match(argument)
+    if not match:
+        raise PrepareError(
+            f"input {argument!r} is not of the form tfds:NAME[/CONFIG]:SPLIT "
+            "(for example tfds:wikipedia/20230601.en:train)"
+        )
+    name, split = match.group(1), match.group(2)
+    data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    data_dir = os.path.expanduser(data_dir)
+    builder = _tfds_builder(argument, name, data_dir)
+    if not builder.is_prepared():
+        raise PrepareError(
+            f"input {argument!r}: dataset {name} is not prepared in {data_dir}; run "
+            f"tfds.builder({name!r}, data_dir=...).download_and_prepare("
+            "file_format='array_record') or pass --tfds-data-dir"
+        )
+    file_format = str(getattr(builder.info.file_format, "value", builder.info.file_format))
+    if file_format != "array_record":
+        raise PrepareError(
+            f"input {argument!r}: dataset {name} in {data_dir} is stored as {file_format}; "
+            "prepare it again with file_format='array_record' (random access without TensorFlow)"
+        )
+    features = list(builder.info.features.keys())
+    if text_field not in features:
+        raise PrepareError(
+            f"input {argument!r}: dataset {name} has no feature {text_field!r} (features: "
+            f"{', '.join(features)}); pass --text-field with the text feature"
+        )
+    splits = list(builder.info.splits.keys())
+    base_split = re.split(r"[\[+]", split, maxsplit=1)[0]
+    if base_split not in splits:
+        raise PrepareError(
+            f"input {argument!r}: dataset {name} has no split {base_split!r} "
+            f"(splits: {', '.join(sorted(splits))})"
+        )
+    return InputSpec(
+        "tfds", argument, text_field=text_field, name=name, split=split, data_dir=data_dir
+    )
+
+
+def _tfds_builder(argument: str, name: str, data_dir: str) -> Any:
+    import tensorflow_datasets as tfds
+
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except Exception as error:  # DatasetNotFoundError, config errors, unreadable metadata.
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise PrepareError(
+            f"input {argument!r}: cannot open TFDS dataset {name} in {data_dir} ({first_line}); "
+            "check the name and --tfds-data-dir"
+        ) from None
+
+
+def _refuse_shared_files(specs: Sequence[InputSpec]) -> None:
+    owner: dict[str, str] = {}
+    for spec in specs:
+        for path, _, _ in spec.files:
+            real = os.path.realpath(path)
+            if real in owner and owner[real] != spec.argument:
+                raise PrepareError(
+                    f"file {path} is read by both input {owner[real]!r} and input "
+                    f"{spec.argument!r}; give each file through one input"
+                )
+            owner[real] = spec.argument
+
+
+def _prefix_colliding_keys(specs: list[InputSpec]) -> list[InputSpec]:
+    """Prefixes the keys of file inputs whose keys could equal another input's keys."""
+    file_specs = [
+        i for i, s in enumerate(specs) if s.kind in ("dir", "glob", "text", "jsonl", "parquet")
+    ]
+    keys_of = {i: {key for _, _, key in specs[i].files} for i in file_specs}
+    colliding: set[int] = set()
+    for i in file_specs:
+        for key in keys_of[i]:
+            # A JSONL/Parquet key is "<file key>:..."; a text file may be named like one.
+            candidates = [key] + [key[:p] for p, c in enumerate(key) if c == ":"]
+            if key.startswith(("tfds:", "builtin:")):
+                colliding.add(i)
+            for j in file_specs:
+                if j != i and any(c in keys_of[j] for c in candidates):
+                    colliding.update((i, j))
+    return [
+        dataclasses.replace(spec, key_prefix=f"{spec.argument}|") if i in colliding else spec
+        for i, spec in enumerate(specs)
+    ]
+
+
+def iter_documents(spec: InputSpec) -> Iterator[Document]:
+    """Yields the documents of one input in a fixed order; raises PrepareError on bad data."""
+    if spec.kind == "tfds":
+        yield from _iter_tfds(spec)
+        return
+    if spec.kind == "builtin" and spec.name == "python-docs":
+        from pydoc_data.topics import topics
+
+        for topic in sorted(topics):
+            yield Document(f"{spec.argument}:{topic}", topics[topic])
+        return
+    for path, kind, key in spec.files:
+        key = spec.key_prefix + key
+        if kind == "jsonl":
+            yield from _iter_jsonl(path, key, spec.text_field)
+        elif kind == "parquet":
+            yield from _iter_parquet(path, key, spec.text_field)
+        elif kind == "python":
+            text = _read_python_source(path)
+            if text is not None:
+                yield Document(key, text)
+        else:
+            yield Document(key, _read_text(path))
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as error:
+        raise PrepareError(
+            f"cannot read {path} ({error.strerror}); check that it exists and is readable"
+        ) from None
+
+
+def _read_text(path: str) -> str:
+    data = _read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PrepareError(
+            f"{path} is not valid UTF-8 (byte {error.start}: {error.reason}); convert it to "
+            "UTF-8 or leave it out of the inputs"
+        ) from None
+
+
+def _read_python_source(path: str) -> str | None:
+    """Decodes a stdlib source by Python's own rules (PEP 263), as the interpreter would.
+
+    A handful of test fixtures are deliberately undecodable (``badsyntax_pep3120.py``); Python
+    cannot read them either, so they are not part of a builtin corpus. That rule depends only on
+    the Python version, so the corpus is still the same on every machine with that Python.
+    """
+    data = _read_bytes(path)
+    try:
+        encoding, _ = tokenize.detect_encoding(iter(data.splitlines(keepends=True)).__next__)
+        return data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+
+
+def _iter_jsonl(path: str, key: str, field: str) -> Iterator[Document]:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; a generator must not leak it.
+    except OSError as error:
+        raise PrepareError(
+            f"cannot read {path} ({error.strerror}); check that it exists and is readable"
+        ) from None
+    with f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise PrepareError(
+                    f"{path} line {number} is not valid UTF-8 ({error.reason}); convert the "
+                    "file to UTF-8"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise PrepareError(
+                    f"{path} line {number} is not JSON ({error.msg} at column {error.colno}); "
+                    "JSON Lines need one JSON object per line"
+                ) from None
+            if not isinstance(record, dict):
+                raise PrepareError(
+                    f"{path} line {number} is a JSON {type(record).__name__}, not an object; "
+                    f"JSON Lines need one object per line with field {field!r}"
+                )
+            if field not in record:
+                raise PrepareError(
+                    f"{path} line {number} has no field {field!r} (keys: "
+                    f"{', '.join(sorted(record)) or 'none'}); pass --text-field with the text field"
+                )
+            text = record[field]
+            if not isinstance(text, str):
+                raise PrepareError(
+                    f"{path} line {number}: field {field!r} is a {type(text).__name__}, not a "
+                    "string; store the text as a JSON string"
+                )
+            yield Document(f"{key}:{number}", text)
+
+
+def _parquet_columns(path: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    except Exception as error:  # ArrowInvalid / OSError for a file that is not Parquet.
+        raise PrepareError(
+            f"{path} is not a readable Parquet file ({str(error).splitlines()[0]}); "
+            "check the file or give it a different extension"
+        ) from None
+
+
+def _iter_parquet(path: str, key: str, field: str) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    columns = _parquet_columns(path)
+    if field not in columns:
+        raise PrepareError(
+            f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
+            "pass --text-field with the column that holds the text"
+        )
+    row = 0
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
+        for batch in batches:
+            for value in batch.column(0).to_pylist():
+                yield Document(
+                    f"{key}:row {row}", _as_text(value, f"{path} row {row} column {field!r}")
+                )
+                row += 1
+    except PrepareError:
+        raise
+    except Exception as error:  # a truncated or corrupt row group.
+        raise PrepareError(
+            f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
+            "the file is damaged, write it again"
+        ) from None
+
+
+def _as_text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise PrepareError(
+                f"{where} is not valid UTF-8 ({error.reason}); store UTF-8 text"
+            ) from None
+    raise PrepareError(
+        f"{where} is {'null' if value is None else type(value).__name__}, not text; "
+        "store a string in every row"
+    )
+
+
+def _iter_tfds(spec: InputSpec) -> Iterator[Document]:
+    builder = _tfds_builder(spec.argument, spec.name, spec.data_dir)
+    try:
+        source = builder.as_data_source(split=spec.split)
+    except Exception as error:
+        raise PrepareError(
+            f"input {spec.argument!r}: cannot read split {spec.split!r} "
+            f"({(str(error).splitlines() or [type(error).__name__])[0]})"
+        ) from None
+    count = len(source)
+    for start in range(0, count, TFDS_BATCH):
+        indices = list(range(start, min(start + TFDS_BATCH, count)))
+        records = (
+            source.__getitems__(indices)
+            if hasattr(source, "__getitems__")
+            else [source[i] for i in indices]
+        )
+        for index, record in zip(indices, records, strict=True):
+            where = f"{spec.argument} index {index} feature {spec.text_field!r}"
+            text = _as_text(record[spec.text_field], where)
+            yield Document(f"{spec.argument}:index {index}", text)

@@ -1,0 +1,106 @@
+"""Where a source's windows are in each epoch: shard order, lane ranges, window order.
+
+For epoch `e` of a source, its shards are put in a keyed order and concatenated into the
+*epoch stream* of T tokens. The stream is cut into `lanes` equal ranges of Q = T // lanes
+tokens; lane `l` owns [l*Q, (l+1)*Q). A window is `seq_len + 1` tokens starting at a multiple of
+`seq_len` inside the lane's range (consecutive windows share one token, so every token of the
+range is a target once). Every lane has the same W = (Q - 1) // seq_len windows per epoch, so all
+lanes roll over together; the few tokens past the last window of a lane are not used in that
+epoch, and because the shard order changes every epoch, different tokens fall there each time.
+
+The k-th window a lane draws from the source is window `index_shuffle(k % W)` of epoch
+`k // W`: a keyed bijection per (seed, source, epoch, lane), so each window is used exactly once
+per epoch and any k is computed directly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from grain.experimental import index_shuffle
+
+from pipeline.errors import ConfigError
+from pipeline.keys import keyed_hash
+from pipeline.store import TokenSpan, TokenStore
+
+SHUFFLE_ROUNDS = 4
+
+
+class SourceLayout:
+    def __init__(self, name: str, store: TokenStore, seed: int, seq_len: int, lanes: int) -> None:
+        self.name = name
+        self.store = store
+        self.seed = seed
+        self.seq_len = seq_len
+        self.lanes = lanes
+        self.lane_tokens = store.num_tokens // lanes
+        self.windows_per_lane = (self.lane_tokens - 1) // seq_len
+        if self.windows_per_lane < 1:
+            raise ConfigError(
+                f"sources.{name}: seq_len {seq_len} needs at least {seq_len + 1} tokens per lane, "
+                f"but {store.path} has {store.num_tokens} tokens for {lanes} lanes "
+                "(use a smaller seq_len or fewer lanes)"
+            )
+        self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
+        self._shuffle_seed = lru_cache(maxsize=4096)(self._lane_seed)
+
+    def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""
+        counter = np.asarray(counter, dtype=np.int64)
+        epoch, k = np.divmod(counter, self.windows_per_lane)
+        window = np.array(
+            [
+                index_shuffle(
+                    int(i),
+                    max_index=self.windows_per_lane - 1,
+                    seed=self._shuffle_seed(int(e), int(ln)),
+                    rounds=SHUFFLE_ROUNDS,
+                )
+                for i, e, ln in zip(
+                    k.ravel(), epoch.ravel(), np.broadcast_to(lane, k.shape).ravel()
+                )
+            ],
+            dtype=np.int64,
+        ).reshape(k.shape)
+        start = np.asarray(lane, dtype=np.int64) * self.lane_tokens + window * self.seq_len
+        return epoch, window, start
+
+    def pieces(self, epoch: int, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(shard, first token, end token) pieces covering [start, stop) of the epoch stream."""
+        order, starts = self._shard_starts(epoch)
+        out = []
+        position = int(np.searchsorted(starts, start, side="right")) - 1
+        while start < stop:
+            shard = int(order[position])
+            lo = start - int(starts[position])
+            hi = min(stop, int(starts[position + 1])) - int(starts[position])
+            if hi > lo:
+                out.append((shard, lo, hi))
+            start += hi - lo
+            position += 1
+        return out
+
+    def read(self, epoch: int, start: int) -> TokenSpan:
+        """The window of `seq_len + 1` tokens at `start` of the epoch stream."""
+        spans, offset, doc_starts = [], 0, []
+        for shard, lo, hi in self.pieces(epoch, start, start + self.seq_len + 1):
+            span = self.store.read_shard_tokens(shard, lo, hi)
+            spans.append(span.tokens)
+            doc_starts.append(span.doc_starts + offset)
+            offset += hi - lo
+        if len(spans) == 1:
+            return TokenSpan(spans[0], doc_starts[0])
+        return TokenSpan(np.concatenate(spans), np.concatenate(doc_starts))
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        return self._shard_starts(epoch)[0]
+
+    def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        key = keyed_hash(self.seed, "shard-order", self.name, epoch)
+        order = np.random.default_rng(key).permutation(self.store.num_shards)
+        starts = np.concatenate([[0], np.cumsum(self.store.shard_tokens[order])])
+        return order, starts
+
+    def _lane_seed(self, epoch: int, lane: int) -> int:
+        return keyed_hash(self.seed, "window-order", self.name, epoch, lane, bits=32)

@@ -1,0 +1,189 @@
+"""The ledger: the whole data state of a run, small enough to live in every checkpoint.
+
+A ledger is a list of segments. Each segment says: from `start_step` on, the data follows this
+resolved config, and each source had already been drawn `counters[name]` windows per lane. The
+first segment starts at step 0 with zero counters; a declared config switch appends one. With
+the step, the ledger determines every batch the run has seen or will see.
+
+The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
+size, lanes, stages, and each source's store content), not store paths or feed options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DataConfig, parse_config
+from pipeline.errors import ConfigError, LedgerError
+
+LEDGER_VERSION = 1
+
+
+def config_mapping(config: DataConfig) -> dict[str, Any]:
+    """A config as the mapping `parse_config` accepts, with absolute store paths."""
+    return {
+        "seed": config.seed,
+        "seq_len": config.seq_len,
+        "global_batch_size": config.global_batch_size,
+        "grad_accum": config.grad_accum,
+        "lanes": config.lanes,
+        "sources": {s.name: {"path": str(s.path)} for s in config.sources},
+        "stages": [stage.to_json() for stage in config.stages],
+    }
+
+
+def data_order(mapping: dict[str, Any], fingerprints: dict[str, str]) -> dict[str, Any]:
+    """The part of a config mapping that decides the batches, stores named by content."""
+    order = {k: mapping[k] for k in ("seed", "seq_len", "global_batch_size", "lanes", "stages")}
+    order["sources"] = {name: fingerprints[name] for name in sorted(mapping["sources"])}
+    return order
+
+
+def fingerprint_of(order: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(order, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Segment:
+    start_step: int
+    config: dict[str, Any]
+    fingerprints: dict[str, str]
+    counters: dict[str, int]
+
+    @property
+    def order(self) -> dict[str, Any]:
+        return data_order(self.config, self.fingerprints)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.order)
+
+    def parsed(self, where: str) -> DataConfig:
+        try:
+            return parse_config(self.config, origin=where)
+        except ConfigError as error:
+            raise LedgerError(f"{where}: the recorded config is invalid: {error}") from error
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start_step": self.start_step,
+            "config": self.config,
+            "fingerprints": self.fingerprints,
+            "counters": self.counters,
+            "fingerprint": self.fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class Ledger:
+    segments: tuple[Segment, ...]
+
+    @classmethod
+    def start(cls, config: DataConfig, fingerprints: dict[str, str]) -> Ledger:
+        counters = dict.fromkeys(config.source_names, 0)
+        return cls((Segment(0, config_mapping(config), dict(fingerprints), counters),))
+
+    @property
+    def last(self) -> Segment:
+        return self.segments[-1]
+
+    def segment_index(self, step: int) -> int:
+        if step < 0:
+            raise LedgerError(f"step {step} is negative")
+        return max(i for i, s in enumerate(self.segments) if s.start_step <= step)
+
+    def append(self, segment: Segment) -> Ledger:
+        return Ledger((*self.segments, segment))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": LEDGER_VERSION, "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
+        if not isinstance(raw, dict) or raw.get("version") != LEDGER_VERSION:
+            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} ledger")
+        segments = []
+        for index, entry in enumerate(raw.get("segments") or []):
+            try:
+                segment = Segment(
+                    int(entry["start_step"]),
+                    dict(entry["config"]),
+                    dict(entry["fingerprints"]),
+                    {k: int(v) for k, v in entry["counters"].items()},
+                )
+            except (KeyError, TypeError, ValueError) as error:
+                raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error
+            if entry.get("fingerprint") not in (None, segment.fingerprint):
+                raise LedgerError(
+                    f"{origin}: segments[{index}] fingerprint does not match its content "
+                    "(the ledger was edited)"
+                )
+            segments.append(segment)
+        _check_lined_up(segments, origin)
+        return cls(tuple(segments))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Ledger:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise LedgerError(f"{path}: cannot read the ledger: {error}") from error
+        return cls.from_json(raw, origin=str(path))
+
+
+def _check_lined_up(segments: list[Segment], origin: str) -> None:
+    if not segments:
+        raise LedgerError(f"{origin}: a ledger has at least one segment")
+    if segments[0].start_step != 0:
+        raise LedgerError(f"{origin}: segments[0] starts at step {segments[0].start_step}, not 0")
+    for index, (before, after) in enumerate(itertools.pairwise(segments), start=1):
+        if after.start_step <= before.start_step:
+            raise LedgerError(
+                f"{origin}: segments[{index}] starts at step {after.start_step}, not after "
+                f"segments[{index - 1}] (step {before.start_step}); segments must line up in order"
+            )
+        if after.config.get("lanes") != before.config.get("lanes"):
+            raise LedgerError(
+                f"{origin}: segments[{index}] changes 'lanes', which is fixed for a run"
+            )
+    for index, segment in enumerate(segments):
+        names = set(segment.config.get("sources", {}))
+        if set(segment.counters) != names or set(segment.fingerprints) != names:
+            raise LedgerError(
+                f"{origin}: segments[{index}] counters/fingerprints do not name its sources "
+                f"{sorted(names)}"
+            )
+        if any(v < 0 for v in segment.counters.values()):
+            raise LedgerError(f"{origin}: segments[{index}] has a negative counter")
+
+
+def describe_diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Readable `key: old -> new` lines between two data orders."""
+    old, new = _flatten(before), _flatten(after)
+    lines = []
+    for key in sorted(set(old) | set(new), key=str):
+        if old.get(key, "<absent>") != new.get(key, "<absent>"):
+            lines.append(f"{key}: {old.get(key, '<absent>')} -> {new.get(key, '<absent>')}")
+    return lines
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(_flatten(item, f"{prefix}[{index}]"))
+        return out
+    return {prefix: value}

@@ -1,0 +1,97 @@
+"""Which source each lane position draws from: an exact counting function, O(1) in the position.
+
+The sources form a balanced binary tree. Every internal node splits the rows it receives between
+its two halves by rounding a running target: after the node has received C rows, its left half
+has received `floor(Omega + 1/2)` of them, where Omega is the sum over those rows of the left
+half's share of the node's weight *at that row's step*. Then
+
+* counts only grow, and every position goes to exactly one source (it is a real assignment);
+* a two-source mix is within 1/2 row of its exact share at every position; deeper trees stay
+  within a small constant of it (see docs/mixtures.md), never drifting with time;
+* weights that change with the step are followed row by row, and a change at step S affects
+  the first row of step S and no row before it.
+
+Schedules are constant after their horizon, so Omega and C are precomputed per node at the step
+boundaries of that finite prefix (cumulative sums), and any later position is answered with the
+constant tail in O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class _Split:
+    """One internal node: sources [lo, mid) go left, [mid, hi) go right."""
+
+    lo: int
+    mid: int
+    hi: int
+    omega: np.ndarray  # left share of the node's weight per prefix step, then the tail's, [H + 1]
+    cum_omega: np.ndarray  # Omega at each step boundary, [H + 1]
+    count: np.ndarray  # rows received by the node at each step boundary, [H + 1]
+
+
+class Mixture:
+    """Rows of each source among lane positions [0, p), for a weight matrix over steps.
+
+    `weights` has shape [H, K]: relative weights for steps 0..H-1 (rows need not sum to 1 but
+    must not be all zero); `tail` [K] holds from step H on. `rows_per_step` lane positions make
+    a step.
+    """
+
+    def __init__(self, weights: np.ndarray, tail: np.ndarray, rows_per_step: int) -> None:
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.tail = np.asarray(tail, dtype=np.float64)
+        self.rows_per_step = rows_per_step
+        self.horizon = self.weights.shape[0]
+        self.num_sources = self.tail.shape[0]
+        root_count = np.arange(self.horizon + 1, dtype=np.int64) * rows_per_step
+        self._splits: list[_Split] = []
+        self._build(0, self.num_sources, root_count)
+
+    def counts(self, positions: np.ndarray) -> np.ndarray:
+        """[..., K] rows of each source before each position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        step = np.minimum(positions // self.rows_per_step, self.horizon)
+        received = {(0, self.num_sources): positions}
+        for split in self._splits:
+            count = received.pop((split.lo, split.hi))
+            cum = split.cum_omega[step] + split.omega[step] * (count - split.count[step])
+            left = np.floor(cum + 0.5).astype(np.int64)
+            received[(split.lo, split.mid)] = left
+            received[(split.mid, split.hi)] = count - left
+        out = np.empty((*positions.shape, self.num_sources), dtype=np.int64)
+        for (lo, _), count in received.items():
+            out[..., lo] = count
+        return out
+
+    def sources(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, that source's count before the row) for each position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        before = self.counts(positions)
+        after = self.counts(positions + 1)
+        source = np.argmax(after - before, axis=-1)
+        return source, np.take_along_axis(before, source[..., None], axis=-1)[..., 0]
+
+    def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
+        if hi - lo == 1:
+            return
+        mid = (lo + hi) // 2
+        omega = _left_share(np.vstack([self.weights, self.tail]), lo, mid, hi)
+        cum_omega = np.zeros(self.horizon + 1)
+        np.cumsum(omega[:-1] * np.diff(count), out=cum_omega[1:])
+        split = _Split(lo, mid, hi, omega, cum_omega, count)
+        self._splits.append(split)
+        left = np.floor(cum_omega + 0.5).astype(np.int64)
+        self._build(lo, mid, left)
+        self._build(mid, hi, count - left)
+
+
+def _left_share(weights: np.ndarray, lo: int, mid: int, hi: int) -> np.ndarray:
+    left = weights[:, lo:mid].sum(axis=1)
+    total = left + weights[:, mid:hi].sum(axis=1)
+    return np.divide(left, total, out=np.zeros_like(total), where=total > 0)

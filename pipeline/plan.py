@@ -1,0 +1,182 @@
+"""The data plan: every row of every global batch as a pure function of (ledger, step, row).
+
+Index vocabulary, used everywhere in this package:
+
+    step            optimizer step, counted from the start of the run (0, 1, ...)
+    micro-batch     one of `grad_accum` consecutive slices of a step's rows
+    row             index of a row in the step's global batch, 0 .. global_batch_size - 1
+    lane            canonical reader; row r belongs to lane r // rows_per_lane, so a host
+                    holding a contiguous block of rows serves whole lanes
+    lane position   (step - segment start) * rows_per_lane + r % rows_per_lane: the position
+                    of the row in its lane's sequence within a ledger segment
+    counter         how many windows a lane has drawn from a source before this row (per run)
+    epoch, window   counter // windows_per_lane, and the window's index in the lane's epoch
+                    order (a keyed bijection of counter % windows_per_lane)
+    token start     where the window starts in the source's epoch stream (layout.py)
+
+Nothing here holds iterator state: resuming is calling `batch(step, rows)` with another step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.batch import assemble
+from pipeline.config import DataConfig
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.layout import SourceLayout
+from pipeline.ledger import Ledger, Segment
+from pipeline.stages import StageTable
+from pipeline.store import TokenStore
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What each requested row of a step is: one entry per row, in request order."""
+
+    step: int
+    rows: np.ndarray
+    segment: int
+    lane: np.ndarray
+    stage: np.ndarray
+    source: np.ndarray  # index into `source_names`
+    source_names: tuple[str, ...]
+    counter: np.ndarray
+    epoch: np.ndarray
+    window: np.ndarray
+    start: np.ndarray  # token start in the source's epoch stream
+
+
+class SegmentPlan:
+    """The plan of one ledger segment: its config, source layouts and stage table."""
+
+    def __init__(self, segment: Segment, config: DataConfig, stores: dict[str, TokenStore]):
+        self.segment = segment
+        self.config = config
+        self.layouts = {
+            name: SourceLayout(name, stores[name], config.seed, config.seq_len, config.lanes)
+            for name in config.source_names
+        }
+        counters = np.array([segment.counters[name] for name in config.source_names])
+        self.table = StageTable(
+            config.stages,
+            config.source_names,
+            {name: layout.windows_per_lane for name, layout in self.layouts.items()},
+            config.rows_per_lane,
+            counters,
+            config.origin,
+        )
+
+    def positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lane, lane position) of rows of a step."""
+        lane, in_lane = np.divmod(rows, self.config.rows_per_lane)
+        return lane, (step - self.segment.start_step) * self.config.rows_per_lane + in_lane
+
+    def counters_at(self, step: int) -> dict[str, int]:
+        """Each source's counter at the first row of `step`."""
+        position = (step - self.segment.start_step) * self.config.rows_per_lane
+        counters = self.table.counters(position)
+        return {name: int(c) for name, c in zip(self.config.source_names, counters)}
+
+    def end_step(self) -> int | None:
+        """The step at which the last stage ends (None: open-ended)."""
+        end = self.table.end
+        if end is None:
+            return None
+        return self.segment.start_step + -(-end // self.config.rows_per_lane)
+
+
+class Plan:
+    """The plan of a whole run (all ledger segments)."""
+
+    def __init__(self, ledger: Ledger, stores: Iterable[TokenStore] = ()) -> None:
+        self.ledger = ledger
+        self._stores = {store.fingerprint: store for store in stores}
+        self._segments: dict[int, SegmentPlan] = {}
+
+    @classmethod
+    def from_config(cls, config: DataConfig) -> Plan:
+        stores = config.open_stores()
+        fingerprints = {name: store.fingerprint for name, store in stores.items()}
+        return cls(Ledger.start(config, fingerprints), stores.values())
+
+    @property
+    def config(self) -> DataConfig:
+        """The config of the last segment (the one a running job follows)."""
+        return self.segment(len(self.ledger.segments) - 1).config
+
+    def segment(self, index: int) -> SegmentPlan:
+        if index not in self._segments:
+            segment = self.ledger.segments[index]
+            where = f"ledger segment {index} (from step {segment.start_step})"
+            config = segment.parsed(where)
+            stores = {
+                name: self._store(segment, name, config.source(name).path, where)
+                for name in config.source_names
+            }
+            self._segments[index] = SegmentPlan(segment, config, stores)
+        return self._segments[index]
+
+    def segment_at(self, step: int) -> SegmentPlan:
+        return self.segment(self.ledger.segment_index(step))
+
+    def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
+        index = self.ledger.segment_index(step)
+        plan = self.segment(index)
+        rows = np.arange(plan.config.global_batch_size) if rows is None else np.asarray(rows)
+        lane, position = plan.positions(step, rows)
+        stage, source, counter = plan.table.draws(position)
+        epoch = np.empty_like(counter)
+        window = np.empty_like(counter)
+        start = np.empty_like(counter)
+        for s in np.unique(source):
+            mask = source == s
+            layout = plan.layouts[plan.config.source_names[s]]
+            epoch[mask], window[mask], start[mask] = layout.epoch_and_window(
+                counter[mask], lane[mask]
+            )
+        names = plan.config.source_names
+        return Draws(step, rows, index, lane, stage, source, names, counter, epoch, window, start)
+
+    def read(self, draws: Draws) -> dict[str, np.ndarray]:
+        plan = self.segment(draws.segment)
+        windows = [
+            plan.layouts[draws.source_names[s]].read(int(e), int(t))
+            for s, e, t in zip(draws.source, draws.epoch, draws.start)
+        ]
+        return assemble(windows, plan.config.seq_len)
+
+    def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
+        """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
+        return self.read(self.draws(step, rows))
+
+    def _store(self, segment: Segment, name: str, path, where: str) -> TokenStore:
+        expected = segment.fingerprints[name]
+        if expected not in self._stores:
+            store = TokenStore(path)
+            if store.fingerprint != expected:
+                raise LedgerError(
+                    f"{where}: sources.{name}: the store at {path} has content fingerprint "
+                    f"{store.fingerprint}, the ledger recorded {expected} (a different store)"
+                )
+            self._stores[expected] = store
+        return self._stores[expected]
+
+
+def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:
+    """The contiguous block of rows a process holds when the batch is split evenly."""
+    if global_batch_size % process_count:
+        raise ConfigError(
+            f"global_batch_size {global_batch_size} is not divisible by {process_count} processes"
+        )
+    per = global_batch_size // process_count
+    return np.arange(process_index * per, (process_index + 1) * per)
+
+
+def micro_batch_rows(global_batch_size: int, grad_accum: int, micro_batch: int) -> np.ndarray:
+    """Rows of micro-batch `micro_batch`: consecutive slices of the step's rows, in order."""
+    size = global_batch_size // grad_accum
+    return np.arange(micro_batch * size, (micro_batch + 1) * size)

@@ -1,0 +1,68 @@
+"""Reconciling a restored ledger with the data config a job was started with.
+
+* Same data order (fingerprints equal): keep the ledger. Moving stores, or changing feed options
+  or grad_accum, is not a change of data.
+* Different and no switch declared: refuse with a readable diff.
+* Different and a switch declared: append a segment at the restored step that carries each
+  surviving source's counter (same name, same store), so no window drawn before the switch is
+  drawn again in its epoch and none is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.config import DataConfig
+from pipeline.errors import LedgerError
+from pipeline.ledger import (
+    Ledger,
+    Segment,
+    config_mapping,
+    data_order,
+    describe_diff,
+    fingerprint_of,
+)
+from pipeline.plan import Plan
+
+log = logging.getLogger("pipeline")
+
+FIXED_IN_A_RUN = ("lanes", "seed", "seq_len")
+
+
+def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -> Ledger:
+    """The ledger to continue with at `step` under `config` (see module docstring)."""
+    stores = config.open_stores()
+    fingerprints = {name: store.fingerprint for name, store in stores.items()}
+    mapping = config_mapping(config)
+    order = data_order(mapping, fingerprints)
+    ledger = plan.ledger
+    last = ledger.last
+    if fingerprint_of(order) == last.fingerprint:
+        return ledger
+    diff = describe_diff(last.order, order)
+    if not switch:
+        raise LedgerError(
+            f"{config.origin}: the data config differs from the checkpoint's (ledger segment "
+            f"{len(ledger.segments) - 1}, since step {last.start_step}); pass --switch-data to "
+            f"switch at step {step}, or restore the original config:\n  " + "\n  ".join(diff)
+        )
+    for key in FIXED_IN_A_RUN:
+        if mapping[key] != last.config[key]:
+            raise LedgerError(
+                f"{config.origin}: {key} cannot change within a run ({last.config[key]} -> "
+                f"{mapping[key]}); start a new run instead"
+            )
+    if step < last.start_step:
+        raise LedgerError(
+            f"cannot switch at step {step}: the ledger's last segment starts at step "
+            f"{last.start_step}"
+        )
+    before = plan.segment_at(step).counters_at(step)
+    counters = {
+        name: before[name] if last.fingerprints.get(name) == fingerprints[name] else 0
+        for name in config.source_names
+    }
+    kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
+    switched = Ledger(kept).append(Segment(step, mapping, fingerprints, counters))
+    log.info("ledger switch at step %d: %s; carried counters %s", step, "; ".join(diff), counters)
+    return switched

@@ -1,0 +1,83 @@
+"""Weight schedules: a source's relative weight as a function of the optimizer step in a stage.
+
+    3                           constant
+    {step: {0: 1, 1000: 0}}     piecewise constant: the value of the last point at or before t
+    {linear: {0: 100, 100: 10}} piecewise linear between points, constant after the last one
+                                (and before the first)
+
+Every schedule is constant from its `horizon` (one past its last point) on, which is what lets
+the mixture precompute a finite prefix and answer any later step in O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+KINDS = ("step", "linear")
+
+
+@dataclass(frozen=True)
+class WeightSchedule:
+    kind: str  # "constant", "step" or "linear"
+    points: tuple[tuple[int, float], ...]
+
+    @property
+    def horizon(self) -> int:
+        """First step from which the weight never changes."""
+        return 0 if self.kind == "constant" else self.points[-1][0] + 1
+
+    def at(self, steps: np.ndarray) -> np.ndarray:
+        steps = np.asarray(steps)
+        xs = np.array([p[0] for p in self.points], dtype=np.float64)
+        ys = np.array([p[1] for p in self.points], dtype=np.float64)
+        if self.kind == "linear":
+            return np.interp(steps, xs, ys)
+        index = np.searchsorted(xs, steps, side="right") - 1
+        return ys[np.maximum(index, 0)]
+
+    def to_json(self) -> Any:
+        if self.kind == "constant":
+            return self.points[0][1]
+        return {self.kind: {str(step): weight for step, weight in self.points}}
+
+
+def parse_schedule(value: Any, where: str) -> WeightSchedule:
+    """Parse a YAML weight; `where` names the key (and file) for error messages."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+        raise ConfigError(
+            f"{where}: a weight is a number, {{step: {{STEP: W}}}} or {{linear: {{STEP: W}}}}, "
+            f"got {value!r}"
+        )
+    if not isinstance(value, dict):
+        return WeightSchedule("constant", ((0, _weight(value, where)),))
+    if len(value) != 1 or next(iter(value)) not in KINDS:
+        raise ConfigError(
+            f"{where}: a schedule has exactly one key, 'step' or 'linear', got {sorted(value)}"
+        )
+    kind, table = next(iter(value.items()))
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"{where}.{kind}: expected a mapping STEP: WEIGHT, got {table!r}")
+    points = []
+    for step, weight in table.items():
+        if isinstance(step, str) and step.isdigit():
+            step = int(step)  # JSON (a ledger) keeps mapping keys as strings
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"{where}.{kind}: steps are integers >= 0, got {step!r}")
+        points.append((step, _weight(weight, f"{where}.{kind}.{step}")))
+    steps = [p[0] for p in points]
+    if steps != sorted(steps):
+        raise ConfigError(f"{where}.{kind}: steps must be in increasing order, got {steps}")
+    return WeightSchedule(kind, tuple(points))
+
+
+def _weight(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ConfigError(f"{where}: a weight is a finite number, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{where}: weights must be >= 0, got {value}")
+    return float(value)

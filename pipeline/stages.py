@@ -1,0 +1,133 @@
+"""Stages of one ledger segment laid out in lane positions, with each source's draw counter.
+
+A segment's lane positions count from its first step: position = step * rows_per_lane + row in
+lane. Stage k covers positions [start_k, end_k). A `steps: N` stage ends where its N-th step
+ends, counting the step that holds its first row as step 0. An epochized stage ends exactly when
+its sources have drawn their epochs, which may be inside a step: the next stage starts at the
+next row. Inside a stage, a `Mixture` decides the source of each position, counting steps from
+the one that holds the stage's first row, so a schedule point at step S changes the first row
+of step S.
+
+A source's *counter* is how many windows one lane has drawn from it so far in the run; it
+carries across stages (and, through the ledger, across segments), which is what makes epochs
+survive curricula and restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.config import StageSpec
+from pipeline.errors import ConfigError
+from pipeline.mixing import Mixture
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    spec: StageSpec
+    start: int  # first lane position (segment-local)
+    end: int | None  # one past the last, None if open-ended
+    sources: tuple[int, ...]  # indices into the segment's source list
+    mixture: Mixture
+    origin: int  # position of the stage's step 0 (start rounded down to a step)
+    counters_at_start: np.ndarray  # [num sources of the segment]
+
+    @property
+    def first_step(self) -> int:
+        return self.origin // self.mixture.rows_per_step
+
+
+class StageTable:
+    def __init__(
+        self,
+        stages: tuple[StageSpec, ...],
+        source_names: tuple[str, ...],
+        windows_per_lane: dict[str, int],
+        rows_per_lane: int,
+        counters: np.ndarray,
+        origin: str = "<config>",
+    ) -> None:
+        self.source_names = source_names
+        self.rows_per_lane = rows_per_lane
+        self.stages: list[StageLayout] = []
+        start = 0
+        counters = np.asarray(counters, dtype=np.int64)
+        for index, spec in enumerate(stages):
+            sources = tuple(source_names.index(name) for name in spec.source_names)
+            stage_origin = start - start % rows_per_lane
+            if spec.epochs is not None:
+                draws = np.array([reps * windows_per_lane[n] for n, reps in spec.epochs], float)
+                mixture = Mixture(np.zeros((0, len(sources))), draws, rows_per_lane)
+                end: int | None = start + int(draws.sum())
+            else:
+                mixture = _scheduled_mixture(spec, rows_per_lane, f"{origin}: stages[{index}]")
+                end = None if spec.steps is None else stage_origin + spec.steps * rows_per_lane
+            layout = StageLayout(spec, start, end, sources, mixture, stage_origin, counters)
+            self.stages.append(layout)
+            if end is None:
+                break
+            counters = self._counters_in(layout, np.array([end]))[0]
+            start = end
+        self.starts = np.array([s.start for s in self.stages], dtype=np.int64)
+
+    @property
+    def end(self) -> int | None:
+        return self.stages[-1].end
+
+    def stage_index(self, positions: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(self.starts, positions, side="right") - 1
+        last = self.stages[-1]
+        if last.end is not None and np.any(np.asarray(positions) >= last.end):
+            raise ConfigError(
+                f"the last stage '{last.spec.name}' ends at lane position {last.end}; "
+                "give the last stage no 'steps' to make it open-ended"
+            )
+        return index
+
+    def draws(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(stage index, source index, that source's counter) of each lane position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        stage = self.stage_index(positions)
+        source = np.empty_like(positions)
+        counter = np.empty_like(positions)
+        for index in np.unique(stage):
+            layout = self.stages[index]
+            mask = stage == index
+            local = layout.mixture.sources(positions[mask] - layout.origin)
+            offsets = layout.mixture.counts(np.array([layout.start - layout.origin]))[0]
+            chosen = np.asarray(layout.sources)[local[0]]
+            source[mask] = chosen
+            counter[mask] = layout.counters_at_start[chosen] + local[1] - offsets[local[0]]
+        return stage, source, counter
+
+    def counters(self, position: int) -> np.ndarray:
+        """Every source's counter before `position` (what a ledger carries across a switch)."""
+        layout = self.stages[int(self.stage_index(np.array([position]))[0])]
+        return self._counters_in(layout, np.array([position]))[0]
+
+    @staticmethod
+    def _counters_in(layout: StageLayout, positions: np.ndarray) -> np.ndarray:
+        counts = layout.mixture.counts(positions - layout.origin)
+        offsets = layout.mixture.counts(np.array([layout.start - layout.origin]))
+        out = np.repeat(layout.counters_at_start[None, :], len(positions), axis=0)
+        out[:, list(layout.sources)] += counts - offsets
+        return out
+
+
+def _scheduled_mixture(spec: StageSpec, rows_per_lane: int, where: str) -> Mixture:
+    schedules = [schedule for _, schedule in spec.mix or ()]
+    horizon = max(schedule.horizon for schedule in schedules)
+    if spec.steps is not None:
+        horizon = min(horizon, spec.steps)
+    steps = np.arange(horizon + 1)
+    weights = np.stack([schedule.at(steps) for schedule in schedules], axis=1)
+    used = weights if spec.steps is None or spec.steps > horizon else weights[:-1]
+    zero = np.flatnonzero(used.sum(axis=1) <= 0)
+    if zero.size:
+        raise ConfigError(
+            f"{where}.mix: all weights are 0 at step {int(zero[0])} of stage '{spec.name}'; "
+            "at least one source needs a positive weight at every step"
+        )
+    return Mixture(weights[:-1], weights[-1], rows_per_lane)

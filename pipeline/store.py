@@ -1,0 +1,244 @@
+"""Reading a prepared token store: the concatenated token stream of a corpus, by token range.
+
+A store is a directory (see docs/token-store.md)::
+
+    manifest.json                         format, tokenizer, dtype, counts, checksums
+    shard-00000-of-00004.array_record     one record per document: its tokens, eod last
+    shard-00000-of-00004.index.npy        int64 prefix sums of document lengths (docs + 1)
+
+The *stream* of a store is its shards' documents concatenated in shard order. The plan reads
+ranges of shards in other orders too, so the primitive is `read_shard_tokens`; `read_tokens`
+reads a range of the natural stream. Both return the positions where documents start, taken from
+the index (never inferred from token values: a tokenizer may emit the eod id inside a text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipeline.errors import StoreError
+
+FORMAT_NAME = "pipeline-token-store"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# Random access: no readahead, no reader-side parallelism (the feed parallelises itself).
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """Tokens of a stream range and the offsets (within the span) where documents start."""
+
+    tokens: np.ndarray
+    doc_starts: np.ndarray
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class TokenStore:
+    """A verified, read-only view of a token store. Cheap to open; shards open on first read."""
+
+    def __init__(self, path: str | Path, *, verify: bool = False) -> None:
+        self.path = Path(path)
+        self.manifest = _load_manifest(self.path)
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
+        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
+        shards = self.manifest["shards"]
+        self.shard_tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
+        self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_tokens)])
+        self._indexes: list[np.ndarray | None] = [None] * len(shards)
+        self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
+        self._locks = [threading.Lock() for _ in shards]
+        self._check_files()
+        if verify:
+            self.verify()
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.manifest["num_tokens"])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.manifest["num_documents"])
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Identity of the content (not the location): equal stores have equal fingerprints."""
+        content = {
+            "tokenizer": self.manifest["tokenizer"]["name"],
+            "dtype": self.manifest["dtype"],
+            "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in self.manifest["shards"]],
+        }
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def shard_file(self, shard: int) -> Path:
+        return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
+
+    def doc_offsets(self, shard: int) -> np.ndarray:
+        """Prefix sums of the shard's document lengths, memory-mapped (length documents + 1)."""
+        index = self._indexes[self._check_shard(shard)]
+        if index is None:
+            entry = self.manifest["shards"][shard]
+            index = np.load(self.path / entry["index"], mmap_mode="r")
+            self._indexes[shard] = index
+        return index
+
+    def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
+        """Tokens [start, stop) of one shard, reading only the records that overlap the range."""
+        self._check_shard(shard)
+        if not 0 <= start <= stop <= self.shard_tokens[shard]:
+            raise StoreError(
+                f"{self.shard_file(shard)}: token range [{start}, {stop}) is outside the shard "
+                f"(0..{int(self.shard_tokens[shard])})"
+            )
+        if start == stop:
+            return TokenSpan(np.empty(0, self.dtype), np.empty(0, np.int64))
+        offsets = self.doc_offsets(shard)
+        first = int(np.searchsorted(offsets, start, side="right")) - 1
+        last = int(np.searchsorted(offsets, stop, side="left"))  # exclusive
+        records = self._read_records(shard, first, last)
+        tokens = np.frombuffer(b"".join(records), dtype=self.dtype)
+        base = int(offsets[first])
+        if tokens.size != int(offsets[last]) - base:
+            raise StoreError(
+                f"{self.shard_file(shard)}: records {first}..{last - 1} hold {tokens.size} tokens "
+                f"but the index says {int(offsets[last]) - base}; the store is corrupt"
+            )
+        starts = np.asarray(offsets[first:last], dtype=np.int64) - start
+        return TokenSpan(tokens[start - base : stop - base], starts[starts >= 0])
+
+    def read_tokens(self, start: int, stop: int) -> TokenSpan:
+        """Tokens [start, stop) of the store's natural stream (shards in order)."""
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise StoreError(
+                f"{self.path}: token range [{start}, {stop}) is outside the stream "
+                f"(0..{self.num_tokens})"
+            )
+        parts, starts = [], []
+        first = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
+        pos = start
+        for shard in range(max(first, 0), self.num_shards):
+            if pos >= stop:
+                break
+            lo = pos - int(self.shard_starts[shard])
+            hi = min(stop, int(self.shard_starts[shard + 1])) - int(self.shard_starts[shard])
+            span = self.read_shard_tokens(shard, lo, hi)
+            parts.append(span.tokens)
+            starts.append(span.doc_starts + (pos - start))
+            pos += hi - lo
+        if not parts:
+            return TokenSpan(np.empty(0, self.dtype), np.empty(0, np.int64))
+        return TokenSpan(np.concatenate(parts), np.concatenate(starts))
+
+    def document(self, shard: int, record: int) -> np.ndarray:
+        """One whole document (with its eod), for inspection."""
+        (raw,) = self._read_records(self._check_shard(shard), record, record + 1)
+        return np.frombuffer(raw, dtype=self.dtype)
+
+    def verify(self) -> None:
+        """Check every shard's and index's content checksum against the manifest."""
+        for entry in self.manifest["shards"]:
+            for key, checksum_key in (("file", "sha256"), ("index", "index_sha256")):
+                path = self.path / entry[key]
+                if file_sha256(path) != entry[checksum_key]:
+                    raise StoreError(
+                        f"{path}: content checksum does not match {self.path / MANIFEST}; the "
+                        "file was altered or truncated: prepare the store again"
+                    )
+
+    def close(self) -> None:
+        for shard, reader in enumerate(self._readers):
+            if reader is not None:
+                with self._locks[shard]:
+                    reader.close()
+                    self._readers[shard] = None
+
+    def __enter__(self) -> TokenStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_shard(self, shard: int) -> int:
+        # A negative index would silently read another shard; numpy would raise IndexError.
+        if not 0 <= shard < self.num_shards:
+            raise StoreError(
+                f"{self.path}: shard {shard} does not exist (the store has shards "
+                f"0..{self.num_shards - 1})"
+            )
+        return shard
+
+    def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
+        with self._locks[shard]:
+            reader = self._readers[shard]
+            if reader is None:
+                reader = ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
+                self._readers[shard] = reader
+            try:
+                return reader.read(first, last)
+            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                raise StoreError(
+                    f"{self.shard_file(shard)}: cannot read records {first}..{last - 1}: {error}"
+                ) from error
+
+    def _check_files(self) -> None:
+        for entry in self.manifest["shards"]:
+            path = self.path / entry["file"]
+            if not path.is_file():
+                raise StoreError(f"{path}: shard listed in the manifest is missing")
+            if path.stat().st_size != entry["bytes"]:
+                raise StoreError(
+                    f"{path}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}; "
+                    "the shard is truncated or altered: prepare the store again"
+                )
+            index = self.path / entry["index"]
+            if not index.is_file():
+                raise StoreError(f"{index}: index listed in the manifest is missing")
+
+
+def is_store(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def _load_manifest(path: Path) -> dict[str, Any]:
+    manifest_path = path / MANIFEST
+    if not path.is_dir():
+        raise StoreError(f"{path}: no such store directory (create it with `pipeline prepare`)")
+    if not manifest_path.is_file():
+        raise StoreError(
+            f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
+            "leaves one: run `pipeline prepare` again)"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from error
+    if manifest.get("format") != FORMAT_NAME:
+        raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise StoreError(
+            f"{manifest_path}: format version {manifest.get('format_version')}, this "
+            f"version of pipeline reads {FORMAT_VERSION}"
+        )
+    return manifest

@@ -1,0 +1,36 @@
+"""Human-readable summaries and decoded previews of stores (for the CLI, demo and inspect)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from pipeline.errors import TokenizerError
+from pipeline.store import TokenStore
+from pipeline.tokenizers import Tokenizer, load_tokenizer
+
+
+def describe_store(store: TokenStore) -> str:
+    return (
+        f"{store.path}: {store.num_documents:,} documents, {store.num_tokens:,} tokens, "
+        f"{store.num_shards} shards, tokenizer {store.manifest['tokenizer']['name']}, "
+        f"{store.dtype.name}"
+    )
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(spec: str) -> Tokenizer | None:
+    try:
+        return load_tokenizer(spec)
+    except TokenizerError:
+        return None  # the tokenizer file is not on this machine: show ids instead
+
+
+def decode_preview(store: TokenStore, tokens: np.ndarray, limit: int = 200) -> str:
+    """Decoded text of `tokens` (ids if the store's tokenizer file is not available here)."""
+    tokenizer = _tokenizer(store.manifest["tokenizer"]["spec"])
+    if tokenizer is None:
+        return " ".join(str(int(t)) for t in tokens[:limit])
+    text = tokenizer.decode([int(t) for t in tokens])
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,39 @@
+"""Synthetic token stores for plan tests: token value = position in the store's natural stream.
+
+With such a store every expectation is arithmetic: a window starting at stream offset `t` holds
+t, t+1, ..., and document boundaries are known from the lengths we chose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.store import TokenStore
+from pipeline.store_writer import commit, staging_dir, write_manifest, write_shard
+
+EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
+
+
+def write_synthetic_store(path: Path, shards: list[list[int]]) -> TokenStore:
+    """A store whose shard i holds documents of lengths shards[i]."""
+    staging = staging_dir(Path(path))
+    position = 0
+    infos = []
+    for index, lengths in enumerate(shards):
+        docs = []
+        for length in lengths:
+            docs.append(np.arange(position, position + length, dtype=np.uint32))
+            position += length
+        infos.append(write_shard(staging, index, len(shards), docs, np.dtype(np.uint32)))
+    tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 2**32, "eod_id": EOD}
+    write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
+    commit(staging, Path(path), overwrite=False)
+    return TokenStore(path)
+
+
+def doc_starts(shards: list[list[int]]) -> np.ndarray:
+    """Stream offsets at which documents start."""
+    lengths = [length for shard in shards for length in shard]
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -1,0 +1,87 @@
+"""The counting function behind every mixture: a real assignment that tracks its targets."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.mixing import Mixture
+
+weights = st.floats(0.0, 10.0, allow_nan=False)
+
+
+@st.composite
+def mixtures(draw, max_sources=5):
+    sources = draw(st.integers(1, max_sources))
+    horizon = draw(st.integers(0, 20))
+    rows = draw(st.integers(1, 6))
+    matrix = np.array(draw(st.lists(st.lists(weights, min_size=sources, max_size=sources),
+                                    min_size=horizon, max_size=horizon)), dtype=float)  # fmt: skip
+    matrix = matrix.reshape(horizon, sources)
+    matrix[matrix.sum(axis=1) == 0, 0] = 1.0
+    tail = np.array(draw(st.lists(weights, min_size=sources, max_size=sources)))
+    tail[0] += 0.5
+    return matrix, tail, rows
+
+
+def targets(matrix: np.ndarray, tail: np.ndarray, rows: int, positions: int) -> np.ndarray:
+    steps = -(-positions // rows)
+    per_step = np.vstack([matrix, np.tile(tail, (max(steps - len(matrix), 0), 1))])[:steps]
+    per_row = np.repeat(per_step / per_step.sum(axis=1, keepdims=True), rows, axis=0)
+    return np.vstack([np.zeros(len(tail)), np.cumsum(per_row, axis=0)])[: positions + 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(mixtures())
+def test_counts_are_a_real_assignment(mix):
+    mixture = Mixture(*mix)
+    counts = mixture.counts(np.arange(200))
+    steps = np.diff(counts, axis=0)
+    assert (steps >= 0).all()
+    assert (steps.sum(axis=1) == 1).all()
+    source, before = mixture.sources(np.arange(199))
+    np.testing.assert_array_equal(before, counts[np.arange(199), source])
+
+
+@settings(max_examples=200, deadline=None)
+@given(mixtures(max_sources=2))
+def test_two_sources_stay_within_half_a_row_of_their_share(mix):
+    counts = Mixture(*mix).counts(np.arange(301))
+    assert np.abs(counts - targets(*mix, 300)).max() <= 0.5 + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0), min_size=2, max_size=4), st.integers(1, 8))
+def test_constant_weights_stay_within_one_row(tail, rows):
+    tail = np.array(tail)
+    mix = (np.zeros((0, len(tail))), tail, rows)
+    counts = Mixture(*mix).counts(np.arange(501))
+    assert np.abs(counts - targets(*mix, 500)).max() < 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(mixtures())
+def test_any_schedule_stays_within_a_bounded_distance(mix):
+    counts = Mixture(*mix).counts(np.arange(301))
+    assert np.abs(counts - targets(*mix, 300)).max() <= 3.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 8), st.integers(2, 4))
+def test_a_step_change_switches_at_the_first_row_of_its_step(switch, rows, sources):
+    matrix = np.zeros((switch, sources))
+    matrix[:, 0] = 1.0  # source 0 only, then the others only from step `switch`
+    tail = np.ones(sources)
+    tail[0] = 0.0
+    source, _ = Mixture(matrix, tail, rows).sources(np.arange((switch + 3) * rows))
+    assert (source[: switch * rows] == 0).all()
+    assert (source[switch * rows :] != 0).all()
+
+
+def test_far_positions_cost_what_near_ones_cost_and_agree_with_the_tail():
+    mixture = Mixture(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, 3.0]), 4)
+    far = 10**12
+    counts = mixture.counts(np.array([far]))[0]
+    assert counts.sum() == far
+    assert abs(counts[1] - (4 + (far - 8) * 0.75)) <= 0.5 + 1e-6

@@ -1,0 +1,159 @@
+"""Properties of the data plan over random configs and random synthetic stores."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import parse_config
+from pipeline.plan import Plan, host_rows
+from tests.storegen import doc_starts, write_synthetic_store
+
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+
+shard_lists = st.lists(
+    st.lists(st.integers(1, 40), min_size=0, max_size=8), min_size=1, max_size=4
+).filter(lambda shards: sum(map(sum, shards)) >= 120)
+
+
+@st.composite
+def setups(draw, sources=1):
+    lanes = draw(st.sampled_from([1, 2, 4]))
+    rows_per_lane = draw(st.integers(1, 3))
+    return {
+        "seed": draw(st.integers(0, 2**31)),
+        "seq_len": draw(st.integers(1, 12)),
+        "lanes": lanes,
+        "global_batch_size": lanes * rows_per_lane,
+        "shards": [draw(shard_lists) for _ in range(sources)],
+    }
+
+
+def build(directory: Path, setup: dict, mix: dict | None = None, stages=None) -> Plan:
+    names = [f"s{i}" for i in range(len(setup["shards"]))]
+    for name, shards in zip(names, setup["shards"]):
+        write_synthetic_store(directory / name, shards)
+    raw = {k: setup[k] for k in ("seed", "seq_len", "lanes", "global_batch_size")}
+    raw["sources"] = {name: {"path": str(directory / name)} for name in names}
+    if stages is not None:
+        raw["stages"] = stages
+    else:
+        raw["mix"] = mix or dict.fromkeys(names, 1)
+    return Plan.from_config(parse_config(raw, origin="test.yaml"))
+
+
+def epoch_stream(plan: Plan, name: str, epoch: int) -> np.ndarray:
+    layout = plan.segment(0).layouts[name]
+    store = layout.store
+    parts = [
+        np.arange(store.shard_starts[s], store.shard_starts[s + 1])
+        for s in layout.shard_order(epoch)
+    ]
+    return np.concatenate(parts)
+
+
+@SETTINGS
+@given(setups())
+def test_same_config_gives_identical_batches_in_any_call_order(setup):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup)
+        again = build(Path(tmp) / "again", setup)
+        steps = [5, 0, 3, 10**6, 1]
+        first = {step: plan.batch(step) for step in steps}
+        for step in reversed(steps):
+            for field, value in again.batch(step).items():
+                np.testing.assert_array_equal(value, first[step][field])
+
+
+@SETTINGS
+@given(setups(sources=2), st.data())
+def test_hosts_together_produce_the_single_host_batch(setup, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup)
+        step = data.draw(st.integers(0, 50))
+        whole = plan.batch(step)
+        batch = setup["global_batch_size"]
+        for count in (c for c in (1, 2, 4, 8) if batch % c == 0):
+            parts = [plan.batch(step, host_rows(batch, i, count)) for i in range(count)]
+            for field, value in whole.items():
+                np.testing.assert_array_equal(np.concatenate([p[field] for p in parts]), value)
+        rows = data.draw(st.lists(st.integers(0, batch - 1), min_size=1, max_size=6))
+        for field, value in plan.batch(step, rows).items():
+            np.testing.assert_array_equal(value, whole[field][rows])
+
+
+@SETTINGS
+@given(setups())
+def test_every_window_is_used_exactly_once_per_epoch_per_lane(setup):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup)
+        layout = plan.segment(0).layouts["s0"]
+        windows = layout.windows_per_lane
+        seq_len = setup["seq_len"]
+        rows_per_lane = setup["global_batch_size"] // setup["lanes"]
+        steps = -(-3 * windows // rows_per_lane)  # three epochs and a bit
+        seen: dict[tuple[int, int], list[int]] = {}
+        for step in range(steps):
+            draws = plan.draws(step)
+            batch = plan.read(draws)
+            for row in range(setup["global_batch_size"]):
+                lane, epoch = int(draws.lane[row]), int(draws.epoch[row])
+                seen.setdefault((lane, epoch), []).append(int(draws.window[row]))
+                stream = epoch_stream(plan, "s0", epoch)
+                start = lane * layout.lane_tokens + int(draws.window[row]) * seq_len
+                expected = stream[start : start + seq_len + 1]
+                np.testing.assert_array_equal(batch["inputs"][row], expected[:-1])
+                np.testing.assert_array_equal(batch["targets"][row], expected[1:])
+        for (lane, epoch), drawn in seen.items():
+            if epoch < 3:
+                assert sorted(drawn) == list(range(windows)), (lane, epoch)
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(0, 40))
+def test_segments_and_positions_match_a_naive_reference(setup, step):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup)
+        batch = plan.batch(step)
+        draws = plan.draws(step)
+        for row in range(setup["global_batch_size"]):
+            name = draws.source_names[draws.source[row]]
+            starts = set(doc_starts(setup["shards"][int(name[1:])]).tolist())
+            window = np.concatenate([batch["inputs"][row], batch["targets"][row][-1:]])
+            segment, position, segments, positions = 1, 0, [], []
+            for i, token in enumerate(window):
+                if i > 0 and int(token) in starts:
+                    segment, position = segment + 1, 0
+                segments.append(segment)
+                positions.append(position)
+                position += 1
+            assert batch["inputs_segmentation"][row].tolist() == segments[:-1]
+            assert batch["targets_segmentation"][row].tolist() == segments[1:]
+            assert batch["inputs_position"][row].tolist() == positions[:-1]
+            assert batch["targets_position"][row].tolist() == positions[1:]
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(1, 5), st.integers(1, 5))
+def test_no_padding_and_exact_mixture_counts(setup, w0, w1):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup, mix={"s0": w0, "s1": w1})
+        rows_per_lane = setup["global_batch_size"] // setup["lanes"]
+        counts = np.zeros((setup["lanes"], 2), dtype=np.int64)
+        for step in range(30):
+            draws = plan.draws(step)
+            batch = plan.read(draws)
+            for field in batch.values():
+                assert field.shape == (setup["global_batch_size"], setup["seq_len"])
+            assert (batch["inputs_segmentation"] > 0).all()
+            assert (batch["targets_segmentation"] > 0).all()
+            for row in range(setup["global_batch_size"]):
+                counts[draws.lane[row], draws.source[row]] += 1
+                position = step * rows_per_lane + row % rows_per_lane + 1
+                share = position * w0 / (w0 + w1)
+                if row % rows_per_lane == rows_per_lane - 1:
+                    assert abs(counts[draws.lane[row], 0] - share) <= 0.5 + 1e-9
