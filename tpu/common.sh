@@ -1,0 +1,259 @@
+# shellcheck shell=bash
+# Shared helpers for the TPU VM launch scripts in tpu/. Sourced, never run directly.
+#
+# Parameters. Every value flag --foo-bar VALUE (or --foo-bar=VALUE) has an environment
+# variable TPU_FOO_BAR, and the same KEY=VALUE can sit in an env file (--env-file FILE, or
+# TPU_ENV_FILE=FILE). Precedence: flag > env file > environment. Nothing has a default
+# project, zone or name; a missing required parameter is a one-line error, exit status 2.
+#
+# Commands. Every gcloud (and local) command goes through `run`: with --dry-run it prints
+# the command, shell-quoted so it can be pasted, one per line on stdout, and runs nothing;
+# otherwise it echoes "+ command" on stderr and runs it. Everything else a script says goes
+# to stderr, so the stdout of --dry-run is exactly the list of commands.
+#
+# Written for bash >= 3.2 (the macOS /bin/bash): no associative arrays, no mapfile.
+
+set -euo pipefail
+
+# Every key an env file may set (all scripts share one env file, so each accepts all keys).
+TPU_KNOWN_KEYS="TPU_NAME TPU_PROJECT TPU_ZONE TPU_ACCELERATOR_TYPE TPU_RUNTIME_VERSION \
+TPU_QUEUED TPU_CAPACITY TPU_SOURCE TPU_REPO TPU_REF TPU_REMOTE_DIR TPU_PYTHON TPU_DATA \
+TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER"
+
+DRY_RUN=0
+EXTRA_ARGS=()   # the words after `--`
+REMOTE_ENV=()   # run.sh: --env KEY=VALUE, in order
+_FLAGS_SET=""
+
+# Filled in by each script before tpu_parse: the value flags and boolean flags it takes.
+VALUE_FLAGS="${VALUE_FLAGS:-}"
+BOOL_FLAGS="${BOOL_FLAGS:-}"
+
+die() {
+  # One line on stderr, exit status 2 (bad usage or bad parameter).
+  local msg="$*"
+  printf 'error: %s\n' "${msg//$'\n'/ }" >&2
+  exit 2
+}
+
+warn() { printf 'warning: %s\n' "$*" >&2; }
+note() { printf '%s\n' "$*" >&2; }
+
+_in_list() {
+  local needle=$1 word
+  for word in $2; do
+    [[ $word == "$needle" ]] && return 0
+  done
+  return 1
+}
+
+# --accelerator-type <-> TPU_ACCELERATOR_TYPE
+flag_to_var() { printf 'TPU_%s' "$(printf '%s' "$1" | tr 'abcdefghijklmnopqrstuvwxyz-' 'ABCDEFGHIJKLMNOPQRSTUVWXYZ_')"; }
+var_to_flag() { printf -- '--%s' "$(printf '%s' "${1#TPU_}" | tr 'ABCDEFGHIJKLMNOPQRSTUVWXYZ_' 'abcdefghijklmnopqrstuvwxyz-')"; }
+
+_set_flag() {
+  local var
+  var=$(flag_to_var "$1")
+  printf -v "_FLAG_$var" '%s' "$2"
+  _FLAGS_SET="$_FLAGS_SET $var"
+}
+
+# Parse the command line, then apply env file and flags (in that order, so flags win).
+tpu_parse() {
+  local arg name value has_value var tmp
+  while (($#)); do
+    arg=$1
+    shift
+    case $arg in
+      -h | --help)
+        usage
+        exit 0
+        ;;
+      --dry-run) DRY_RUN=1 ;;
+      --env-file)
+        (($#)) || die "--env-file needs a value (a KEY=VALUE file, see tpu/example.env)"
+        TPU_ENV_FILE=$1
+        shift
+        ;;
+      --env-file=*) TPU_ENV_FILE=${arg#*=} ;;
+      --)
+        EXTRA_ARGS=("$@")
+        break
+        ;;
+      --*)
+        name=${arg#--}
+        value=""
+        has_value=0
+        if [[ $name == *=* ]]; then
+          value=${name#*=}
+          name=${name%%=*}
+          has_value=1
+        fi
+        if [[ $name == env ]] && _in_list env "$VALUE_FLAGS"; then
+          if ((!has_value)); then
+            (($#)) || die "--env needs a value KEY=VALUE"
+            value=$1
+            shift
+          fi
+          [[ $value =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env '$value' is not KEY=VALUE"
+          REMOTE_ENV+=("$value")
+        elif [[ $name =~ ^(spot|reserved|on-demand)$ ]] && _in_list capacity "$VALUE_FLAGS"; then
+          ((has_value)) && die "--$name takes no value"
+          _set_flag capacity "$name"
+        elif _in_list "$name" "$VALUE_FLAGS"; then
+          if ((!has_value)); then
+            (($#)) || die "--$name needs a value"
+            value=$1
+            shift
+          fi
+          _set_flag "$name" "$value"
+        elif _in_list "$name" "$BOOL_FLAGS"; then
+          ((has_value)) && die "--$name takes no value"
+          _set_flag "$name" 1
+        else
+          die "unknown option '$arg' (see --help)"
+        fi
+        ;;
+      *) die "unexpected argument '$arg' (see --help; arguments for the command go after --)" ;;
+    esac
+  done
+  if [[ -n ${TPU_ENV_FILE:-} ]]; then
+    load_env_file "$TPU_ENV_FILE"
+  fi
+  for var in $_FLAGS_SET; do
+    tmp="_FLAG_$var"
+    printf -v "$var" '%s' "${!tmp}"
+  done
+}
+
+# KEY=VALUE lines; blank lines and lines starting with # are ignored; `export ` is allowed;
+# one pair of matching quotes around VALUE is removed; nothing is expanded or executed.
+load_env_file() {
+  local file=$1 line key value n=0
+  [[ -f $file && -r $file ]] || die "--env-file '$file': no such readable file"
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    line=${line%$'\r'}
+    line="${line#"${line%%[![:space:]]*}"}"
+    line="${line%"${line##*[![:space:]]}"}"
+    [[ -z $line || $line == \#* ]] && continue
+    line=${line#export }
+    [[ $line == *=* ]] || die "$file:$n: expected KEY=VALUE, got '$line'"
+    key=${line%%=*}
+    value=${line#*=}
+    _in_list "$key" "$TPU_KNOWN_KEYS" || die "$file:$n: unknown key '$key' (known keys: $TPU_KNOWN_KEYS)"
+    if ((${#value} >= 2)) && [[ ($value == \"*\" || $value == \'*\') && ${value:0:1} == "${value: -1}" ]]; then
+      value=${value:1:${#value}-2}
+    fi
+    printf -v "$key" '%s' "$value"
+  done <"$file"
+}
+
+# require VAR...: each must be non-empty.
+require() {
+  local var
+  for var in "$@"; do
+    [[ -n ${!var:-} ]] || die "missing $(var_to_flag "$var") (or set $var in the environment or in an --env-file)"
+  done
+}
+
+# check VAR REGEX WHAT: an optional value, if set, must match.
+check() {
+  local var=$1 re=$2 what=$3 value
+  value=${!var:-}
+  [[ -z $value || $value =~ $re ]] || die "$(var_to_flag "$var") ($var) '$value' is not $what"
+}
+
+# bool VAR: normalize 1/true/yes/on and 0/false/no/off/empty to 1 or 0.
+bool() {
+  local var=$1 value
+  value=$(printf '%s' "${!var:-}" | tr '[:upper:]' '[:lower:]')
+  case $value in
+    1 | true | yes | on) printf -v "$var" 1 ;;
+    "" | 0 | false | no | off) printf -v "$var" 0 ;;
+    *) die "$(var_to_flag "$var") ($var) '${!var}' is not a boolean (use 1 or 0)" ;;
+  esac
+}
+
+# The parameters most scripts share.
+check_common() {
+  require TPU_NAME TPU_PROJECT TPU_ZONE
+  check TPU_NAME '^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$' \
+    'a valid TPU name (lowercase letters, digits and hyphens, starting with a letter)'
+  check TPU_PROJECT '^[a-z][-a-z0-9.:]{2,}[a-z0-9]$' 'a valid project id (e.g. my-project)'
+  check TPU_ZONE '^[a-z]+-[a-z]+[0-9]+-[a-z]$' 'a valid zone (e.g. us-central2-b)'
+}
+
+# Shell-quote one word so that a POSIX shell reads it back unchanged.
+shquote() {
+  local s=$1 q="'\\''"
+  if [[ -n $s && $s =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
+    printf '%s' "$s"
+  else
+    printf "'%s'" "${s//\'/$q}"
+  fi
+}
+
+# Quote a whole command line.
+quote_cmd() {
+  local word sep=""
+  for word in "$@"; do
+    printf '%s' "$sep"
+    shquote "$word"
+    sep=" "
+  done
+}
+
+# Quote a path for a remote shell command: a leading ~/ stays expandable as "$HOME"/.
+# shellcheck disable=SC2016,SC2088  # "$HOME" and ~ are meant for the remote shell
+remote_path() {
+  if [[ $1 == '~' ]]; then
+    printf '"$HOME"'
+  elif [[ $1 == '~/'* ]]; then
+    printf '"$HOME"/%s' "$(shquote "${1#\~/}")"
+  else
+    shquote "$1"
+  fi
+}
+
+run() {
+  if ((DRY_RUN)); then
+    quote_cmd "$@"
+    printf '\n'
+    return 0
+  fi
+  printf '+ %s\n' "$(quote_cmd "$@")" >&2
+  "$@"
+}
+
+need_gcloud() {
+  ((DRY_RUN)) && return 0
+  command -v gcloud >/dev/null 2>&1 ||
+    die "gcloud not found on PATH (install the Google Cloud CLI, or use --dry-run to print the commands)"
+}
+
+# gcloud compute tpus tpu-vm ssh NAME --zone --project --worker --command=CMD [extra]
+tpu_ssh() {
+  local cmd=$1 worker=${2:-all}
+  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
+    --worker="$worker" --command="$cmd" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+}
+
+# Remote layout shared by install/run/logs: the project directory (relative to the remote
+# home unless absolute) and the log directory (relative to the project directory unless absolute).
+# REMOTE_LOG_DIR is the log directory as seen from the remote home, PROJECT_LOG_DIR as seen
+# from the project directory.
+remote_layout() {
+  TPU_REMOTE_DIR=${TPU_REMOTE_DIR:-pipeline}
+  TPU_LOG_DIR=${TPU_LOG_DIR:-logs}
+  check TPU_REMOTE_DIR '^[~A-Za-z0-9_./+@-]+$' 'a plain path (letters, digits, . _ - / +)'
+  check TPU_LOG_DIR '^[~A-Za-z0-9_./+@-]+$' 'a plain path (letters, digits, . _ - / +)'
+  # shellcheck disable=SC2034  # REMOTE_LOG_DIR and PROJECT_LOG_DIR are used by the scripts that source this file
+  if [[ $TPU_LOG_DIR == /* || $TPU_LOG_DIR == '~'* ]]; then
+    REMOTE_LOG_DIR=$TPU_LOG_DIR
+    PROJECT_LOG_DIR=$TPU_LOG_DIR
+  else
+    PROJECT_LOG_DIR=$TPU_LOG_DIR
+    REMOTE_LOG_DIR=${TPU_REMOTE_DIR%/}/$TPU_LOG_DIR
+  fi
+}

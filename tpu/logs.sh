@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Follow the trainer's logs on the workers, or copy them back.
+# shellcheck source-path=SCRIPTDIR
+# shellcheck disable=SC2016  # $(hostname), $$ and $! in single quotes are for the workers' shell
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: tpu/logs.sh [--env-file FILE] [options] [--collect DIR] [--dry-run] [-- EXTRA_GCLOUD_FLAGS...]
+
+Stream (default): follow each worker's log, every line prefixed with the worker's hostname
+(Ctrl-C to stop; the trainer keeps running):
+  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT --worker=all
+    --command='tail -n 200 -F LOG_DIR/train-"$(hostname)".log | sed -u ...'
+Collect (--collect DIR): copy the log directory of every worker into DIR/ (the file names
+carry the worker's hostname, so workers do not overwrite each other):
+  mkdir -p DIR
+  gcloud compute tpus tpu-vm scp --recurse --worker=all NAME:LOG_DIR DIR --zone=ZONE --project=PROJECT
+
+Options (flag / environment or env-file variable):
+  --name NAME           TPU_NAME         TPU name                                   [required]
+  --project PROJECT     TPU_PROJECT      Google Cloud project id                    [required]
+  --zone ZONE           TPU_ZONE         e.g. us-central2-b                         [required]
+  --worker W            TPU_WORKER       all (default), or a worker index such as 0
+  --lines N                              lines of history to show first (default: 200)
+  --collect DIR                          copy the logs into local DIR instead of streaming
+  --remote-dir DIR      TPU_REMOTE_DIR   project dir on the workers (default: pipeline)
+  --log-dir DIR         TPU_LOG_DIR      relative to REMOTE_DIR unless absolute (default: logs)
+  --env-file FILE       TPU_ENV_FILE     KEY=VALUE file (see tpu/example.env)
+  --dry-run             print the commands instead of running them
+  -h, --help            this help
+Words after `--` are appended to the gcloud command (e.g. -- --internal-ip).
+EOF
+}
+
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+VALUE_FLAGS="name project zone worker lines collect remote-dir log-dir"
+BOOL_FLAGS=""
+unset TPU_LINES TPU_COLLECT # flags only, never from the environment
+tpu_parse "$@"
+
+check_common
+remote_layout
+TPU_WORKER=${TPU_WORKER:-all}
+check TPU_WORKER '^(all|[0-9]+(,[0-9]+)*)$' 'all or a worker index (e.g. 0)'
+TPU_LINES=${TPU_LINES:-200}
+check TPU_LINES '^[0-9]+$' 'a number of lines'
+
+need_gcloud
+if [[ -n ${TPU_COLLECT:-} ]]; then
+  run mkdir -p "$TPU_COLLECT"
+  run gcloud compute tpus tpu-vm scp --recurse --worker="$TPU_WORKER" \
+    "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT" \
+    --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  ((DRY_RUN)) || note "logs copied to $TPU_COLLECT/$(basename "$REMOTE_LOG_DIR")/"
+else
+  logdir=$(remote_path "$REMOTE_LOG_DIR")
+  remote="tail -n $TPU_LINES -F $logdir/train-\"\$(hostname)\".log 2>&1 | sed -u \"s/^/[\$(hostname)] /\""
+  tpu_ssh "$remote" "$TPU_WORKER"
+fi
