@@ -1,0 +1,121 @@
+"""The ledger and config switching: refusals, declared switches, carried counters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import LedgerError
+from pipeline.ledger import Ledger
+from pipeline.plan import Plan
+from pipeline.resume import reconcile
+from tests.storegen import write_synthetic_store
+
+
+@pytest.fixture
+def stores(tmp_path):
+    write_synthetic_store(tmp_path / "main", [[40, 13, 22, 8], [31, 9, 27]])
+    write_synthetic_store(tmp_path / "task", [[17, 5], [12, 12]])
+    write_synthetic_store(tmp_path / "extra", [[60, 20]])
+    return tmp_path
+
+
+def config(stores, **overrides):
+    raw = {
+        "seed": 11, "seq_len": 4, "global_batch_size": 4, "lanes": 2,
+        "sources": {n: {"path": str(stores / n)} for n in ("main", "task")},
+        "mix": {"main": 3, "task": 1},
+    }  # fmt: skip
+    raw.update(overrides)
+    return parse_config(raw, origin="run.yaml")
+
+
+def test_unchanged_data_order_keeps_the_ledger_even_if_paths_and_feed_change(stores):
+    plan = Plan.from_config(config(stores))
+    shutil.copytree(stores / "main", stores / "moved")
+    moved_sources = {
+        "main": {"path": str(stores / "moved")},
+        "task": {"path": str(stores / "task")},
+    }
+    moved = config(stores, sources=moved_sources, feed={"prefetch": 7, "threads": 1}, grad_accum=2)
+    assert reconcile(plan, moved, step=10) is plan.ledger
+
+
+def test_an_undeclared_change_is_refused_with_a_readable_diff(stores):
+    plan = Plan.from_config(config(stores))
+    with pytest.raises(LedgerError) as error:
+        reconcile(plan, config(stores, global_batch_size=8), step=10)
+    message = str(error.value)
+    assert message.startswith("run.yaml: the data config differs")
+    assert "--switch-data" in message
+    assert "global_batch_size: 4 -> 8" in message
+
+
+def test_lanes_seed_and_seq_len_cannot_change_even_as_a_switch(stores):
+    plan = Plan.from_config(config(stores))
+    for change in ({"lanes": 4}, {"seed": 12}, {"seq_len": 8}):
+        with pytest.raises(LedgerError, match=f"{next(iter(change))} cannot change"):
+            reconcile(plan, config(stores, **change), step=10, switch=True)
+
+
+def test_a_declared_switch_carries_counters_and_keeps_the_past_reproducible(stores):
+    before = Plan.from_config(config(stores))
+    switch_step = 23
+    sources = {n: {"path": str(stores / n)} for n in ("main", "task", "extra")}
+    new = config(stores, sources=sources, mix={"task": 2, "extra": 1}, global_batch_size=8)
+    ledger = reconcile(before, new, step=switch_step, switch=True)
+    assert [s.start_step for s in ledger.segments] == [0, switch_step]
+    assert ledger.segments[1].counters == {
+        "main": before.segment(0).counters_at(switch_step)["main"],
+        "task": before.segment(0).counters_at(switch_step)["task"],
+        "extra": 0,
+    }
+    after = Plan(Ledger.from_json(json.loads(json.dumps(ledger.to_json()))))
+    for step in (0, 7, switch_step - 1):
+        for field, value in before.batch(step).items():
+            np.testing.assert_array_equal(after.batch(step)[field], value)
+    drawn: Counter = Counter()
+    for step in range(switch_step + 40):
+        draws = after.draws(step)
+        for name_index, lane, epoch, window in zip(
+            draws.source, draws.lane, draws.epoch, draws.window
+        ):
+            drawn[(draws.source_names[name_index], int(lane), int(epoch), int(window))] += 1
+    assert max(drawn.values()) == 1, "a window repeated within its epoch across the switch"
+    task_windows = after.segment(1).layouts["task"].windows_per_lane
+    completed = [k for k in drawn if k[0] == "task" and k[1] == 0 and k[2] == 0]
+    assert len(completed) == task_windows  # the task epoch begun before the switch completed
+
+
+def test_a_ledger_from_another_run_is_refused(stores, tmp_path):
+    ledger = Plan.from_config(config(stores)).ledger
+    write_synthetic_store(tmp_path / "other", [[5, 5, 5, 5, 5, 5, 5, 5, 5, 5]])
+    shutil.rmtree(stores / "task")
+    shutil.copytree(tmp_path / "other", stores / "task")
+    with pytest.raises(LedgerError, match=r"sources.task: the store at .* fingerprint"):
+        Plan(ledger).batch(0)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda raw: raw["segments"][0].update(start_step=3), "segments\\[0\\] starts at step 3"),
+        (lambda raw: raw["segments"].append(dict(raw["segments"][0])), "segments must line up"),
+        (lambda raw: raw["segments"][0]["counters"].update(main=-1), "negative counter"),
+        (lambda raw: raw["segments"][0]["config"].update(seed=1), "fingerprint does not match"),
+        (lambda raw: raw.update(version=99), "not a version-1 ledger"),
+    ],
+)
+def test_malformed_ledgers_are_refused_with_one_line(stores, tmp_path, edit, message):
+    raw = Plan.from_config(config(stores)).ledger.to_json()
+    edit(raw)
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(LedgerError, match=message) as error:
+        Ledger.load(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
