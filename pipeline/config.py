@@ -6,7 +6,7 @@
     grad_accum: 1                # micro-batches per optimizer step
     lanes: 1                     # canonical readers, fixed for a run (see docs/data-plan.md)
     sources:
-      code: {path: ../data/python-code}     # relative to this file
+      code: {path: ../data/python-code}     # relative to this file; $VARS are expanded
       docs: {path: ../data/python-docs}
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
@@ -16,6 +16,7 @@ Every message names the file and the key, echoes the value and says what is allo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,10 @@ def _sources(raw: Any, where: _Where, base_dir: Path) -> tuple[SourceSpec, ...]:
             raise where.fail(
                 f"{key}.path", f"expected a store directory, got {entry.get('path')!r}"
             )
-        sources.append(SourceSpec(name, (base_dir / entry["path"]).resolve()))
+        path = os.path.expandvars(entry["path"])
+        if "$" in path:
+            raise where.fail(f"{key}.path", f"unset environment variable in {entry['path']!r}")
+        sources.append(SourceSpec(name, (base_dir / path).resolve()))
     return tuple(sorted(sources, key=lambda s: s.name))
 
 

@@ -1,0 +1,93 @@
+"""Shared fixtures: real tokenizer files and a real TFDS dataset, built in temporary directories."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from pydoc_data.topics import topics
+
+import pytest
+
+FIXTURE_TRAIN_TEXT = "\n".join(
+    line for topic in sorted(topics)[:20] for line in topics[topic].splitlines() if line.strip()
+)[:20_000]
+"""Text the fixture tokenizers are trained on (the Python docs: no download)."""
+
+TFDS_TEXTS = [f"tfds document {i} — ünïcode {'x' * i}" for i in range(9)]
+"""The documents of the `store_text` TFDS dataset, by index."""
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real SentencePiece BPE model (vocab 200, eos `</s>` = id 2) trained in a tmp dir."""
+    import sentencepiece
+
+    directory = tmp_path_factory.mktemp("sentencepiece")
+    corpus = directory / "train.txt"
+    corpus.write_text(FIXTURE_TRAIN_TEXT, encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(directory / "sp"),
+        vocab_size=200,
+        model_type="bpe",
+        character_coverage=1.0,
+        normalization_rule_name="identity",
+        minloglevel=2,
+    )
+    return directory / "sp.model"
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real byte-level BPE `tokenizer.json` (vocab 300) with `<|endoftext|>` as id 1."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(FIXTURE_TRAIN_TEXT.splitlines(), trainer)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tfds_texts() -> list[str]:
+    """The texts of the `store_text` dataset in `tfds_text_dir`, by index."""
+    return list(TFDS_TEXTS)
+
+
+@pytest.fixture(scope="session")
+def tfds_text_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A TFDS data dir holding `store_text` (split train = TFDS_TEXTS) in array_record format."""
+    import tensorflow_datasets as tfds
+
+    class StoreText(tfds.core.GeneratorBasedBuilder):
+        """A real TFDS dataset, prepared in array_record format, read back without TensorFlow."""
+
+        # A one-part module name: TFDS then looks for no checksums file beside the class (for a
+        # module inside a package it would need the `importlib_resources` backport).
+        __module__ = "store_text_dataset"
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self) -> tfds.core.DatasetInfo:
+            features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
+            return tfds.core.DatasetInfo(builder=self, features=features)
+
+        def _split_generators(self, dl_manager: object) -> dict[str, object]:
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self) -> Iterator[tuple[int, dict[str, str]]]:
+            for i, text in enumerate(TFDS_TEXTS):
+                yield i, {"text": text}
+
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    StoreText(data_dir=data_dir, file_format="array_record").download_and_prepare()
+    return data_dir

@@ -1,0 +1,202 @@
+"""TokenStore: random corpora prepared into real stores read back exactly, by any token range."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.doc_order import place
+from pipeline.errors import PrepareError, StoreError
+from pipeline.prepare import PrepareOptions, prepare
+from pipeline.store import TokenStore, is_store
+
+EOD = 256
+# Any text that is valid UTF-8: no lone surrogates. Empty texts are included on purpose.
+TEXTS = st.lists(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
+    min_size=1,
+    max_size=30,
+)
+
+
+def _prepare_jsonl(directory: Path, texts: list[str], num_shards: int, seed: int) -> Path:
+    corpus = directory / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    out = directory / "store"
+    prepare(
+        PrepareOptions(
+            inputs=[str(corpus)], out=out, num_shards=num_shards, seed=seed, progress=False
+        )
+    )
+    return out
+
+
+def _expected_shards(texts: list[str], num_shards: int, seed: int) -> list[list[np.ndarray]]:
+    """Each shard's documents (bytes + eod) in store order, derived from the keys alone."""
+    placed = []
+    for line, text in enumerate(texts, start=1):
+        if not text:
+            continue
+        key = f"corpus.jsonl:{line}"
+        where = place(key, seed, num_shards, 0.0)
+        tokens = np.array([*text.encode("utf-8"), EOD], dtype=np.int64)
+        placed.append((where.shard, where.order, key, tokens))
+    placed.sort(key=lambda p: p[:3])
+    shards: list[list[np.ndarray]] = [[] for _ in range(num_shards)]
+    for shard, _, _, tokens in placed:
+        shards[shard].append(tokens)
+    return shards
+
+
+def _stream(documents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The concatenated tokens and the offsets where documents start."""
+    if not documents:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    lengths = np.array([len(d) for d in documents])
+    return np.concatenate(documents), np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+
+def _check_range(span_tokens: np.ndarray, span_starts: np.ndarray, stream, a: int, b: int) -> None:
+    tokens, starts = stream
+    np.testing.assert_array_equal(span_tokens.astype(np.int64), tokens[a:b])
+    inside = starts[(starts >= a) & (starts < b)] - a
+    np.testing.assert_array_equal(span_starts, inside)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    texts=TEXTS,
+    num_shards=st.integers(1, 5),
+    seed=st.integers(0, 2**32),
+    data=st.data(),
+)
+def test_round_trip_any_range(texts: list[str], num_shards: int, seed: int, data) -> None:
+    non_empty = [t for t in texts if t]
+    with tempfile.TemporaryDirectory() as tmp:
+        if not non_empty:  # an all-empty corpus is refused, never written as an empty store.
+            with pytest.raises(PrepareError, match="no non-empty documents"):
+                _prepare_jsonl(Path(tmp), texts, num_shards, seed)
+            assert not any(Path(tmp).glob("store*")) and not any(Path(tmp).glob(".store*"))
+            return
+        path = _prepare_jsonl(Path(tmp), texts, num_shards, seed)
+        with TokenStore(path, verify=True) as store:
+            shards = _expected_shards(texts, num_shards, seed)
+            documents = [d for shard in shards for d in shard]
+            stream = _stream(documents)
+            assert store.num_shards == num_shards
+            assert store.num_documents == len(non_empty) == len(documents)
+            assert store.num_tokens == len(stream[0])
+            assert store.manifest["created"]["empty_documents_dropped"] == texts.count("")
+            assert (store.dtype, store.eod_id, store.vocab_size) == (np.uint16, EOD, 257)
+
+            # Every document comes back whole: the store holds exactly the non-empty texts.
+            stored = []
+            for shard in range(store.num_shards):
+                offsets = store.doc_offsets(shard)
+                assert offsets[0] == 0 and len(offsets) == store.shard_documents[shard] + 1
+                for record in range(int(store.shard_documents[shard])):
+                    doc = store.document(shard, record)
+                    assert len(doc) == offsets[record + 1] - offsets[record]
+                    assert doc[-1] == EOD
+                    stored.append(bytes(doc[:-1].astype(np.uint8)).decode("utf-8"))
+            assert Counter(stored) == Counter(non_empty)
+
+            # Whole stream, then random ranges of it (including empty ones and the ends).
+            n = store.num_tokens
+            whole = store.read_tokens(0, n)
+            _check_range(whole.tokens, whole.doc_starts, stream, 0, n)
+            assert whole.tokens.dtype == np.uint16
+            for _ in range(8):
+                a = data.draw(st.integers(0, n), label="a")
+                b = data.draw(st.integers(a, n), label="b")
+                span = store.read_tokens(a, b)
+                _check_range(span.tokens, span.doc_starts, stream, a, b)
+
+            # Ranges of single shards, across record boundaries.
+            for shard, docs in enumerate(shards):
+                shard_stream = _stream(docs)
+                size = int(store.shard_tokens[shard])
+                assert size == len(shard_stream[0])
+                for _ in range(3):
+                    a = data.draw(st.integers(0, size), label="shard a")
+                    b = data.draw(st.integers(a, size), label="shard b")
+                    span = store.read_shard_tokens(shard, a, b)
+                    _check_range(span.tokens, span.doc_starts, shard_stream, a, b)
+
+            # Out of range: a clear StoreError, never a short read or another shard's data.
+            for a, b in [(-1, 1), (0, n + 1), (n, n + 1), (min(2, n), min(1, n - 1))]:
+                with pytest.raises(StoreError, match="outside the stream"):
+                    store.read_tokens(a, b)
+            size = int(store.shard_tokens[0])
+            with pytest.raises(StoreError, match="outside the shard"):
+                store.read_shard_tokens(0, 0, size + 1)
+            with pytest.raises(StoreError, match="outside the shard"):
+                store.read_shard_tokens(0, -1, 0)
+            for shard in (-1, num_shards):
+                with pytest.raises(StoreError, match=f"shard {shard} does not exist"):
+                    store.read_shard_tokens(shard, 0, 0)
+
+
+def test_reads_cross_records_and_shards(tmp_path: Path) -> None:
+    """A fixed corpus: a window spanning many documents and a shard boundary, doc by doc."""
+    texts = [f"document number {i}: " + "é" * (i % 7) for i in range(60)]
+    path = _prepare_jsonl(tmp_path, texts, num_shards=3, seed=7)
+    store = TokenStore(path)
+    documents = [d for shard in _expected_shards(texts, 3, 7) for d in shard]
+    stream = _stream(documents)
+    boundary = int(store.shard_starts[1])
+    assert 0 < boundary < store.num_tokens
+    for a, b in [(boundary - 50, boundary + 50), (1, store.num_tokens - 1), (5, 6)]:
+        span = store.read_tokens(a, b)
+        _check_range(span.tokens, span.doc_starts, stream, a, b)
+    # A range that starts exactly on a document start reports that start at 0.
+    start = int(stream[1][10])
+    assert store.read_tokens(start, start + 3).doc_starts.tolist() == [0]
+    # A range that ends exactly on a document start does not report it.
+    assert store.read_tokens(start - 3, start).doc_starts.tolist() == []
+
+
+def test_fingerprint_is_content_not_location(tmp_path: Path) -> None:
+    texts = ["alpha", "beta", "gamma", "delta"]
+    stores = {}
+    for name, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        (tmp_path / name).mkdir()
+        stores[name] = TokenStore(_prepare_jsonl(tmp_path / name, texts, 2, seed))
+    assert stores["a"].fingerprint == stores["b"].fingerprint
+    assert len(stores["a"].fingerprint) == 16
+    assert stores["c"].fingerprint != stores["a"].fingerprint  # another order, another stream.
+
+
+def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such store directory"):
+        TokenStore(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    assert not is_store(tmp_path / "empty")
+    with pytest.raises(StoreError, match=r"not a token store \(manifest.json is missing"):
+        TokenStore(tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    with pytest.raises(StoreError, match="unreadable manifest"):
+        TokenStore(tmp_path / "bad")
+    (tmp_path / "bad" / "manifest.json").write_text('{"format": "other"}')
+    with pytest.raises(StoreError, match="not a pipeline-token-store manifest"):
+        TokenStore(tmp_path / "bad")
+
+
+def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
+    path = _prepare_jsonl(tmp_path, ["one", "two", "three"], num_shards=2, seed=0)
+    index = path / TokenStore(path).manifest["shards"][1]["index"]
+    index.unlink()
+    with pytest.raises(StoreError, match=f"{index}: index listed in the manifest is missing"):
+        TokenStore(path)
+    shard = path / "shard-00000-of-00002.array_record"
+    shard.unlink()
+    with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
+        TokenStore(path)
