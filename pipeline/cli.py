@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline import commands_store
+from pipeline import commands_plan, commands_store
 from pipeline.errors import PipelineError
 
-COMMAND_MODULES = (commands_store,)
+COMMAND_MODULES = (commands_store, commands_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # everything after a lone `--` is for another program (e.g. Beam)
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if passthrough and not getattr(args, "takes_passthrough", False):
+        parser.error(f"{args.command} takes no options after --")
+    args.passthrough = passthrough
     try:
         return int(args.run(args) or 0)
     except PipelineError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.errors import PrepareError
 from pipeline.prepare import PrepareOptions, prepare
 from pipeline.store import TokenStore
 from pipeline.store_summary import describe_store
@@ -34,8 +35,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     p.add_argument("--verify", action="store_true", help="re-open and checksum the result")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--runner", choices=["local"], default="local")
-    p.set_defaults(run=run_prepare)
+    p.add_argument(
+        "--runner",
+        choices=["local", "beam"],
+        default="local",
+        help="local (default) or beam: an Apache Beam pipeline; Beam's own options "
+        "(--runner=DataflowRunner ...) follow a lone --",
+    )
+    p.set_defaults(run=run_prepare, takes_passthrough=True)
 
     v = commands.add_parser("verify-store", help="check a store's files and checksums")
     v.add_argument("store", type=Path)
@@ -61,7 +68,17 @@ def run_prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    for split, path in prepare(options).items():
+    if args.runner == "beam":
+        from pipeline.prepare_beam import prepare_beam  # Beam is an optional extra
+
+        paths = prepare_beam(options, args.passthrough)
+    elif args.passthrough:
+        raise PrepareError(
+            f"options after -- ({' '.join(args.passthrough)}) are Beam's; add --runner beam"
+        )
+    else:
+        paths = prepare(options)
+    for split, path in paths.items():
         store = TokenStore(path, verify=args.verify)
         print(f"{split}: {describe_store(store)}")
     return 0

@@ -1,0 +1,239 @@
+"""`pipeline prepare --runner beam`: the same token store, built by an Apache Beam pipeline.
+
+The graph, one box per step; every box calls the function the local runner calls::
+
+    Create(units of work)            one element per input file (per whole TFDS split / docs corpus)
+      | Reshuffle                    spread the units over the workers
+      | FlatMap(iter_documents)      corpora.iter_documents on a one-file InputSpec
+      | ParDo(tokenize and place)    prepare.tokenize_document, doc_order.place
+      + Create(every (split, shard)) so a shard without documents is still written
+      | GroupByKey((split, shard))
+      | ParDo(write shard)           prepare.sort_shard, store_writer.write_shard -> ShardInfo
+      | ToList | Map(commit)         store_writer.write_manifest, then the atomic commit
+
+Placement is a keyed hash of each document's key, and a shard is sorted by (order, key), so
+neither bundle order nor worker count reaches the output: both runners write byte-identical
+stores. Inputs, tokenizer and destinations are checked before the pipeline is built; a failed
+pipeline removes its staging directories, so nothing that opens as a store is left behind.
+
+Shards are written by the workers into a staging directory that the launching process creates
+beside `--out`: the destination must be a filesystem that the launcher and every worker share
+(local disk with the DirectRunner; NFS or a FUSE mount elsewhere). See docs/prepare-at-scale.md.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.corpora import Document, InputSpec, iter_documents, resolve_inputs
+from pipeline.doc_order import place
+from pipeline.errors import PrepareError
+from pipeline.prepare import (
+    PrepareOptions,
+    creation_record,
+    require_documents,
+    sort_shard,
+    tokenize_document,
+    tokenizer_record,
+)
+from pipeline.store_writer import (
+    ShardInfo,
+    check_destination,
+    commit,
+    staging_dir,
+    token_dtype,
+    write_manifest,
+    write_shard,
+)
+from pipeline.tokenizers import load_tokenizer
+
+try:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+except ImportError as error:  # an optional extra: say how to get it.
+    raise PrepareError(
+        f"--runner beam needs Apache Beam ({error}); install it with pip install 'pipeline[beam]'"
+    ) from None
+
+__all__ = ["pipeline_flags", "prepare_beam", "units_of_work"]
+
+_REMOTE_PATH = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/")
+
+
+def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict[str, Path]:
+    """Prepare the train (and eval) store with Beam; returns split -> store path.
+
+    `beam_args` are Beam's own flags (`--runner=DataflowRunner --project=...`), passed to
+    `PipelineOptions` after our defaults, so they win. Validates everything first.
+    """
+    for path in options.destinations.values():
+        if _REMOTE_PATH.match(str(path)) or str(path).startswith("gs:"):
+            raise PrepareError(
+                f"{path}: the Beam runner writes stores to a filesystem path only (gs:// and "
+                "other object stores are not supported yet); write to a path every worker "
+                "mounts, e.g. a gcsfuse mount, and copy the store afterwards"
+            )
+    specs = resolve_inputs(options.inputs, options.text_field, options.tfds_data_dir)
+    tokenizer = load_tokenizer(options.tokenizer)
+    for destination in options.destinations.values():
+        check_destination(destination, options.overwrite)
+    dtype = token_dtype(tokenizer.vocab_size)
+    pipeline_options = PipelineOptions(pipeline_flags(options.workers, beam_args))
+    stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
+    try:
+        pipeline = beam.Pipeline(options=pipeline_options)
+        _build(pipeline, options, specs, tokenizer_record(tokenizer), dtype, stagings)
+        try:
+            result = pipeline.run()
+            state = result.wait_until_finish()
+        except Exception as error:
+            prepare_error = _find_prepare_error(error)
+            if prepare_error is None:
+                raise  # not bad input: a bug or a runner failure keeps its traceback
+            raise prepare_error from error
+        if str(state) not in ("DONE", "PipelineState.DONE"):
+            raise PrepareError(f"the Beam pipeline ended in state {state}; see the runner's log")
+        missing = [str(p) for p in options.destinations.values() if not p.is_dir()]
+        if missing:
+            raise PrepareError(f"the Beam pipeline finished but did not commit {missing}")
+    finally:
+        for staging in stagings.values():
+            shutil.rmtree(staging, ignore_errors=True)
+    return dict(options.destinations)
+
+
+def pipeline_flags(workers: int, beam_args: Sequence[str] = ()) -> list[str]:
+    """Our defaults (DirectRunner, `--workers` as its worker count), then the user's flags."""
+    mode = "multi_processing" if workers > 1 else "in_memory"
+    return [
+        "--runner=DirectRunner",
+        f"--direct_num_workers={workers}",
+        f"--direct_running_mode={mode}",
+        *beam_args,
+    ]
+
+
+def units_of_work(specs: Iterable[InputSpec]) -> list[InputSpec]:
+    """One InputSpec per file of a file input; a TFDS split or python-docs stays whole."""
+    units = []
+    for spec in specs:
+        if spec.files:
+            units.extend(replace(spec, files=(file,)) for file in spec.files)
+        else:
+            units.append(spec)
+    return units
+
+
+def _build(
+    pipeline: Any,
+    options: PrepareOptions,
+    specs: list[InputSpec],
+    tokenizer: dict[str, Any],
+    dtype: np.dtype,
+    stagings: dict[str, Path],
+) -> None:
+    every_shard = [
+        ((split, shard), None) for split in stagings for shard in range(options.num_shards)
+    ]
+    documents = (
+        pipeline
+        | "Units" >> beam.Create(units_of_work(specs), reshuffle=False)
+        | "Spread" >> beam.Reshuffle()
+        | "Read" >> beam.FlatMap(iter_documents)
+        | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, dtype.name))
+    )
+    placeholders = pipeline | "EveryShard" >> beam.Create(every_shard, reshuffle=False)
+    _ = (
+        (documents, placeholders)
+        | "Flatten" >> beam.Flatten()
+        | "ByShard" >> beam.GroupByKey()
+        | "WriteShard" >> beam.ParDo(_WriteShard(options.num_shards, dtype.name, stagings))
+        | "AllShards" >> beam.combiners.ToList()
+        | "Commit" >> beam.Map(_commit, options, tokenizer, dtype.name, stagings)
+    )
+
+
+class _TokenizeAndPlace(beam.DoFn):
+    """Document -> ((split, shard), (order, key, token bytes or None for an empty text))."""
+
+    def __init__(self, options: PrepareOptions, dtype: str) -> None:
+        self.spec = options.tokenizer
+        self.seed = options.seed
+        self.num_shards = options.num_shards
+        self.eval_fraction = options.eval_fraction
+        self.dtype = np.dtype(dtype)
+        self.tokenizer = None
+
+    def setup(self) -> None:
+        self.tokenizer = load_tokenizer(self.spec)
+
+    def process(self, document: Document) -> Iterator[tuple[tuple[str, int], Any]]:
+        placement = place(document.key, self.seed, self.num_shards, self.eval_fraction)
+        tokens = tokenize_document(self.tokenizer, self.dtype, document.text)
+        # Only the eod: an empty text is dropped and counted, as the local runner does.
+        payload = tokens.tobytes() if len(tokens) > 1 else None
+        yield (placement.split, placement.shard), (placement.order, document.key, payload)
+
+
+class _WriteShard(beam.DoFn):
+    """All of one (split, shard) -> its files in the staging directory, and its ShardInfo."""
+
+    def __init__(self, num_shards: int, dtype: str, stagings: dict[str, Path]) -> None:
+        self.num_shards = num_shards
+        self.dtype = np.dtype(dtype)
+        self.stagings = {split: str(path) for split, path in stagings.items()}
+
+    def process(self, group: tuple[tuple[str, int], Iterable[Any]]) -> Iterator[tuple]:
+        (split, shard), values = group
+        entries, empty = [], 0
+        for value in values:
+            if value is None:  # the placeholder that makes every shard exist
+                continue
+            if value[2] is None:
+                empty += 1
+            else:
+                entries.append(value)
+        documents = (np.frombuffer(raw, dtype=self.dtype) for raw in sort_shard(entries))
+        info = write_shard(
+            Path(self.stagings[split]), shard, self.num_shards, documents, self.dtype
+        )
+        yield split, shard, info, empty
+
+
+def _commit(
+    results: list[tuple[str, int, ShardInfo, int]],
+    options: PrepareOptions,
+    tokenizer: dict[str, Any],
+    dtype: str,
+    stagings: dict[str, Path],
+) -> None:
+    """After every shard: the manifests, then the atomic renames (train first, as locally)."""
+    for split, staging in stagings.items():
+        mine = sorted((r for r in results if r[0] == split), key=lambda r: r[1])
+        if [r[1] for r in mine] != list(range(options.num_shards)):
+            raise PrepareError(f"{split}: shards {[r[1] for r in mine]} written, expected all")
+        shards = [r[2] for r in mine]
+        require_documents(shards, options, split)
+        empty = sum(r[3] for r in mine)
+        record = creation_record(options, split, empty)
+        write_manifest(Path(staging), shards, tokenizer, np.dtype(dtype), record)
+    for split, staging in stagings.items():
+        commit(Path(staging), options.destinations[split], options.overwrite)
+
+
+def _find_prepare_error(error: BaseException) -> PrepareError | None:
+    """A worker's PrepareError, which runners re-raise wrapped or only as text."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, PrepareError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    found = re.findall(r"PrepareError: (.+)", str(error))
+    return PrepareError(found[-1].strip()) if found else None
