@@ -1,0 +1,249 @@
+"""Audit a plan over a range of steps: the guarantees of docs/data-plan.md, checked by brute force.
+
+For every step in the range the audit computes the whole global batch and checks
+
+* windows: per source (name and store content) and lane, no window is drawn twice in one epoch,
+  and every epoch that begins and rolls over inside the range drew each of its windows exactly
+  once;
+* no padding: every field is [global_batch_size, seq_len], segment ids are never 0, and the
+  targets are the inputs shifted by one token;
+* hosts: for each process count, every process computing only its own rows (`host_rows`, with
+  a plan object of its own) gets exactly the single-host rows.
+
+`audit` returns an `AuditReport`; it raises nothing for a violation (the report lists them), only
+`ConfigError` for process counts the plan cannot serve.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.batch import FIELDS
+from pipeline.errors import ConfigError
+from pipeline.plan import Plan, host_rows
+
+MAX_VIOLATIONS = 1000
+
+
+@dataclass
+class AuditReport:
+    start: int
+    stop: int
+    rows_checked: int = 0
+    windows_checked: int = 0  # distinct (source, lane, epoch, window) draws
+    epochs_completed: dict[str, int] = field(default_factory=dict)  # on every lane
+    epochs_seen: dict[str, list[int]] = field(default_factory=dict)  # [first, last] epoch
+    process_counts: tuple[int, ...] = ()
+    hosts_checked: int = 0
+    violations: list[str] = field(default_factory=list)
+    violation_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.violation_count == 0
+
+    def violate(self, message: str) -> None:
+        self.violation_count += 1
+        if len(self.violations) < MAX_VIOLATIONS:
+            self.violations.append(message)
+
+    def summary(self) -> list[str]:
+        lines = [
+            f"steps {self.start}..{self.stop - 1}: {self.rows_checked:,} rows, "
+            f"{self.windows_checked:,} distinct windows checked",
+        ]
+        for name in sorted(self.epochs_seen):
+            first, last = self.epochs_seen[name]
+            lines.append(
+                f"  {name}: epochs {first}..{last} drawn, "
+                f"{self.epochs_completed.get(name, 0)} completed inside the range on every lane"
+            )
+        counts = ", ".join(map(str, self.process_counts)) or "none"
+        lines.append(
+            f"hosts: {self.hosts_checked} host plans checked (process counts {counts}) "
+            "against the single-host rows"
+        )
+        lines.append(
+            "ok: no window repeats, no incomplete epoch, no padding, hosts agree"
+            if self.ok
+            else f"FAILED: {self.violation_count} violation(s)"
+        )
+        return lines
+
+
+def default_process_counts(global_batch_size: int, lanes: int) -> tuple[int, ...]:
+    """1, 2, 4, ... dividing the batch and dividing, or divided by, the lane count."""
+    out, count = [], 1
+    while count <= global_batch_size:
+        if compatible(count, global_batch_size, lanes):
+            out.append(count)
+        count *= 2
+    return tuple(out)
+
+
+def compatible(count: int, global_batch_size: int, lanes: int) -> bool:
+    return (
+        count >= 1 and global_batch_size % count == 0 and (lanes % count == 0 or count % lanes == 0)
+    )
+
+
+def audit(
+    plan: Plan,
+    start: int,
+    stop: int,
+    process_counts: Iterable[int] | None = None,
+    progress: bool = False,
+) -> AuditReport:
+    """Check steps [start, stop) of `plan` (see the module docstring)."""
+    if not 0 <= start < stop:
+        raise ConfigError(f"steps {start}:{stop}: expected 0 <= A < B")
+    report = AuditReport(start, stop)
+    counts = None if process_counts is None else tuple(process_counts)
+    hosts: dict[int, Plan] = {}
+    keys: dict[tuple[str, str], int] = {}
+    windows_per_lane: list[int] = []
+    names: list[str] = []
+    # key, lane, epoch, window, step, row in lane, counter: one entry per drawn row
+    columns: list[list[np.ndarray]] = [[] for _ in range(7)]
+    used_counts: set[int] = set()
+    for step in tqdm(
+        range(start, stop), desc="verify", unit="step", disable=not progress, file=sys.stderr
+    ):
+        draws = plan.draws(step)
+        batch = plan.read(draws)
+        seg = plan.segment(draws.segment)
+        config = seg.config
+        report.rows_checked += len(draws.rows)
+        _check_padding(report, step, batch, config.global_batch_size, config.seq_len)
+        step_counts = (
+            default_process_counts(config.global_batch_size, config.lanes)
+            if counts is None
+            else counts
+        )
+        for count in step_counts:
+            if not compatible(count, config.global_batch_size, config.lanes):
+                raise ConfigError(
+                    f"--process-count {count}: the plan at step {step} has global_batch_size "
+                    f"{config.global_batch_size} and {config.lanes} lanes; a process count must "
+                    "divide the batch and divide or be divided by the lane count"
+                )
+            host_plan = hosts.setdefault(count, Plan(plan.ledger))
+            used_counts.add(count)
+            for index in range(count):
+                rows = host_rows(config.global_batch_size, index, count)
+                mine = host_plan.batch(step, rows)
+                for name in FIELDS:
+                    if not np.array_equal(mine[name], batch[name][rows]):
+                        report.violate(
+                            f"step {step}: process {index} of {count} computes {name} of rows "
+                            f"{rows[0]}..{rows[-1]} differently from the single-host plan"
+                        )
+                        break
+        key = np.empty(len(draws.rows), dtype=np.int64)
+        for s in np.unique(draws.source):
+            name = draws.source_names[s]
+            ident = (name, seg.segment.fingerprints[name])
+            if ident not in keys:
+                keys[ident] = len(keys)
+                windows_per_lane.append(seg.layouts[name].windows_per_lane)
+                names.append(name)
+            key[draws.source == s] = keys[ident]
+        lane_rows = draws.rows % config.rows_per_lane
+        for column, values in enumerate(
+            (
+                key,
+                draws.lane,
+                draws.epoch,
+                draws.window,
+                np.full_like(key, step),
+                lane_rows,
+                draws.counter,
+            )
+        ):
+            columns[column].append(np.asarray(values, dtype=np.int64))
+    report.process_counts = tuple(sorted(used_counts))
+    report.hosts_checked = sum(used_counts)
+    _check_windows(report, [np.concatenate(c) for c in columns], names, windows_per_lane)
+    return report
+
+
+def _check_padding(
+    report: AuditReport, step: int, batch: dict[str, np.ndarray], rows: int, seq_len: int
+) -> None:
+    for name in FIELDS:
+        if batch[name].shape != (rows, seq_len):
+            report.violate(
+                f"step {step}: {name} has shape {batch[name].shape}, expected ({rows}, {seq_len})"
+            )
+            return
+    for name in ("inputs_segmentation", "targets_segmentation"):
+        bad = np.flatnonzero((batch[name] <= 0).any(axis=1))
+        if bad.size:
+            report.violate(f"step {step}: {name} has padding (segment id 0) in rows {bad[:8]}")
+    shifted = np.flatnonzero((batch["inputs"][:, 1:] != batch["targets"][:, :-1]).any(axis=1))
+    if shifted.size:
+        report.violate(f"step {step}: targets are not the inputs shifted by one in rows {shifted}")
+
+
+def _check_windows(
+    report: AuditReport,
+    columns: list[np.ndarray],
+    names: list[str],
+    windows_per_lane: list[int],
+) -> None:
+    order = np.lexsort(tuple(reversed(columns[:6])))  # by key, lane, epoch, window, step, row
+    key, lane, epoch, window, step, row, counter = (c[order] for c in columns)
+    same_window = (
+        (key[1:] == key[:-1])
+        & (lane[1:] == lane[:-1])
+        & (epoch[1:] == epoch[:-1])
+        & (window[1:] == window[:-1])
+    )
+    report.windows_checked = int(len(key) - same_window.sum())
+    for i in np.flatnonzero(same_window):
+        if i > 0 and same_window[i - 1]:
+            continue  # the same repeat, already reported at its first pair
+        report.violate(
+            f"source {names[key[i]]} lane {lane[i]} epoch {epoch[i]}: window {window[i]} used "
+            f"again at step {step[i + 1]} (row {row[i + 1]} of the lane) after step {step[i]} "
+            f"(row {row[i]}): a window is used at most once per epoch"
+        )
+    # epochs that begin and roll over inside the range must hold every window exactly once
+    group_start = np.flatnonzero(
+        np.concatenate(
+            [[True], (key[1:] != key[:-1]) | (lane[1:] != lane[:-1]) | (epoch[1:] != epoch[:-1])]
+        )
+    )
+    bounds = np.append(group_start, len(key))
+    last_epoch: dict[tuple[int, int], int] = {}
+    for g in group_start:
+        ident = (int(key[g]), int(lane[g]))
+        last_epoch[ident] = max(last_epoch.get(ident, -1), int(epoch[g]))
+    complete: dict[tuple[int, int], list[int]] = {}  # (key, epoch) -> lanes completed
+    for lo, hi in itertools.pairwise(bounds):
+        k, ln, e = int(key[lo]), int(lane[lo]), int(epoch[lo])
+        name = names[k]
+        seen = report.epochs_seen.setdefault(name, [e, e])
+        seen[0], seen[1] = min(seen[0], e), max(seen[1], e)
+        begun = np.any(counter[lo:hi] == e * windows_per_lane[k])  # its first draw is here
+        if not begun or last_epoch[(k, ln)] <= e:
+            continue
+        distinct = np.unique(window[lo:hi])
+        if len(distinct) != windows_per_lane[k]:
+            report.violate(
+                f"source {name} lane {ln} epoch {e}: rolled over after drawing "
+                f"{len(distinct)} of its {windows_per_lane[k]} windows (an epoch uses every "
+                "window exactly once)"
+            )
+            continue
+        complete.setdefault((k, e), []).append(ln)
+    lanes = {int(k): len(np.unique(lane[key == k])) for k in np.unique(key)}
+    for (k, _), done in complete.items():
+        if len(done) == lanes[k]:
+            report.epochs_completed[names[k]] = report.epochs_completed.get(names[k], 0) + 1

@@ -1,0 +1,304 @@
+"""Plan commands: `inspect`, `dump`, `verify`, `epochs`, `stages`, `plot`.
+
+Each takes a data config and optionally `--ledger FILE` (a saved `Ledger`): with a ledger the
+plan is the ledger's, so any past step of a run that switched configs is reproduced exactly
+(the config's stores are offered too, so a ledger whose stores moved still opens them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.audit import audit
+from pipeline.batch import FIELDS
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from pipeline.ledger import Ledger
+from pipeline.plan import Plan, host_rows
+from pipeline.report import epoch_table, stage_rows
+from pipeline.store_summary import decode_preview
+
+MAX_PRINTED_VIOLATIONS = 50
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    i = commands.add_parser(
+        "inspect", help="which documents are in the rows of a step", description=_doc(
+            "Show, for rows of one step: lane, stage, source, epoch, counter, window, and the "
+            "shard records and token ranges of the documents in the window, with a preview."
+        ),
+    )  # fmt: skip
+    _common(i)
+    i.add_argument("--step", type=_nonnegative, required=True)
+    i.add_argument("--rows", type=_row_list, help="rows, e.g. 0,3,5-7 (default: all)")
+    i.add_argument("--preview", type=int, default=60, help="characters of decoded preview")
+    i.set_defaults(run=run_inspect)
+
+    d = commands.add_parser("dump", help="save one host's rows of a range of steps (.npz)")
+    _common(d)
+    d.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
+    d.add_argument("--process-index", type=_nonnegative, default=0)
+    d.add_argument("--process-count", type=_positive, default=1)
+    d.add_argument("--out", type=Path, required=True, help="FILE.npz")
+    d.set_defaults(run=run_dump)
+
+    v = commands.add_parser(
+        "verify", help="audit a range of steps: windows, epochs, padding, hosts",
+        description=_doc(
+            "Check that per source and lane no window repeats in an epoch, epochs that roll over "
+            "in the range are complete, there is no padding, and every host's rows equal the "
+            "single-host rows. Exit 1 on a violation."
+        ),
+    )  # fmt: skip
+    _common(v)
+    v.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
+    v.add_argument(
+        "--process-count",
+        type=_positive,
+        action="append",
+        help="process counts to check (repeatable; default 1, 2, 4, ... that fit)",
+    )
+    v.add_argument("--no-progress", action="store_true")
+    v.set_defaults(run=run_verify)
+
+    e = commands.add_parser("epochs", help="windows per epoch and the steps epochs roll over")
+    _common(e)
+    e.add_argument("--count", type=_positive, default=3, help="epochs to locate per source")
+    e.set_defaults(run=run_epochs)
+
+    s = commands.add_parser("stages", help="each stage's start and end step and its mix")
+    _common(s)
+    s.set_defaults(run=run_stages)
+
+    p = commands.add_parser("plot", help="plot target and realised source shares per step")
+    _common(p)
+    p.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
+    p.add_argument("--out", type=Path, required=True, help="FILE.png")
+    p.add_argument("--title", help="plot title")
+    p.set_defaults(run=run_plot)
+
+
+def _doc(text: str) -> str:
+    return text + " With --ledger, the plan is the saved ledger's (every segment of a run)."
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, metavar="CONFIG", help="data config (YAML)")
+    parser.add_argument("--ledger", type=Path, help="a saved ledger (JSON) of a run")
+
+
+def _nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match or int(match[1]) >= int(match[2]):
+        raise argparse.ArgumentTypeError(f"expected A:B with 0 <= A < B, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def _row_list(text: str) -> list[int]:
+    rows: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"expected rows like 0,3,5-7, got {text!r}")
+        lo, hi = int(match[1]), int(match[2] or match[1])
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"row range {part!r} is empty")
+        rows.extend(range(lo, hi + 1))
+    return rows
+
+
+def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
+    """The plan of a config, or of a saved ledger (offered the config's stores)."""
+    config = load_config(config_path)
+    if ledger_path is None:
+        plan = Plan.from_config(config)
+        try:
+            plan.segment(0)  # lays out stages now, so their errors name this config file
+        except ConfigError as error:
+            message = str(error)
+            recorded = "ledger segment 0 (from step 0): "
+            message = message.removeprefix(recorded)
+            if not message.startswith(config.origin):
+                message = f"{config.origin}: {message}"
+            raise ConfigError(message) from error
+        return plan
+    stores = config.open_stores()
+    return Plan(Ledger.load(ledger_path), stores.values())
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    plan = load_plan(args.config, args.ledger)
+    config = plan.segment_at(args.step).config
+    batch = config.global_batch_size
+    rows = list(range(batch)) if args.rows is None else args.rows
+    bad = [r for r in rows if r >= batch]
+    if bad:
+        raise ConfigError(f"--rows: row {bad[0]} is outside the batch (rows 0..{batch - 1})")
+    draws = plan.draws(args.step, rows)
+    seg = plan.segment(draws.segment)
+    stage_names = [stage.spec.name for stage in seg.table.stages]
+    print(
+        f"step {args.step}: ledger segment {draws.segment} (from step {seg.segment.start_step}), "
+        f"{batch} rows x seq_len {config.seq_len}, {config.lanes} lanes of "
+        f"{config.rows_per_lane} rows"
+    )
+    header = f"{'row':>5} {'lane':>4}  {'stage':<14} {'source':<10} {'epoch':>5} "
+    header += f"{'counter':>9} {'window':>7}  documents"
+    print(header)
+    print("-" * len(header))
+    for i, row in enumerate(rows):
+        name = draws.source_names[draws.source[i]]
+        layout = seg.layouts[name]
+        store = layout.store
+        epoch, start = int(draws.epoch[i]), int(draws.start[i])
+        print(
+            f"{row:>5} {int(draws.lane[i]):>4}  {stage_names[draws.stage[i]]:<14} {name:<10} "
+            f"{epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
+            f"stream tokens {start:,}..{start + config.seq_len + 1:,}"
+        )
+        for shard, lo, hi in layout.pieces(epoch, start, start + config.seq_len + 1):
+            offsets = store.doc_offsets(shard)
+            first = int(np.searchsorted(offsets, lo, side="right")) - 1
+            last = int(np.searchsorted(offsets, hi, side="left")) - 1
+            tokens = store.read_shard_tokens(shard, lo, hi).tokens
+            preview = decode_preview(store, tokens, limit=args.preview)
+            preview = preview.replace("\n", "⏎").replace("\t", " ")
+            records = f"record {first}" if first == last else f"records {first}..{last}"
+            print(
+                f"{'':>44}{store.shard_file(shard).name}  {records}  tokens {lo:,}..{hi:,}"
+                f"\n{'':>44}  {preview!r}"
+            )
+    return 0
+
+
+def run_dump(args: argparse.Namespace) -> int:
+    plan = load_plan(args.config, args.ledger)
+    first, stop = args.steps
+    if args.process_index >= args.process_count:
+        raise ConfigError(
+            f"--process-index {args.process_index} is not below --process-count "
+            f"{args.process_count}"
+        )
+    configs = {plan.segment_at(s).config.global_batch_size for s in (first, stop - 1)}
+    if len(configs) != 1 or any(
+        plan.segment(i).config.global_batch_size not in configs
+        for i in range(plan.ledger.segment_index(first), plan.ledger.segment_index(stop - 1) + 1)
+    ):
+        raise ConfigError(
+            f"--steps {first}:{stop} spans ledger segments with different global_batch_size; "
+            "dump each segment's steps separately"
+        )
+    rows = host_rows(configs.pop(), args.process_index, args.process_count)
+    stacked: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
+    for step in range(first, stop):
+        batch = plan.batch(step, rows)
+        for name in FIELDS:
+            stacked[name].append(batch[name])
+    arrays = {name: np.stack(values) for name, values in stacked.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, steps=np.arange(first, stop), rows=rows, **arrays)
+    shape = arrays["inputs"].shape
+    print(
+        f"wrote {args.out}: steps {first}..{stop - 1}, rows {rows[0]}..{rows[-1]} "
+        f"(process {args.process_index} of {args.process_count}), fields {shape} each"
+    )
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    plan = load_plan(args.config, args.ledger)
+    first, stop = args.steps
+    report = audit(plan, first, stop, args.process_count, progress=not args.no_progress)
+    for line in report.summary():
+        print(line)
+    if report.ok:
+        return 0
+    for line in report.violations[:MAX_PRINTED_VIOLATIONS]:
+        print(f"violation: {line}")
+    if report.violation_count > MAX_PRINTED_VIOLATIONS:
+        print(f"... and {report.violation_count - MAX_PRINTED_VIOLATIONS} more violation(s)")
+    return 1
+
+
+def run_epochs(args: argparse.Namespace) -> int:
+    plan = load_plan(args.config, args.ledger)
+    table = epoch_table(plan, args.count)
+    many = len(plan.ledger.segments) > 1
+    print(
+        f"{'segment  ' if many else ''}{'source':<10} {'windows/lane':>12} {'lanes':>5} "
+        f"{'tokens/epoch':>14} {'store tokens':>14}  epoch starts (step, row in lane)"
+    )
+    for info in table:
+        starts = []
+        for epoch, where in info.rollovers:
+            starts.append(f"{epoch}: never" if where is None else f"{epoch}: {where[0]:,}")
+            if where is not None and where[1]:
+                starts[-1] += f" r{where[1]}"
+        print(
+            f"{f'{info.segment:>7}  ' if many else ''}{info.name:<10} "
+            f"{info.windows_per_lane:>12,} {info.lanes:>5} {info.tokens_per_epoch:>14,} "
+            f"{info.store_tokens:>14,}  {'; '.join(starts)}"
+        )
+    return 0
+
+
+def run_stages(args: argparse.Namespace) -> int:
+    plan = load_plan(args.config, args.ledger)
+    rows = stage_rows(plan)
+    print(
+        f"{'seg':>3} {'stage':<14} {'start step':>12} {'end step':>16}  {'kind':<11} mix / epochs"
+    )
+    for index, segment in enumerate(plan.ledger.segments):
+        config = plan.segment(index).config
+        print(
+            f"{index:>3} ledger segment from step {segment.start_step:,}: "
+            f"{', '.join(config.source_names)}; batch {config.global_batch_size}, "
+            f"{config.rows_per_lane} rows per lane, counters at start "
+            + ", ".join(f"{k}={v:,}" for k, v in sorted(segment.counters.items()))
+        )
+        for row in (r for r in rows if r.segment == index):
+            start = f"{row.start_step:,}" + (f" r{row.start_row}" if row.start_row else "")
+            if row.end_step is None:
+                end = "open"
+            else:
+                end = f"{row.end_step:,}"
+                if row.end_row != config.rows_per_lane:
+                    end += f" r{row.end_row}"
+            if row.superseded_at is not None and (
+                row.end_step is None or row.end_step >= row.superseded_at
+            ):
+                end = f"({row.superseded_at - 1:,}) switched"
+            print(f"{'':>3} {row.name:<14} {start:>12} {end:>16}  {row.kind:<11} {row.mix}")
+    print(
+        "end step = the step holding the stage's last row; 'rN' = the stage ends after N rows "
+        "of each lane (or starts at row N)"
+    )
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from pipeline.plot import plot_mixture  # matplotlib only when plotting
+
+    plan = load_plan(args.config, args.ledger)
+    first, stop = args.steps
+    plot_mixture(plan, first, stop, args.out, title=args.title or f"{args.config.name}")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,243 @@
+"""Read-only views of a plan for people: stage boundaries, epoch rollovers, target weights.
+
+Everything here is computed from the plan's stage tables and counters, never by replaying steps:
+a source's counter (windows drawn per lane) only grows with the step inside a ledger segment,
+so the step at which it reaches any value is found by bisection in O(log step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.plan import Plan, SegmentPlan
+from pipeline.stages import StageLayout, StageTable
+
+SEARCH_LIMIT = 10**15  # steps: past this a source counts as never reaching a counter
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage of one ledger segment in absolute steps."""
+
+    segment: int
+    index: int
+    name: str
+    start_step: int
+    start_row: int  # row inside each lane where the stage's first row is (0: a step boundary)
+    end_step: int | None  # step holding the stage's last row (None: open-ended)
+    end_row: int | None  # one past the stage's last row inside each lane of `end_step`
+    superseded_at: int | None  # a later ledger segment takes over at this step
+    kind: str  # "steps N", "open-ended" or "epochs"
+    mix: str
+
+
+def segment_stop(plan: Plan, index: int) -> int | None:
+    """One past the last step ledger segment `index` decides (None: open-ended)."""
+    segments = plan.ledger.segments
+    if index + 1 < len(segments):
+        return segments[index + 1].start_step
+    return plan.segment(index).end_step()
+
+
+def stage_rows(plan: Plan) -> list[StageRow]:
+    out = []
+    for index, segment in enumerate(plan.ledger.segments):
+        seg = plan.segment(index)
+        rows_per_lane = seg.config.rows_per_lane
+        superseded = segment_stop(plan, index) if index + 1 < len(plan.ledger.segments) else None
+        for k, stage in enumerate(seg.table.stages):
+            start_step = segment.start_step + stage.start // rows_per_lane
+            if superseded is not None and start_step >= superseded:
+                break
+            end_step = end_row = None
+            if stage.end is not None:
+                last = stage.end - 1
+                end_step = segment.start_step + last // rows_per_lane
+                end_row = last % rows_per_lane + 1
+            out.append(
+                StageRow(
+                    index,
+                    k,
+                    stage.spec.name,
+                    start_step,
+                    stage.start % rows_per_lane,
+                    end_step,
+                    end_row,
+                    superseded,
+                    _kind(stage),
+                    describe_mix(stage),
+                )
+            )
+    return out
+
+
+def _kind(stage: StageLayout) -> str:
+    if stage.spec.epochs is not None:
+        return "epochs"
+    return "open-ended" if stage.spec.steps is None else f"steps {stage.spec.steps}"
+
+
+def describe_mix(stage: StageLayout) -> str:
+    spec = stage.spec
+    if spec.epochs is not None:
+        return ", ".join(f"{name} x{reps} epochs" for name, reps in spec.epochs)
+    parts = []
+    for name, schedule in spec.mix or ():
+        if schedule.kind == "constant":
+            parts.append(f"{name} {_num(schedule.points[0][1])}")
+        else:
+            points = ", ".join(f"{step}: {_num(w)}" for step, w in schedule.points)
+            parts.append(f"{name} {schedule.kind}{{{points}}}")
+    return ", ".join(parts)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def counters_at(seg: SegmentPlan, step: int) -> np.ndarray:
+    """Every source's per-lane counter before the first row of `step` (clamped to the end)."""
+    table = seg.table
+    position = (step - seg.segment.start_step) * seg.config.rows_per_lane
+    if table.end is not None and position >= table.end:
+        return StageTable._counters_in(table.stages[-1], np.array([table.end]))[0]
+    return table.counters(position)
+
+
+def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, int] | None:
+    """(step, row inside lane 0) of draw number `counter` of source `name` in segment `index`.
+
+    None if the segment never reaches it. Bisection over the segment's steps: O(log steps).
+    """
+    seg = plan.segment(index)
+    column = seg.config.source_names.index(name)
+    lo = seg.segment.start_step
+    stop = segment_stop(plan, index)
+
+    def value(step: int) -> int:
+        return int(counters_at(seg, step)[column])
+
+    if value(lo) > counter:
+        return None  # drawn before this segment began
+    if stop is None:
+        distance = 1
+        while value(lo + distance) <= counter:
+            if distance > SEARCH_LIMIT:
+                return None
+            distance *= 2
+        hi = lo + distance
+    else:
+        hi = stop
+        if value(hi) <= counter:
+            return None
+    # invariant: value(lo) <= counter < value(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if value(mid) <= counter:
+            lo = mid
+        else:
+            hi = mid
+    draws = plan.draws(lo, np.arange(seg.config.rows_per_lane))
+    hit = np.flatnonzero(
+        (np.asarray(draws.source_names)[draws.source] == name) & (draws.counter == counter)
+    )
+    return lo, int(hit[0])
+
+
+@dataclass(frozen=True)
+class EpochInfo:
+    name: str
+    segment: int
+    windows_per_lane: int
+    lanes: int
+    seq_len: int
+    store_tokens: int
+    rollovers: list[tuple[int, tuple[int, int] | None]]  # (epoch, (step, row) or None)
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Target tokens one epoch feeds the model (all lanes)."""
+        return self.windows_per_lane * self.lanes * self.seq_len
+
+
+def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
+    """Per segment and source: windows per epoch and where epochs 1..count begin.
+
+    A rollover is reported in the first segment whose counters reach it; a source whose weight
+    falls to 0 for good never rolls over (None).
+    """
+    out = []
+    for index in range(len(plan.ledger.segments)):
+        seg = plan.segment(index)
+        for name in seg.config.source_names:
+            layout = seg.layouts[name]
+            windows = layout.windows_per_lane
+            start = int(
+                counters_at(seg, seg.segment.start_step)[seg.config.source_names.index(name)]
+            )
+            first_epoch = start // windows + 1
+            rollovers = [
+                (epoch, first_draw(plan, index, name, epoch * windows))
+                for epoch in range(first_epoch, first_epoch + count)
+            ]
+            out.append(
+                EpochInfo(
+                    name,
+                    index,
+                    windows,
+                    seg.config.lanes,
+                    seg.config.seq_len,
+                    layout.store.num_tokens,
+                    rollovers,
+                )
+            )
+    return out
+
+
+def rollovers_between(plan: Plan, start: int, stop: int, limit: int = 500) -> dict[str, list[int]]:
+    """Steps in [start, stop) at which a source begins a new epoch (per source name)."""
+    out: dict[str, list[int]] = {}
+    for index, segment in enumerate(plan.ledger.segments):
+        seg_stop = segment_stop(plan, index)
+        lo, hi = max(start, segment.start_step), stop if seg_stop is None else min(stop, seg_stop)
+        if lo >= hi:
+            continue
+        seg = plan.segment(index)
+        for column, name in enumerate(seg.config.source_names):
+            windows = seg.layouts[name].windows_per_lane
+            first = int(counters_at(seg, lo)[column])
+            last = int(counters_at(seg, hi)[column])  # counter before step hi
+            epoch = max(1, -(-first // windows))  # epoch 0 beginning is no rollover
+            steps = out.setdefault(name, [])
+            while epoch * windows < last and len(steps) < limit:
+                found = first_draw(plan, index, name, epoch * windows)
+                if found is not None and lo <= found[0] < hi:
+                    steps.append(found[0])
+                epoch += 1
+    return out
+
+
+def target_shares(plan: Plan, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """Each source's normalised schedule weight at each step (averaged over a lane's rows)."""
+    out: dict[str, np.ndarray] = {}
+    steps = np.asarray(steps, dtype=np.int64)
+    for i, step in enumerate(steps):
+        index = plan.ledger.segment_index(int(step))
+        seg = plan.segment(index)
+        rows_per_lane = seg.config.rows_per_lane
+        base = (int(step) - seg.segment.start_step) * rows_per_lane
+        positions = base + np.arange(rows_per_lane)
+        stages = seg.table.stage_index(positions)
+        for stage_index in np.unique(stages):
+            stage = seg.table.stages[int(stage_index)]
+            share = int(np.sum(stages == stage_index)) / rows_per_lane
+            mixture = stage.mixture
+            local = (base - stage.origin) // rows_per_lane
+            weights = mixture.weights[local] if local < mixture.horizon else mixture.tail
+            weights = weights / weights.sum()
+            for column, weight in zip(stage.sources, weights):
+                name = seg.config.source_names[column]
+                out.setdefault(name, np.zeros(len(steps)))[i] += share * weight
+    return out

@@ -1,0 +1,289 @@
+"""The plan commands end to end through `pipeline.cli.main`, including bad input."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.ledger import Ledger, Segment
+from pipeline.plan import Plan, host_rows
+from pipeline.report import first_draw
+from tests.storegen import write_synthetic_store
+
+SHARDS = {"a": [[30, 50, 20], [40, 60]], "b": [[25, 35, 45, 55]]}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("stores")
+    for name, shards in SHARDS.items():
+        write_synthetic_store(directory / name, shards)
+    return directory
+
+
+def write_config(directory: Path, stores: Path, **overrides) -> Path:
+    raw = {
+        "seed": 5,
+        "seq_len": 8,
+        "global_batch_size": 8,
+        "lanes": 2,
+        "sources": {name: {"path": str(stores / name)} for name in SHARDS},
+        "mix": {"a": 3, "b": 1},
+    }
+    raw.update(overrides)
+    if "stages" in overrides:
+        del raw["mix"]
+    path = directory / "data.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inspect_shows_rows_sources_and_documents(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, out, _ = run(capsys, "inspect", config, "--step", 7, "--rows", "0,2-3")
+    assert code == 0
+    plan = Plan.from_config(load_config(config))
+    draws = plan.draws(7, [0, 2, 3])
+    lines = out.splitlines()
+    row_lines = [line for line in lines if line.split() and line.split()[0] in {"0", "2", "3"}]
+    assert [int(line.split()[0]) for line in row_lines] == [0, 2, 3]
+    for line, i in zip(row_lines, range(3)):
+        fields = line.split()
+        assert fields[1] == str(draws.lane[i])
+        assert fields[3] == draws.source_names[draws.source[i]]
+        assert int(fields[4]) == draws.epoch[i]
+        assert int(fields[5].replace(",", "")) == draws.counter[i]
+        assert int(fields[6]) == draws.window[i]
+    assert "shard-0000" in out and ".array_record" in out and "tokens" in out
+    # the synthetic store's tokens are stream positions: the preview shows them as ids
+    layout = plan.segment(0).layouts[draws.source_names[draws.source[0]]]
+    shard, lo, hi = layout.pieces(
+        int(draws.epoch[0]), int(draws.start[0]), int(draws.start[0]) + 9
+    )[0]
+    first_token = int(layout.store.read_shard_tokens(shard, lo, hi).tokens[0])
+    assert f"'{first_token} " in out
+
+
+def test_inspect_rejects_rows_outside_the_batch(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, _, err = run(capsys, "inspect", config, "--step", 0, "--rows", "8")
+    assert code == 2 and "row 8" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dump_writes_host_rows_equal_to_the_plan(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    plan = Plan.from_config(load_config(config))
+    parts = []
+    for index in range(2):
+        out = tmp_path / f"host{index}.npz"
+        code, text, _ = run(
+            capsys, "dump", config, "--steps", "3:6", "--process-index", index,
+            "--process-count", 2, "--out", out,
+        )  # fmt: skip
+        assert code == 0 and str(out) in text
+        data = np.load(out)
+        assert data["steps"].tolist() == [3, 4, 5]
+        assert data["rows"].tolist() == host_rows(8, index, 2).tolist()
+        assert data["inputs"].shape == (3, 4, 8)
+        for k, step in enumerate(range(3, 6)):
+            batch = plan.batch(step, data["rows"])
+            for name, value in batch.items():
+                np.testing.assert_array_equal(data[name][k], value)
+        parts.append(data)
+    for k, step in enumerate(range(3, 6)):
+        whole = plan.batch(step)
+        joined = np.concatenate([p["targets"][k] for p in parts])
+        np.testing.assert_array_equal(joined, whole["targets"])
+
+
+def test_dump_rejects_a_process_index_out_of_range(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, _, err = run(
+        capsys, "dump", config, "--steps", "0:2", "--process-index", 2, "--process-count", 2,
+        "--out", tmp_path / "x.npz",
+    )  # fmt: skip
+    assert code == 2 and "--process-index 2" in err
+
+
+def test_verify_passes_a_real_plan(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, out, err = run(capsys, "verify", config, "--steps", "0:12")
+    assert code == 0, out
+    assert "steps 0..11: 96 rows" in out
+    assert "process counts 1, 2" in out
+    assert out.strip().splitlines()[-1].startswith("ok:")
+    assert "verify" in err  # the tqdm progress bar
+
+
+def test_verify_fails_on_a_ledger_whose_counters_go_backwards(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    plan = Plan.from_config(load_config(config))
+    first = plan.ledger.segments[0]
+    back = {k: max(0, v - 2) for k, v in plan.segment(0).counters_at(6).items()}
+    path = tmp_path / "ledger.json"
+    Ledger((first, Segment(6, first.config, first.fingerprints, back))).save(path)
+    code, out, _ = run(
+        capsys, "verify", config, "--ledger", path, "--steps", "0:9", "--process-count", 2,
+        "--no-progress",
+    )  # fmt: skip
+    assert code == 1
+    assert "FAILED" in out
+    assert any(line.startswith("violation: source a") for line in out.splitlines())
+
+
+def test_verify_refuses_an_incompatible_process_count(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, _, err = run(capsys, "verify", config, "--steps", "0:2", "--process-count", 3)
+    assert code == 2 and "--process-count 3" in err
+
+
+def test_epochs_bisection_matches_a_linear_scan(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, out, _ = run(capsys, "epochs", config, "--count", 2)
+    assert code == 0
+    plan = Plan.from_config(load_config(config))
+    seg = plan.segment(0)
+    windows = {name: seg.layouts[name].windows_per_lane for name in SHARDS}
+    found: dict[str, dict[int, tuple[int, int]]] = {name: {} for name in SHARDS}
+    step = 0
+    while any(len(f) < 2 for f in found.values()):  # a linear scan of lane 0's draws
+        draws = plan.draws(step, np.arange(4))
+        for row, (s, c) in enumerate(zip(draws.source, draws.counter)):
+            name = draws.source_names[s]
+            if c % windows[name] == 0 and c // windows[name] in (1, 2):
+                found[name].setdefault(int(c // windows[name]), (step, row))
+        step += 1
+    for name in SHARDS:
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert f"{windows[name]:,}" in line
+        for epoch, (step, row) in found[name].items():
+            assert first_draw(plan, 0, name, epoch * windows[name]) == (step, row)
+            assert f"{epoch}: {step:,}" + (f" r{row}" if row else "") in line
+
+
+def test_epochs_of_a_rare_source_at_huge_steps_take_log_time(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores, mix={"a": 1, "b": 1e-9})
+    start = time.perf_counter()
+    code, _, _ = run(capsys, "epochs", config, "--count", 1)
+    assert code == 0 and time.perf_counter() - start < 5
+    plan = Plan.from_config(load_config(config))
+    windows = plan.segment(0).layouts["b"].windows_per_lane
+    step, row = first_draw(plan, 0, "b", windows)
+    assert step > 10**9
+    draws = plan.draws(step, np.arange(4))
+    assert draws.source_names[draws.source[row]] == "b" and draws.counter[row] == windows
+    assert plan.segment(0).counters_at(step)["b"] == windows  # not drawn before that step
+
+
+def test_stages_shows_boundaries_of_an_epochized_stage(tmp_path, stores, capsys):
+    stages = [
+        {"name": "warm", "steps": 3, "mix": {"a": 1, "b": 1}},
+        {"name": "epo", "epochs": {"b": 1}},
+        {"name": "rest", "mix": {"a": 1}},
+    ]
+    config = write_config(tmp_path, stores, stages=stages)
+    code, out, _ = run(capsys, "stages", config)
+    assert code == 0
+    plan = Plan.from_config(load_config(config))
+    table = plan.segment(0).table
+    epo = table.stages[1]
+    assert epo.start == 12
+    last = epo.end - 1
+    end = f"{last // 4:,}" + (f" r{last % 4 + 1}" if last % 4 != 3 else "")
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["epo"])
+    assert line.split()[1] == "3" and end in line and "b x1 epochs" in line
+    rest = next(line for line in out.splitlines() if line.split()[:1] == ["rest"])
+    assert "open" in rest
+
+
+def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    plan = Plan.from_config(load_config(config))
+    first = plan.ledger.segments[0]
+    changed = dict(first.config, stages=[{"name": "only-a", "mix": {"a": 1}}])
+    path = tmp_path / "ledger.json"
+    counters = plan.segment(0).counters_at(20)
+    Ledger((first, Segment(20, changed, first.fingerprints, counters))).save(path)
+    code, out, _ = run(capsys, "stages", config, "--ledger", path)
+    assert code == 0
+    assert "ledger segment from step 0" in out and "ledger segment from step 20" in out
+    assert "(19) switched" in out and "only-a" in out
+
+
+def test_plot_writes_a_png(tmp_path, stores, capsys):
+    stages = [
+        {"name": "warm", "steps": 10, "mix": {"a": {"linear": {0: 1, 10: 3}}, "b": 1}},
+        {"name": "rest", "mix": {"a": 1, "b": 1}},
+    ]
+    config = write_config(tmp_path, stores, stages=stages)
+    out = tmp_path / "plot.png"
+    code, text, _ = run(capsys, "plot", config, "--steps", "0:40", "--out", out)
+    assert code == 0 and "wrote" in text
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+BAD_CONFIGS = [
+    ({"mix": {"a": 1, "zz": 1}}, "mix.zz", "unknown source"),
+    ({"sources": {"a": {"path": "/nonexistent/store"}}, "mix": {"a": 1}}, "sources.a.path", ""),
+    ({"mix": {"a": -1, "b": 1}}, "mix.a", ">= 0"),
+    (
+        {"stages": [{"name": "s", "mix": {"a": {"step": {0: 1, 5: 0}}, "b": 0}}]},
+        "stages[0].mix",
+        "all weights are 0 at step 5",
+    ),
+    ({"mix": {"a": {"linear": {10: 1, 0: 2}}, "b": 1}}, "mix.a.linear", "increasing order"),
+    ({"global_batch_size": 6, "lanes": 4}, "global_batch_size", "not divisible by lanes"),
+    ({"seq_len": 10_000}, "sources.", "seq_len 10000"),
+    ({"mixx": {"a": 1}}, "mixx", "unknown key"),
+    ({"stages": [{"name": "s", "mix": {"a": 1}, "stpes": 3}]}, "stages[0].stpes", "unknown key"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,words", BAD_CONFIGS)
+@pytest.mark.parametrize("command", ["stages", "verify"])
+def test_bad_configs_stop_with_one_line_naming_the_file_and_key(
+    tmp_path, stores, capsys, overrides, key, words, command
+):
+    config = write_config(tmp_path, stores, **overrides)
+    extra = ["--steps", "0:2"] if command == "verify" else []
+    code, out, err = run(capsys, command, config, *extra)
+    assert code == 2, out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and str(config) in lines[0]
+    assert key in lines[0] and words in lines[0]
+
+
+def test_a_path_that_is_not_a_store(tmp_path, stores, capsys):
+    (tmp_path / "plain").mkdir()
+    config = write_config(
+        tmp_path, stores, sources={"a": {"path": str(tmp_path / "plain")}}, mix={"a": 1}
+    )
+    code, _, err = run(capsys, "epochs", config)
+    assert code == 2 and "sources.a.path" in err and "not a token store" in err
+
+
+def test_bad_arguments_exit_2(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    for argv in (
+        ["verify", config, "--steps", "5:3"],
+        ["inspect", config, "--step", "-1"],
+        ["inspect", config, "--step", "0", "--rows", "x"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(a) for a in argv])
+        assert exit_info.value.code == 2
+    code, _, err = run(capsys, "stages", tmp_path / "missing.yaml")
+    assert code == 2 and "missing.yaml" in err

@@ -1,0 +1,84 @@
+"""Every file in configs/ loads, plans and passes the audit on real (small) builtin stores."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.audit import audit
+from pipeline.config import load_config
+from pipeline.plan import Plan
+from pipeline.prepare import PrepareOptions, prepare
+from pipeline.report import stage_rows
+from pipeline.resume import reconcile
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A tmp tree like the repository's: data/<builtin stores> and configs/<copies>."""
+    root = tmp_path_factory.mktemp("configs")
+    for name in ("python-code", "python-tests", "python-docs"):
+        prepare(
+            PrepareOptions(
+                inputs=[f"builtin:{name}"], out=root / "data" / name, num_shards=2, progress=False
+            )
+        )
+    shutil.copytree(CONFIGS[0].parent, root / "configs")
+    return root / "configs"
+
+
+def test_there_are_configs():
+    names = {path.name for path in CONFIGS}
+    assert {"default.yaml", "linear-warmup.yaml", "curriculum.yaml"} <= names
+    assert {"seeds01-main.yaml", "seeds01-task.yaml"} <= names
+
+
+@pytest.mark.parametrize("name", [path.name for path in CONFIGS])
+def test_every_config_plans_and_passes_the_audit(workdir, name):
+    config = load_config(workdir / name)
+    assert config.global_batch_size <= 64 and config.seq_len <= 1024  # CPU-demo sized
+    plan = Plan.from_config(config)
+    report = audit(plan, 0, 24, process_counts=[2])
+    assert report.ok, report.violations
+    assert report.rows_checked == 24 * config.global_batch_size
+    assert stage_rows(plan)
+
+
+def test_curriculum_epochized_stage_uses_every_docs_window_once(workdir):
+    plan = Plan.from_config(load_config(workdir / "curriculum.yaml"))
+    rows = {row.name: row for row in stage_rows(plan)}
+    middle = rows["docs-epochs"]
+    assert middle.start_step == 50 and middle.end_step is not None
+    # the whole epochized stage and the start of the next one: a docs epoch completes inside
+    report = audit(plan, 0, middle.end_step + 3, process_counts=[])
+    assert report.ok, report.violations
+    assert report.epochs_completed["docs"] >= 1
+
+
+def test_seeds01_switch_to_the_task_dataset_repeats_no_window(workdir):
+    main = Plan.from_config(load_config(workdir / "seeds01-main.yaml"))
+    task = load_config(workdir / "seeds01-task.yaml")
+    switch = 30
+    with pytest.raises(Exception, match="--switch-data"):
+        reconcile(main, task, switch)
+    ledger = reconcile(main, task, switch, switch=True)
+    assert [s.start_step for s in ledger.segments] == [0, switch]
+    carried = ledger.segments[1].counters["docs"]
+    assert carried == main.segment(0).counters_at(switch)["docs"] > 0
+    switched = Plan(ledger)
+    windows = switched.segment(1).layouts["docs"].windows_per_lane
+    # across the switch and through more than one whole docs epoch afterwards
+    stop = switch + -(-2 * windows // task.rows_per_lane)
+    report = audit(switched, 0, stop, process_counts=[])
+    assert report.ok, report.violations
+    assert report.epochs_completed["docs"] >= 1
+    hosts = audit(switched, switch - 2, switch + 2, process_counts=[4])
+    assert hosts.ok, hosts.violations
+    # steps before the switch are still the main config's
+    before = main.batch(switch - 1)
+    for field, value in switched.batch(switch - 1).items():
+        assert (value == before[field]).all()
