@@ -10,6 +10,9 @@
       docs: {path: ../data/python-docs}
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
+    eval:                        # optional held-out stores (prepare --eval-fraction)
+      sources: {docs: {path: ../data/python-docs-eval}}
+      batches: 4                 # per eval set; default: every full batch of the store
 
 Every message names the file and the key, echoes the value and says what is allowed.
 """
@@ -28,9 +31,10 @@ from pipeline.schedule import WeightSchedule, parse_schedule
 from pipeline.store import TokenStore
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
-            "stages", "feed")  # fmt: skip
+            "stages", "feed", "eval")  # fmt: skip
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads")
+EVAL_KEYS = ("sources", "batches")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class DataConfig:
     lanes: int = 1
     feed: FeedOptions = field(default_factory=FeedOptions)
     origin: str = "<config>"
+    eval_sources: tuple[SourceSpec, ...] = ()
+    eval_batches: int | None = None
 
     @property
     def rows_per_lane(self) -> int:
@@ -134,7 +140,11 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path = Path()) ->
     sources = _sources(raw["sources"], where, base_dir)
     stages = _stages(raw, where, {s.name for s in sources})
     feed = _feed(raw.get("feed", {}), where)
-    return DataConfig(seed, seq_len, batch, sources, stages, grad_accum, lanes, feed, origin)
+    eval_sources, eval_batches = _eval(raw.get("eval"), where, base_dir)
+    return DataConfig(
+        seed, seq_len, batch, sources, stages, grad_accum, lanes, feed, origin,
+        eval_sources, eval_batches,
+    )  # fmt: skip
 
 
 class _Where:
@@ -170,10 +180,12 @@ class _Where:
         return name
 
 
-def _sources(raw: Any, where: _Where, base_dir: Path) -> tuple[SourceSpec, ...]:
+def _sources(
+    raw: Any, where: _Where, base_dir: Path, parent: str = "sources"
+) -> tuple[SourceSpec, ...]:
     sources = []
-    for name, entry in where.mapping(raw, "sources").items():
-        key = f"sources.{name}"
+    for name, entry in where.mapping(raw, parent).items():
+        key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
         where.keys(where.mapping(entry, key), ("path",), key)
@@ -240,3 +252,15 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         prefetch=where.integer(raw.get("prefetch", 2), "feed.prefetch", minimum=1),
         threads=where.integer(raw.get("threads", 4), "feed.threads", minimum=1),
     )
+
+
+def _eval(raw: Any, where: _Where, base_dir: Path) -> tuple[tuple[SourceSpec, ...], int | None]:
+    if raw is None:
+        return (), None
+    where.keys(where.mapping(raw, "eval"), EVAL_KEYS, "eval")
+    if "sources" not in raw:
+        raise where.fail("eval", "missing 'sources' (name: {path: EVAL_STORE})")
+    batches = raw.get("batches")
+    if batches is not None:
+        where.integer(batches, "eval.batches", minimum=1)
+    return _sources(raw["sources"], where, base_dir, parent="eval.sources"), batches

@@ -8,9 +8,10 @@ range is a target once). Every lane has the same W = (Q - 1) // seq_len windows 
 lanes roll over together; the few tokens past the last window of a lane are not used in that
 epoch, and because the shard order changes every epoch, different tokens fall there each time.
 
-The k-th window a lane draws from the source is window `index_shuffle(k % W)` of epoch
-`k // W`: a keyed bijection per (seed, source, epoch, lane), so each window is used exactly once
-per epoch and any k is computed directly.
+The k-th window a lane draws from the source is window `perm(k % W)` of epoch `k // W`, where
+`perm` is a keyed bijection per (seed, source, epoch, lane) (Grain's `index_shuffle`, or for
+small W a cached permutation array), so each window is used exactly once per epoch and any k is
+computed directly.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from pipeline.keys import keyed_hash
 from pipeline.store import TokenSpan, TokenStore
 
 SHUFFLE_ROUNDS = 4
+# Grain's index_shuffle is slow on tiny domains (cycle walking); below this many windows per
+# lane a keyed permutation array per (epoch, lane) is cached instead: still a keyed bijection.
+SMALL_DOMAIN = 1 << 16
 
 
 class SourceLayout:
@@ -43,28 +47,30 @@ class SourceLayout:
                 "(use a smaller seq_len or fewer lanes)"
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
-        self._shuffle_seed = lru_cache(maxsize=4096)(self._lane_seed)
+        self._small_permutation = lru_cache(maxsize=256)(self._permutation)
 
     def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
         """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""
         counter = np.asarray(counter, dtype=np.int64)
+        lane = np.broadcast_to(np.asarray(lane, dtype=np.int64), counter.shape)
         epoch, k = np.divmod(counter, self.windows_per_lane)
-        window = np.array(
-            [
-                index_shuffle(
-                    int(i),
-                    max_index=self.windows_per_lane - 1,
-                    seed=self._shuffle_seed(int(e), int(ln)),
-                    rounds=SHUFFLE_ROUNDS,
-                )
-                for i, e, ln in zip(
-                    k.ravel(), epoch.ravel(), np.broadcast_to(lane, k.shape).ravel()
-                )
-            ],
-            dtype=np.int64,
-        ).reshape(k.shape)
-        start = np.asarray(lane, dtype=np.int64) * self.lane_tokens + window * self.seq_len
+        window = np.empty_like(k)
+        for e, ln in set(zip(epoch.ravel().tolist(), lane.ravel().tolist())):
+            mask = (epoch == e) & (lane == ln)
+            window[mask] = self._window_order(e, ln, k[mask])
+        start = lane * self.lane_tokens + window * self.seq_len
         return epoch, window, start
+
+    def _window_order(self, epoch: int, lane: int, k: np.ndarray) -> np.ndarray:
+        """Positions of draws `k` in the keyed permutation of (epoch, lane)."""
+        if self.windows_per_lane <= SMALL_DOMAIN:
+            return self._small_permutation(epoch, lane)[k]
+        seed = self._lane_seed(epoch, lane)
+        last = self.windows_per_lane - 1
+        return np.array(
+            [index_shuffle(int(i), max_index=last, seed=seed, rounds=SHUFFLE_ROUNDS) for i in k],
+            dtype=np.int64,
+        )
 
     def pieces(self, epoch: int, start: int, stop: int) -> list[tuple[int, int, int]]:
         """(shard, first token, end token) pieces covering [start, stop) of the epoch stream."""
@@ -104,3 +110,8 @@ class SourceLayout:
 
     def _lane_seed(self, epoch: int, lane: int) -> int:
         return keyed_hash(self.seed, "window-order", self.name, epoch, lane, bits=32)
+
+    def _permutation(self, epoch: int, lane: int) -> np.ndarray:
+        return np.random.default_rng(self._lane_seed(epoch, lane)).permutation(
+            self.windows_per_lane
+        )

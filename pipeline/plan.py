@@ -153,6 +153,10 @@ class Plan:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
         return self.read(self.draws(step, rows))
 
+    def stores(self) -> list[TokenStore]:
+        """The stores opened so far (to hand to a plan of a restored ledger)."""
+        return list(self._stores.values())
+
     def _store(self, segment: Segment, name: str, path, where: str) -> TokenStore:
         expected = segment.fingerprints[name]
         if expected not in self._stores:

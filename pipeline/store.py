@@ -66,6 +66,7 @@ class TokenStore:
         self._indexes: list[np.ndarray | None] = [None] * len(shards)
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
+        self._index_lock = threading.Lock()  # np.load parses headers with `ast`: not thread-safe
         self._check_files()
         if verify:
             self.verify()
@@ -99,9 +100,12 @@ class TokenStore:
         """Prefix sums of the shard's document lengths, memory-mapped (length documents + 1)."""
         index = self._indexes[self._check_shard(shard)]
         if index is None:
-            entry = self.manifest["shards"][shard]
-            index = np.load(self.path / entry["index"], mmap_mode="r")
-            self._indexes[shard] = index
+            with self._index_lock:
+                index = self._indexes[shard]
+                if index is None:
+                    entry = self.manifest["shards"][shard]
+                    index = np.load(self.path / entry["index"], mmap_mode="r")
+                    self._indexes[shard] = index
         return index
 
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
@@ -168,11 +172,18 @@ class TokenStore:
                     )
 
     def close(self) -> None:
+        """Close every open shard reader; a reader of a damaged file may fail to close."""
+        failures = []
         for shard, reader in enumerate(self._readers):
             if reader is not None:
                 with self._locks[shard]:
-                    reader.close()
                     self._readers[shard] = None
+                    try:
+                        reader.close()
+                    except RuntimeError as error:
+                        failures.append(f"{self.shard_file(shard)}: {error}")
+        if failures:
+            raise StoreError("cannot close " + "; ".join(failures))
 
     def __enter__(self) -> TokenStore:
         return self

@@ -1,0 +1,78 @@
+"""Eval data: the same full batches every time, sharded like training, never padded.
+
+An eval set is one held-out store (see `prepare --eval-fraction`). Its batches are the first
+`batches` steps of a one-source, one-lane plan over it: distinct windows of its epoch 0 in a
+fixed keyed order. Only full batches are used; the at most `global_batch_size - 1` windows
+(plus the tail tokens) past the last full batch are never evaluated, rather than padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import jax
+from jax.sharding import Mesh
+
+from pipeline.config import DataConfig, SourceSpec, StageSpec
+from pipeline.errors import ConfigError
+from pipeline.feed import DataFeed
+from pipeline.plan import Plan
+from pipeline.schedule import WeightSchedule
+
+ALWAYS = WeightSchedule("constant", ((0, 1.0),))
+
+
+def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
+    """The training config's batch geometry over one eval store (no grad_accum, one lane)."""
+    return DataConfig(
+        seed=config.seed,
+        seq_len=config.seq_len,
+        global_batch_size=config.global_batch_size,
+        sources=(source,),
+        stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
+        feed=config.feed,
+        origin=f"{config.origin}: eval.sources.{source.name}",
+    )
+
+
+class EvalFeed:
+    """Iterating yields `batches` global batches, from the first one again each time."""
+
+    def __init__(
+        self,
+        config: DataConfig,
+        source: SourceSpec,
+        mesh: Mesh,
+        batch_axes: str | tuple[str, ...] = ("data",),
+    ) -> None:
+        self.name = source.name
+        plan = Plan.from_config(eval_config(config, source))
+        windows = plan.segment(0).layouts[source.name].windows_per_lane
+        available = windows // config.global_batch_size
+        if available == 0:
+            raise ConfigError(
+                f"{config.origin}: eval.sources.{source.name}: {windows} windows of "
+                f"{config.seq_len + 1} tokens do not fill one batch of "
+                f"{config.global_batch_size} rows; use a bigger eval store"
+            )
+        self.batches = (
+            available if config.eval_batches is None else min(config.eval_batches, available)
+        )
+        self._feed = DataFeed(plan, mesh, batch_axes)
+
+    def reset(self) -> None:
+        self._feed.seek(0)
+
+    def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+        self.reset()
+        for _ in range(self.batches):
+            yield next(self._feed)
+
+    def close(self) -> None:
+        self._feed.close()
+
+
+def eval_feeds(
+    config: DataConfig, mesh: Mesh, batch_axes: str | tuple[str, ...] = ("data",)
+) -> list[EvalFeed]:
+    return [EvalFeed(config, source, mesh, batch_axes) for source in config.eval_sources]

@@ -1,0 +1,344 @@
+"""The JAX feed: the plan's rows of each step as global `jax.Array`s sharded over a mesh.
+
+    feed = DataFeed(load_config("data.yaml"), mesh, batch_axes=("data", "fsdp"))
+    for batch in feed:            # dict of the six MaxText fields (pipeline.batch.FIELDS)
+        state = train_step(state, batch)
+
+Every field of step `s` has global shape [global_batch_size, seq_len] and sharding
+`NamedSharding(mesh, PartitionSpec(batch_axes, None))`. With `grad_accum > 1` a field is
+[grad_accum, global_batch_size // grad_accum, seq_len], sharded `PartitionSpec(None,
+batch_axes, None)`: micro-batch g (`batch[k][g]`) holds rows `micro_batch_rows(..., g)` of the
+step, the consecutive slices the plan defines, and every device holds its share of every
+micro-batch, so a `lax.scan` over axis 0 needs no communication.
+
+Which rows a process computes is read off the sharding: `addressable_devices_indices_map` gives
+each local device's slice of the global array, and the process reads exactly the union of those
+rows (no host reads a row that none of its devices holds). Any mesh layout and any batch axes
+work, including meshes where devices also replicate the batch over a model axis.
+
+Reading and host assembly run ahead in a thread pool: at most `prefetch` steps are in flight,
+each split into up to `threads` row chunks. The device transfer happens in the consumer's
+thread, in `next()`. The rows of a step are a pure function of (ledger, step, row), so the
+result never depends on depth, threads, timing or restart history; `seek` only moves the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pipeline.batch import FIELDS
+from pipeline.config import DataConfig
+from pipeline.errors import FeedError, PipelineError, StoreError
+from pipeline.ledger import Ledger
+from pipeline.plan import Plan
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How one (global_batch_size, seq_len) maps onto the mesh for this process."""
+
+    shape: tuple[int, ...]
+    sharding: NamedSharding
+    rows: np.ndarray  # sorted global rows this process reads
+    devices: tuple[tuple[jax.Device, np.ndarray], ...]  # device -> positions in `rows`, shaped
+
+
+@dataclass
+class _Summary:
+    """What a step's local rows drew: stages and, per source, the highest epoch."""
+
+    stages: set[tuple[int, str]]
+    epochs: dict[str, int]
+
+    def merge(self, other: _Summary) -> None:
+        self.stages |= other.stages
+        for name, epoch in other.epochs.items():
+            self.epochs[name] = max(epoch, self.epochs.get(name, -1))
+
+
+def _read_chunk(plan: Plan, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], _Summary]:
+    draws = plan.draws(step, rows)
+    batch = plan.read(draws)
+    stages = plan.segment(draws.segment).config.stages
+    summary = _Summary({(draws.segment, stages[int(i)].name) for i in np.unique(draws.stage)}, {})
+    for s in np.unique(draws.source):
+        epochs = draws.epoch[draws.source == s]
+        summary.epochs[draws.source_names[int(s)]] = int(epochs.max())
+    return batch, summary
+
+
+class DataFeed:
+    """An iterator of global batches (dicts of `jax.Array`) for steps `step`, `step + 1`, ..."""
+
+    def __init__(
+        self,
+        config_or_plan: DataConfig | Plan,
+        mesh: Mesh,
+        batch_axes: str | tuple[str, ...] = ("data",),
+        *,
+        step: int = 0,
+        prefetch: int | None = None,
+        threads: int | None = None,
+    ) -> None:
+        if isinstance(config_or_plan, Plan):
+            self._plan = config_or_plan
+            self.config = config_or_plan.config
+        elif isinstance(config_or_plan, DataConfig):
+            self.config = config_or_plan
+            self._plan = Plan.from_config(config_or_plan)
+        else:
+            raise FeedError(
+                f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"
+            )
+        self.mesh = mesh
+        self.batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+        self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
+        self.threads = self.config.feed.threads if threads is None else threads
+        for name, value in (("prefetch", self.prefetch), ("threads", self.threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FeedError(f"DataFeed {name}: expected an integer >= 1, got {value!r}")
+        self._check_axes()
+        self._geometries: dict[tuple[int, int], _Geometry] = {}
+        self._geometry(self.config.global_batch_size, self.config.seq_len)  # fail early
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: collections.deque[tuple[int, list[Future]]] = collections.deque()
+        self._last: _Summary | None = None
+        self._warmed: set[int] = set()
+        self._closed = False
+        self._step = self._check_step(step)
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The step the next `next()` returns."""
+        return self._step
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._plan.ledger
+
+    def sharding(self, step: int | None = None) -> NamedSharding:
+        """The sharding of every field of `step` (default: the next step)."""
+        return self._geometry_at(self._step if step is None else step).sharding
+
+    def shape(self, step: int | None = None) -> tuple[int, ...]:
+        """The global shape of every field of `step` (default: the next step)."""
+        return self._geometry_at(self._step if step is None else step).shape
+
+    def seek(self, step: int) -> None:
+        """Continue at `step`: O(1), drops any prefetched work."""
+        self._ensure_open()
+        self._step = self._check_step(step)
+        self._drop_pending()
+        self._last = None
+
+    def state(self) -> dict[str, Any]:
+        """The whole data state, small and JSON-able: the next step and the ledger."""
+        return {"step": self._step, "ledger": self._plan.ledger.to_json()}
+
+    def adopt(self, ledger: Ledger, step: int) -> None:
+        """Follow `ledger` (a restored, reconciled one) from `step` on."""
+        self._ensure_open()
+        self._plan = Plan(ledger, self._plan.stores())
+        self._warmed.clear()
+        self.seek(step)
+
+    def close(self) -> None:
+        """Stop and join the reader threads and close the stores' readers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_pending()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for store in self._plan.stores():
+            try:
+                store.close()
+            except StoreError as error:  # a reader of a damaged file may fail to close
+                log.warning("%s", error)
+
+    def __iter__(self) -> DataFeed:
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        self._ensure_open()
+        step = self._step
+        self._fill()
+        queued, futures = self._pending.popleft()
+        if queued != step:  # cannot happen: seek clears the queue
+            raise FeedError(f"internal: prefetched step {queued}, expected {step}")
+        try:
+            chunks = [future.result() for future in futures]
+        except PipelineError as error:
+            self._drop_pending()
+            raise FeedError(f"step {step}: cannot read the batch: {error}") from error
+        except Exception as error:
+            self._drop_pending()
+            raise FeedError(
+                f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
+            ) from error
+        self._step = step + 1
+        self._fill()  # keep the readers busy while the device transfer runs
+        summary = _Summary(set(), {})
+        for _, part in chunks:
+            summary.merge(part)
+        self._log_events(step, summary)
+        host = {field: np.concatenate([c[field] for c, _ in chunks]) for field in FIELDS}
+        return self._to_device(step, host)
+
+    def __enter__(self) -> DataFeed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # a forgotten feed must not keep threads alive
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- geometry ----------------------------------------------------------------------------
+
+    def _check_axes(self) -> None:
+        names = tuple(self.mesh.axis_names)
+        unknown = [axis for axis in self.batch_axes if axis not in names]
+        if unknown or not self.batch_axes or len(set(self.batch_axes)) != len(self.batch_axes):
+            sizes = ", ".join(f"{n}={self.mesh.shape[n]}" for n in names)
+            raise FeedError(
+                f"batch_axes {self.batch_axes}: each must be a distinct axis of the mesh "
+                f"(mesh axes: {sizes})"
+            )
+
+    def _geometry_at(self, step: int) -> _Geometry:
+        config = self._plan.segment_at(step).config
+        return self._geometry(config.global_batch_size, config.seq_len)
+
+    def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
+        key = (global_batch_size, seq_len)
+        if key in self._geometries:
+            return self._geometries[key]
+        accum = self.config.grad_accum
+        shards = math.prod(self.mesh.shape[axis] for axis in self.batch_axes)
+        sizes = " x ".join(f"{axis}={self.mesh.shape[axis]}" for axis in self.batch_axes)
+        if global_batch_size % accum:
+            raise FeedError(
+                f"global_batch_size {global_batch_size} is not divisible by grad_accum {accum}"
+            )
+        micro = global_batch_size // accum
+        if micro % shards:
+            what = f"the micro-batch of {micro} rows" if accum > 1 else "global_batch_size"
+            raise FeedError(
+                f"mesh batch axes {sizes} split the batch {shards} ways, which does not divide "
+                f"{what} ({global_batch_size} rows / grad_accum {accum}); choose batch axes "
+                f"whose size divides {micro}, or a batch size that is a multiple of {shards}"
+            )
+        if accum == 1:
+            shape: tuple[int, ...] = (global_batch_size, seq_len)
+            spec = PartitionSpec(self.batch_axes, None)
+        else:
+            shape = (accum, micro, seq_len)
+            spec = PartitionSpec(None, self.batch_axes, None)
+        sharding = NamedSharding(self.mesh, spec)
+        # Row r of the step is row r % micro of micro-batch r // micro (`micro_batch_rows`).
+        all_rows = np.arange(global_batch_size).reshape(accum, micro)
+        per_device = []
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            rows = all_rows.reshape(-1)[index[0]] if accum == 1 else all_rows[index[:2]]
+            per_device.append((device, rows))
+        local = np.unique(np.concatenate([rows.reshape(-1) for _, rows in per_device]))
+        devices = tuple((device, np.searchsorted(local, rows)) for device, rows in per_device)
+        geometry = _Geometry(shape, sharding, local, devices)
+        self._geometries[key] = geometry
+        return geometry
+
+    # -- prefetch ----------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pipeline-feed")
+        queued = self._pending[-1][0] + 1 if self._pending else self._step
+        while len(self._pending) < self.prefetch:
+            rows = self._geometry_at(queued).rows  # also builds the segment in this thread
+            self._warm(queued)
+            chunks = np.array_split(rows, min(self.threads, len(rows)))
+            futures = [self._pool.submit(_read_chunk, self._plan, queued, c) for c in chunks]
+            self._pending.append((queued, futures))
+            queued += 1
+
+    def _warm(self, step: int) -> None:
+        """Load every shard index of the step's stores here, in the consumer's thread.
+
+        `np.load` parses a .npy header with `ast`, and CPython 3.11 can fail ("AST constructor
+        recursion depth mismatch") when two threads parse at once; reader threads then only
+        read records.
+        """
+        index = self._plan.ledger.segment_index(step)
+        if index in self._warmed:
+            return
+        for layout in self._plan.segment(index).layouts.values():
+            for shard in range(layout.store.num_shards):
+                layout.store.doc_offsets(shard)
+        self._warmed.add(index)
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            _, futures = self._pending.popleft()
+            for future in futures:
+                future.cancel()
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _to_device(self, step: int, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        geometry = self._geometry_at(step)
+        out = {}
+        for field in FIELDS:
+            values = host[field]
+            arrays = [
+                jax.device_put(values[positions], device) for device, positions in geometry.devices
+            ]
+            out[field] = jax.make_array_from_single_device_arrays(
+                geometry.shape, geometry.sharding, arrays
+            )
+        return out
+
+    def _log_events(self, step: int, summary: _Summary) -> None:
+        last, self._last = self._last, summary
+        if last is None:
+            stages = ", ".join(name for _, name in sorted(summary.stages))
+            epochs = ", ".join(f"{n} epoch {e}" for n, e in sorted(summary.epochs.items()))
+            log.info("feed starts at step %d: stage %s; %s", step, stages, epochs)
+            return
+        for _, name in sorted(summary.stages - last.stages):
+            log.info("step %d: stage %s starts", step, name)
+        for name, epoch in sorted(summary.epochs.items()):
+            if epoch > last.epochs.get(name, -1) and name in last.epochs:
+                log.info("step %d: source %s starts epoch %d", step, name, epoch)
+            elif name not in last.epochs:
+                log.info("step %d: source %s joins (epoch %d)", step, name, epoch)
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _check_step(self, step: int) -> int:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise FeedError(f"step: expected an integer >= 0, got {step!r}")
+        return int(step)
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise FeedError("the feed is closed; create a new DataFeed to continue")

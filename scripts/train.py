@@ -1,0 +1,225 @@
+"""Reference trainer: a MaxText-like loop on the pipeline's feed, with Orbax checkpoints.
+
+    python scripts/train.py --data-config configs/default.yaml --checkpoint-dir runs/x \
+        --steps 200 [--resume] [--switch-data] [--num-processes 2 --devices-per-process 2]
+
+One process, several processes on localhost (`--num-processes`: this script starts them, each
+with simulated CPU devices), or one process per TPU VM worker (`tpu/run.sh`: JAX discovers the
+slice by itself). Model and data state are saved together in one Orbax CheckpointManager step;
+`--resume` restores both from the latest complete checkpoint, and `--switch-data` declares that
+`--data-config` differs from the checkpoint's on purpose (a ledger switch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+log = logging.getLogger("pipeline")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data-config", required=True, type=Path)
+    p.add_argument("--checkpoint-dir", required=True, type=Path)
+    p.add_argument("--steps", type=int, default=200, help="train until this step")
+    p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=0, help="0: no eval")
+    p.add_argument("--resume", action="store_true", help="restore the latest checkpoint")
+    p.add_argument("--switch-data", action="store_true", help="declare a data config switch")
+    p.add_argument("--learning-rate", type=float, default=3e-3)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--metrics", type=Path, help="append one JSON line per step (process 0)")
+    p.add_argument("--num-processes", type=int, default=1, help="local processes to start")
+    p.add_argument("--devices-per-process", type=int, default=1, help="simulated CPU devices")
+    p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--coordinator", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
+    """Start `--num-processes` copies of this script on localhost and wait for all of them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices_per_process}"
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                *argv,
+                "--process-id",
+                str(i),
+                "--coordinator",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+        )
+        for i in range(args.num_processes)
+    ]
+    try:
+        codes = [child.wait() for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    return next((code for code in codes if code), 0)
+
+
+def initialize(args: argparse.Namespace) -> None:
+    import jax
+
+    if args.process_id is not None:
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    elif os.environ.get("JAX_PLATFORMS", "").startswith("tpu"):
+        jax.distributed.initialize()  # a TPU VM slice describes itself
+
+
+def train(args: argparse.Namespace) -> int:
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
+
+    from pipeline.checkpoint import DataRestore, DataSave
+    from pipeline.config import load_config
+    from pipeline.eval_feed import eval_feeds
+    from pipeline.feed import DataFeed
+
+    primary = jax.process_index() == 0
+    config = load_config(args.data_config)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    feed = DataFeed(config, mesh, ("data",))
+    vocab = max(store.vocab_size for store in feed.plan.stores())
+    model = ModelConfig(vocab, config.seq_len, args.width, args.depth)
+    tx = optimizer(args.learning_rate)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = jax.device_put(init_params(model, jax.random.key(config.seed)), replicated)
+    state = {"params": params, "opt_state": jax.device_put(tx.init(params), replicated)}
+    options = ocp.CheckpointManagerOptions(max_to_keep=3, enable_async_checkpointing=True)
+    manager = ocp.CheckpointManager(args.checkpoint_dir.resolve(), options=options)
+    if args.resume and manager.latest_step() is not None:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        restored = manager.restore(
+            manager.latest_step(),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract),
+                data=DataRestore(feed, switch=args.switch_data),
+            ),
+        )
+        state = restored.state
+        log.info("resumed at step %d from %s", feed.step, args.checkpoint_dir)
+    elif args.switch_data:
+        raise SystemExit("error: --switch-data needs --resume and a checkpoint to switch from")
+    step_fn = make_train_step(model, tx)
+    eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
+    evals = eval_feeds(config, mesh) if args.eval_every else []
+    params, opt_state = state["params"], state["opt_state"]
+    metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
+    try:
+        while feed.step < args.steps:
+            step = feed.step
+            started = time.perf_counter()
+            batch = next(feed)
+            params, opt_state, metrics = step_fn(params, opt_state, batch)
+            loss = float(metrics["loss"])
+            seconds = time.perf_counter() - started
+            record = step_record(feed, step, loss, metrics, seconds)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                for ev in evals:
+                    losses = [float(eval_fn(params, b)) for b in ev]
+                    record[f"eval_{ev.name}"] = sum(losses) / len(losses)
+            if primary:
+                log.info(format_record(record))
+                if metrics_file:
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+            if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+                manager.save(
+                    step + 1,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                        data=DataSave(feed),
+                    ),
+                )
+        manager.wait_until_finished()
+    finally:
+        if metrics_file:
+            metrics_file.close()
+        feed.close()
+        for ev in evals:
+            ev.close()
+        manager.close()
+    return 0
+
+
+def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> dict:
+    """The per-step log record: stage, epochs per source, loss, total_weights, tokens/s."""
+    draws = feed.plan.draws(step)
+    stages = feed.plan.segment(draws.segment).config.stages
+    config = feed.plan.segment(draws.segment).config
+    epochs = {
+        name: int(draws.epoch[draws.source == i].max())
+        for i, name in enumerate(draws.source_names)
+        if (draws.source == i).any()
+    }
+    return {
+        "step": step,
+        "stage": "+".join(sorted({stages[int(s)].name for s in draws.stage})),
+        "loss": loss,
+        "total_weights": int(metrics["total_weights"]),
+        "tokens_per_s": config.global_batch_size * config.seq_len / seconds,
+        "epochs": epochs,
+        "checksum": int(metrics["checksum"]),
+    }
+
+
+def format_record(record: dict) -> str:
+    epochs = " ".join(f"{name}={epoch}" for name, epoch in sorted(record["epochs"].items()))
+    evals = "".join(f" | {k} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
+    return (
+        f"step {record['step']} | stage {record['stage']} | loss {record['loss']:.4f} | "
+        f"total_weights {record['total_weights']} | tokens/s {record['tokens_per_s']:,.0f} | "
+        f"epochs {epochs}{evals}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[p{args.process_id or 0}] %(message)s" if args.process_id else "%(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("absl", "jax", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.num_processes > 1 and args.process_id is None:
+        return launch_local(args, argv)
+    from pipeline.errors import PipelineError
+
+    try:
+        initialize(args)
+        return train(args)
+    except PipelineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

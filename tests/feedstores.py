@@ -1,0 +1,48 @@
+"""Small synthetic stores and data configs for the feed, checkpoint and multi-host tests.
+
+`two_stage_config` is sized so that within ~30 steps both sources roll over epochs and the
+run moves from stage `warmup` (steps 0..9) to stage `main`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DataConfig, parse_config
+from tests.storegen import write_synthetic_store
+
+SHARDS = {
+    "code": [[7, 30, 11, 19], [25, 5, 40], [13, 13, 13, 60]],
+    "docs": [[50, 3, 22], [9, 9, 31, 45, 12]],
+}
+
+
+def write_stores(directory: Path) -> dict[str, Path]:
+    paths = {}
+    for name, shards in SHARDS.items():
+        paths[name] = Path(directory) / name
+        if not paths[name].exists():
+            write_synthetic_store(paths[name], shards)
+    return paths
+
+
+def two_stage_raw(directory: Path, **overrides: Any) -> dict[str, Any]:
+    paths = write_stores(directory)
+    raw = {
+        "seed": 7,
+        "seq_len": 8,
+        "global_batch_size": 8,
+        "lanes": 2,
+        "sources": {name: {"path": str(path)} for name, path in paths.items()},
+        "stages": [
+            {"name": "warmup", "steps": 10, "mix": {"code": 1, "docs": 1}},
+            {"name": "main", "mix": {"code": 3, "docs": 1}},
+        ],
+    }
+    raw.update(overrides)
+    return raw
+
+
+def two_stage_config(directory: Path, **overrides: Any) -> DataConfig:
+    return parse_config(two_stage_raw(directory, **overrides), origin="feed-test.yaml")

@@ -1,0 +1,147 @@
+"""One process of a localhost multi-process JAX job, driven by tests/test_multihost.py.
+
+    python -m tests.multihost_worker SPEC.json PROCESS_ID
+
+SPEC holds the coordinator port, the process count, the data config (a parse_config mapping)
+and a list of tasks:
+
+* {"kind": "checksums", "name", "mesh": [shape, names], "batch_axes", "steps"}: feed the steps,
+  reduce each global batch to per-row checksums in a jitted function, gather them and the
+  fields; process 0 writes OUT/<name>.npz.
+* {"kind": "train", "ckpt", "log", "steps", "save_every", "kill_at", "kill_mode"}: a train-like
+  loop that restores the latest complete checkpoint (model state + data state), consumes the
+  feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
+  (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
+  at that step, either after logging it ("step") or right after starting a save ("save").
+
+Run with JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count=K.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pipeline.batch import FIELDS
+from pipeline.checkpoint import DataRestore, DataSave
+from pipeline.config import parse_config
+from pipeline.feed import DataFeed
+
+
+def row_checksums(batch: dict[str, jax.Array]) -> jax.Array:
+    """Per-row sum of every field weighted by (position + 1) and (field index + 1)."""
+    total = 0
+    for index, field in enumerate(FIELDS):
+        values = batch[field].astype(jnp.int32)
+        weights = jnp.arange(1, values.shape[-1] + 1, dtype=jnp.int32) * (index + 1)
+        total = total + (values * weights).sum(-1)
+    return total
+
+
+def make_mesh(shape: list[int], names: list[str]) -> Mesh:
+    return Mesh(np.array(jax.devices()).reshape(shape), tuple(names))
+
+
+def gather(array: jax.Array) -> np.ndarray:
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def checksums(spec: dict, config, task: dict, out: Path) -> None:
+    mesh = make_mesh(*task["mesh"])
+    checksum = jax.jit(row_checksums)
+    result: dict[str, np.ndarray] = {}
+    with DataFeed(config, mesh, tuple(task["batch_axes"]), prefetch=2, threads=2) as feed:
+        for step in task["steps"]:
+            feed.seek(step)
+            batch = next(feed)
+            result[f"checksum_{step}"] = gather(checksum(batch))
+            for field in FIELDS:
+                result[f"{field}_{step}"] = gather(batch[field])
+    if jax.process_index() == 0:
+        np.savez(out / f"{task['name']}.npz", **result)
+
+
+def train(spec: dict, config, task: dict) -> None:
+    mesh = make_mesh([jax.device_count()], ["data"])
+    replicated = NamedSharding(mesh, PartitionSpec())
+    checksum = jax.jit(row_checksums)
+
+    @jax.jit
+    def step_fn(w, batch):
+        sums = checksum(batch)
+        return w + (sums.sum() % 9973).astype(jnp.float32), sums
+
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=task["save_every"], enable_async_checkpointing=True
+    )
+    log = Path(task["log"])
+    with (
+        DataFeed(config, mesh) as feed,
+        ocp.CheckpointManager(task["ckpt"], options=options) as mngr,
+    ):
+        w = jax.device_put(jnp.zeros((), jnp.float32), replicated)
+        latest = mngr.latest_step()
+        if latest is not None:
+            abstract = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+            restored = mngr.restore(
+                latest,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore({"w": abstract}), data=DataRestore(feed)
+                ),
+            )
+            w = restored["state"]["w"]
+        while feed.step < task["steps"]:
+            step = feed.step
+            batch = next(feed)
+            w, sums = step_fn(w, batch)
+            sums = gather(sums)
+            if jax.process_index() == 0:
+                line = {"step": step, "sums": sums.tolist(), "w": float(w), "procs": spec["n"]}
+                with open(log, "a") as f:
+                    f.write(json.dumps(line) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            # The checkpoint labelled `step` holds the state after training on step `step`;
+            # its data state's step is step + 1, the next batch to train on.
+            saving = mngr.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave({"w": w}), data=DataSave(feed)),
+            )
+            if task.get("kill_at") == step and (task["kill_mode"] == "step" or saving):
+                multihost_utils.sync_global_devices(f"kill {step}")
+                os.kill(os.getpid(), signal.SIGKILL)
+        mngr.wait_until_finished()
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    process_id = int(sys.argv[2])
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{spec['port']}",
+        num_processes=spec["n"],
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    config = parse_config(spec["config"], origin="multihost.yaml")
+    out = Path(spec["out"])
+    for task in spec["tasks"]:
+        if task["kind"] == "checksums":
+            checksums(spec, config, task, out)
+        else:
+            train(spec, config, task)
+    multihost_utils.sync_global_devices("done")
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The data state through a real Orbax CheckpointManager, next to a model state."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    )
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import Mesh
+
+from pipeline.batch import FIELDS
+from pipeline.checkpoint import FILENAME, DataRestore, DataSave, restore_or_start
+from pipeline.config import parse_config
+from pipeline.errors import LedgerError
+from pipeline.feed import DataFeed
+from pipeline.ledger import Ledger
+from pipeline.plan import Plan
+from tests.feedstores import two_stage_config, two_stage_raw
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:2]), ("data",))
+
+
+def manager(directory: Path, *, async_save: bool) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save)
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def assert_next_is(feed: DataFeed, plan: Plan, step: int) -> None:
+    assert feed.step == step
+    batch = next(feed)
+    expected = plan.batch(step)
+    for field in FIELDS:
+        np.testing.assert_array_equal(np.asarray(batch[field]), expected[field])
+
+
+def save(mngr: ocp.CheckpointManager, step: int, feed: DataFeed) -> None:
+    model = {"w": jnp.arange(4.0) * step}
+    mngr.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(model), data=DataSave(feed))
+    )
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_round_trip_restores_the_step_and_the_batches(tmp_path, async_save):
+    config = two_stage_config(tmp_path / "stores")
+    plan = Plan.from_config(config)
+    with DataFeed(config, mesh()) as feed:
+        for _ in range(6):
+            next(feed)
+        with manager(tmp_path / "ckpt", async_save=async_save) as mngr:
+            save(mngr, 6, feed)
+            for _ in range(5):  # the state was captured at save(): later steps do not leak in
+                next(feed)
+            mngr.wait_until_finished()
+    saved = json.loads((tmp_path / "ckpt" / "6" / "data" / FILENAME).read_text())
+    assert saved["step"] == 6
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        abstract = {"w": jax.ShapeDtypeStruct((4,), jnp.float32)}
+        restored = mngr.restore(
+            6,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), data=DataRestore(feed)
+            ),
+        )
+        np.testing.assert_array_equal(restored["state"]["w"], np.arange(4.0) * 6)
+        assert restored["data"]["step"] == 6
+        assert_next_is(feed, plan, 6)
+        assert_next_is(feed, plan, 7)
+
+
+def test_a_changed_config_is_refused_with_a_diff(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        next(feed)
+        save(mngr, 1, feed)
+    changed = two_stage_config(
+        tmp_path / "stores", stages=[{"name": "main", "mix": {"code": 1, "docs": 2}}]
+    )
+    with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        with pytest.raises(LedgerError, match="stages") as info:
+            mngr.restore(1, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert "--switch-data" in str(info.value)
+        assert feed.step == 0  # untouched
+        assert len(feed.ledger.segments) == 1
+
+
+def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    old = Plan.from_config(config)
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        for _ in range(4):
+            next(feed)
+        save(mngr, 4, feed)
+    raw = two_stage_raw(tmp_path / "stores", stages=[{"name": "main", "mix": {"docs": 1}}])
+    changed = parse_config(raw, origin="changed.yaml")
+    with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        restored = mngr.restore(4, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        ledger = Ledger.from_json(restored["data"]["ledger"])
+        assert [s.start_step for s in ledger.segments] == [0, 4]
+        assert feed.ledger == ledger
+        carried = old.segment(0).counters_at(4)
+        assert ledger.segments[1].counters == carried
+        after = Plan(ledger)
+        for step in (0, 3):  # the past is unchanged
+            for field, value in after.batch(step).items():
+                np.testing.assert_array_equal(value, old.batch(step)[field])
+        assert_next_is(feed, after, 4)
+        draws = after.draws(4)
+        assert {draws.source_names[s] for s in draws.source} == {"docs"}
+
+
+def test_a_checkpoint_without_data_needs_an_explicit_step(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    plan = Plan.from_config(config)
+    with manager(tmp_path / "ckpt", async_save=False) as mngr:
+        mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave({"w": jnp.ones(2)})))
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        with pytest.raises(LedgerError, match="has no 'data' item; pass data_step="):
+            restore_or_start(mngr, feed)
+        assert restore_or_start(mngr, feed, data_step=4) == 4
+        assert_next_is(feed, plan, 4)
+
+
+def test_restore_or_start(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    plan = Plan.from_config(config)
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=True) as mngr:
+        assert restore_or_start(mngr, feed) == 0
+        for step in range(12):
+            next(feed)
+            if step % 5 == 4:
+                save(mngr, step, feed)
+        mngr.wait_until_finished()
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        assert mngr.latest_step() == 9
+        assert restore_or_start(mngr, feed) == 10
+        assert_next_is(feed, plan, 10)
+        assert restore_or_start(mngr, feed, step=4) == 5
+        assert_next_is(feed, plan, 5)
+
+
+def test_a_malformed_state_is_refused(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        save(mngr, 0, feed)
+        path = tmp_path / "ckpt" / "0" / "data" / FILENAME
+        state = json.loads(path.read_text())
+        state["ledger"]["segments"][0]["config"]["seed"] = 8  # edited by hand
+        path.write_text(json.dumps(state))
+        with pytest.raises(LedgerError, match="fingerprint does not match"):
+            mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
+
+
+def test_a_state_of_another_format_is_refused(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        save(mngr, 0, feed)
+        path = tmp_path / "ckpt" / "0" / "data" / FILENAME
+        path.write_text(json.dumps({"step": 3}))
+        with pytest.raises(LedgerError, match="not a version-1 data state"):
+            mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))

@@ -1,0 +1,190 @@
+"""The JAX feed on 8 forced CPU devices: global batches equal the plan's, on any mesh."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    )
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pipeline.batch import FIELDS
+from pipeline.errors import FeedError, StoreError
+from pipeline.feed import DataFeed
+from pipeline.plan import Plan, micro_batch_rows
+from tests.feedstores import two_stage_config
+
+
+def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    count = int(np.prod(shape))
+    return Mesh(np.array(jax.devices()[:count]).reshape(shape), names)
+
+
+def assert_batch(batch: dict, expected: dict) -> None:
+    assert set(batch) == set(FIELDS)
+    for field in FIELDS:
+        np.testing.assert_array_equal(np.asarray(batch[field]), expected[field], err_msg=field)
+
+
+def feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pipeline-feed")]
+
+
+@pytest.fixture
+def config(tmp_path: Path):
+    return two_stage_config(tmp_path)
+
+
+def test_there_are_eight_devices():
+    assert jax.device_count() == 8, "run the feed tests in a fresh process (XLA_FLAGS)"
+
+
+@pytest.mark.parametrize(
+    ("shape", "names", "axes"),
+    [
+        ((8,), ("data",), ("data",)),
+        ((4, 2), ("data", "fsdp"), ("data", "fsdp")),
+        ((2, 4), ("fsdp", "data"), ("data", "fsdp")),
+        ((4, 2), ("data", "model"), ("data",)),  # replicated over 'model'
+        ((1,), ("data",), ("data",)),
+    ],
+)
+def test_batches_equal_the_plan_on_any_mesh(config, shape, names, axes):
+    plan = Plan.from_config(config)
+    mesh = mesh_of(shape, names)
+    with DataFeed(config, mesh, axes) as feed:
+        for step in range(14):  # crosses epoch rollovers and the stage change at step 10
+            assert feed.step == step
+            batch = next(feed)
+            assert_batch(batch, plan.batch(step))
+            for field in FIELDS:
+                assert batch[field].shape == (8, 8)
+                assert batch[field].sharding == NamedSharding(mesh, PartitionSpec(axes, None))
+
+
+def test_grad_accum_adds_a_micro_batch_axis(tmp_path):
+    config = two_stage_config(tmp_path, grad_accum=2)
+    plan = Plan.from_config(config)
+    mesh = mesh_of((2, 2), ("data", "fsdp"))
+    with DataFeed(config, mesh, ("data", "fsdp")) as feed:
+        for step in range(3):
+            batch = next(feed)
+            for field in FIELDS:
+                assert batch[field].shape == (2, 4, 8)
+                assert batch[field].sharding.spec == PartitionSpec(None, ("data", "fsdp"), None)
+            for g in range(2):
+                expected = plan.batch(step, micro_batch_rows(8, 2, g))
+                for field in FIELDS:
+                    np.testing.assert_array_equal(np.asarray(batch[field][g]), expected[field])
+
+
+def test_seek_is_a_jump_to_any_step(config):
+    plan = Plan.from_config(config)
+    with DataFeed(config, mesh_of((4,), ("data",)), prefetch=3) as feed:
+        next(feed)
+        feed.seek(25)
+        assert feed.step == 25
+        assert_batch(next(feed), plan.batch(25))
+        feed.seek(3)
+        assert_batch(next(feed), plan.batch(3))
+        assert_batch(next(feed), plan.batch(4))
+        feed.seek(10**6)
+        assert_batch(next(feed), plan.batch(10**6))
+    with DataFeed(config, mesh_of((4,), ("data",)), step=12) as feed:
+        assert_batch(next(feed), plan.batch(12))
+
+
+def test_results_do_not_depend_on_prefetch_or_threads(config):
+    mesh = mesh_of((2, 2), ("data", "fsdp"))
+    runs = []
+    for prefetch, threads in ((1, 1), (3, 2), (6, 8)):
+        with DataFeed(config, mesh, ("data", "fsdp"), prefetch=prefetch, threads=threads) as feed:
+            runs.append([{k: np.asarray(v) for k, v in next(feed).items()} for _ in range(12)])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert_batch(b, a)
+
+
+def test_state_is_small_json(config):
+    import json
+
+    with DataFeed(config, mesh_of((2,), ("data",))) as feed:
+        next(feed)
+        next(feed)
+        state = feed.state()
+    assert state["step"] == 2
+    assert json.loads(json.dumps(state)) == state
+    assert len(json.dumps(state)) < 4096
+
+
+def test_close_joins_every_thread_and_is_idempotent(config):
+    before = feed_threads()
+    feed = DataFeed(config, mesh_of((2,), ("data",)), prefetch=4, threads=3)
+    next(feed)
+    assert len(feed_threads()) > len(before)
+    feed.close()
+    feed.close()
+    assert feed_threads() == before
+    with pytest.raises(FeedError, match="closed"):
+        next(feed)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "delete"])
+def test_a_reader_failure_surfaces_in_next_with_its_cause(config, damage):
+    feed = DataFeed(config, mesh_of((2,), ("data",)), prefetch=2, threads=2)
+    try:
+        for layout in feed.plan.segment(0).layouts.values():
+            for shard in range(layout.store.num_shards):
+                path = layout.store.shard_file(shard)
+                if damage == "delete":
+                    path.unlink()
+                else:
+                    path.write_bytes(b"\x5a" * path.stat().st_size)
+        with pytest.raises(FeedError, match="step 0: cannot read the batch") as info:
+            next(feed)
+        assert isinstance(info.value.__cause__, StoreError)
+        assert "shard-0000" in str(info.value)
+    finally:
+        feed.close()
+    assert feed_threads() == []
+
+
+@pytest.mark.parametrize(
+    ("shape", "names", "axes", "message"),
+    [
+        ((3,), ("data",), ("data",), "data=3"),
+        ((3, 2), ("data", "fsdp"), ("data", "fsdp"), "data=3 x fsdp=2"),
+        ((2,), ("data",), ("fsdp",), "mesh axes: data=2"),
+    ],
+)
+def test_a_mesh_that_does_not_divide_the_batch_is_refused(config, shape, names, axes, message):
+    with pytest.raises(FeedError, match=message):
+        DataFeed(config, mesh_of(shape, names), axes)
+
+
+def test_grad_accum_micro_batch_must_divide_over_the_mesh(tmp_path):
+    config = two_stage_config(tmp_path, grad_accum=4)
+    with pytest.raises(FeedError, match="micro-batch of 2 rows"):
+        DataFeed(config, mesh_of((4,), ("data",)))
+
+
+def test_events_are_logged_once(config, caplog):
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline"),
+        DataFeed(config, mesh_of((2,), ("data",))) as feed,
+    ):
+        for _ in range(13):
+            next(feed)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline"]
+    assert lines[0].startswith("feed starts at step 0: stage warmup")
+    assert lines.count("step 10: stage main starts") == 1
+    assert any("starts epoch 1" in line for line in lines)

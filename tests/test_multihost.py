@@ -1,0 +1,152 @@
+"""Real multi-process JAX on localhost: the feed and the checkpoint across hosts and restarts.
+
+Each launch starts N `tests/multihost_worker.py` processes (JAX_PLATFORMS=cpu, K forced devices
+each) joined by `jax.distributed.initialize` on 127.0.0.1. Expectations come from the
+single-process `Plan.batch` computed here, or from an uninterrupted reference run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.batch import FIELDS
+from pipeline.config import parse_config
+from pipeline.plan import Plan
+from tests.feedstores import two_stage_raw
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = [0, 7, 10, 23, 1000]  # epoch rollovers, the stage change at 10, a far step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp: Path, raw: dict, tasks: list[dict], processes: int, devices: int,
+           timeout: float = 120) -> list[int]:  # fmt: skip
+    """Run one job to the end (or its self-kill); returns the exit codes."""
+    spec = {"port": free_port(), "n": processes, "config": raw, "out": str(tmp), "tasks": tasks}
+    path = tmp / f"spec-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    logs = [open(tmp / f"{path.stem}-{i}.log", "w") for i in range(processes)]  # noqa: SIM115
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.multihost_worker", str(path), str(i)],
+            cwd=ROOT,
+            env=env,
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(processes)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=10)
+        for log in logs:
+            log.close()
+    return codes
+
+
+def worker_output(tmp: Path) -> str:
+    return "\n".join(p.read_text()[-3000:] for p in sorted(tmp.glob("spec-*-*.log")))
+
+
+def reference_checksums(batch: dict[str, np.ndarray]) -> np.ndarray:
+    total = np.zeros(batch["inputs"].shape[0], dtype=np.int64)
+    for index, field in enumerate(FIELDS):
+        weights = np.arange(1, batch[field].shape[-1] + 1) * (index + 1)
+        total += (batch[field].astype(np.int64) * weights).sum(-1)
+    return total.astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    ("processes", "devices", "meshes"),
+    [
+        (2, 2, [([4], ["data"], ["data"]), ([2, 2], ["data", "fsdp"], ["data", "fsdp"])]),
+        (4, 1, [([4], ["data"], ["data"]), ([2, 2], ["fsdp", "data"], ["data", "fsdp"])]),
+    ],
+)
+def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, devices, meshes):
+    raw = two_stage_raw(tmp_path / "stores")
+    tasks = [
+        {
+            "kind": "checksums",
+            "name": f"mesh{i}",
+            "mesh": [shape, names],
+            "batch_axes": axes,
+            "steps": STEPS,
+        }
+        for i, (shape, names, axes) in enumerate(meshes)
+    ]
+    codes = launch(tmp_path, raw, tasks, processes, devices)
+    assert codes == [0] * processes, worker_output(tmp_path)
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    for i in range(len(meshes)):
+        result = np.load(tmp_path / f"mesh{i}.npz")
+        for step in STEPS:
+            expected = plan.batch(step)
+            for field in FIELDS:
+                np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
+            np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_crashes_and_host_count_changes_do_not_change_a_single_batch(tmp_path):
+    total, every = 30, 4
+    raw = two_stage_raw(tmp_path / "stores")
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    stages = {int(s) for step in range(total) for s in plan.draws(step).stage}
+    epochs = {int(e) for step in range(total) for e in plan.draws(step).epoch}
+    assert stages == {0, 1} and max(epochs) >= 2  # the run crosses both kinds of event
+
+    def train(name: str, processes: int, kill_at=None, kill_mode="step") -> list[int]:
+        task = {"kind": "train", "ckpt": str(tmp_path / f"ckpt-{name}"), "steps": total,
+                "log": str(tmp_path / f"{name}.jsonl"), "save_every": every,
+                "kill_at": kill_at, "kill_mode": kill_mode}  # fmt: skip
+        return launch(tmp_path, raw, [task], processes, 4 // processes)
+
+    rng = random.Random(os.environ.get("PIPELINE_TEST_SEED", "0"))
+    assert train("reference", 1) == [0], worker_output(tmp_path)
+    reference = {e["step"]: (e["sums"], e["w"]) for e in read_log(tmp_path / "reference.jsonl")}
+    assert sorted(reference) == list(range(total))
+    for step, (sums, _) in reference.items():
+        np.testing.assert_array_equal(sums, reference_checksums(plan.batch(step)))
+
+    first = rng.randrange(5, 11)  # kill -9 between saves, before the stage change at 10
+    second = rng.randrange(first // every + 1, 5) * every  # kill -9 while a save is in flight
+    third = rng.randrange(second + 2, total - 2)  # on 2 hosts, after more rollovers
+    runs = [(4, first, "step"), (4, second, "save"), (2, third, "step"), (1, None, "step")]
+    for processes, kill_at, mode in runs:
+        codes = train("elastic", processes, kill_at, mode)
+        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
+        assert codes == expected, (processes, kill_at, worker_output(tmp_path))
+    entries = read_log(tmp_path / "elastic.jsonl")
+    assert {e["step"] for e in entries} == set(range(total))
+    assert {e["procs"] for e in entries} == {4, 2, 1}
+    for entry in entries:  # every step, including the replayed ones, equals the reference
+        assert (entry["sums"], entry["w"]) == reference[entry["step"]], entry
