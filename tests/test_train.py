@@ -1,0 +1,61 @@
+"""The reference trainer: it learns, and it resumes and switches data through its checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.prepare import PrepareOptions, prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    prepare(PrepareOptions(["builtin:python-docs"], root / "docs", num_shards=2, progress=False))
+    base = "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: docs}\n"
+    (root / "data.yaml").write_text(base + "mix: {docs: 1}\n")
+    (root / "bigger.yaml").write_text(base.replace("8\n", "16\n", 1) + "mix: {docs: 1}\n")
+    return root
+
+
+def train(run_dir: Path, config: str, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
+        str(run_dir / config), "--checkpoint-dir", str(run_dir / "ckpt"), "--steps", str(steps),
+        "--save-every", "10", "--width", "32", "--metrics", str(run_dir / "metrics.jsonl"),
+        *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_trainer_learns_resumes_and_switches(run_dir):
+    first = train(run_dir, "data.yaml", 20)
+    assert first.returncode == 0, first.stderr
+    seen = records(run_dir)
+    assert [r["step"] for r in seen] == list(range(20))
+    assert all(r["total_weights"] == 8 * 64 for r in seen)
+    assert sum(r["loss"] for r in seen[-3:]) / 3 < seen[0]["loss"] - 0.5
+    assert "step 19 | stage main | loss" in first.stderr
+
+    refused = train(run_dir, "bigger.yaml", 30, "--resume")
+    assert refused.returncode == 2
+    assert "global_batch_size: 8 -> 16" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    switched = train(run_dir, "bigger.yaml", 30, "--resume", "--switch-data")
+    assert switched.returncode == 0, switched.stderr
+    assert "resumed at step 20" in switched.stderr
+    assert "ledger switch at step 20" in switched.stderr
+    after = [r for r in records(run_dir) if r["step"] >= 20]
+    assert [r["step"] for r in after] == list(range(20, 30))
+    assert all(r["total_weights"] == 16 * 64 for r in after)
