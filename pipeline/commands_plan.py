@@ -129,17 +129,7 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     """The plan of a config, or of a saved ledger (offered the config's stores)."""
     config = load_config(config_path)
     if ledger_path is None:
-        plan = Plan.from_config(config)
-        try:
-            plan.segment(0)  # lays out stages now, so their errors name this config file
-        except ConfigError as error:
-            message = str(error)
-            recorded = "ledger segment 0 (from step 0): "
-            message = message.removeprefix(recorded)
-            if not message.startswith(config.origin):
-                message = f"{config.origin}: {message}"
-            raise ConfigError(message) from error
-        return plan
+        return Plan.from_config(config)
     stores = config.open_stores()
     return Plan(Ledger.load(ledger_path), stores.values())
 

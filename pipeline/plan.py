@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.batch import assemble
+from pipeline.batch import fields
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.layout import SourceLayout
@@ -56,10 +56,13 @@ class SegmentPlan:
     def __init__(self, segment: Segment, config: DataConfig, stores: dict[str, TokenStore]):
         self.segment = segment
         self.config = config
-        self.layouts = {
-            name: SourceLayout(name, stores[name], config.seed, config.seq_len, config.lanes)
-            for name in config.source_names
-        }
+        try:
+            self.layouts = {
+                name: SourceLayout(name, stores[name], config.seed, config.seq_len, config.lanes)
+                for name in config.source_names
+            }
+        except ConfigError as error:
+            raise ConfigError(f"{config.origin}: {error}") from error
         counters = np.array([segment.counters[name] for name in config.source_names])
         self.table = StageTable(
             config.stages,
@@ -99,9 +102,12 @@ class Plan:
 
     @classmethod
     def from_config(cls, config: DataConfig) -> Plan:
+        """A fresh run's plan, laid out now so every config error names the config file."""
         stores = config.open_stores()
         fingerprints = {name: store.fingerprint for name, store in stores.items()}
-        return cls(Ledger.start(config, fingerprints), stores.values())
+        plan = cls(Ledger.start(config, fingerprints), stores.values())
+        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, stores)
+        return plan
 
     @property
     def config(self) -> DataConfig:
@@ -142,12 +148,18 @@ class Plan:
         return Draws(step, rows, index, lane, stage, source, names, counter, epoch, window, start)
 
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
+        """The six fields of the drawn rows: each source's windows are read in one batch per
+        shard straight into one [rows, seq_len + 1] buffer (`SourceLayout.read_into`)."""
         plan = self.segment(draws.segment)
-        windows = [
-            plan.layouts[draws.source_names[s]].read(int(e), int(t))
-            for s, e, t in zip(draws.source, draws.epoch, draws.start)
-        ]
-        return assemble(windows, plan.config.seq_len)
+        tokens = np.empty((len(draws.rows), plan.config.seq_len + 1), dtype=np.int32)
+        doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for s in np.unique(draws.source).tolist():
+            rows = np.flatnonzero(draws.source == s)
+            layout = plan.layouts[draws.source_names[s]]
+            r, c = layout.read_into(tokens, rows, draws.epoch[rows], draws.start[rows])
+            doc_rows.append(r)
+            doc_cols.append(c)
+        return fields(tokens, np.concatenate(doc_rows), np.concatenate(doc_cols))
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""

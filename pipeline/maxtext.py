@@ -1,0 +1,363 @@
+"""MaxText's data iterators, served by this pipeline: a drop-in `create_data_iterator`.
+
+    # MaxText input_pipeline_interface.create_data_iterator, first lines (docs/maxtext.md):
+    from pipeline import maxtext as pipeline_maxtext
+    if pipeline_maxtext.is_enabled(config):
+        return pipeline_maxtext.create_data_iterator(config, mesh)
+
+`create_data_iterator(config, mesh)` takes MaxText's config object (`pyconfig`'s
+HyperParameters, or anything with the same attribute names) and MaxText's mesh and returns
+`(train_iterator, eval_iterator_or_None)`, like MaxText's own:
+
+* `next(train_iterator)` is a dict of the six MaxText fields, each a global int32 `jax.Array`
+  of shape [global_batch_size_to_load, max_target_length], sharded
+  `NamedSharding(mesh, P(batch_axes, None))` where `batch_axes` are the axes of
+  `config.data_sharding` (e.g. `[['data', 'stage', 'fsdp', ...]]`) that the mesh has: the same
+  sharding MaxText's own iterators produce.
+* `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores
+  (`GrainCheckpointHandler`, one `process_<i>-of-<n>.json` per process). Its `get_state()` is
+  the pipeline's data state, the next step and the ledger, the same on every process, and its
+  `set_state(state)` runs `pipeline.checkpoint.restore_state` (check, reconcile, seek).
+* The eval iterator serves an EvalFeed: the same batches after every `reset()`.
+
+The config keys read, and the checks made before any step runs, are listed in docs/maxtext.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from pipeline.checkpoint import STATE_VERSION, restore_state
+from pipeline.config import DataConfig, load_config
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.eval_feed import EvalFeed
+from pipeline.feed import DataFeed
+
+CONFIG_KEY = "pipeline_data_config"
+"""MaxText config key naming the data config YAML (or set the environment variable below)."""
+CONFIG_ENV = "PIPELINE_DATA_CONFIG"
+SWITCH_KEY = "pipeline_data_switch"
+"""MaxText config key: true declares a data config change on restore (see docs/mixtures.md)."""
+EVAL_SOURCE_KEY = "pipeline_eval_source"
+"""MaxText config key naming the eval source to serve (default: the first, by name)."""
+
+_MISSING = object()
+
+
+def _get(config: Any, key: str, default: Any = _MISSING) -> Any:
+    """`config.key`; MaxText's HyperParameters raise ValueError (not AttributeError) if absent."""
+    try:
+        return getattr(config, key)
+    except (AttributeError, ValueError, KeyError):
+        if default is _MISSING:
+            raise ConfigError(f"MaxText config: missing key '{key}'") from None
+        return default
+
+
+# -- the checkpointed state ------------------------------------------------------------------
+
+
+class DataState(dict):
+    """The data state as a dict; `decode()` gives its JSON text.
+
+    MaxText's and Grain's checkpoint handlers write `json.dumps(get_state())` for a Grain
+    `DatasetIterator` and `get_state().decode()` for any other iterator (whose state is bytes),
+    so this one value serves both paths; `set_state` takes the dict, JSON text or bytes back.
+    """
+
+    def decode(self, encoding: str = "utf-8") -> str:
+        del encoding
+        return json.dumps(self, indent=1, sort_keys=True)
+
+
+class LocalIterator:
+    """`train_iterator.local_iterator`: the handle MaxText's `iter` checkpoint item saves."""
+
+    def __init__(self, feed: DataFeed, *, switch: bool = False) -> None:
+        self._feed = feed
+        self.switch = switch
+
+    def get_state(self) -> DataState:
+        """The next step and the ledger: identical on every process, a few KB of JSON."""
+        return DataState({"version": STATE_VERSION, **self._feed.state()})
+
+    def set_state(self, state: dict[str, Any] | str | bytes) -> None:
+        """Check the state on every process, reconcile its ledger with the config, seek."""
+        origin = "MaxText 'iter' checkpoint item"
+        if isinstance(state, (bytes, bytearray)):
+            state = state.decode()
+        if isinstance(state, str):
+            try:
+                state = json.loads(state)
+            except json.JSONDecodeError as error:
+                raise LedgerError(f"{origin}: not JSON: {error}") from error
+        restore_state(self._feed, dict(state), switch=self.switch, origin=origin)
+
+    def start_prefetch(self) -> None:
+        """Called by Grain's handler after `set_state`; the feed prefetches on `next()`."""
+
+    def __iter__(self) -> LocalIterator:
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        return next(self._feed)
+
+
+class TrainIterator:
+    """`next()` gives step `feed.step`'s global batch; `local_iterator` carries the state."""
+
+    def __init__(self, feed: DataFeed, *, switch: bool = False) -> None:
+        self.feed = feed
+        self.local_iterator = LocalIterator(feed, switch=switch)
+
+    @property
+    def step(self) -> int:
+        return self.feed.step
+
+    def restore_from(self, directory: str | os.PathLike) -> None:
+        """Restore from an `iter` item directory saved with any number of processes."""
+        self.local_iterator.set_state(read_iter_state(directory))
+
+    def close(self) -> None:
+        self.feed.close()
+
+    def __iter__(self) -> TrainIterator:
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        return next(self.feed)
+
+
+class EvalIterator:
+    """The first `batches` eval batches, from the first one again after `reset()`.
+
+    Iterating (`for batch in it`) also starts from the first batch, and so does `next()` after
+    the last batch has been served and `reset()` called: an eval never depends on the last one.
+    """
+
+    def __init__(self, feed: EvalFeed) -> None:
+        self.feed = feed
+        self._batches: Iterator[dict[str, jax.Array]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.feed.name
+
+    @property
+    def batches(self) -> int:
+        return self.feed.batches
+
+    def reset(self) -> None:
+        self._batches = None
+
+    def close(self) -> None:
+        self.feed.close()
+
+    def __iter__(self) -> EvalIterator:
+        self.reset()
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        if self._batches is None:
+            self._batches = iter(self.feed)  # EvalFeed's iterator seeks to its first batch
+        return next(self._batches)
+
+
+def read_iter_state(directory: str | os.PathLike) -> dict[str, Any]:
+    """The data state in a MaxText `iter` item directory, from any process's file.
+
+    Every process saves the same state, so one file is enough whatever the number of processes
+    now: process 0's file, else the lowest-numbered one.
+    """
+    path = Path(directory)
+    files = []
+    for file in path.glob("process_*-of-*.json"):
+        index = file.name[len("process_") :].split("-of-")[0]
+        if index.isdigit():
+            files.append((int(index), file))
+    if not files:
+        raise LedgerError(f"{path}: no process_<i>-of-<n>.json file (not a MaxText 'iter' item)")
+    file = min(files)[1]
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise LedgerError(f"{file}: cannot read the data state: {error}") from error
+
+
+# -- building the iterators -------------------------------------------------------------------
+
+
+def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIterator | None]:
+    """MaxText's `create_data_iterator(config, mesh)`, served by the data config it names."""
+    data = load_data_config(config)
+    axes = batch_axes(config, mesh)
+    batch = global_batch_size(config, mesh)
+    check_data_config(config, data, batch)
+    _check_all_rows_trained(config, mesh, batch)
+    switch = bool(_get(config, SWITCH_KEY, False))
+    train = TrainIterator(DataFeed(data, mesh, axes), switch=switch)
+    try:
+        return train, _eval_iterator(config, data, mesh, axes, batch)
+    except BaseException:
+        train.close()
+        raise
+
+
+def is_enabled(config: Any) -> bool:
+    """Whether the MaxText config (or the environment) names a pipeline data config."""
+    return bool(_get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, ""))
+
+
+def data_config_path(config: Any) -> str:
+    path = _get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, "")
+    if not path:
+        raise ConfigError(
+            f"MaxText config: '{CONFIG_KEY}' is not set; give the path of the pipeline's data "
+            f"config YAML ({CONFIG_KEY}=data.yaml, or the {CONFIG_ENV} environment variable)"
+        )
+    return str(path)
+
+
+def load_data_config(config: Any) -> DataConfig:
+    return load_config(data_config_path(config))
+
+
+def batch_axes(config: Any, mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes of MaxText's `data_sharding` (e.g. `[['data', 'stage', 'fsdp', ...]]`).
+
+    MaxText shards the batch dimension over `P(*data_sharding)`; its one entry names one axis or
+    a list of axes. Axes the mesh lacks are dropped; the rest keep their order, size-1 axes
+    included, so the sharding equals the one MaxText's own iterators produce.
+    """
+    raw = _get(config, "data_sharding", (("data",),))
+    entries = [raw] if isinstance(raw, str) else list(raw)
+    if len(entries) != 1:
+        raise ConfigError(
+            f"MaxText config: data_sharding {raw!r} shards {len(entries)} dimensions; the input "
+            "pipeline shards only the batch dimension: give one entry, e.g. [['data', 'fsdp']]"
+        )
+    entry = entries[0]
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    axes = tuple(name for name in names if name in mesh.axis_names)
+    if not axes:
+        raise ConfigError(
+            f"MaxText config: data_sharding {raw!r} names none of the mesh axes "
+            f"{tuple(mesh.axis_names)}"
+        )
+    return axes
+
+
+def global_batch_size(config: Any, mesh: Mesh) -> int:
+    """MaxText's `global_batch_size_to_load`: rows per step that the input pipeline serves.
+
+    Taken from the config when it has it (pyconfig computes it); otherwise computed the way
+    pyconfig does: devices x per_device_batch_size (as if 1 when below 1) x
+    expansion_factor_real_data (when > 0) x gradient_accumulation_steps.
+    """
+    loaded = _get(config, "global_batch_size_to_load", None)
+    if loaded is not None:
+        return int(loaded)
+    devices = mesh.devices.size
+    per_device = float(_get(config, "per_device_batch_size"))
+    expansion = float(_get(config, "expansion_factor_real_data", -1))
+    accum = int(_get(config, "gradient_accumulation_steps", 1))
+    factor = expansion if expansion > 0 else 1
+    rows = devices * factor if per_device < 1 else int(devices * per_device * factor)
+    return int(rows * accum)
+
+
+def _batch_trained_on(config: Any, mesh: Mesh) -> int:
+    trained = _get(config, "global_batch_size_to_train_on", None)
+    if trained is not None:
+        return int(trained)
+    per_device = float(_get(config, "per_device_batch_size"))
+    accum = int(_get(config, "gradient_accumulation_steps", 1))
+    return int(mesh.devices.size * per_device) * accum
+
+
+def check_data_config(config: Any, data: DataConfig, batch: int) -> None:
+    """The data config must produce exactly the batches MaxText trains on."""
+    where = data.origin
+    seq = int(_get(config, "max_target_length"))
+    if data.seq_len != seq:
+        raise ConfigError(
+            f"{where}: seq_len {data.seq_len} != MaxText max_target_length {seq}; set "
+            f"seq_len: {seq} in the data config or max_target_length={data.seq_len} in MaxText"
+        )
+    if data.global_batch_size != batch:
+        raise ConfigError(
+            f"{where}: global_batch_size {data.global_batch_size} != MaxText's global batch "
+            f"{batch} (global_batch_size_to_load = devices x per_device_batch_size x "
+            "gradient_accumulation_steps); set global_batch_size: "
+            f"{batch} in the data config, or change per_device_batch_size in MaxText"
+        )
+    if data.grad_accum != 1:
+        raise ConfigError(
+            f"{where}: grad_accum {data.grad_accum}: with MaxText set grad_accum: 1 and "
+            f"gradient_accumulation_steps={data.grad_accum} in MaxText, which splits each "
+            "[global_batch, seq_len] batch into micro-batches itself"
+        )
+    dataset_type = _get(config, "dataset_type", "grain")
+    if dataset_type != "grain":
+        raise ConfigError(
+            f"MaxText config: dataset_type {dataset_type!r}: set dataset_type=grain with "
+            f"{CONFIG_KEY}; MaxText saves the data iterator's state (its 'iter' checkpoint "
+            "item) only for grain, and without it a resumed run would restart the data"
+        )
+
+
+def _check_all_rows_trained(config: Any, mesh: Mesh, batch: int) -> None:
+    trained = _batch_trained_on(config, mesh)
+    if trained != batch:
+        raise ConfigError(
+            f"MaxText config: the pipeline would load {batch} rows per step but MaxText "
+            f"trains on {trained} (per_device_batch_size "
+            f"{_get(config, 'per_device_batch_size')}, expansion_factor_real_data "
+            f"{_get(config, 'expansion_factor_real_data', -1)}) and drops the rest, which the "
+            "data plan counts as used; use per_device_batch_size >= 1 and "
+            "expansion_factor_real_data=-1 (every host reads only its own rows anyway)"
+        )
+
+
+def _eval_iterator(
+    config: Any, data: DataConfig, mesh: Mesh, axes: tuple[str, ...], train_batch: int
+) -> EvalIterator | None:
+    if int(_get(config, "eval_interval", -1)) <= 0:
+        return None
+    if not data.eval_sources:
+        raise ConfigError(
+            f"{data.origin}: MaxText eval_interval {_get(config, 'eval_interval')} > 0 but the "
+            "data config has no 'eval:' section; add one (eval: {sources: {NAME: {path: "
+            "EVAL_STORE}}}) or set eval_interval=-1"
+        )
+    wanted = _get(config, EVAL_SOURCE_KEY, "") or data.eval_sources[0].name
+    names = [source.name for source in data.eval_sources]
+    if wanted not in names:
+        raise ConfigError(
+            f"MaxText config: {EVAL_SOURCE_KEY} {wanted!r} is not an eval source of "
+            f"{data.origin} (eval sources: {', '.join(names)})"
+        )
+    source = data.eval_sources[names.index(wanted)]
+    batch = eval_batch_size(config, mesh, train_batch)
+    eval_data = dataclasses.replace(data, global_batch_size=batch)
+    return EvalIterator(EvalFeed(eval_data, source, mesh, axes))
+
+
+def eval_batch_size(config: Any, mesh: Mesh, train_batch: int) -> int:
+    """MaxText's eval batch: `global_batch_size_to_load_eval`, else from
+    `eval_per_device_batch_size` when > 0, else the training batch."""
+    loaded = _get(config, "global_batch_size_to_load_eval", None)
+    if loaded is not None:
+        return int(loaded)
+    per_device = float(_get(config, "eval_per_device_batch_size", 0))
+    if per_device > 0:
+        return max(1, int(per_device * mesh.devices.size))
+    return train_batch

@@ -1,0 +1,342 @@
+"""The MaxText adapter on 4 forced CPU devices, with a MaxText-shaped config object."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    )
+
+import grain.python as grain
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pipeline.batch import FIELDS
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.eval_feed import eval_config
+from pipeline.maxtext import (
+    EvalIterator,
+    TrainIterator,
+    batch_axes,
+    create_data_iterator,
+    is_enabled,
+    read_iter_state,
+)
+from pipeline.plan import Plan
+from tests.feedstores import two_stage_raw
+from tests.storegen import write_synthetic_store
+
+MAXTEXT_DATA_SHARDING = [
+    ["data", "stage", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert", "autoregressive"]
+]  # the shape of MaxText's base.yml default: one entry, a list of axes
+
+
+class MaxTextConfig:
+    """Shaped like MaxText's pyconfig HyperParameters: attributes, ValueError if unknown."""
+
+    def __init__(self, **keys: Any) -> None:
+        object.__setattr__(self, "keys", keys)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr not in self.keys:
+            raise ValueError(f"Requested key {attr}, not in config")
+        return self.keys[attr]
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise ValueError
+
+
+def maxtext_config(data_yaml: Path, **overrides: Any) -> MaxTextConfig:
+    keys = {
+        "dataset_type": "grain",
+        "per_device_batch_size": 2.0,  # x 4 devices = 8 rows
+        "max_target_length": 8,
+        "data_sharding": MAXTEXT_DATA_SHARDING,
+        "steps": 100,
+        "eval_interval": 5,
+        "eval_per_device_batch_size": 0.0,
+        "expansion_factor_real_data": -1,
+        "gradient_accumulation_steps": 1,
+        "enable_data_shuffling": True,
+        "pipeline_data_config": str(data_yaml),
+    }
+    keys.update(overrides)
+    return MaxTextConfig(**keys)
+
+
+def write_data_yaml(directory: Path, name: str = "data.yaml", **overrides: Any) -> Path:
+    eval_store = directory / "heldout"
+    if not eval_store.exists():
+        write_synthetic_store(eval_store, [[40, 30, 50], [45, 35, 60]])
+    raw = two_stage_raw(directory, eval={"sources": {"heldout": {"path": str(eval_store)}}})
+    raw.update(overrides)
+    path = directory / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Mesh:
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
+    return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+
+
+@pytest.fixture
+def data_yaml(tmp_path: Path) -> Path:
+    return write_data_yaml(tmp_path)
+
+
+def host(batch: dict) -> dict[str, np.ndarray]:
+    assert set(batch) == set(FIELDS)
+    return {field: np.asarray(batch[field]) for field in FIELDS}
+
+
+def assert_same(batch: dict, expected: dict) -> None:
+    for field in FIELDS:
+        np.testing.assert_array_equal(np.asarray(batch[field]), expected[field], err_msg=field)
+
+
+def close(*iterators: TrainIterator | EvalIterator | None) -> None:
+    for iterator in iterators:
+        if iterator is not None:
+            iterator.close()
+
+
+def test_train_batches_have_maxtexts_shape_sharding_and_the_plans_rows(
+    data_yaml, mesh, monkeypatch
+):
+    monkeypatch.delenv("PIPELINE_DATA_CONFIG", raising=False)
+    config = maxtext_config(data_yaml)
+    assert is_enabled(config) and not is_enabled(MaxTextConfig(dataset_type="grain"))
+    assert batch_axes(config, mesh) == ("data", "fsdp")
+    plan = Plan.from_config(load_config(data_yaml))
+    train, evals = create_data_iterator(config, mesh)
+    try:
+        sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
+        for step in range(12):  # crosses the stage change at step 10
+            batch = next(train)
+            for field in FIELDS:
+                assert batch[field].shape == (8, 8)
+                assert batch[field].dtype == np.int32
+                assert batch[field].sharding == sharding
+            assert_same(batch, plan.batch(step))
+            assert (np.asarray(batch["inputs_segmentation"]) >= 1).all()  # never padding
+        assert train.step == 12
+    finally:
+        close(train, evals)
+
+
+def test_state_round_trips_through_json_and_resumes_exactly(data_yaml, mesh):
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    first, none = create_data_iterator(config, mesh)
+    assert none is None
+    try:
+        for _ in range(6):
+            next(first)
+        state = first.local_iterator.get_state()
+        assert state["step"] == 6
+        as_dataset_iterator = json.loads(json.dumps(state, indent=4))  # Grain DatasetIterator path
+        as_bytes = state.decode().encode()  # the path for any other iterator: bytes
+        expected = [host(next(first)) for _ in range(8)]  # steps 6..13
+    finally:
+        first.close()
+    for saved in (as_dataset_iterator, as_bytes):
+        resumed, _ = create_data_iterator(config, mesh)
+        try:
+            resumed.local_iterator.set_state(saved)
+            resumed.local_iterator.start_prefetch()  # Grain's handler calls it after set_state
+            assert resumed.step == 6
+            assert resumed.local_iterator.get_state() == state
+            for batch in expected:
+                assert_same(next(resumed), batch)
+        finally:
+            resumed.close()
+
+
+def test_grains_checkpoint_handler_saves_and_restores_the_iter_item(data_yaml, mesh, tmp_path):
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    directory = tmp_path / "ckpt"
+    try:
+        for _ in range(3):
+            next(train)
+        with ocp.CheckpointManager(directory) as mngr:
+            mngr.save(2, args=ocp.args.Composite(iter=grain.PyGrainCheckpointSave(
+                train.local_iterator)))  # fmt: skip
+            mngr.wait_until_finished()
+        expected = [host(next(train)) for _ in range(3)]
+    finally:
+        train.close()
+    saved = directory / "2" / "iter" / "process_0-of-1.json"
+    assert json.loads(saved.read_text())["step"] == 3
+    resumed, _ = create_data_iterator(config, mesh)
+    try:
+        with ocp.CheckpointManager(directory) as mngr:
+            mngr.restore(2, args=ocp.args.Composite(iter=grain.PyGrainCheckpointRestore(
+                resumed.local_iterator)))  # fmt: skip
+        assert resumed.step == 3
+        for batch in expected:
+            assert_same(next(resumed), batch)
+    finally:
+        resumed.close()
+
+
+def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, tmp_path):
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        for _ in range(4):
+            next(train)
+        text = train.local_iterator.get_state().decode()
+        expected = host(next(train))
+    finally:
+        train.close()
+    item = tmp_path / "iter"
+    item.mkdir()
+    for index in (1, 0):  # as two processes wrote them; this run has one
+        (item / f"process_{index}-of-2.json").write_text(text)
+    assert read_iter_state(item)["step"] == 4
+    resumed, _ = create_data_iterator(config, mesh)
+    try:
+        resumed.restore_from(item)
+        assert resumed.step == 4
+        assert_same(next(resumed), expected)
+    finally:
+        resumed.close()
+    with pytest.raises(LedgerError, match="process_"):
+        read_iter_state(tmp_path)
+
+
+def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path):
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        for _ in range(12):
+            next(train)
+        state = json.loads(json.dumps(train.local_iterator.get_state()))
+    finally:
+        train.close()
+    stages = [{"name": "main", "mix": {"code": 1, "docs": 3}}]
+    changed = write_data_yaml(tmp_path, "changed.yaml", stages=stages)
+    refused, _ = create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
+    try:
+        with pytest.raises(LedgerError):
+            refused.local_iterator.set_state(state)
+    finally:
+        refused.close()
+    switched_config = maxtext_config(changed, eval_interval=-1, pipeline_data_switch=True)
+    switched, _ = create_data_iterator(switched_config, mesh)
+    try:
+        switched.local_iterator.set_state(state)
+        assert switched.step == 12
+        assert len(switched.local_iterator.get_state()["ledger"]["segments"]) == 2
+        next(switched)
+    finally:
+        switched.close()
+
+
+def test_mismatched_seq_len_or_batch_names_both_values(data_yaml, mesh):
+    with pytest.raises(ConfigError, match=r"seq_len 8 != MaxText max_target_length 16"):
+        create_data_iterator(maxtext_config(data_yaml, max_target_length=16), mesh)
+    with pytest.raises(ConfigError, match=r"global_batch_size 8 != MaxText's global batch 4"):
+        create_data_iterator(maxtext_config(data_yaml, per_device_batch_size=1.0), mesh)
+    with pytest.raises(ConfigError, match=r"global_batch_size 8 != MaxText's global batch 16"):
+        create_data_iterator(maxtext_config(data_yaml, global_batch_size_to_load=16), mesh)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"expansion_factor_real_data": 2, "per_device_batch_size": 1.0}, "trains on 4"),
+        ({"dataset_type": "tfds"}, "dataset_type 'tfds'"),
+        ({"data_sharding": [["data"], ["fsdp"]]}, "shards 2 dimensions"),
+        ({"data_sharding": [["model"]]}, "names none of the mesh axes"),
+        ({"pipeline_data_config": ""}, "pipeline_data_config"),
+        ({"pipeline_eval_source": "nope"}, "'nope' is not an eval source"),
+    ],
+)
+def test_bad_maxtext_settings_are_refused_before_any_step(
+    data_yaml, mesh, overrides, message, monkeypatch
+):
+    monkeypatch.delenv("PIPELINE_DATA_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        create_data_iterator(maxtext_config(data_yaml, **overrides), mesh)
+
+
+def test_data_config_grad_accum_is_left_to_maxtext(tmp_path, mesh):
+    path = write_data_yaml(tmp_path, grad_accum=2)
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=2"):
+        create_data_iterator(maxtext_config(path), mesh)
+
+
+def test_eval_without_an_eval_section_is_refused(tmp_path, mesh):
+    raw = two_stage_raw(tmp_path)
+    path = tmp_path / "no-eval.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="no 'eval:' section"):
+        create_data_iterator(maxtext_config(path), mesh)
+    train, evals = create_data_iterator(maxtext_config(path, eval_interval=-1), mesh)
+    assert evals is None
+    train.close()
+
+
+def test_eval_iterator_repeats_after_reset(tmp_path, mesh):
+    path = write_data_yaml(tmp_path)
+    data = load_config(path)
+    expected_plan = Plan.from_config(eval_config(data, data.eval_sources[0]))
+    train, evals = create_data_iterator(maxtext_config(path), mesh)
+    try:
+        windows = expected_plan.segment(0).layouts["heldout"].windows_per_lane
+        assert evals is not None and evals.name == "heldout"
+        assert evals.batches == windows // 8 >= 2
+        first = [host(batch) for batch in evals]
+        assert len(first) == evals.batches
+        for step, batch in enumerate(first):
+            assert_same(batch, expected_plan.batch(step))
+        next(train)  # training in between changes nothing
+        evals.reset()
+        second = [host(next(evals)) for _ in range(evals.batches)]
+        with pytest.raises(StopIteration):
+            next(evals)
+        evals.reset()
+        third = [host(batch) for batch in evals]
+        for a, b, c in zip(first, second, third):
+            for field in FIELDS:
+                np.testing.assert_array_equal(a[field], b[field])
+                np.testing.assert_array_equal(a[field], c[field])
+    finally:
+        close(train, evals)
+
+
+def test_eval_batch_follows_eval_per_device_batch_size(tmp_path, mesh):
+    path = write_data_yaml(tmp_path)
+    data = load_config(path)
+    windows = (
+        Plan.from_config(eval_config(data, data.eval_sources[0]))
+        .segment(0)
+        .layouts["heldout"]
+        .windows_per_lane
+    )
+    config = maxtext_config(path, eval_per_device_batch_size=1.0)
+    train, evals = create_data_iterator(config, mesh)
+    try:
+        batch = next(iter(evals))
+        assert batch["inputs"].shape == (4, 8)
+        assert batch["inputs"].sharding == NamedSharding(
+            mesh, PartitionSpec(("data", "fsdp"), None)
+        )
+        assert evals.batches == windows // 4
+    finally:
+        close(train, evals)
