@@ -92,9 +92,14 @@ def logged_steps() -> set[int]:
     return {r["step"] for r in records()}
 
 
+def checkpoint_steps() -> list[int]:
+    """Steps of the complete checkpoints (Orbax renames a step's directory into place last)."""
+    return sorted(int(p.name) for p in (RUN / "ckpt").iterdir() if p.name.isdigit())
+
+
 def final_ledger() -> Ledger:
-    checkpoints = sorted((RUN / "ckpt").iterdir(), key=lambda p: int(p.name))
-    state = json.loads((checkpoints[-1] / "data" / "data_state.json").read_text())
+    last = RUN / "ckpt" / str(checkpoint_steps()[-1])
+    state = json.loads((last / "data" / "data_state.json").read_text())
     return Ledger.from_json(state["ledger"])
 
 
@@ -124,7 +129,7 @@ def check_against_uninterrupted(ledger: Ledger) -> None:
           "match the uninterrupted plan batch for batch; total_weights is always full")  # fmt: skip
 
 
-def plot_loss(path: Path) -> None:
+def plot_loss(path: Path, kill_at: int, resumed_at: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,8 +142,9 @@ def plot_loss(path: Path) -> None:
     for key in sorted({k for r in seen.values() for k in r if k.startswith("eval_")}):
         points = [(s, seen[s][key]) for s in steps if key in seen[s]]
         ax.plot(*zip(*points), "o-", label=key.replace("_", " "))
-    ax.axvline(SWITCH_AT, color="gray", linestyle="--")
-    ax.text(SWITCH_AT, ax.get_ylim()[1], " config switch", va="top", color="gray")
+    for step, label in ((kill_at, f" kill -9 (resumed at {resumed_at})"), (SWITCH_AT, " switch")):
+        ax.axvline(step, color="gray", linestyle="--")
+        ax.text(step, ax.get_ylim()[1], label, va="top", color="gray")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("tiny LM on the Python stdlib: curriculum, kill -9, resume, switch")
@@ -153,12 +159,13 @@ def main() -> int:
     RUN.mkdir(parents=True)
     kill_at = random.Random().randint(25, 90)
     train("--data-config", str(CURRICULUM), "--steps", str(FIRST_LEG), kill_at=kill_at)
+    resumed_at = max(checkpoint_steps())
     train("--data-config", str(CURRICULUM), "--steps", str(FIRST_LEG), "--resume")
     train("--data-config", str(SWITCH), "--steps", str(LAST_STEP), "--resume", "--switch-data")
     ledger = final_ledger()
     ledger.save(RUN / "ledger.json")
     check_against_uninterrupted(ledger)
-    plot_loss(RUN / "loss.png")
+    plot_loss(RUN / "loss.png", kill_at, resumed_at)
     subprocess.run(
         [sys.executable, "-m", "pipeline", "plot", str(CURRICULUM), "--ledger",
          str(RUN / "ledger.json"), "--steps", f"0:{LAST_STEP}", "--out", str(RUN / "mixture.png")],
