@@ -78,6 +78,28 @@ def _read_chunk(plan: Plan, step: int, rows: np.ndarray) -> tuple[dict[str, np.n
     return batch, summary
 
 
+def _plan_on_every_process(config: DataConfig) -> Plan:
+    """Open the config's stores; if any process cannot, every process raises (none hangs)."""
+    plan, error = None, None
+    try:
+        plan = Plan.from_config(config)
+    except PipelineError as failure:
+        error = failure
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = np.asarray(multihost_utils.process_allgather(np.array([error is not None])))
+        others = [int(i) for i in np.flatnonzero(failed.reshape(-1)) if i != jax.process_index()]
+        if others and error is None:
+            raise FeedError(
+                f"{config.origin}: process(es) {others} cannot open the data (see their "
+                "logs); every process stops before the first step"
+            )
+    if error is not None:
+        raise error
+    return plan
+
+
 class DataFeed:
     """An iterator of global batches (dicts of `jax.Array`) for steps `step`, `step + 1`, ..."""
 
@@ -96,7 +118,7 @@ class DataFeed:
             self.config = config_or_plan.config
         elif isinstance(config_or_plan, DataConfig):
             self.config = config_or_plan
-            self._plan = Plan.from_config(config_or_plan)
+            self._plan = _plan_on_every_process(config_or_plan)
         else:
             raise FeedError(
                 f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"

@@ -8,6 +8,8 @@ and a list of tasks:
 * {"kind": "checksums", "name", "mesh": [shape, names], "batch_axes", "steps"}: feed the steps,
   reduce each global batch to per-row checksums in a jitted function, gather them and the
   fields; process 0 writes OUT/<name>.npz.
+* {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
+  every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
 * {"kind": "train", "ckpt", "log", "steps", "save_every", "kill_at", "kill_mode"}: a train-like
   loop that restores the latest complete checkpoint (model state + data state), consumes the
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
@@ -35,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.batch import FIELDS
 from pipeline.checkpoint import DataRestore, DataSave
 from pipeline.config import parse_config
+from pipeline.errors import PipelineError
 from pipeline.feed import DataFeed
 
 
@@ -69,6 +72,20 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
                 result[f"{field}_{step}"] = gather(batch[field])
     if jax.process_index() == 0:
         np.savez(out / f"{task['name']}.npz", **result)
+
+
+def open_feed(spec: dict, task: dict, out: Path) -> None:
+    raw = json.loads(json.dumps(spec["config"]))
+    if jax.process_index() == task["missing_on"]:
+        first = sorted(raw["sources"])[0]
+        raw["sources"][first]["path"] = str(out / "no-such-store")
+    mesh = make_mesh([jax.device_count()], ["data"])
+    try:
+        DataFeed(parse_config(raw, origin="multihost.yaml"), mesh).close()
+        message = "no error"
+    except PipelineError as error:
+        message = f"{type(error).__name__}: {error}"
+    (out / f"open-{jax.process_index()}.txt").write_text(message)
 
 
 def train(spec: dict, config, task: dict) -> None:
@@ -137,6 +154,8 @@ def main() -> None:
     for task in spec["tasks"]:
         if task["kind"] == "checksums":
             checksums(spec, config, task, out)
+        elif task["kind"] == "open":
+            open_feed(spec, task, out)
         else:
             train(spec, config, task)
     multihost_utils.sync_global_devices("done")

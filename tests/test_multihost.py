@@ -100,6 +100,7 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
         }
         for i, (shape, names, axes) in enumerate(meshes)
     ]
+    tasks.append({"kind": "open", "missing_on": processes - 1})
     codes = launch(tmp_path, raw, tasks, processes, devices)
     assert codes == [0] * processes, worker_output(tmp_path)
     plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
@@ -110,6 +111,17 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
             for field in FIELDS:
                 np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
             np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
+    # A store missing on one host stops every host with a clear error instead of a hang.
+    for index in range(processes):
+        message = (tmp_path / f"open-{index}.txt").read_text()
+        if index == processes - 1:
+            assert message.startswith("ConfigError: multihost.yaml: sources.")
+            assert "no-such-store" in message
+        else:
+            assert message == (
+                f"FeedError: multihost.yaml: process(es) [{processes - 1}] cannot open the data "
+                "(see their logs); every process stops before the first step"
+            )
 
 
 def read_log(path: Path) -> list[dict]:
