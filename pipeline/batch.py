@@ -31,16 +31,34 @@ FIELDS = (
 
 def assemble(windows: Sequence[TokenSpan], seq_len: int) -> dict[str, np.ndarray]:
     """Stack windows into the six int32 fields, each [len(windows), seq_len]."""
-    rows = len(windows)
-    tokens = np.empty((rows, seq_len + 1), dtype=np.int32)
-    starts = np.zeros((rows, seq_len + 1), dtype=bool)
+    tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)
     for row, window in enumerate(windows):
         tokens[row] = window.tokens
-        starts[row, window.doc_starts] = True
-    starts[:, 0] = True
-    segments = np.cumsum(starts, axis=1, dtype=np.int32)
-    index = np.broadcast_to(np.arange(seq_len + 1, dtype=np.int32), tokens.shape)
-    positions = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    doc_rows = [np.full(len(w.doc_starts), row) for row, w in enumerate(windows)]
+    doc_cols = [np.asarray(w.doc_starts) for w in windows]
+    return fields(tokens, np.concatenate([[], *doc_rows]), np.concatenate([[], *doc_cols]))
+
+
+def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> dict[str, np.ndarray]:
+    """The six fields of int32 windows `tokens` [rows, seq_len + 1] whose documents start at
+    (doc_rows[i], doc_cols[i]); every row also starts a segment at column 0.
+
+    Vectorised over the whole block: segment boundaries are the sorted flat indices of the
+    starts (a few per row), and positions / segment numbers are `np.repeat`s of per-segment
+    values, so no per-token scan (cumsum, maximum.accumulate) is needed.
+    """
+    rows, width = tokens.shape
+    size = rows * width
+    flat = np.asarray(doc_rows, np.int64) * width + np.asarray(doc_cols, np.int64)
+    bounds = np.unique(np.concatenate([flat, np.arange(0, size, width)]))
+    lengths = np.diff(bounds, append=size)
+    index = np.int32 if size < 2**31 else np.int64
+    positions = np.arange(size, dtype=index)
+    positions -= np.repeat(bounds.astype(index), lengths)
+    number = np.arange(bounds.size)
+    first = np.maximum.accumulate(np.where(bounds % width == 0, number, 0))
+    segments = np.repeat((number - first + 1).astype(np.int32), lengths).reshape(rows, width)
+    positions = positions.astype(np.int32, copy=False).reshape(rows, width)
     return {
         "inputs": tokens[:, :-1],
         "targets": tokens[:, 1:],

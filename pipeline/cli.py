@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline import commands_plan, commands_store
+from pipeline import commands_bench, commands_plan, commands_store
 from pipeline.errors import PipelineError
 
-COMMAND_MODULES = (commands_store, commands_plan)
+COMMAND_MODULES = (commands_store, commands_plan, commands_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

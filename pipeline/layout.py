@@ -99,6 +99,51 @@ class SourceLayout:
             return TokenSpan(spans[0], doc_starts[0])
         return TokenSpan(np.concatenate(spans), np.concatenate(doc_starts))
 
+    def read_into(
+        self, out: np.ndarray, out_rows: np.ndarray, epochs: np.ndarray, starts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Windows at `starts` of `epochs` into rows `out_rows` of `out` [rows, seq_len + 1].
+
+        The batched `read`: a window's pieces (`pieces`) are found for all rows at once, and
+        each shard is read once for all the pieces in it. Returns (row, column) in `out` of
+        every document start.
+        """
+        out_rows = np.asarray(out_rows, dtype=np.int64)
+        epochs = np.asarray(epochs, dtype=np.int64)
+        starts = np.asarray(starts, dtype=np.int64)
+        length = self.seq_len + 1
+        parts: list[tuple[np.ndarray, ...]] = []
+        for epoch in np.unique(epochs).tolist():
+            mask = epochs == epoch
+            order, bounds = self._shard_starts(epoch)
+            start, rows = starts[mask], out_rows[mask]
+            first = np.searchsorted(bounds, start, side="right") - 1
+            count = np.searchsorted(bounds, start + length, side="left") - first
+            window = np.repeat(np.arange(start.size), count)
+            piece = (
+                first[window] + np.arange(window.size) - np.repeat(np.cumsum(count) - count, count)
+            )
+            lo = np.maximum(start[window], bounds[piece])
+            hi = np.minimum(start[window] + length, bounds[piece + 1])
+            keep = hi > lo  # an empty shard inside a window is no piece
+            piece, window, lo, hi = piece[keep], window[keep], lo[keep], hi[keep]
+            parts.append((order[piece], lo - bounds[piece], hi - bounds[piece], rows[window],
+                          lo - start[window]))  # fmt: skip
+        shard, lo, hi, rows, cols = (np.concatenate(column) for column in zip(*parts))
+        order = np.argsort(shard, kind="stable")  # group the pieces by shard, in one pass
+        shard, lo, hi, rows, cols = (
+            column[order].tolist() for column in (shard, lo, hi, rows, cols)
+        )
+        cuts = [i for i in range(1, len(shard)) if shard[i] != shard[i - 1]]
+        doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for a, b in zip([0, *cuts], [*cuts, len(shard)]):
+            r, c = self.store.read_pieces_into(
+                shard[a], lo[a:b], hi[a:b], out, rows[a:b], cols[a:b]
+            )
+            doc_rows.append(r)
+            doc_cols.append(c)
+        return np.concatenate(doc_rows), np.concatenate(doc_cols)
+
     def shard_order(self, epoch: int) -> np.ndarray:
         return self._shard_starts(epoch)[0]
 

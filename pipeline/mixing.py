@@ -72,8 +72,9 @@ class Mixture:
     def sources(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, that source's count before the row) for each position."""
         positions = np.asarray(positions, dtype=np.int64)
-        before = self.counts(positions)
-        after = self.counts(positions + 1)
+        if self.num_sources == 1:  # every position is the only source's, its count the position
+            return np.zeros_like(positions), positions.copy()
+        before, after = self.counts(np.stack([positions, positions + 1]))  # one pass for both
         source = np.argmax(after - before, axis=-1)
         return source, np.take_along_axis(before, source[..., None], axis=-1)[..., 0]
 

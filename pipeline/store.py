@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,67 @@ class TokenStore:
         starts = np.asarray(offsets[first:last], dtype=np.int64) - start
         return TokenSpan(tokens[start - base : stop - base], starts[starts >= 0])
 
+    def read_pieces_into(
+        self,
+        shard: int,
+        lo: Sequence[int],
+        hi: Sequence[int],
+        out: np.ndarray,
+        out_rows: Sequence[int],
+        out_cols: Sequence[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copy tokens [lo[i], hi[i]) of one shard into `out[out_rows[i], out_cols[i]:]` for all i.
+
+        The batched form of `read_shard_tokens` that the plan's hot path uses: the shard's lock is
+        taken once, every record the pieces overlap is read once, and tokens go straight into
+        the caller's buffer (cast to its dtype). Returns (row, column) in `out` of every
+        document start inside the pieces.
+        """
+        self._check_shard(shard)
+        starts, stops = list(map(int, lo)), list(map(int, hi))
+        size = int(self.shard_tokens[shard])
+        for start, stop in zip(starts, stops):
+            if not 0 <= start < stop <= size:
+                raise StoreError(
+                    f"{self.shard_file(shard)}: token range [{start}, {stop}) is not a non-empty "
+                    f"range inside the shard (0..{size})"
+                )
+        offsets = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+        # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
+        ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
+        firsts = (ends[: len(starts)] - 1).tolist()
+        lasts = ends[len(starts) :].tolist()
+        # A few pieces and records per shard and step: plain Python beats numpy calls here.
+        needed = sorted(set(chain.from_iterable(map(range, firsts, lasts))))
+        raw = self._read_record_list(shard, needed)
+        # All records in one buffer; a piece's records are consecutive in `needed`, so in it.
+        joined = b"".join(raw)
+        itemsize = self.dtype.itemsize
+        ends = list(accumulate(map(len, raw)))  # byte offsets in `joined`
+        where = dict(zip(needed, [0, *ends]))
+        where_end = dict(zip(needed, ends))
+        tokens = np.frombuffer(joined, dtype=np.uint8)
+        doc_rows: list[int] = []
+        doc_cols: list[int] = []
+        pieces = zip(firsts, lasts, starts, stops, map(int, out_rows), map(int, out_cols))
+        for first, last, start, stop, row, col in pieces:
+            bounds = offsets[first : last + 1].tolist()
+            held = where_end[last - 1] - where[first]
+            if held != (bounds[-1] - bounds[0]) * itemsize:
+                raise StoreError(
+                    f"{self.shard_file(shard)}: records {first}..{last - 1} hold {held} bytes "
+                    f"but the index says {bounds[-1] - bounds[0]} tokens of {itemsize} bytes; "
+                    "the store is corrupt"
+                )
+            source = where[first] + (start - bounds[0]) * itemsize
+            window = tokens[source : source + (stop - start) * itemsize].view(self.dtype)
+            out[row, col : col + stop - start] = window
+            for doc in bounds[:-1]:
+                if doc >= start:
+                    doc_rows.append(row)
+                    doc_cols.append(doc - start + col)
+        return np.array(doc_rows, dtype=np.int64), np.array(doc_cols, dtype=np.int64)
+
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of the store's natural stream (shards in order)."""
         if not 0 <= start <= stop <= self.num_tokens:
@@ -202,15 +265,34 @@ class TokenStore:
 
     def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
         with self._locks[shard]:
-            reader = self._readers[shard]
-            if reader is None:
-                reader = ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
-                self._readers[shard] = reader
+            reader = self._open_reader(shard)
             try:
                 return reader.read(first, last)
             except Exception as error:  # ArrayRecord raises plain RuntimeErrors
                 raise StoreError(
                     f"{self.shard_file(shard)}: cannot read records {first}..{last - 1}: {error}"
+                ) from error
+
+    def _open_reader(self, shard: int) -> ArrayRecordReader:
+        """The shard's reader, opened on first use; call with the shard's lock held."""
+        reader = self._readers[shard]
+        if reader is None:
+            reader = ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
+            self._readers[shard] = reader
+        return reader
+
+    def _read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
+        """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
+        0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
+        reading its records one by one (docs/benchmarks.md has the measurement)."""
+        with self._locks[shard]:
+            reader = self._open_reader(shard)
+            try:
+                return [reader.read(record, record + 1)[0] for record in records]
+            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                raise StoreError(
+                    f"{self.shard_file(shard)}: cannot read records {records[0]}..{records[-1]}: "
+                    f"{error}"
                 ) from error
 
     def _check_files(self) -> None:

@@ -1,0 +1,107 @@
+"""`pipeline bench` on a tiny store, and the batched read path against the per-row reference.
+
+The bench's timings are never asserted; its table's structure and token accounting are. The
+batched read (`SourceLayout.read_into`, `TokenStore.read_pieces_into`, `batch.fields`) replaced
+a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
+the fast path must equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.cli import main
+from pipeline.errors import StoreError
+from pipeline.plan import Plan
+from tests.test_plan import build, setups
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def reference_batch(plan: Plan, step: int, rows=None) -> dict[str, np.ndarray]:
+    """The pre-optimisation read: one `SourceLayout.read` per row, per-token scans."""
+    draws = plan.draws(step, rows)
+    segment = plan.segment(draws.segment)
+    seq_len = segment.config.seq_len
+    windows = [
+        segment.layouts[draws.source_names[s]].read(int(e), int(t))
+        for s, e, t in zip(draws.source, draws.epoch, draws.start)
+    ]
+    tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)
+    starts = np.zeros((len(windows), seq_len + 1), dtype=bool)
+    for row, window in enumerate(windows):
+        tokens[row] = window.tokens
+        starts[row, window.doc_starts] = True
+    starts[:, 0] = True
+    segments = np.cumsum(starts, axis=1, dtype=np.int32)
+    index = np.broadcast_to(np.arange(seq_len + 1, dtype=np.int32), tokens.shape)
+    positions = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    return {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "inputs_segmentation": segments[:, :-1],
+        "targets_segmentation": segments[:, 1:],
+        "inputs_position": positions[:, :-1],
+        "targets_position": positions[:, 1:],
+    }
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(0, 10**6), st.data())
+def test_batched_read_equals_the_per_row_reference(setup, step, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
+        size = setup["global_batch_size"]
+        rows = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))
+        for chosen in (None, rows):
+            fast = plan.batch(step, chosen)
+            slow = reference_batch(plan, step, chosen)
+            for field, expected in slow.items():
+                assert fast[field].dtype == expected.dtype == np.int32, field
+                np.testing.assert_array_equal(fast[field], expected, err_msg=field)
+
+
+def test_batched_read_names_a_corrupt_record(tmp_path):
+    plan = build(tmp_path, {"seed": 0, "seq_len": 8, "lanes": 1, "global_batch_size": 2,
+                            "shards": [[[30, 30, 30], [40, 40]]]})  # fmt: skip
+    store = plan.stores()[0]
+    index = store.doc_offsets(0)
+    out = np.empty((1, 9), np.int32)
+    store._indexes[0] = np.array(index) + np.array([0, 1, 1, 1])  # index no longer fits records
+    with pytest.raises(StoreError, match="corrupt"):
+        store.read_pieces_into(0, np.array([0]), np.array([9]), out, np.array([0]), np.array([0]))
+    with pytest.raises(StoreError, match="inside the shard"):
+        store.read_pieces_into(0, np.array([5]), np.array([500]), out, np.array([0]), np.array([0]))
+
+
+def test_bench_command_prints_the_table_and_both_pipelines_consume_the_same_tokens(
+    tmp_path, capsys
+):
+    out = tmp_path / "bench.json"
+    code = main([
+        "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
+        "--synthetic-doc-len", "60", "--rows", "4", "--seq-len", "64", "--steps", "2",
+        "--reps", "1", "--no-progress", "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    for label in ("ours: Plan.batch", "Grain packed", "format limit: ArrayRecord read(list)",
+                  "format limit: ArrayRecord read(i, i+1)", "copy limit", "ours / Grain =",
+                  "step 1,000,000", "Grain set_state", "| 2 |"):  # fmt: skip
+        assert label in printed, label
+    assert set(result["tokens_per_s"]) == {
+        "ours", "grain", "format_batched", "format_per_record", "copy"
+    }  # fmt: skip
+    consumed = result["tokens_consumed"]
+    assert consumed["ours"] == consumed["grain"] == 2 * 4 * 65  # steps x rows x (seq_len + 1)
+    assert set(result["resume_s"]["ours"]) == {"0", "1000", "1000000"}
+    assert [len(result["scale"][p]) for p in ("1", "2")] == [1, 2]
+    assert all(r["peak_rss_mb"] > 0 for runs in result["scale"].values() for r in runs)
