@@ -58,7 +58,7 @@ class EvalFeed:
         self.batches = (
             available if config.eval_batches is None else min(config.eval_batches, available)
         )
-        self._feed = DataFeed(plan, mesh, batch_axes)
+        self._feed = DataFeed(plan, mesh, batch_axes, log_events=False)  # same batches each time
 
     def reset(self) -> None:
         self._feed.seek(0)

@@ -112,7 +112,9 @@ class DataFeed:
         step: int = 0,
         prefetch: int | None = None,
         threads: int | None = None,
+        log_events: bool = True,
     ) -> None:
+        self.log_events = log_events  # epoch rollovers and stage changes, one line each
         if isinstance(config_or_plan, Plan):
             self._plan = config_or_plan
             self.config = config_or_plan.config
@@ -221,7 +223,8 @@ class DataFeed:
         summary = _Summary(set(), {})
         for _, part in chunks:
             summary.merge(part)
-        self._log_events(step, summary)
+        if self.log_events:
+            self._log_events(step, summary)
         host = {field: np.concatenate([c[field] for c, _ in chunks]) for field in FIELDS}
         return self._to_device(step, host)
 
