@@ -6,8 +6,11 @@ has received `floor(Omega + 1/2)` of them, where Omega is the sum over those row
 half's share of the node's weight *at that row's step*. Then
 
 * counts only grow, and every position goes to exactly one source (it is a real assignment);
-* a two-source mix is within 1/2 row of its exact share at every position; deeper trees stay
-  within a small constant of it (see docs/mixtures.md), never drifting with time;
+* a two-source mix is within 1/2 row of its exact share at every position. Below the root a
+  node's own count is off by at most E, and a child's error is the rounding (1/2) plus the
+  node's error weighted by the child's share: at most 1/2 + E * (max share + total variation
+  of the share over the steps). `error_bounds()` evaluates this per source; with constant
+  weights up to 4 sources it is below 1 row, and it never grows with time;
 * weights that change with the step are followed row by row, and a change at step S affects
   the first row of step S and no row before it.
 
@@ -67,6 +70,20 @@ class Mixture:
         out = np.empty((*positions.shape, self.num_sources), dtype=np.int64)
         for (lo, _), count in received.items():
             out[..., lo] = count
+        return out
+
+    def error_bounds(self) -> np.ndarray:
+        """[K] proven bounds on |rows of a source before p - its exact share| over all p."""
+        bounds = {(0, self.num_sources): 0.0}
+        for split in self._splits:  # parents are built before their children
+            node = bounds.pop((split.lo, split.hi))
+            variation = float(np.abs(np.diff(split.omega)).sum())
+            left, right = split.omega.max(), (1.0 - split.omega).max()
+            bounds[(split.lo, split.mid)] = 0.5 + node * (left + variation)
+            bounds[(split.mid, split.hi)] = 0.5 + node * (right + variation)
+        out = np.empty(self.num_sources)
+        for (lo, _), bound in bounds.items():
+            out[lo] = bound
         return out
 
     def sources(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -60,11 +60,19 @@ def test_constant_weights_stay_within_one_row(tail, rows):
     assert np.abs(counts - targets(*mix, 500)).max() < 1.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(mixtures())
-def test_any_schedule_stays_within_a_bounded_distance(mix):
-    counts = Mixture(*mix).counts(np.arange(301))
-    assert np.abs(counts - targets(*mix, 300)).max() <= 3.0
+def test_any_schedule_stays_within_its_proven_bound(mix):
+    mixture = Mixture(*mix)
+    error = np.abs(mixture.counts(np.arange(301)) - targets(*mix, 300)).max(axis=0)
+    assert (error <= mixture.error_bounds() + 1e-9).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0), min_size=1, max_size=4), st.integers(1, 8))
+def test_constant_weights_have_a_bound_below_one_row(tail, rows):
+    mixture = Mixture(np.zeros((0, len(tail))), np.array(tail), rows)
+    assert (mixture.error_bounds() < 1.0).all()
 
 
 @settings(max_examples=100, deadline=None)
