@@ -85,7 +85,7 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
     # vocab above 2**16 keeps the dtype uint32, as for a 100k+ vocabulary
     tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 100_277, "eod_id": eod}
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
-    commit(staging, path, overwrite=False)
+    commit(staging, path, overwrite=True)  # replaces a store of an older format
 
 
 def resolve_store(args: argparse.Namespace) -> Path:
@@ -103,7 +103,8 @@ def resolve_store(args: argparse.Namespace) -> Path:
             from pipeline.prepare import PrepareOptions, prepare
 
             path.parent.mkdir(parents=True, exist_ok=True)
-            prepare(PrepareOptions(inputs=["builtin:python-code"], out=path, progress=False))
+            options = PrepareOptions(["builtin:python-code"], path, overwrite=True, progress=False)
+            prepare(options)
         return path
     return Path(args.store)
 
@@ -186,7 +187,7 @@ class FormatLimit:
         needed: dict[int, set[int]] = {}
         for epoch, start in zip(draws.epoch.tolist(), draws.start.tolist()):
             for shard, lo, hi in self.layout.pieces(epoch, start, start + self.layout.seq_len + 1):
-                offsets = self.store.doc_offsets(shard)
+                offsets = self.store.record_offsets(shard)
                 first = int(np.searchsorted(offsets, lo, side="right")) - 1
                 last = int(np.searchsorted(offsets, hi, side="left"))
                 needed.setdefault(shard, set()).update(range(first, last))

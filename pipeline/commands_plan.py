@@ -165,7 +165,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             f"stream tokens {start:,}..{start + config.seq_len + 1:,}"
         )
         for shard, lo, hi in layout.pieces(epoch, start, start + config.seq_len + 1):
-            offsets = store.doc_offsets(shard)
+            offsets = store.record_offsets(shard)
             first = int(np.searchsorted(offsets, lo, side="right")) - 1
             last = int(np.searchsorted(offsets, hi, side="left")) - 1
             tokens = store.read_shard_tokens(shard, lo, hi).tokens

@@ -9,6 +9,7 @@ from pipeline.errors import PrepareError
 from pipeline.prepare import PrepareOptions, prepare
 from pipeline.store import TokenStore
 from pipeline.store_summary import describe_store
+from pipeline.store_writer import DEFAULT_RECORD_TOKENS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -27,6 +28,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--text-field", default="text", help="JSONL/Parquet/TFDS text field")
     p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument(
+        "--record-tokens",
+        type=int,
+        default=DEFAULT_RECORD_TOKENS,
+        help="split longer documents into records of at most this many tokens (default "
+        f"{DEFAULT_RECORD_TOKENS}), so a window reads about what it needs",
+    )
     p.add_argument("--seed", type=int, default=0, help="document order shuffle seed")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     p.add_argument("--eval-fraction", type=float, default=0.0, help="held-out document share")
@@ -59,6 +67,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         out=args.out,
         tokenizer=args.tokenizer,
         num_shards=args.num_shards,
+        record_tokens=args.record_tokens,
         seed=args.seed,
         workers=args.workers,
         eval_fraction=args.eval_fraction,

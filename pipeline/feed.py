@@ -318,6 +318,7 @@ class DataFeed:
             return
         for layout in self._plan.segment(index).layouts.values():
             for shard in range(layout.store.num_shards):
+                layout.store.record_offsets(shard)
                 layout.store.doc_offsets(shard)
         self._warmed.add(index)
 

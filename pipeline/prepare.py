@@ -25,6 +25,7 @@ from pipeline.corpora import Document, InputSpec, iter_documents, resolve_inputs
 from pipeline.doc_order import EVAL, TRAIN, place
 from pipeline.errors import PrepareError
 from pipeline.store_writer import (
+    DEFAULT_RECORD_TOKENS,
     ShardInfo,
     check_destination,
     commit,
@@ -48,6 +49,7 @@ class PrepareOptions:
     seed: int = 0
     workers: int = 1
     eval_fraction: float = 0.0
+    record_tokens: int = DEFAULT_RECORD_TOKENS
     eval_out: Path | None = None
     text_field: str = "text"
     tfds_data_dir: str | None = None
@@ -57,6 +59,8 @@ class PrepareOptions:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        if self.record_tokens < 1:
+            raise PrepareError(f"--record-tokens must be at least 1, got {self.record_tokens}")
         if self.num_shards < 1:
             raise PrepareError(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.workers < 1:
@@ -94,6 +98,7 @@ def creation_record(options: PrepareOptions, split: str, empty: int) -> dict[str
         "text_field": options.text_field,
         "seed": options.seed,
         "num_shards": options.num_shards,
+        "record_tokens": options.record_tokens,
         "eval_fraction": options.eval_fraction,
         "split": split,
         "empty_documents_dropped": empty,
@@ -112,7 +117,14 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
         spills, empty = _tokenize_and_spill(options, specs, tokenizer, dtype, stagings)
         for split, staging in stagings.items():
             shards = [
-                write_shard(staging, shard, options.num_shards, _sorted_spill(path, dtype), dtype)
+                write_shard(
+                    staging,
+                    shard,
+                    options.num_shards,
+                    _sorted_spill(path, dtype),
+                    dtype,
+                    options.record_tokens,
+                )
                 for shard, path in enumerate(spills[split])
             ]
             shutil.rmtree(staging / ".spill")

@@ -154,7 +154,7 @@ def _build(
         (documents, placeholders)
         | "Flatten" >> beam.Flatten()
         | "ByShard" >> beam.GroupByKey()
-        | "WriteShard" >> beam.ParDo(_WriteShard(options.num_shards, dtype.name, stagings))
+        | "WriteShard" >> beam.ParDo(_WriteShard(options, dtype.name, stagings))
         | "AllShards" >> beam.combiners.ToList()
         | "Commit" >> beam.Map(_commit, options, tokenizer, dtype.name, stagings)
     )
@@ -185,8 +185,9 @@ class _TokenizeAndPlace(beam.DoFn):
 class _WriteShard(beam.DoFn):
     """All of one (split, shard) -> its files in the staging directory, and its ShardInfo."""
 
-    def __init__(self, num_shards: int, dtype: str, stagings: dict[str, Path]) -> None:
-        self.num_shards = num_shards
+    def __init__(self, options: PrepareOptions, dtype: str, stagings: dict[str, Path]) -> None:
+        self.num_shards = options.num_shards
+        self.record_tokens = options.record_tokens
         self.dtype = np.dtype(dtype)
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
@@ -202,7 +203,12 @@ class _WriteShard(beam.DoFn):
                 entries.append(value)
         documents = (np.frombuffer(raw, dtype=self.dtype) for raw in sort_shard(entries))
         info = write_shard(
-            Path(self.stagings[split]), shard, self.num_shards, documents, self.dtype
+            Path(self.stagings[split]),
+            shard,
+            self.num_shards,
+            documents,
+            self.dtype,
+            self.record_tokens,
         )
         yield split, shard, info, empty
 

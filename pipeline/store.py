@@ -30,10 +30,12 @@ from array_record.python.array_record_module import ArrayRecordReader
 from pipeline.errors import StoreError
 
 FORMAT_NAME = "pipeline-token-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+# (file key, checksum key) of every file of a shard listed in the manifest.
+CHECKSUMS = (("file", "sha256"), ("index", "index_sha256"), ("docs", "docs_sha256"))
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ class TokenStore:
         self.shard_tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
         self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_tokens)])
-        self._indexes: list[np.ndarray | None] = [None] * len(shards)
+        self._indexes: dict[str, list[np.ndarray | None]] = {
+            key: [None] * len(shards) for key in ("index", "docs")
+        }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
         self._index_lock = threading.Lock()  # np.load parses headers with `ast`: not thread-safe
@@ -98,17 +102,34 @@ class TokenStore:
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
 
+    def record_offsets(self, shard: int) -> np.ndarray:
+        """Prefix sums of the shard's record lengths, memory-mapped (length records + 1)."""
+        return self._index(shard, "index")
+
     def doc_offsets(self, shard: int) -> np.ndarray:
-        """Prefix sums of the shard's document lengths, memory-mapped (length documents + 1)."""
-        index = self._indexes[self._check_shard(shard)]
+        """Prefix sums of the shard's document lengths, memory-mapped (length documents + 1).
+
+        Every document boundary is a record boundary; a long document spans several records.
+        """
+        return self._index(shard, "docs")
+
+    def _index(self, shard: int, key: str) -> np.ndarray:
+        cache = self._indexes[key]
+        index = cache[self._check_shard(shard)]
         if index is None:
             with self._index_lock:
-                index = self._indexes[shard]
+                index = cache[shard]
                 if index is None:
                     entry = self.manifest["shards"][shard]
-                    index = np.load(self.path / entry["index"], mmap_mode="r")
-                    self._indexes[shard] = index
+                    index = np.load(self.path / entry[key], mmap_mode="r")
+                    cache[shard] = index
         return index
+
+    def _doc_starts(self, shard: int, start: int, stop: int) -> np.ndarray:
+        """Shard offsets of the documents that start inside [start, stop)."""
+        docs = self.doc_offsets(shard)
+        first, last = np.searchsorted(docs, (start, stop), side="left")
+        return np.asarray(docs[first:last], dtype=np.int64)
 
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of one shard, reading only the records that overlap the range."""
@@ -120,7 +141,7 @@ class TokenStore:
             )
         if start == stop:
             return TokenSpan(np.empty(0, self.dtype), np.empty(0, np.int64))
-        offsets = self.doc_offsets(shard)
+        offsets = self.record_offsets(shard)
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, stop, side="left"))  # exclusive
         records = self._read_records(shard, first, last)
@@ -131,8 +152,8 @@ class TokenStore:
                 f"{self.shard_file(shard)}: records {first}..{last - 1} hold {tokens.size} tokens "
                 f"but the index says {int(offsets[last]) - base}; the store is corrupt"
             )
-        starts = np.asarray(offsets[first:last], dtype=np.int64) - start
-        return TokenSpan(tokens[start - base : stop - base], starts[starts >= 0])
+        starts = self._doc_starts(shard, start, stop) - start
+        return TokenSpan(tokens[start - base : stop - base], starts)
 
     def read_pieces_into(
         self,
@@ -159,7 +180,10 @@ class TokenStore:
                     f"{self.shard_file(shard)}: token range [{start}, {stop}) is not a non-empty "
                     f"range inside the shard (0..{size})"
                 )
-        offsets = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+        offsets = self.record_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+        docs = self.doc_offsets(shard).view(np.ndarray)
+        doc_first = np.searchsorted(docs, starts, side="left").tolist()
+        doc_last = np.searchsorted(docs, stops, side="left").tolist()
         # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
         ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
         firsts = (ends[: len(starts)] - 1).tolist()
@@ -176,8 +200,17 @@ class TokenStore:
         tokens = np.frombuffer(joined, dtype=np.uint8)
         doc_rows: list[int] = []
         doc_cols: list[int] = []
-        pieces = zip(firsts, lasts, starts, stops, map(int, out_rows), map(int, out_cols))
-        for first, last, start, stop, row, col in pieces:
+        pieces = zip(
+            firsts,
+            lasts,
+            starts,
+            stops,
+            map(int, out_rows),
+            map(int, out_cols),
+            doc_first,
+            doc_last,
+        )
+        for first, last, start, stop, row, col, doc_lo, doc_hi in pieces:
             bounds = offsets[first : last + 1].tolist()
             held = where_end[last - 1] - where[first]
             if held != (bounds[-1] - bounds[0]) * itemsize:
@@ -189,10 +222,9 @@ class TokenStore:
             source = where[first] + (start - bounds[0]) * itemsize
             window = tokens[source : source + (stop - start) * itemsize].view(self.dtype)
             out[row, col : col + stop - start] = window
-            for doc in bounds[:-1]:
-                if doc >= start:
-                    doc_rows.append(row)
-                    doc_cols.append(doc - start + col)
+            for doc in docs[doc_lo:doc_hi].tolist():
+                doc_rows.append(row)
+                doc_cols.append(doc - start + col)
         return np.array(doc_rows, dtype=np.int64), np.array(doc_cols, dtype=np.int64)
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
@@ -218,15 +250,20 @@ class TokenStore:
             return TokenSpan(np.empty(0, self.dtype), np.empty(0, np.int64))
         return TokenSpan(np.concatenate(parts), np.concatenate(starts))
 
-    def document(self, shard: int, record: int) -> np.ndarray:
+    def document(self, shard: int, index: int) -> np.ndarray:
         """One whole document (with its eod), for inspection."""
-        (raw,) = self._read_records(self._check_shard(shard), record, record + 1)
-        return np.frombuffer(raw, dtype=self.dtype)
+        docs = self.doc_offsets(shard)
+        if not 0 <= index < len(docs) - 1:
+            raise StoreError(
+                f"{self.shard_file(shard)}: document {index} does not exist "
+                f"(the shard has documents 0..{len(docs) - 2})"
+            )
+        return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
     def verify(self) -> None:
         """Check every shard's and index's content checksum against the manifest."""
         for entry in self.manifest["shards"]:
-            for key, checksum_key in (("file", "sha256"), ("index", "index_sha256")):
+            for key, checksum_key in CHECKSUMS:
                 path = self.path / entry[key]
                 if file_sha256(path) != entry[checksum_key]:
                     raise StoreError(
@@ -305,13 +342,19 @@ class TokenStore:
                     f"{path}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}; "
                     "the shard is truncated or altered: prepare the store again"
                 )
-            index = self.path / entry["index"]
-            if not index.is_file():
-                raise StoreError(f"{index}: index listed in the manifest is missing")
+            for key in ("index", "docs"):
+                index = self.path / entry[key]
+                if not index.is_file():
+                    raise StoreError(f"{index}: index listed in the manifest is missing")
 
 
 def is_store(path: str | Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
+    """Whether `path` is a complete store that this version of pipeline reads."""
+    try:
+        _load_manifest(Path(path))
+    except StoreError:
+        return False
+    return True
 
 
 def _load_manifest(path: Path) -> dict[str, Any]:

@@ -23,19 +23,25 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from pipeline.errors import PrepareError
 from pipeline.store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
 
-# One record per chunk: reading a document never decompresses its neighbours.
+# One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"
+# Long documents are split into records of at most this many tokens, so a window reads about
+# what it needs rather than a whole book; short documents stay one record each.
+DEFAULT_RECORD_TOKENS = 2048
 
 
 @dataclass(frozen=True)
 class ShardInfo:
     file: str
     index: str
+    docs: str
     documents: int
+    records: int
     tokens: int
     bytes: int
     sha256: str
     index_sha256: str
+    docs_sha256: str
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -48,32 +54,50 @@ def shard_name(shard: int, num_shards: int) -> str:
 
 
 def write_shard(
-    directory: Path, shard: int, num_shards: int, documents: Iterable[np.ndarray], dtype: np.dtype
+    directory: Path,
+    shard: int,
+    num_shards: int,
+    documents: Iterable[np.ndarray],
+    dtype: np.dtype,
+    record_tokens: int = DEFAULT_RECORD_TOKENS,
 ) -> ShardInfo:
-    """Write one shard (documents already end with eod) and its index of prefix sums."""
+    """Write one shard (documents already end with eod) and its record and document indexes."""
     name = shard_name(shard, num_shards)
     data_path = directory / f"{name}.array_record"
     index_path = directory / f"{name}.index.npy"
-    lengths = []
+    docs_path = directory / f"{name}.docs.npy"
+    record_lengths, doc_lengths = [], []
     writer = ArrayRecordWriter(str(data_path), WRITER_OPTIONS)
     try:
-        for tokens in documents:
-            writer.write(np.ascontiguousarray(tokens, dtype=dtype).tobytes())
-            lengths.append(len(tokens))
+        for document in documents:
+            tokens = np.ascontiguousarray(document, dtype=dtype)
+            for start in range(0, len(tokens), record_tokens):
+                chunk = tokens[start : start + record_tokens]
+                writer.write(chunk.tobytes())
+                record_lengths.append(len(chunk))
+            doc_lengths.append(len(tokens))
     finally:
         writer.close()
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    np.save(index_path, offsets)
+    np.save(index_path, _prefix_sums(record_lengths))
+    np.save(docs_path, _prefix_sums(doc_lengths))
     return ShardInfo(
         file=data_path.name,
         index=index_path.name,
-        documents=len(lengths),
-        tokens=int(offsets[-1]),
+        docs=docs_path.name,
+        documents=len(doc_lengths),
+        records=len(record_lengths),
+        tokens=int(sum(doc_lengths)),
         bytes=data_path.stat().st_size,
         sha256=file_sha256(data_path),
         index_sha256=file_sha256(index_path),
+        docs_sha256=file_sha256(docs_path),
     )
+
+
+def _prefix_sums(lengths: list[int]) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 def write_manifest(
@@ -90,6 +114,7 @@ def write_manifest(
         "tokenizer": tokenizer,
         "dtype": np.dtype(dtype).name,
         "num_documents": sum(s.documents for s in shards),
+        "num_records": sum(s.records for s in shards),
         "num_tokens": sum(s.tokens for s in shards),
         "shards": [asdict(s) for s in shards],
         "created": created,

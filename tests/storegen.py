@@ -16,8 +16,10 @@ from pipeline.store_writer import commit, staging_dir, write_manifest, write_sha
 EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
 
 
-def write_synthetic_store(path: Path, shards: list[list[int]]) -> TokenStore:
-    """A store whose shard i holds documents of lengths shards[i]."""
+def write_synthetic_store(
+    path: Path, shards: list[list[int]], record_tokens: int = 2048
+) -> TokenStore:
+    """A store whose shard i holds documents of lengths shards[i] (split into records)."""
     staging = staging_dir(Path(path))
     position = 0
     infos = []
@@ -26,7 +28,8 @@ def write_synthetic_store(path: Path, shards: list[list[int]]) -> TokenStore:
         for length in lengths:
             docs.append(np.arange(position, position + length, dtype=np.uint32))
             position += length
-        infos.append(write_shard(staging, index, len(shards), docs, np.dtype(np.uint32)))
+        dtype = np.dtype(np.uint32)
+        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens))
     tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 2**32, "eod_id": EOD}
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)

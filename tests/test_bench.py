@@ -72,9 +72,9 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
     plan = build(tmp_path, {"seed": 0, "seq_len": 8, "lanes": 1, "global_batch_size": 2,
                             "shards": [[[30, 30, 30], [40, 40]]]})  # fmt: skip
     store = plan.stores()[0]
-    index = store.doc_offsets(0)
+    index = store.record_offsets(0)
     out = np.empty((1, 9), np.int32)
-    store._indexes[0] = np.array(index) + np.array([0, 1, 1, 1])  # index no longer fits records
+    store._indexes["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
     with pytest.raises(StoreError, match="corrupt"):
         store.read_pieces_into(0, np.array([0]), np.array([9]), out, np.array([0]), np.array([0]))
     with pytest.raises(StoreError, match="inside the shard"):

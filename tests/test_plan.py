@@ -30,13 +30,14 @@ def setups(draw, sources=1):
         "lanes": lanes,
         "global_batch_size": lanes * rows_per_lane,
         "shards": [draw(shard_lists) for _ in range(sources)],
+        "record_tokens": draw(st.sampled_from([1, 5, 2048])),  # documents span records
     }
 
 
 def build(directory: Path, setup: dict, mix: dict | None = None, stages=None) -> Plan:
     names = [f"s{i}" for i in range(len(setup["shards"]))]
     for name, shards in zip(names, setup["shards"]):
-        write_synthetic_store(directory / name, shards)
+        write_synthetic_store(directory / name, shards, setup.get("record_tokens", 2048))
     raw = {k: setup[k] for k in ("seed", "seq_len", "lanes", "global_batch_size")}
     raw["sources"] = {name: {"path": str(directory / name)} for name in names}
     if stages is not None:

@@ -26,13 +26,20 @@ TEXTS = st.lists(
 )
 
 
-def _prepare_jsonl(directory: Path, texts: list[str], num_shards: int, seed: int) -> Path:
+def _prepare_jsonl(
+    directory: Path, texts: list[str], num_shards: int, seed: int, record_tokens: int = 2048
+) -> Path:
     corpus = directory / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     out = directory / "store"
     prepare(
         PrepareOptions(
-            inputs=[str(corpus)], out=out, num_shards=num_shards, seed=seed, progress=False
+            inputs=[str(corpus)],
+            out=out,
+            num_shards=num_shards,
+            seed=seed,
+            record_tokens=record_tokens,
+            progress=False,
         )
     )
     return out
@@ -75,17 +82,20 @@ def _check_range(span_tokens: np.ndarray, span_starts: np.ndarray, stream, a: in
     texts=TEXTS,
     num_shards=st.integers(1, 5),
     seed=st.integers(0, 2**32),
+    record_tokens=st.sampled_from([1, 3, 16, 2048]),  # long documents span several records
     data=st.data(),
 )
-def test_round_trip_any_range(texts: list[str], num_shards: int, seed: int, data) -> None:
+def test_round_trip_any_range(
+    texts: list[str], num_shards: int, seed: int, record_tokens: int, data
+) -> None:
     non_empty = [t for t in texts if t]
     with tempfile.TemporaryDirectory() as tmp:
         if not non_empty:  # an all-empty corpus is refused, never written as an empty store.
             with pytest.raises(PrepareError, match="no non-empty documents"):
-                _prepare_jsonl(Path(tmp), texts, num_shards, seed)
+                _prepare_jsonl(Path(tmp), texts, num_shards, seed, record_tokens)
             assert not any(Path(tmp).glob("store*")) and not any(Path(tmp).glob(".store*"))
             return
-        path = _prepare_jsonl(Path(tmp), texts, num_shards, seed)
+        path = _prepare_jsonl(Path(tmp), texts, num_shards, seed, record_tokens)
         with TokenStore(path, verify=True) as store:
             shards = _expected_shards(texts, num_shards, seed)
             documents = [d for shard in shards for d in shard]
@@ -93,6 +103,9 @@ def test_round_trip_any_range(texts: list[str], num_shards: int, seed: int, data
             assert store.num_shards == num_shards
             assert store.num_documents == len(non_empty) == len(documents)
             assert store.num_tokens == len(stream[0])
+            lengths = [len(d) for d in documents]
+            records = sum(-(-length // record_tokens) for length in lengths)
+            assert store.manifest["num_records"] == records
             assert store.manifest["created"]["empty_documents_dropped"] == texts.count("")
             assert (store.dtype, store.eod_id, store.vocab_size) == (np.uint16, EOD, 257)
 
