@@ -201,14 +201,20 @@ def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "bad" / "manifest.json").write_text('{"format": "other"}')
     with pytest.raises(StoreError, match="not a pipeline-token-store manifest"):
         TokenStore(tmp_path / "bad")
+    old = '{"format": "pipeline-token-store", "format_version": 1}'
+    (tmp_path / "bad" / "manifest.json").write_text(old)
+    assert not is_store(tmp_path / "bad")  # an older format is prepared again, not misread
+    with pytest.raises(StoreError, match="format version 1, this version of pipeline reads 2"):
+        TokenStore(tmp_path / "bad")
 
 
 def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
     path = _prepare_jsonl(tmp_path, ["one", "two", "three"], num_shards=2, seed=0)
-    index = path / TokenStore(path).manifest["shards"][1]["index"]
-    index.unlink()
-    with pytest.raises(StoreError, match=f"{index}: index listed in the manifest is missing"):
-        TokenStore(path)
+    for key in ("docs", "index"):
+        index = path / TokenStore(path).manifest["shards"][1][key]
+        index.unlink()
+        with pytest.raises(StoreError, match=f"{index}: index listed in the manifest is missing"):
+            TokenStore(path)
     shard = path / "shard-00000-of-00002.array_record"
     shard.unlink()
     with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
