@@ -88,7 +88,11 @@ def _doc(text: str) -> str:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, metavar="CONFIG", help="data config (YAML)")
-    parser.add_argument("--ledger", type=Path, help="a saved ledger (JSON) of a run")
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        help="a run's ledger: its JSON, a data_state.json, or a checkpoint step directory",
+    )
 
 
 def _nonnegative(text: str) -> int:

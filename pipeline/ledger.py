@@ -132,10 +132,20 @@ class Ledger:
 
     @classmethod
     def load(cls, path: str | Path) -> Ledger:
+        """A ledger from its JSON, from a saved data state, or from a checkpoint step directory.
+
+        The last two are what a trainer's Orbax `CheckpointManager` holds
+        (`STEP/data/data_state.json`), so any checkpoint of a run is enough to reproduce it.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "data" / "data_state.json"
         try:
-            raw = json.loads(Path(path).read_text())
+            raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise LedgerError(f"{path}: cannot read the ledger: {error}") from error
+        if isinstance(raw, dict) and "segments" not in raw and "ledger" in raw:
+            raw = raw["ledger"]  # a data state: {"version", "step", "ledger"}
         return cls.from_json(raw, origin=str(path))
 
 

@@ -119,6 +119,11 @@ def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
         assert_next_is(feed, after, 4)
         draws = after.draws(4)
         assert {draws.source_names[s] for s in draws.source} == {"docs"}
+        save(mngr, 6, feed)
+    # Any checkpoint step directory (or its data_state.json) is enough to reproduce the run.
+    step_dir = tmp_path / "ckpt" / "6"
+    assert Ledger.load(step_dir) == ledger
+    assert Ledger.load(step_dir / "data" / "data_state.json") == ledger
 
 
 def test_a_checkpoint_without_data_needs_an_explicit_step(tmp_path):
