@@ -64,5 +64,11 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
     }
     kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
     switched = Ledger(kept).append(Segment(step, mapping, fingerprints, counters))
-    log.info("ledger switch at step %d: %s; carried counters %s", step, "; ".join(diff), counters)
+    changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
+    log.info(
+        "ledger switch at step %d: %s changed; carried counters %s",
+        step,
+        ", ".join(changed),
+        counters,
+    )
     return switched

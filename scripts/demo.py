@@ -144,7 +144,7 @@ def plot_loss(path: Path, kill_at: int, resumed_at: int) -> None:
         ax.plot(*zip(*points), "o-", label=key.replace("_", " "))
     for step, label in ((kill_at, f" kill -9 (resumed at {resumed_at})"), (SWITCH_AT, " switch")):
         ax.axvline(step, color="gray", linestyle="--")
-        ax.text(step, ax.get_ylim()[1], label, va="top", color="gray")
+        ax.text(step, ax.get_ylim()[1], label, va="top", ha="right", rotation=90, color="gray")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("tiny LM on the Python stdlib: curriculum, kill -9, resume, switch")
