@@ -13,11 +13,7 @@ token being predicted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-
-from pipeline.store import TokenSpan
 
 FIELDS = (
     "inputs",
@@ -27,16 +23,6 @@ FIELDS = (
     "inputs_position",
     "targets_position",
 )
-
-
-def assemble(windows: Sequence[TokenSpan], seq_len: int) -> dict[str, np.ndarray]:
-    """Stack windows into the six int32 fields, each [len(windows), seq_len]."""
-    tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)
-    for row, window in enumerate(windows):
-        tokens[row] = window.tokens
-    doc_rows = [np.full(len(w.doc_starts), row) for row, w in enumerate(windows)]
-    doc_cols = [np.asarray(w.doc_starts) for w in windows]
-    return fields(tokens, np.concatenate([[], *doc_rows]), np.concatenate([[], *doc_cols]))
 
 
 def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> dict[str, np.ndarray]:
