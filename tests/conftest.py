@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
 
 import pytest
+
+# Every test process simulates 8 CPU devices; this runs before any test imports JAX's backend.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 
 FIXTURE_TRAIN_TEXT = "\n".join(
     line for topic in sorted(topics)[:20] for line in topics[topic].splitlines() if line.strip()

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    )
 
 import jax
 import jax.numpy as jnp

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
-
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    )
 
 import jax
 import numpy as np
@@ -45,7 +39,7 @@ def config(tmp_path: Path):
 
 
 def test_there_are_eight_devices():
-    assert jax.device_count() == 8, "run the feed tests in a fresh process (XLA_FLAGS)"
+    assert jax.device_count() == 8, "tests/conftest.py forces 8 CPU devices"
 
 
 @pytest.mark.parametrize(

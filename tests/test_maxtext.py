@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
-
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    )
 
 import grain.python as grain
 import jax
@@ -88,8 +82,7 @@ def write_data_yaml(directory: Path, name: str = "data.yaml", **overrides: Any) 
 
 @pytest.fixture(scope="module")
 def mesh() -> Mesh:
-    if jax.device_count() < 4:
-        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
+    assert jax.device_count() >= 4, "tests/conftest.py forces 8 CPU devices"
     return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
 
 
