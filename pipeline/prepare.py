@@ -105,18 +105,41 @@ def creation_record(options: PrepareOptions, split: str, empty: int) -> dict[str
     }
 
 
-def prepare(options: PrepareOptions) -> dict[str, Path]:
-    """Prepare the train (and eval) store; returns split -> store path. Validates first."""
+def validate(options: PrepareOptions) -> tuple[list[InputSpec], Tokenizer, np.dtype]:
+    """Everything a runner checks before any work: inputs, tokenizer, destinations."""
     specs = resolve_inputs(options.inputs, options.text_field, options.tfds_data_dir)
     tokenizer = load_tokenizer(options.tokenizer)
     for destination in options.destinations.values():
         check_destination(destination, options.overwrite)
-    dtype = token_dtype(tokenizer.vocab_size)
+    return specs, tokenizer, token_dtype(tokenizer.vocab_size)
+
+
+def finish(
+    options: PrepareOptions,
+    stagings: dict[str, Path],
+    shards: dict[str, list[ShardInfo]],
+    empty: dict[str, int],
+    tokenizer: dict[str, Any],
+    dtype: np.dtype,
+) -> None:
+    """Both runners' last step: every manifest, then the atomic renames (train first)."""
+    for split, staging in stagings.items():
+        _require_documents(shards[split], options, split)
+        record = creation_record(options, split, empty[split])
+        write_manifest(staging, shards[split], tokenizer, dtype, record)
+    for split, staging in stagings.items():
+        commit(staging, options.destinations[split], options.overwrite)
+
+
+def prepare(options: PrepareOptions) -> dict[str, Path]:
+    """Prepare the train (and eval) store; returns split -> store path. Validates first."""
+    specs, tokenizer, dtype = validate(options)
     stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
     try:
         spills, empty = _tokenize_and_spill(options, specs, tokenizer, dtype, stagings)
+        shards = {}
         for split, staging in stagings.items():
-            shards = [
+            shards[split] = [
                 write_shard(
                     staging,
                     shard,
@@ -128,16 +151,7 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
                 for shard, path in enumerate(spills[split])
             ]
             shutil.rmtree(staging / ".spill")
-            require_documents(shards, options, split)
-            write_manifest(
-                staging,
-                shards,
-                tokenizer_record(tokenizer),
-                dtype,
-                creation_record(options, split, empty[split]),
-            )
-        for split, staging in stagings.items():
-            commit(staging, options.destinations[split], options.overwrite)
+        finish(options, stagings, shards, empty, tokenizer_record(tokenizer), dtype)
     finally:
         for staging in stagings.values():
             shutil.rmtree(staging, ignore_errors=True)
@@ -255,7 +269,7 @@ def sort_shard(entries: list[tuple[int, str, T]]) -> list[T]:
     return [payload for _, _, payload in entries]
 
 
-def require_documents(shards: list[ShardInfo], options: PrepareOptions, split: str) -> None:
+def _require_documents(shards: list[ShardInfo], options: PrepareOptions, split: str) -> None:
     if sum(s.documents for s in shards) == 0:
         raise PrepareError(
             f"{', '.join(options.inputs)}: no non-empty documents for the {split} split "

@@ -32,24 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.corpora import Document, InputSpec, iter_documents, resolve_inputs
+from pipeline.corpora import Document, InputSpec, iter_documents
 from pipeline.doc_order import place
 from pipeline.errors import PrepareError
 from pipeline.prepare import (
     PrepareOptions,
-    creation_record,
-    require_documents,
+    finish,
     sort_shard,
     tokenize_document,
     tokenizer_record,
+    validate,
 )
 from pipeline.store_writer import (
     ShardInfo,
-    check_destination,
-    commit,
     staging_dir,
-    token_dtype,
-    write_manifest,
     write_shard,
 )
 from pipeline.tokenizers import load_tokenizer
@@ -80,11 +76,7 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
                 "other object stores are not supported yet); write to a path every worker "
                 "mounts, e.g. a gcsfuse mount, and copy the store afterwards"
             )
-    specs = resolve_inputs(options.inputs, options.text_field, options.tfds_data_dir)
-    tokenizer = load_tokenizer(options.tokenizer)
-    for destination in options.destinations.values():
-        check_destination(destination, options.overwrite)
-    dtype = token_dtype(tokenizer.vocab_size)
+    specs, tokenizer, dtype = validate(options)
     pipeline_options = PipelineOptions(pipeline_flags(options.workers, beam_args))
     stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
     try:
@@ -220,18 +212,16 @@ def _commit(
     dtype: str,
     stagings: dict[str, Path],
 ) -> None:
-    """After every shard: the manifests, then the atomic renames (train first, as locally)."""
-    for split, staging in stagings.items():
+    """After every shard: the manifests and the atomic renames, as the local runner does."""
+    shards, empty = {}, {}
+    for split in stagings:
         mine = sorted((r for r in results if r[0] == split), key=lambda r: r[1])
         if [r[1] for r in mine] != list(range(options.num_shards)):
             raise PrepareError(f"{split}: shards {[r[1] for r in mine]} written, expected all")
-        shards = [r[2] for r in mine]
-        require_documents(shards, options, split)
-        empty = sum(r[3] for r in mine)
-        record = creation_record(options, split, empty)
-        write_manifest(Path(staging), shards, tokenizer, np.dtype(dtype), record)
-    for split, staging in stagings.items():
-        commit(Path(staging), options.destinations[split], options.overwrite)
+        shards[split] = [r[2] for r in mine]
+        empty[split] = sum(r[3] for r in mine)
+    paths = {split: Path(staging) for split, staging in stagings.items()}
+    finish(options, paths, shards, empty, tokenizer, np.dtype(dtype))
 
 
 def _find_prepare_error(error: BaseException) -> PrepareError | None:
