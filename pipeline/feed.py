@@ -138,7 +138,6 @@ class DataFeed:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque[tuple[int, list[Future]]] = collections.deque()
         self._last: _Summary | None = None
-        self._warmed: set[int] = set()
         self._closed = False
         self._step = self._check_step(step)
 
@@ -180,7 +179,6 @@ class DataFeed:
         """Follow `ledger` (a restored, reconciled one) from `step` on."""
         self._ensure_open()
         self._plan = Plan(ledger, self._plan.stores())
-        self._warmed.clear()
         self.seek(step)
 
     def close(self) -> None:
@@ -300,27 +298,10 @@ class DataFeed:
         queued = self._pending[-1][0] + 1 if self._pending else self._step
         while len(self._pending) < self.prefetch:
             rows = self._geometry_at(queued).rows  # also builds the segment in this thread
-            self._warm(queued)
             chunks = np.array_split(rows, min(self.threads, len(rows)))
             futures = [self._pool.submit(_read_chunk, self._plan, queued, c) for c in chunks]
             self._pending.append((queued, futures))
             queued += 1
-
-    def _warm(self, step: int) -> None:
-        """Load every shard index of the step's stores here, in the consumer's thread.
-
-        `np.load` parses a .npy header with `ast`, and CPython 3.11 can fail ("AST constructor
-        recursion depth mismatch") when two threads parse at once; reader threads then only
-        read records.
-        """
-        index = self._plan.ledger.segment_index(step)
-        if index in self._warmed:
-            return
-        for layout in self._plan.segment(index).layouts.values():
-            for shard in range(layout.store.num_shards):
-                layout.store.record_offsets(shard)
-                layout.store.doc_offsets(shard)
-        self._warmed.add(index)
 
     def _drop_pending(self) -> None:
         while self._pending:

@@ -34,6 +34,9 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+# np.load parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
+# ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
+_NPY_LOAD_LOCK = threading.Lock()
 # (file key, checksum key) of every file of a shard listed in the manifest.
 CHECKSUMS = (("file", "sha256"), ("index", "index_sha256"), ("docs", "docs_sha256"))
 
@@ -72,7 +75,6 @@ class TokenStore:
         }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
-        self._index_lock = threading.Lock()  # np.load parses headers with `ast`: not thread-safe
         self._check_files()
         if verify:
             self.verify()
@@ -117,7 +119,7 @@ class TokenStore:
         cache = self._indexes[key]
         index = cache[self._check_shard(shard)]
         if index is None:
-            with self._index_lock:
+            with _NPY_LOAD_LOCK:
                 index = cache[shard]
                 if index is None:
                     entry = self.manifest["shards"][shard]
