@@ -139,12 +139,13 @@ def train(args: argparse.Namespace) -> int:
             params, opt_state, metrics = step_fn(params, opt_state, batch)
             loss = float(metrics["loss"])
             seconds = time.perf_counter() - started
-            record = step_record(feed, step, loss, metrics, seconds)
-            if args.eval_every and (step + 1) % args.eval_every == 0:
+            evaluated = {}
+            if args.eval_every and (step + 1) % args.eval_every == 0:  # every process runs it
                 for ev in evals:
                     losses = [float(eval_fn(params, b)) for b in ev]
-                    record[f"eval_{ev.name}"] = sum(losses) / len(losses)
-            if primary:
+                    evaluated[f"eval_{ev.name}"] = sum(losses) / len(losses)
+            if primary:  # only the logging process re-derives the step's stage and epochs
+                record = {**step_record(feed, step, loss, metrics, seconds), **evaluated}
                 log.info(format_record(record))
                 if metrics_file:
                     metrics_file.write(json.dumps(record) + "\n")
