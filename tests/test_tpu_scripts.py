@@ -253,20 +253,13 @@ def test_install_refuses_a_source_without_commits(env, tmp_path):
     assert env.calls() == []
 
 
+# An extra environment variable with spaces, then trainer arguments with a quote in them.
+RUN_EXTRAS = ("--env", "LIBTPU_INIT_ARGS=--xla_foo=1 --xla_bar", "--", "--resume", "--note",
+              "it's a test")  # fmt: skip
+
+
 def test_run_starts_trainer_on_all_workers(env):
-    ok(
-        env.run(
-            "run",
-            *COMMON,
-            *TRAIN,
-            "--env",
-            "LIBTPU_INIT_ARGS=--xla_foo=1 --xla_bar",
-            "--",
-            "--resume",
-            "--note",
-            "it's a test",
-        )
-    )
+    ok(env.run("run", *COMMON, *TRAIN, *RUN_EXTRAS))
     [ssh] = env.calls()
     assert ssh[: len(SSH)] == SSH
     cmd = command_of(ssh)
@@ -313,19 +306,7 @@ def _sandbox_home(tmp_path: Path, env: Env, tools: dict[str, int]) -> tuple[Path
 
 def test_run_remote_command_works_in_a_shell(env, tmp_path):
     """The quoted remote command, run by bash as sshd would, starts the trainer as intended."""
-    ok(
-        env.run(
-            "run",
-            *COMMON,
-            *TRAIN,
-            "--env",
-            "LIBTPU_INIT_ARGS=--xla_foo=1 --xla_bar",
-            "--",
-            "--resume",
-            "--note",
-            "it's a test",
-        )
-    )
+    ok(env.run("run", *COMMON, *TRAIN, *RUN_EXTRAS))
     cmd = command_of(env.calls()[0])
     home, variables = _sandbox_home(tmp_path, env, {"pgrep": 1})
     proc = subprocess.run(
