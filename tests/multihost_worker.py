@@ -10,6 +10,8 @@ and a list of tasks:
   fields; process 0 writes OUT/<name>.npz.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
+* {"kind": "disagree", "odd_one": P}: every process restores a data state, process P a state
+  one step ahead of the others'; each writes the error it got to OUT/disagree-<id>.txt.
 * {"kind": "train", "ckpt", "log", "steps", "save_every", "kill_at", "kill_mode"}: a train-like
   loop that restores the latest complete checkpoint (model state + data state), consumes the
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
@@ -35,7 +37,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.batch import FIELDS
-from pipeline.checkpoint import DataRestore, DataSave
+from pipeline.checkpoint import STATE_VERSION, DataRestore, DataSave, restore_state
 from pipeline.config import parse_config
 from pipeline.errors import PipelineError
 from pipeline.feed import DataFeed
@@ -86,6 +88,20 @@ def open_feed(spec: dict, task: dict, out: Path) -> None:
     except PipelineError as error:
         message = f"{type(error).__name__}: {error}"
     (out / f"open-{jax.process_index()}.txt").write_text(message)
+
+
+def disagree(config, task: dict, out: Path) -> None:
+    mesh = make_mesh([jax.device_count()], ["data"])
+    with DataFeed(config, mesh) as feed:
+        state = {"version": STATE_VERSION, **feed.state()}
+        if jax.process_index() == task["odd_one"]:
+            state["step"] += 1
+        try:
+            restore_state(feed, state, origin="data_state.json")
+            message = "no error"
+        except PipelineError as error:
+            message = f"{type(error).__name__}: {error}"
+    (out / f"disagree-{jax.process_index()}.txt").write_text(message)
 
 
 def train(spec: dict, config, task: dict) -> None:
@@ -156,6 +172,8 @@ def main() -> None:
             checksums(spec, config, task, out)
         elif task["kind"] == "open":
             open_feed(spec, task, out)
+        elif task["kind"] == "disagree":
+            disagree(config, task, out)
         else:
             train(spec, config, task)
     multihost_utils.sync_global_devices("done")

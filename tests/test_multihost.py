@@ -101,6 +101,7 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
         for i, (shape, names, axes) in enumerate(meshes)
     ]
     tasks.append({"kind": "open", "missing_on": processes - 1})
+    tasks.append({"kind": "disagree", "odd_one": processes - 1})
     codes = launch(tmp_path, raw, tasks, processes, devices)
     assert codes == [0] * processes, worker_output(tmp_path)
     plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
@@ -122,6 +123,13 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
                 f"FeedError: multihost.yaml: process(es) [{processes - 1}] cannot open the data "
                 "(see their logs); every process stops before the first step"
             )
+    # Hosts that restore different data states all refuse, naming the odd one out.
+    for index in range(processes):
+        assert (tmp_path / f"disagree-{index}.txt").read_text() == (
+            f"LedgerError: data_state.json: processes [{processes - 1}] read a different data "
+            "state or run a different data config than process 0; every host must restore the "
+            "same checkpoint with the same config file"
+        )
 
 
 def read_log(path: Path) -> list[dict]:
