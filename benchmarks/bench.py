@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed: int = 0) -> None:
     """uint32 documents with geometric lengths (mean `doc_len`), random ids below 50,257."""
-    from pipeline.store_writer import commit, staging_dir, write_manifest, write_shard
+    from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 
     rng = np.random.default_rng(seed)
     staging = staging_dir(path)
@@ -89,7 +89,7 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
 
 
 def resolve_store(args: argparse.Namespace) -> Path:
-    from pipeline.store import is_store
+    from pipeline.store.token_store import is_store
 
     if args.store == "synthetic":
         path = args.cache_dir / f"synthetic-{args.synthetic_tokens}-{args.synthetic_doc_len}"
@@ -100,7 +100,7 @@ def resolve_store(args: argparse.Namespace) -> Path:
     if args.store == "python-code":
         path = args.cache_dir / "python-code"
         if not is_store(path):
-            from pipeline.prepare import PrepareOptions, prepare
+            from pipeline.store.prepare import PrepareOptions, prepare
 
             path.parent.mkdir(parents=True, exist_ok=True)
             options = PrepareOptions(["builtin:python-code"], path, overwrite=True, progress=False)
@@ -111,7 +111,7 @@ def resolve_store(args: argparse.Namespace) -> Path:
 
 def make_plan(store: Path, args: argparse.Namespace):
     from pipeline.config import parse_config
-    from pipeline.plan import Plan
+    from pipeline.plan.plan import Plan
 
     raw = {
         "seed": 1,
@@ -172,7 +172,7 @@ class FormatLimit:
     def __init__(self, plan, rows: np.ndarray, batched: bool) -> None:
         from array_record.python.array_record_module import ArrayRecordReader
 
-        from pipeline.store import READER_OPTIONS
+        from pipeline.store.token_store import READER_OPTIONS
 
         self.plan, self.rows, self.batched, self.step, self.tokens = plan, rows, batched, 0, 0
         layout = next(iter(plan.segment(0).layouts.values()))
@@ -243,8 +243,8 @@ def timed(batches: Callable[[int], float | None], n: int) -> float:
 
 
 def resume_ours(plan, rows: np.ndarray, step: int) -> float:
-    from pipeline.ledger import Ledger
-    from pipeline.plan import Plan
+    from pipeline.plan.ledger import Ledger
+    from pipeline.plan.plan import Plan
 
     state = json.loads(json.dumps(plan.ledger.to_json()))  # what a checkpoint holds
     start = time.perf_counter()
@@ -274,7 +274,7 @@ def resume_grain(dataset, state: dict) -> float:
 
 
 def scale_worker(args: argparse.Namespace) -> None:
-    from pipeline.plan import host_rows
+    from pipeline.plan.plan import host_rows
 
     plan = make_plan(Path(args.worker_store), args)
     rows = host_rows(args.rows, args.process_id, args.processes)
@@ -323,7 +323,7 @@ def run_scale(store: Path, args: argparse.Namespace, processes: int) -> list[dic
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
-    from pipeline.plan import host_rows
+    from pipeline.plan.plan import host_rows
 
     store_path = resolve_store(args)
     plan = make_plan(store_path, args)

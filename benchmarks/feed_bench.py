@@ -32,7 +32,7 @@ def worker(args: argparse.Namespace) -> None:
     from jax.sharding import Mesh
 
     from pipeline.config import parse_config
-    from pipeline.feed import DataFeed
+    from pipeline.feed.data_feed import DataFeed
 
     if args.processes > 1:
         jax.distributed.initialize(

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from pipeline.config import parse_config
-from pipeline.plan import Plan, host_rows
-from pipeline.store import is_store
+from pipeline.plan.plan import Plan, host_rows
+from pipeline.store.token_store import is_store
 
 SHAPES = [  # seq_len, global batch, lanes, processes
     (256, 16, 4, 1),

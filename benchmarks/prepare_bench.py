@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.prepare_beam import prepare_beam
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.prepare_beam import prepare_beam
 
 
 def _run(runner: str, workers: int, inputs: list[str], out: Path, num_shards: int) -> float:

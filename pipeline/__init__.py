@@ -1,16 +1,20 @@
 """pipeline: a deterministic, padding-free, exactly resumable multi-host input pipeline for JAX.
 
-The layers, top to bottom (imports point down only)::
+The packages are the layers, top to bottom; imports point down only::
 
-    config (YAML -> DataConfig)      ledger (segments of the run's data state)
-        |                               |
-    store (token stores) -> layout (epochs, lanes, windows) -> mixing/stages (which source)
-        |                               |
-        +------------> plan (ledger, step, row) -> batch fields
-                                        |
-                         feed (global jax.Arrays, prefetch)  <->  checkpoint (Orbax item)
+    commands/  the `pipeline` CLI (prepare, inspect, dump, verify, epochs, stages, plot, bench)
+       |
+    feed/      JAX and Orbax: global jax.Arrays with prefetch, the checkpoint item,
+       |       the Grain view of host rows, the MaxText adapter
+    plan/      pure data order: layout (epochs, lanes, windows) -> mixing/stages (which
+       |       source) -> plan (ledger, step, row) -> batch fields; ledger, resume, reports
+    config/    YAML -> a validated DataConfig (schedules included)
+    store/     token stores: the reader, the writer, prepare (local and Beam), tokenizers
+       |
+    errors, keys   typed exceptions and the keyed hash every layer shares
 
-The JAX feed, the Orbax item and the Grain source load on first use of their names.
+Only `feed/` imports JAX, Orbax or Grain; its names below load on first use, so the config,
+store and plan layers (and `pipeline --help`, `prepare`, `verify-store`) start without them.
 """
 
 from __future__ import annotations
@@ -28,20 +32,21 @@ from pipeline.errors import (
     StoreError,
     TokenizerError,
 )
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan, host_rows, micro_batch_rows
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.store import TokenStore
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan, host_rows, micro_batch_rows
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.token_store import TokenStore
 
 _LAZY = {
-    "DataFeed": "pipeline.feed",
-    "EvalFeed": "pipeline.eval_feed",
-    "DataSave": "pipeline.checkpoint",
-    "DataRestore": "pipeline.checkpoint",
-    "restore_or_start": "pipeline.checkpoint",
-    "host_dataset": "pipeline.grain_source",
-    "reconcile": "pipeline.resume",
+    "DataFeed": "pipeline.feed.data_feed",
+    "EvalFeed": "pipeline.feed.eval_feed",
+    "DataSave": "pipeline.feed.checkpoint",
+    "DataRestore": "pipeline.feed.checkpoint",
+    "restore_or_start": "pipeline.feed.checkpoint",
+    "host_dataset": "pipeline.feed.grain_source",
+    "reconcile": "pipeline.plan.resume",
 }
+_LAZY_MODULES = {"maxtext": "pipeline.feed.maxtext"}  # `from pipeline import maxtext` in patches
 
 __all__ = [
     "ConfigError",
@@ -68,4 +73,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from pipeline.cli import main
+from pipeline.commands.cli import main
 
 raise SystemExit(main())

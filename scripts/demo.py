@@ -27,11 +27,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.ledger import Ledger  # noqa: E402
-from pipeline.plan import Plan  # noqa: E402
-from pipeline.prepare import PrepareOptions, prepare  # noqa: E402
-from pipeline.store import TokenStore, is_store  # noqa: E402
-from pipeline.store_summary import describe_store  # noqa: E402
+from pipeline.plan.ledger import Ledger  # noqa: E402
+from pipeline.plan.plan import Plan  # noqa: E402
+from pipeline.store.prepare import PrepareOptions, prepare  # noqa: E402
+from pipeline.store.summary import describe_store  # noqa: E402
+from pipeline.store.token_store import TokenStore, is_store  # noqa: E402
 
 DATA = ROOT / "data"
 RUN = ROOT / "runs" / "demo"

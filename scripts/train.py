@@ -96,10 +96,10 @@ def train(args: argparse.Namespace) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
-    from pipeline.checkpoint import DataRestore, DataSave
     from pipeline.config import load_config
-    from pipeline.eval_feed import eval_feeds
-    from pipeline.feed import DataFeed
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from pipeline.feed.eval_feed import eval_feeds
 
     primary = jax.process_index() == 0
     config = load_config(args.data_config)

@@ -36,11 +36,11 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.batch import FIELDS
-from pipeline.checkpoint import STATE_VERSION, DataRestore, DataSave, restore_state
 from pipeline.config import parse_config
 from pipeline.errors import PipelineError
-from pipeline.feed import DataFeed
+from pipeline.feed.checkpoint import STATE_VERSION, DataRestore, DataSave, restore_state
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.batch import FIELDS
 
 
 def row_checksums(batch: dict[str, jax.Array]) -> jax.Array:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.store import TokenStore
-from pipeline.store_writer import commit, staging_dir, write_manifest, write_shard
+from pipeline.store.token_store import TokenStore
+from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 
 EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
 

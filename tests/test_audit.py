@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.audit import audit, default_process_counts
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.ledger import Ledger, Segment
-from pipeline.plan import Plan
+from pipeline.plan.audit import audit, default_process_counts
+from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.plan import Plan
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"s0": [[7, 9, 5], [11, 3], [8, 8, 6]], "s1": [[13, 4, 6, 9], [10]]}

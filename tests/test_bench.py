@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import main
+from pipeline.commands.cli import main
 from pipeline.errors import StoreError
-from pipeline.plan import Plan
+from pipeline.plan.plan import Plan
 from tests.test_plan import build, setups
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))

@@ -12,13 +12,13 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh
 
-from pipeline.batch import FIELDS
-from pipeline.checkpoint import FILENAME, DataRestore, DataSave, restore_or_start
 from pipeline.config import parse_config
 from pipeline.errors import LedgerError
-from pipeline.feed import DataFeed
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan
+from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave, restore_or_start
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
 from tests.feedstores import two_stage_config, two_stage_raw
 
 

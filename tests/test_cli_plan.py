@@ -1,4 +1,4 @@
-"""The plan commands end to end through `pipeline.cli.main`, including bad input."""
+"""The plan commands end to end through `pipeline.commands.cli.main`, including bad input."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.cli import main
+from pipeline.commands.cli import main
 from pipeline.config import load_config
-from pipeline.ledger import Ledger, Segment
-from pipeline.plan import Plan, host_rows
-from pipeline.report import first_draw
+from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.report import first_draw
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"a": [[30, 50, 20], [40, 60]], "b": [[25, 35, 45, 55]]}

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.audit import audit
 from pipeline.config import load_config
-from pipeline.plan import Plan
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.report import stage_rows
-from pipeline.resume import reconcile
+from pipeline.plan.audit import audit
+from pipeline.plan.plan import Plan
+from pipeline.plan.report import stage_rows
+from pipeline.plan.resume import reconcile
+from pipeline.store.prepare import PrepareOptions, prepare
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

@@ -14,14 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
-from pipeline.corpora import (
+from pipeline.errors import PrepareError
+from pipeline.store.corpora import (
     BUILTIN_CORPORA,
     Document,
     InputSpec,
     iter_documents,
     resolve_inputs,
 )
-from pipeline.errors import PrepareError
 
 
 def _docs(inputs: list[str], **kwargs: object) -> list[Document]:

@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.eval_feed import eval_feeds
+from pipeline.feed.eval_feed import eval_feeds
 from tests.storegen import write_synthetic_store
 
 

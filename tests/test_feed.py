@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.batch import FIELDS
 from pipeline.errors import FeedError, StoreError
-from pipeline.feed import DataFeed
-from pipeline.plan import Plan, micro_batch_rows
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan, micro_batch_rows
 from tests.feedstores import two_stage_config
 
 

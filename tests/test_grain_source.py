@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.config import parse_config
-from pipeline.grain_source import host_dataset
-from pipeline.plan import Plan, host_rows
+from pipeline.feed.grain_source import host_dataset
+from pipeline.plan.plan import Plan, host_rows
 from tests.storegen import write_synthetic_store
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import LedgerError
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan
-from pipeline.resume import reconcile
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
+from pipeline.plan.resume import reconcile
 from tests.storegen import write_synthetic_store
 
 

@@ -15,11 +15,10 @@ import pytest
 import yaml
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.batch import FIELDS
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.eval_feed import eval_config
-from pipeline.maxtext import (
+from pipeline.feed.eval_feed import eval_config
+from pipeline.feed.maxtext import (
     EvalIterator,
     TrainIterator,
     batch_axes,
@@ -27,7 +26,8 @@ from pipeline.maxtext import (
     is_enabled,
     read_iter_state,
 )
-from pipeline.plan import Plan
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.mixing import Mixture
+from pipeline.plan.mixing import Mixture
 
 weights = st.floats(0.0, 10.0, allow_nan=False)
 

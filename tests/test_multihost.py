@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.batch import FIELDS
 from pipeline.config import parse_config
-from pipeline.plan import Plan
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan
 from tests.feedstores import two_stage_raw
 
 pytestmark = pytest.mark.multiprocess

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.plan import Plan, host_rows
+from pipeline.plan.plan import Plan, host_rows
 from tests.storegen import doc_starts, write_synthetic_store
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))

@@ -20,10 +20,10 @@ import pytest
 import tokenizers
 
 from pipeline.errors import PrepareError, StoreError
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.store import TokenStore
-from pipeline.store_writer import token_dtype
-from pipeline.tokenizers import load_tokenizer
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.token_store import TokenStore
+from pipeline.store.tokenizers import load_tokenizer
+from pipeline.store.writer import token_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 

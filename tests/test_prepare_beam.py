@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import PrepareError, TokenizerError
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.prepare_beam import pipeline_flags, prepare_beam, units_of_work
-from pipeline.store import TokenStore
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.prepare_beam import pipeline_flags, prepare_beam, units_of_work
+from pipeline.store.token_store import TokenStore
 from tests.test_corpora import TinyText
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_overwrite_replaces_a_store(tmp_path: Path) -> None:
 
 
 def test_units_of_work_and_flags(mixed_corpus: list[str]) -> None:
-    from pipeline.corpora import resolve_inputs
+    from pipeline.store.corpora import resolve_inputs
 
     units = units_of_work(resolve_inputs([*mixed_corpus, "builtin:python-docs"]))
     assert [len(u.files) for u in units] == [1] * 8 + [0]
@@ -148,7 +148,9 @@ def test_units_of_work_and_flags(mixed_corpus: list[str]) -> None:
 
 
 def _cli(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
-    code = f"{prelude}import sys; from pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = (
+        f"{prelude}import sys; from pipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, check=False
     )

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.doc_order import place
 from pipeline.errors import PrepareError, StoreError
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.store import TokenStore, is_store
+from pipeline.store.doc_order import place
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.token_store import TokenStore, is_store
 
 EOD = 256
 # Any text that is valid UTF-8: no lone surrogates. Empty texts are included on purpose.

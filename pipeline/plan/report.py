@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.plan import Plan, SegmentPlan
-from pipeline.stages import StageLayout, StageTable
+from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.stages import StageLayout, StageTable
 
 SEARCH_LIMIT = 10**15  # steps: past this a source counts as never reaching a counter
 

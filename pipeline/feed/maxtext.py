@@ -17,7 +17,7 @@ HyperParameters, or anything with the same attribute names) and MaxText's mesh a
 * `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores
   (`GrainCheckpointHandler`, one `process_<i>-of-<n>.json` per process). Its `get_state()` is
   the pipeline's data state, the next step and the ledger, the same on every process, and its
-  `set_state(state)` runs `pipeline.checkpoint.restore_state` (check, reconcile, seek).
+  `set_state(state)` runs `pipeline.feed.checkpoint.restore_state` (check, reconcile, seek).
 * The eval iterator serves an EvalFeed: the same batches after every `reset()`.
 
 The config keys read, and the checks made before any step runs, are listed in docs/maxtext.md.
@@ -35,11 +35,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from pipeline.checkpoint import STATE_VERSION, restore_state
 from pipeline.config import DataConfig, load_config
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.eval_feed import EvalFeed
-from pipeline.feed import DataFeed
+from pipeline.feed.checkpoint import STATE_VERSION, restore_state
+from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.eval_feed import EvalFeed
 
 CONFIG_KEY = "pipeline_data_config"
 """MaxText config key naming the data config YAML (or set the environment variable below)."""

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from pipeline.errors import PrepareError
-from pipeline.prepare import PrepareOptions, prepare
-from pipeline.store import TokenStore
-from pipeline.store_summary import describe_store
-from pipeline.store_writer import DEFAULT_RECORD_TOKENS
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.summary import describe_store
+from pipeline.store.token_store import TokenStore
+from pipeline.store.writer import DEFAULT_RECORD_TOKENS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -78,7 +78,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     if args.runner == "beam":
-        from pipeline.prepare_beam import prepare_beam  # Beam is an optional extra
+        from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra
 
         paths = prepare_beam(options, args.passthrough)
     elif args.passthrough:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.batch import FIELDS
 from pipeline.errors import ConfigError
-from pipeline.plan import Plan, host_rows
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan, host_rows
 
 MAX_VIOLATIONS = 1000
 

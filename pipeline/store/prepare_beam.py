@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.corpora import Document, InputSpec, iter_documents
-from pipeline.doc_order import place
 from pipeline.errors import PrepareError
-from pipeline.prepare import (
+from pipeline.store.corpora import Document, InputSpec, iter_documents
+from pipeline.store.doc_order import place
+from pipeline.store.prepare import (
     PrepareOptions,
     finish,
     sort_shard,
@@ -43,12 +43,12 @@ from pipeline.prepare import (
     tokenizer_record,
     validate,
 )
-from pipeline.store_writer import (
+from pipeline.store.tokenizers import load_tokenizer
+from pipeline.store.writer import (
     ShardInfo,
     staging_dir,
     write_shard,
 )
-from pipeline.tokenizers import load_tokenizer
 
 try:
     import apache_beam as beam

@@ -14,10 +14,10 @@ import jax
 from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, SourceSpec, StageSpec
+from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError
-from pipeline.feed import DataFeed
-from pipeline.plan import Plan
-from pipeline.schedule import WeightSchedule
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.plan import Plan
 
 ALWAYS = WeightSchedule("constant", ((0, 1.0),))
 

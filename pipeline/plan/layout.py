@@ -23,7 +23,7 @@ from grain.experimental import index_shuffle
 
 from pipeline.errors import ConfigError
 from pipeline.keys import keyed_hash
-from pipeline.store import TokenSpan, TokenStore
+from pipeline.store.token_store import TokenSpan, TokenStore
 
 SHUFFLE_ROUNDS = 4
 # Grain's index_shuffle is slow on tiny domains (cycle walking); below this many windows per

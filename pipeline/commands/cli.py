@@ -1,4 +1,4 @@
-"""The `pipeline` command line. Each subcommand lives in a `commands_*` module beside this one.
+"""The `pipeline` command line. Each group of subcommands lives in a module beside this one.
 
 Errors of our own (`PipelineError`) print as one line on stderr with exit code 2; anything
 else is a bug and keeps its traceback.
@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline import commands_bench, commands_plan, commands_store
+from pipeline.commands import bench, plan, store
 from pipeline.errors import PipelineError
 
-COMMAND_MODULES = (commands_store, commands_plan, commands_bench)
+COMMAND_MODULES = (store, plan, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

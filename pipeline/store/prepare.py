@@ -21,10 +21,11 @@ from typing import Any, BinaryIO, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.corpora import Document, InputSpec, iter_documents, resolve_inputs
-from pipeline.doc_order import EVAL, TRAIN, place
 from pipeline.errors import PrepareError
-from pipeline.store_writer import (
+from pipeline.store.corpora import Document, InputSpec, iter_documents, resolve_inputs
+from pipeline.store.doc_order import EVAL, TRAIN, place
+from pipeline.store.tokenizers import Tokenizer, load_tokenizer
+from pipeline.store.writer import (
     DEFAULT_RECORD_TOKENS,
     ShardInfo,
     check_destination,
@@ -34,7 +35,6 @@ from pipeline.store_writer import (
     write_manifest,
     write_shard,
 )
-from pipeline.tokenizers import Tokenizer, load_tokenizer
 
 _SPILL_HEADER = struct.Struct("<QII")  # order hash, key bytes, token count
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from pipeline.errors import PipelineError
 
-BENCH_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
 
 
 def register(commands: argparse._SubParsersAction) -> None:

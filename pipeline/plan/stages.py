@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.config import StageSpec
 from pipeline.errors import ConfigError
-from pipeline.mixing import Mixture
+from pipeline.plan.mixing import Mixture
 
 
 @dataclass(frozen=True)

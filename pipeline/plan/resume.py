@@ -14,7 +14,7 @@ import logging
 
 from pipeline.config import DataConfig
 from pipeline.errors import LedgerError
-from pipeline.ledger import (
+from pipeline.plan.ledger import (
     Ledger,
     Segment,
     config_mapping,
@@ -22,7 +22,7 @@ from pipeline.ledger import (
     describe_diff,
     fingerprint_of,
 )
-from pipeline.plan import Plan
+from pipeline.plan.plan import Plan
 
 log = logging.getLogger("pipeline")
 

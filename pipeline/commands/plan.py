@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.audit import audit
-from pipeline.batch import FIELDS
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan, host_rows
-from pipeline.report import epoch_table, stage_rows
-from pipeline.store_summary import decode_preview
+from pipeline.plan.audit import audit
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.report import epoch_table, stage_rows
+from pipeline.store.summary import decode_preview
 
 MAX_PRINTED_VIOLATIONS = 50
 
@@ -289,7 +289,7 @@ def run_stages(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from pipeline.plot import plot_mixture  # matplotlib only when plotting
+    from pipeline.commands.plot import plot_mixture  # matplotlib only when plotting
 
     plan = load_plan(args.config, args.ledger)
     first, stop = args.steps

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.plan import Plan
-from pipeline.report import rollovers_between, stage_rows, target_shares
+from pipeline.plan.plan import Plan
+from pipeline.plan.report import rollovers_between, stage_rows, target_shares
 
 MAX_POINTS = 1500  # steps sampled for the realised share over long ranges
 

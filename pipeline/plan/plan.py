@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.batch import fields
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.layout import SourceLayout
-from pipeline.ledger import Ledger, Segment
-from pipeline.stages import StageTable
-from pipeline.store import TokenStore
+from pipeline.plan.batch import fields
+from pipeline.plan.layout import SourceLayout
+from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.stages import StageTable
+from pipeline.store.token_store import TokenStore
 
 
 @dataclass(frozen=True)

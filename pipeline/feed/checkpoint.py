@@ -34,10 +34,10 @@ from etils import epath
 from orbax.checkpoint import options as options_lib
 
 from pipeline.errors import FeedError, LedgerError
-from pipeline.feed import DataFeed
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan
-from pipeline.resume import reconcile
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
+from pipeline.plan.resume import reconcile
 
 log = logging.getLogger("pipeline")
 

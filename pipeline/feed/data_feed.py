@@ -1,7 +1,7 @@
 """The JAX feed: the plan's rows of each step as global `jax.Array`s sharded over a mesh.
 
     feed = DataFeed(load_config("data.yaml"), mesh, batch_axes=("data", "fsdp"))
-    for batch in feed:            # dict of the six MaxText fields (pipeline.batch.FIELDS)
+    for batch in feed:            # dict of the six MaxText fields (pipeline.plan.batch.FIELDS)
         state = train_step(state, batch)
 
 Every field of step `s` has global shape [global_batch_size, seq_len] and sharding
@@ -35,11 +35,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.batch import FIELDS
 from pipeline.config import DataConfig
 from pipeline.errors import FeedError, PipelineError, StoreError
-from pipeline.ledger import Ledger
-from pipeline.plan import Plan
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
 
 log = logging.getLogger("pipeline")
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.errors import ConfigError, StoreError
-from pipeline.schedule import WeightSchedule, parse_schedule
-from pipeline.store import TokenStore
+from pipeline.store.token_store import TokenStore
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
             "stages", "feed", "eval")  # fmt: skip

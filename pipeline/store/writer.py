@@ -21,7 +21,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from pipeline.errors import PrepareError
-from pipeline.store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
+from pipeline.store.token_store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
 
 # One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
-from pipeline.plan import Plan, host_rows
+from pipeline.plan.plan import Plan, host_rows
 
 UNBOUNDED_STEPS = 10**12  # Grain needs a length; runs are far shorter than this.
 

@@ -1,0 +1,7 @@
+"""The JAX layer: plans become global `jax.Array`s, and the data state an Orbax checkpoint item.
+
+`data_feed` reads host rows ahead of the step and assembles them into arrays sharded over the
+user's mesh; `eval_feed` does the same for held-out stores; `checkpoint` saves and restores the
+data state next to the model; `grain_source` offers host rows as a Grain `MapDataset`;
+`maxtext` plugs the feed into MaxText's trainer.
+"""

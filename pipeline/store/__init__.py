@@ -1,0 +1,12 @@
+"""The store layer: text in, token stores out, and the reader every other layer uses.
+
+`token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
+checksummed manifest); `writer` writes one atomically; `prepare` and `prepare_beam` tokenize
+corpora (`corpora`) with a tokenizer (`tokenizers`) into stores, placing documents by a keyed
+hash (`doc_order`) so both runners write byte-identical stores; `summary` describes one.
+Nothing here imports JAX, Orbax or Grain.
+"""
+
+from pipeline.store.token_store import TokenStore
+
+__all__ = ["TokenStore"]
