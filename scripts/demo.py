@@ -120,7 +120,7 @@ def check_against_uninterrupted(ledger: Ledger) -> None:
         expected = checksum(plan.batch(step)["inputs"])
         if record["checksum"] != expected:
             raise SystemExit(f"demo: step {step} trained on a different batch than planned")
-        if record["total_weights"] != config.global_batch_size * config.seq_len:
+        if record["total_weights"] != plan.batch_size(step) * config.seq_len:
             raise SystemExit(f"demo: step {step} had padding (total_weights)")
     steps = sorted({r["step"] for r in seen})
     if steps != list(range(LAST_STEP)):

@@ -184,7 +184,7 @@ def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> 
         "stage": "+".join(sorted({stages[int(s)].name for s in draws.stage})),
         "loss": loss,
         "total_weights": int(metrics["total_weights"]),
-        "tokens_per_s": config.global_batch_size * config.seq_len / seconds,
+        "tokens_per_s": len(draws.rows) * config.seq_len / seconds,
         "epochs": epochs,
         "checksum": int(metrics["checksum"]),
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import load_config
+from pipeline.config import DataConfig, load_config
 from pipeline.errors import ConfigError
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
@@ -141,7 +141,7 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
 def run_inspect(args: argparse.Namespace) -> int:
     plan = load_plan(args.config, args.ledger)
     config = plan.segment_at(args.step).config
-    batch = config.global_batch_size
+    batch = plan.batch_size(args.step)
     rows = list(range(batch)) if args.rows is None else args.rows
     bad = [r for r in rows if r >= batch]
     if bad:
@@ -152,7 +152,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(
         f"step {args.step}: ledger segment {draws.segment} (from step {seg.segment.start_step}), "
         f"{batch} rows x seq_len {config.seq_len}, {config.lanes} lanes of "
-        f"{config.rows_per_lane} rows"
+        f"{batch // config.lanes} rows"
     )
     header = f"{'row':>5} {'lane':>4}  {'stage':<14} {'source':<10} {'epoch':>5} "
     header += f"{'counter':>9} {'window':>7}  documents"
@@ -191,16 +191,13 @@ def run_dump(args: argparse.Namespace) -> int:
             f"--process-index {args.process_index} is not below --process-count "
             f"{args.process_count}"
         )
-    configs = {plan.segment_at(s).config.global_batch_size for s in (first, stop - 1)}
-    if len(configs) != 1 or any(
-        plan.segment(i).config.global_batch_size not in configs
-        for i in range(plan.ledger.segment_index(first), plan.ledger.segment_index(stop - 1) + 1)
-    ):
+    sizes = {plan.batch_size(step) for step in range(first, stop)}
+    if len(sizes) != 1:
         raise ConfigError(
-            f"--steps {first}:{stop} spans ledger segments with different global_batch_size; "
-            "dump each segment's steps separately"
+            f"--steps {first}:{stop} spans steps with different global batch sizes "
+            f"{sorted(sizes)}; dump the steps of each batch size separately"
         )
-    rows = host_rows(configs.pop(), args.process_index, args.process_count)
+    rows = host_rows(sizes.pop(), args.process_index, args.process_count)
     stacked: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
     for step in range(first, stop):
         batch = plan.batch(step, rows)
@@ -261,20 +258,29 @@ def run_stages(args: argparse.Namespace) -> int:
         f"{'seg':>3} {'stage':<14} {'start step':>12} {'end step':>16}  {'kind':<11} mix / epochs"
     )
     for index, segment in enumerate(plan.ledger.segments):
-        config = plan.segment(index).config
+        seg = plan.segment(index)
+        config = seg.config
+        anchoring = ""
+        if index:
+            anchoring = (
+                f"; stages from step {seg.anchor:,} "
+                f"(starts_at: {'run' if seg.anchor == 0 else 'switch'})"
+            )
         print(
             f"{index:>3} ledger segment from step {segment.start_step:,}: "
-            f"{', '.join(config.source_names)}; batch {config.global_batch_size}, "
-            f"{config.rows_per_lane} rows per lane, counters at start "
+            f"{', '.join(config.source_names)}; {describe_batch(config)}{anchoring}; "
+            "counters at start "
             + ", ".join(f"{k}={v:,}" for k, v in sorted(segment.counters.items()))
         )
         for row in (r for r in rows if r.segment == index):
             start = f"{row.start_step:,}" + (f" r{row.start_row}" if row.start_row else "")
+            if row.joined_at is not None:
+                start = f"{row.joined_at:,} ({start})"
             if row.end_step is None:
                 end = "open"
             else:
                 end = f"{row.end_step:,}"
-                if row.end_row != config.rows_per_lane:
+                if row.end_row != seg.rows_per_lane(row.end_step):
                     end += f" r{row.end_row}"
             if row.superseded_at is not None and (
                 row.end_step is None or row.end_step >= row.superseded_at
@@ -283,9 +289,19 @@ def run_stages(args: argparse.Namespace) -> int:
             print(f"{'':>3} {row.name:<14} {start:>12} {end:>16}  {row.kind:<11} {row.mix}")
     print(
         "end step = the step holding the stage's last row; 'rN' = the stage ends after N rows "
-        "of each lane (or starts at row N)"
+        "of each lane (or starts at row N); 'S (T)' = the run joined at switch step S a stage "
+        "that its config starts at T"
     )
     return 0
+
+
+def describe_batch(config: DataConfig) -> str:
+    """`batch 16, 4 rows per lane`, or the schedule: `batch 8 from step 0, 16 from step 50`."""
+    if not config.batch_is_scheduled:
+        batch = config.global_batch_size
+        return f"batch {batch}, {batch // config.lanes} rows per lane"
+    steps = ", ".join(f"{size} from step {step:,}" for step, size in config.batch_sizes)
+    return f"batch {steps} ({config.lanes} lanes)"
 
 
 def run_plot(args: argparse.Namespace) -> int:

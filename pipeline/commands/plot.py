@@ -86,10 +86,11 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
                 label=f"{name}: new epoch ({len(at)})",
             )
     for row in stage_rows(plan):
-        if start < row.start_step < stop or (row.start_step == start and start > 0):
-            ax.axvline(row.start_step, color="0.3", linestyle="--", linewidth=1)
+        at = row.start_step if row.joined_at is None else row.joined_at  # a switch into it
+        if start < at < stop or (at == start and start > 0):
+            ax.axvline(at, color="0.3", linestyle="--", linewidth=1)
             ax.text(
-                row.start_step,
+                at,
                 0.9,
                 f"{row.name} ",
                 rotation=90,
@@ -118,9 +119,10 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     ax.set_ylim(-0.02, top)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("share of the global batch")
-    batch = plan.config.global_batch_size
+    sizes = sorted({plan.batch_size(int(step)) for step in steps})
+    batch = f"batch {sizes[0]}" if len(sizes) == 1 else f"batch {sizes[0]}..{sizes[-1]}"
     ax.set_title(
-        f"{title}: target weight vs realised share per step (batch {batch})"
+        f"{title}: target weight vs realised share per step ({batch})"
         + (f", every {stride} steps" if stride > 1 else "")
     )
     ax.grid(alpha=0.25)

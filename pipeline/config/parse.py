@@ -2,13 +2,14 @@
 
     seed: 1234
     seq_len: 1024
-    global_batch_size: 64        # rows per optimizer step
+    global_batch_size: 64        # rows per optimizer step; or {step: {0: 64, 2000: 128}}
     grad_accum: 1                # micro-batches per optimizer step
     lanes: 1                     # canonical readers, fixed for a run (see docs/data-plan.md)
     sources:
       code: {path: ../data/python-code}     # relative to this file; $VARS are expanded
       docs: {path: ../data/python-docs}
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
+    starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
     feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
     eval:                        # optional held-out stores (prepare --eval-fraction)
       sources: {docs: {path: ../data/python-docs-eval}}
@@ -31,7 +32,8 @@ from pipeline.errors import ConfigError, StoreError
 from pipeline.store.token_store import TokenStore
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
-            "stages", "feed", "eval")  # fmt: skip
+            "stages", "starts_at", "feed", "eval")  # fmt: skip
+ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads")
 EVAL_KEYS = ("sources", "batches")
@@ -74,9 +76,12 @@ class FeedOptions:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """A validated data config. `batch_sizes` is the batch schedule: (step, rows) points, the
+    first at step 0, each size holding until the next point (one point: a constant batch)."""
+
     seed: int
     seq_len: int
-    global_batch_size: int
+    batch_sizes: tuple[tuple[int, int], ...]
     sources: tuple[SourceSpec, ...]
     stages: tuple[StageSpec, ...]
     grad_accum: int = 1
@@ -85,10 +90,26 @@ class DataConfig:
     origin: str = "<config>"
     eval_sources: tuple[SourceSpec, ...] = ()
     eval_batches: int | None = None
+    starts_at: str = "run"  # where a switched-to config's stages count from: "run" or "switch"
 
     @property
-    def rows_per_lane(self) -> int:
-        return self.global_batch_size // self.lanes
+    def batch_is_scheduled(self) -> bool:
+        return len(self.batch_sizes) > 1
+
+    @property
+    def global_batch_size(self) -> int:
+        """The batch of a config whose batch is constant (a schedule has no single one)."""
+        if self.batch_is_scheduled:
+            raise ConfigError(
+                f"{self.origin}: global_batch_size is a schedule "
+                f"({batch_schedule_json(self.batch_sizes)}); this use needs a constant batch"
+            )
+        return self.batch_sizes[0][1]
+
+    @property
+    def final_batch_size(self) -> int:
+        """The batch the schedule ends at (the batch itself when constant)."""
+        return self.batch_sizes[-1][1]
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -129,22 +150,57 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path = Path()) ->
             raise ConfigError(f"{origin}: missing required key '{key}'")
     seed = where.integer(raw.get("seed", 0), "seed", minimum=0)
     seq_len = where.integer(raw["seq_len"], "seq_len", minimum=1)
-    batch = where.integer(raw["global_batch_size"], "global_batch_size", minimum=1)
+    batches = _batch_sizes(raw["global_batch_size"], where)
     grad_accum = where.integer(raw.get("grad_accum", 1), "grad_accum", minimum=1)
     lanes = where.integer(raw.get("lanes", 1), "lanes", minimum=1)
-    for key, value in (("lanes", lanes), ("grad_accum", grad_accum)):
-        if batch % value:
-            raise ConfigError(
-                f"{origin}: global_batch_size {batch} is not divisible by {key} {value}"
-            )
+    for step, batch in batches:
+        at = "" if len(batches) == 1 else f" (the batch from step {step})"
+        for key, value in (("lanes", lanes), ("grad_accum", grad_accum)):
+            if batch % value:
+                raise ConfigError(
+                    f"{origin}: global_batch_size {batch}{at} is not divisible by {key} {value}"
+                )
+    starts_at = raw.get("starts_at", "run")
+    if starts_at not in ANCHORS:
+        raise where.fail("starts_at", f"expected 'run' or 'switch', got {starts_at!r}")
     sources = _sources(raw["sources"], where, base_dir)
     stages = _stages(raw, where, {s.name for s in sources})
     feed = _feed(raw.get("feed", {}), where)
     eval_sources, eval_batches = _eval(raw.get("eval"), where, base_dir)
     return DataConfig(
-        seed, seq_len, batch, sources, stages, grad_accum, lanes, feed, origin,
-        eval_sources, eval_batches,
+        seed, seq_len, batches, sources, stages, grad_accum, lanes, feed, origin,
+        eval_sources, eval_batches, starts_at,
     )  # fmt: skip
+
+
+def batch_schedule_json(batch_sizes: tuple[tuple[int, int], ...]) -> Any:
+    """The `global_batch_size` value that parses back to `batch_sizes` (an int if constant)."""
+    if len(batch_sizes) == 1:
+        return batch_sizes[0][1]
+    return {"step": {str(step): size for step, size in batch_sizes}}
+
+
+def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
+    """`global_batch_size`: rows per optimizer step, or `{step: {STEP: ROWS}}` from step 0."""
+    key = "global_batch_size"
+    if not isinstance(raw, dict):
+        return ((0, where.integer(raw, key, minimum=1)),)
+    if list(raw) != ["step"] or not isinstance(raw["step"], dict) or not raw["step"]:
+        raise where.fail(
+            key, f"expected rows per step or {{step: {{0: ROWS, STEP: ROWS, ...}}}}, got {raw!r}"
+        )
+    points = []
+    for step, size in raw["step"].items():
+        if isinstance(step, str) and step.isdigit():
+            step = int(step)  # JSON (a ledger) keeps mapping keys as strings
+        step = where.integer(step, f"{key}.step", minimum=0)
+        points.append((step, where.integer(size, f"{key}.step.{step}", minimum=1)))
+    steps = [step for step, _ in points]
+    if steps[0] != 0 or steps != sorted(set(steps)):
+        raise where.fail(
+            f"{key}.step", f"steps start at 0 and increase, got {steps} (the batch of step 0 first)"
+        )
+    return tuple(points)
 
 
 class _Where:

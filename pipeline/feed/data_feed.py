@@ -4,7 +4,8 @@
     for batch in feed:            # dict of the six MaxText fields (pipeline.plan.batch.FIELDS)
         state = train_step(state, batch)
 
-Every field of step `s` has global shape [global_batch_size, seq_len] and sharding
+Every field of step `s` has global shape [global_batch_size, seq_len] (the batch of step `s`
+when `global_batch_size` is a schedule: see "Batch-size schedules" below) and sharding
 `NamedSharding(mesh, PartitionSpec(batch_axes, None))`. With `grad_accum > 1` a field is
 [grad_accum, global_batch_size // grad_accum, seq_len], sharded `PartitionSpec(None,
 batch_axes, None)`: micro-batch g (`batch[k][g]`) holds rows `micro_batch_rows(..., g)` of the
@@ -20,6 +21,13 @@ Reading and host assembly run ahead in a thread pool: at most `prefetch` steps a
 each split into up to `threads` row chunks. The device transfer happens in the consumer's
 thread, in `next()`. The rows of a step are a pure function of (ledger, step, row), so the
 result never depends on depth, threads, timing or restart history; `seek` only moves the step.
+
+Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
+128}}`, or a ledger switch to another batch), the feed builds the step's arrays with the new
+global shape, and a `jax.jit`-compiled step function traces and compiles once more for that
+shape (once per distinct size, then cached). `feed.shape(step)` says the shape ahead of time,
+e.g. to compile every size before training. Every scheduled size is checked against the mesh
+when the feed is built, so a size the batch axes cannot split stops the run before step 0.
 """
 
 from __future__ import annotations
@@ -134,7 +142,8 @@ class DataFeed:
                 raise FeedError(f"DataFeed {name}: expected an integer >= 1, got {value!r}")
         self._check_axes()
         self._geometries: dict[tuple[int, int], _Geometry] = {}
-        self._geometry(self.config.global_batch_size, self.config.seq_len)  # fail early
+        for _, size in self.config.batch_sizes:  # every scheduled size, before any step
+            self._geometry(size, self.config.seq_len)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque[tuple[int, list[Future]]] = collections.deque()
         self._last: _Summary | None = None
@@ -249,8 +258,8 @@ class DataFeed:
             )
 
     def _geometry_at(self, step: int) -> _Geometry:
-        config = self._plan.segment_at(step).config
-        return self._geometry(config.global_batch_size, config.seq_len)
+        segment = self._plan.segment_at(step)
+        return self._geometry(segment.batch_size(step), segment.config.seq_len)
 
     def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
         key = (global_batch_size, seq_len)

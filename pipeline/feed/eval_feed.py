@@ -3,7 +3,8 @@
 An eval set is one held-out store (see `prepare --eval-fraction`). Its batches are the first
 `batches` steps of a one-source, one-lane plan over it: distinct windows of its epoch 0 in a
 fixed keyed order. Only full batches are used; the at most `global_batch_size - 1` windows
-(plus the tail tokens) past the last full batch are never evaluated, rather than padded.
+(plus the tail tokens) past the last full batch are never evaluated, rather than padded. When
+the training batch is a schedule, eval batches have the size it ends at (one shape to compile).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
     return DataConfig(
         seed=config.seed,
         seq_len=config.seq_len,
-        global_batch_size=config.global_batch_size,
+        batch_sizes=((0, config.final_batch_size),),
         sources=(source,),
         stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
         feed=config.feed,
@@ -48,12 +49,12 @@ class EvalFeed:
         self.name = source.name
         plan = Plan.from_config(eval_config(config, source))
         windows = plan.segment(0).layouts[source.name].windows_per_lane
-        available = windows // config.global_batch_size
+        available = windows // config.final_batch_size
         if available == 0:
             raise ConfigError(
                 f"{config.origin}: eval.sources.{source.name}: {windows} windows of "
                 f"{config.seq_len + 1} tokens do not fill one batch of "
-                f"{config.global_batch_size} rows; use a bigger eval store"
+                f"{config.final_batch_size} rows; use a bigger eval store"
             )
         self.batches = (
             available if config.eval_batches is None else min(config.eval_batches, available)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
+from pipeline.errors import ConfigError
 from pipeline.plan.plan import Plan, host_rows
 
 UNBOUNDED_STEPS = 10**12  # Grain needs a length; runs are far shorter than this.
@@ -49,6 +50,14 @@ def host_dataset(
     first_step: int = 0,
     num_steps: int = UNBOUNDED_STEPS,
 ) -> grain.MapDataset:
-    """This process's rows (an even split of the batch) as a `grain.MapDataset`."""
+    """This process's rows (an even split of the batch) as a `grain.MapDataset`.
+
+    A host's rows per step are fixed here, so a batch-size schedule is refused (use `DataFeed`).
+    """
+    if plan.config.batch_is_scheduled:
+        raise ConfigError(
+            f"{plan.config.origin}: global_batch_size is a schedule; host_dataset serves a fixed "
+            "number of rows per step, so use DataFeed, which follows the schedule"
+        )
     rows = host_rows(plan.config.global_batch_size, process_index, process_count)
     return grain.MapDataset.source(HostRowSource(plan, rows, first_step, num_steps))

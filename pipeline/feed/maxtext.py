@@ -292,6 +292,12 @@ def check_data_config(config: Any, data: DataConfig, batch: int) -> None:
             f"{where}: seq_len {data.seq_len} != MaxText max_target_length {seq}; set "
             f"seq_len: {seq} in the data config or max_target_length={data.seq_len} in MaxText"
         )
+    if data.batch_is_scheduled:
+        raise ConfigError(
+            f"{where}: global_batch_size is a schedule; the MaxText adapter serves MaxText's one "
+            f"global_batch_size_to_load ({batch}) and does not follow MaxText's own "
+            "enable_rampup_batch_size, so give a constant global_batch_size (docs/maxtext.md)"
+        )
     if data.global_batch_size != batch:
         raise ConfigError(
             f"{where}: global_batch_size {data.global_batch_size} != MaxText's global batch "
@@ -347,7 +353,7 @@ def _eval_iterator(
         )
     source = data.eval_sources[names.index(wanted)]
     batch = eval_batch_size(config, mesh, train_batch)
-    eval_data = dataclasses.replace(data, global_batch_size=batch)
+    eval_data = dataclasses.replace(data, batch_sizes=((0, batch),))
     return EvalIterator(EvalFeed(eval_data, source, mesh, axes))
 
 

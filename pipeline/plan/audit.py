@@ -119,24 +119,21 @@ def audit(
         batch = plan.read(draws)
         seg = plan.segment(draws.segment)
         config = seg.config
+        size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)
-        _check_padding(report, step, batch, config.global_batch_size, config.seq_len)
-        step_counts = (
-            default_process_counts(config.global_batch_size, config.lanes)
-            if counts is None
-            else counts
-        )
+        _check_padding(report, step, batch, size, config.seq_len)
+        step_counts = default_process_counts(size, config.lanes) if counts is None else counts
         for count in step_counts:
-            if not compatible(count, config.global_batch_size, config.lanes):
+            if not compatible(count, size, config.lanes):
                 raise ConfigError(
                     f"--process-count {count}: the plan at step {step} has global_batch_size "
-                    f"{config.global_batch_size} and {config.lanes} lanes; a process count must "
+                    f"{size} and {config.lanes} lanes; a process count must "
                     "divide the batch and divide or be divided by the lane count"
                 )
             host_plan = hosts.setdefault(count, Plan(plan.ledger))
             used_counts.add(count)
             for index in range(count):
-                rows = host_rows(config.global_batch_size, index, count)
+                rows = host_rows(size, index, count)
                 mine = host_plan.batch(step, rows)
                 for name in FIELDS:
                     if not np.array_equal(mine[name], batch[name][rows]):
@@ -154,7 +151,7 @@ def audit(
                 windows_per_lane.append(seg.layouts[name].windows_per_lane)
                 names.append(name)
             key[draws.source == s] = keys[ident]
-        lane_rows = draws.rows % config.rows_per_lane
+        lane_rows = draws.rows % seg.rows_per_lane(step)
         for column, values in enumerate(
             (
                 key,

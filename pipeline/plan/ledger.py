@@ -1,9 +1,14 @@
 """The ledger: the whole data state of a run, small enough to live in every checkpoint.
 
 A ledger is a list of segments. Each segment says: from `start_step` on, the data follows this
-resolved config, and each source had already been drawn `counters[name]` windows per lane. The
-first segment starts at step 0 with zero counters; a declared config switch appends one. With
-the step, the ledger determines every batch the run has seen or will see.
+resolved config, whose stages and schedules count steps from `stages_from` (0: laid out from the
+run's start, `starts_at: run`; `start_step`: from the switch, `starts_at: switch`), and each
+source had already been drawn `counters[name]` windows per lane. The first segment starts at
+step 0 with zero counters; a declared config switch appends one. With the step, the ledger
+determines every batch the run has seen or will see.
+
+Version 1 ledgers (before `stages_from`) laid every segment out from its own start; they are
+read with `stages_from = start_step`, which is what they meant.
 
 The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
 size, lanes, stages, and each source's store content), not store paths or feed options.
@@ -19,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig, parse_config
+from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
 
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 def config_mapping(config: DataConfig) -> dict[str, Any]:
@@ -29,7 +36,7 @@ def config_mapping(config: DataConfig) -> dict[str, Any]:
     return {
         "seed": config.seed,
         "seq_len": config.seq_len,
-        "global_batch_size": config.global_batch_size,
+        "global_batch_size": batch_schedule_json(config.batch_sizes),
         "grad_accum": config.grad_accum,
         "lanes": config.lanes,
         "sources": {s.name: {"path": str(s.path)} for s in config.sources},
@@ -54,6 +61,7 @@ class Segment:
     config: dict[str, Any]
     fingerprints: dict[str, str]
     counters: dict[str, int]
+    stages_from: int = 0  # the step the config's stages and schedules count from
 
     @property
     def order(self) -> dict[str, Any]:
@@ -61,7 +69,11 @@ class Segment:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint_of(self.order)
+        """What the ledger file records against edits: the data order, and the anchoring when
+        it is not the segment's own start (so version-1 segments keep their fingerprints)."""
+        if self.stages_from == self.start_step:
+            return fingerprint_of(self.order)
+        return fingerprint_of({**self.order, "stages_from": self.stages_from})
 
     def parsed(self, where: str) -> DataConfig:
         try:
@@ -75,6 +87,7 @@ class Segment:
             "config": self.config,
             "fingerprints": self.fingerprints,
             "counters": self.counters,
+            "stages_from": self.stages_from,
             "fingerprint": self.fingerprint,
         }
 
@@ -105,26 +118,29 @@ class Ledger:
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
-        if not isinstance(raw, dict) or raw.get("version") != LEDGER_VERSION:
-            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} ledger")
+        if not isinstance(raw, dict) or raw.get("version") not in READABLE_VERSIONS:
+            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} (or 1) ledger")
         segments = []
         for index, entry in enumerate(raw.get("segments") or []):
             try:
+                start = int(entry["start_step"])
                 segment = Segment(
-                    int(entry["start_step"]),
+                    start,
                     dict(entry["config"]),
                     dict(entry["fingerprints"]),
                     {k: int(v) for k, v in entry["counters"].items()},
+                    int(entry.get("stages_from", start)),
                 )
             except (KeyError, TypeError, ValueError) as error:
                 raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error
+            segments.append(segment)
+        _check_lined_up(segments, origin)
+        for index, (entry, segment) in enumerate(zip(raw["segments"], segments)):
             if entry.get("fingerprint") not in (None, segment.fingerprint):
                 raise LedgerError(
                     f"{origin}: segments[{index}] fingerprint does not match its content "
                     "(the ledger was edited)"
                 )
-            segments.append(segment)
-        _check_lined_up(segments, origin)
         return cls(tuple(segments))
 
     def save(self, path: str | Path) -> None:
@@ -173,6 +189,12 @@ def _check_lined_up(segments: list[Segment], origin: str) -> None:
             )
         if any(v < 0 for v in segment.counters.values()):
             raise LedgerError(f"{origin}: segments[{index}] has a negative counter")
+        if segment.stages_from not in (0, segment.start_step):
+            raise LedgerError(
+                f"{origin}: segments[{index}] lays its stages out from step "
+                f"{segment.stages_from}; only 0 (starts_at: run) or its start step "
+                f"{segment.start_step} (starts_at: switch) are possible"
+            )
 
 
 def describe_diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

@@ -16,7 +16,8 @@ half's share of the node's weight *at that row's step*. Then
 
 Schedules are constant after their horizon, so Omega and C are precomputed per node at the step
 boundaries of that finite prefix (cumulative sums), and any later position is answered with the
-constant tail in O(1).
+constant tail in O(1). Steps need not hold the same number of rows (a batch-size schedule): the
+prefix records where each step begins, and a position's step is found by bisection.
 """
 
 from __future__ import annotations
@@ -42,24 +43,25 @@ class Mixture:
     """Rows of each source among lane positions [0, p), for a weight matrix over steps.
 
     `weights` has shape [H, K]: relative weights for steps 0..H-1 (rows need not sum to 1 but
-    must not be all zero); `tail` [K] holds from step H on. `rows_per_step` lane positions make
-    a step.
+    must not be all zero); `tail` [K] holds from step H on. `step_rows` lane positions make a
+    step: one number, or one per step 0..H-1 (how many after H does not matter: the tail's
+    weights are constant).
     """
 
-    def __init__(self, weights: np.ndarray, tail: np.ndarray, rows_per_step: int) -> None:
+    def __init__(self, weights: np.ndarray, tail: np.ndarray, step_rows: int | np.ndarray) -> None:
         self.weights = np.asarray(weights, dtype=np.float64)
         self.tail = np.asarray(tail, dtype=np.float64)
-        self.rows_per_step = rows_per_step
         self.horizon = self.weights.shape[0]
         self.num_sources = self.tail.shape[0]
-        root_count = np.arange(self.horizon + 1, dtype=np.int64) * rows_per_step
+        rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (self.horizon,))
+        self.step_starts = np.concatenate([[0], np.cumsum(rows)])  # [H + 1]
         self._splits: list[_Split] = []
-        self._build(0, self.num_sources, root_count)
+        self._build(0, self.num_sources, self.step_starts)
 
     def counts(self, positions: np.ndarray) -> np.ndarray:
         """[..., K] rows of each source before each position."""
         positions = np.asarray(positions, dtype=np.int64)
-        step = np.minimum(positions // self.rows_per_step, self.horizon)
+        step = np.searchsorted(self.step_starts, positions, side="right") - 1
         received = {(0, self.num_sources): positions}
         for split in self._splits:
             count = received.pop((split.lo, split.hi))

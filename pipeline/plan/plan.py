@@ -5,10 +5,14 @@ Index vocabulary, used everywhere in this package:
     step            optimizer step, counted from the start of the run (0, 1, ...)
     micro-batch     one of `grad_accum` consecutive slices of a step's rows
     row             index of a row in the step's global batch, 0 .. global_batch_size - 1
+                    (the batch of that step, when `global_batch_size` is a schedule)
     lane            canonical reader; row r belongs to lane r // rows_per_lane, so a host
                     holding a contiguous block of rows serves whole lanes
-    lane position   (step - segment start) * rows_per_lane + r % rows_per_lane: the position
-                    of the row in its lane's sequence within a ledger segment
+    anchor          the step a segment's stages and schedules count from: 0 (the run's start,
+                    `starts_at: run`) or the segment's start step (`starts_at: switch`)
+    lane position   clock.position(step - anchor) + r % rows_per_lane, i.e. (step - anchor) *
+                    rows_per_lane + r % rows_per_lane with a constant batch: the position of
+                    the row in its lane's sequence as the segment's config lays it out
     counter         how many windows a lane has drawn from a source before this row (per run)
     epoch, window   counter // windows_per_lane, and the window's index in the lane's epoch
                     order (a keyed bijection of counter % windows_per_lane)
@@ -27,6 +31,7 @@ import numpy as np
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.batch import fields
+from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.stages import StageTable
@@ -51,11 +56,21 @@ class Draws:
 
 
 class SegmentPlan:
-    """The plan of one ledger segment: its config, source layouts and stage table."""
+    """The plan of one ledger segment: its config, source layouts and stage table.
+
+    The stage table lays the config out from the segment's anchor (`Segment.stages_from`), so
+    from its start step on the segment draws exactly the sources an uninterrupted run of its
+    config would. Counters are the run's: the table is offset so that at the segment's start
+    each source's counter is the one the ledger carried, and counts on from there (a table
+    anchored before the start holds meaningless counters before it, which nothing reads).
+    The layout is a pure function of the segment's entry in the ledger and its stores.
+    """
 
     def __init__(self, segment: Segment, config: DataConfig, stores: dict[str, TokenStore]):
         self.segment = segment
         self.config = config
+        self.anchor = segment.stages_from
+        self.clock = StepClock(config.batch_sizes, config.lanes)
         try:
             self.layouts = {
                 name: SourceLayout(name, stores[name], config.seed, config.seq_len, config.lanes)
@@ -63,25 +78,45 @@ class SegmentPlan:
             }
         except ConfigError as error:
             raise ConfigError(f"{config.origin}: {error}") from error
-        counters = np.array([segment.counters[name] for name in config.source_names])
-        self.table = StageTable(
-            config.stages,
-            config.source_names,
-            {name: layout.windows_per_lane for name, layout in self.layouts.items()},
-            config.rows_per_lane,
-            counters,
-            config.origin,
-        )
+        carried = np.array([segment.counters[name] for name in config.source_names])
+        windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
+
+        def table(counters: np.ndarray) -> StageTable:
+            return StageTable(
+                config.stages, config.source_names, windows, self.clock, counters, config.origin
+            )
+
+        self.table = table(carried)
+        if self.anchor != segment.start_step:  # continue the layout where it places the start
+            first = self.position_of(segment.start_step)
+            end = self.table.end
+            if end is not None and first >= end:
+                raise ConfigError(
+                    f"{config.origin}: the stages, laid out from step {self.anchor} "
+                    f"(starts_at: run), end at step {self._step_at(end - 1)}, before this "
+                    f"segment starts at step {segment.start_step}; make the last stage "
+                    "open-ended or longer, or use starts_at: switch"
+                )
+            self.table = table(2 * carried - self.table.counters(first))
+
+    def position_of(self, step: int) -> int:
+        """The lane position of the first row of `step` (an absolute step of the run)."""
+        return int(self.clock.position(step - self.anchor))
+
+    def batch_size(self, step: int) -> int:
+        return int(self.clock.rows_per_lane(step - self.anchor)) * self.config.lanes
+
+    def rows_per_lane(self, step: int) -> int:
+        return int(self.clock.rows_per_lane(step - self.anchor))
 
     def positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lane, lane position) of rows of a step."""
-        lane, in_lane = np.divmod(rows, self.config.rows_per_lane)
-        return lane, (step - self.segment.start_step) * self.config.rows_per_lane + in_lane
+        lane, in_lane = np.divmod(rows, self.rows_per_lane(step))
+        return lane, self.position_of(step) + in_lane
 
     def counters_at(self, step: int) -> dict[str, int]:
         """Each source's counter at the first row of `step`."""
-        position = (step - self.segment.start_step) * self.config.rows_per_lane
-        counters = self.table.counters(position)
+        counters = self.table.counters(self.position_of(step))
         return {name: int(c) for name, c in zip(self.config.source_names, counters)}
 
     def end_step(self) -> int | None:
@@ -89,7 +124,11 @@ class SegmentPlan:
         end = self.table.end
         if end is None:
             return None
-        return self.segment.start_step + -(-end // self.config.rows_per_lane)
+        return self._step_at(end - 1) + 1
+
+    def _step_at(self, position: int) -> int:
+        """The absolute step that holds a lane position."""
+        return self.anchor + int(self.clock.step_of(position))
 
 
 class Plan:
@@ -129,10 +168,14 @@ class Plan:
     def segment_at(self, step: int) -> SegmentPlan:
         return self.segment(self.ledger.segment_index(step))
 
+    def batch_size(self, step: int) -> int:
+        """Rows of the global batch of `step` (the config's batch schedule at that step)."""
+        return self.segment_at(step).batch_size(step)
+
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
         index = self.ledger.segment_index(step)
         plan = self.segment(index)
-        rows = np.arange(plan.config.global_batch_size) if rows is None else np.asarray(rows)
+        rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         epoch = np.empty_like(counter)

@@ -31,6 +31,7 @@ class StageRow:
     superseded_at: int | None  # a later ledger segment takes over at this step
     kind: str  # "steps N", "open-ended" or "epochs"
     mix: str
+    joined_at: int | None = None  # the run entered the stage here, at a switch, not at its start
 
 
 def segment_stop(plan: Plan, index: int) -> int | None:
@@ -42,35 +43,49 @@ def segment_stop(plan: Plan, index: int) -> int | None:
 
 
 def stage_rows(plan: Plan) -> list[StageRow]:
+    """Each segment's stages in absolute steps, from the one that holds the segment's start.
+
+    A run-anchored segment (`starts_at: run`) lays its config out from step 0, so its first
+    stage may have begun (in that layout) before the switch: it is listed with that start and
+    `joined_at` set to the switch step; stages that ended before the switch are not listed.
+    """
     out = []
     for index, segment in enumerate(plan.ledger.segments):
         seg = plan.segment(index)
-        rows_per_lane = seg.config.rows_per_lane
         superseded = segment_stop(plan, index) if index + 1 < len(plan.ledger.segments) else None
+        first = seg.position_of(segment.start_step)
         for k, stage in enumerate(seg.table.stages):
-            start_step = segment.start_step + stage.start // rows_per_lane
+            if stage.end is not None and stage.end <= first:
+                continue  # laid out, and over, before this segment began
+            start_step, start_row = _step_and_row(seg, stage.start)
             if superseded is not None and start_step >= superseded:
                 break
             end_step = end_row = None
             if stage.end is not None:
-                last = stage.end - 1
-                end_step = segment.start_step + last // rows_per_lane
-                end_row = last % rows_per_lane + 1
+                end_step, end_row = _step_and_row(seg, stage.end - 1)
+                end_row += 1
             out.append(
                 StageRow(
                     index,
                     k,
                     stage.spec.name,
                     start_step,
-                    stage.start % rows_per_lane,
+                    start_row,
                     end_step,
                     end_row,
                     superseded,
                     _kind(stage),
                     describe_mix(stage),
+                    segment.start_step if stage.start < first else None,
                 )
             )
     return out
+
+
+def _step_and_row(seg: SegmentPlan, position: int) -> tuple[int, int]:
+    """(absolute step, row inside each lane) of a lane position of a segment's layout."""
+    step = seg.anchor + int(seg.clock.step_of(position))
+    return step, position - seg.position_of(step)
 
 
 def _kind(stage: StageLayout) -> str:
@@ -100,7 +115,7 @@ def _num(value: float) -> str:
 def counters_at(seg: SegmentPlan, step: int) -> np.ndarray:
     """Every source's per-lane counter before the first row of `step` (clamped to the end)."""
     table = seg.table
-    position = (step - seg.segment.start_step) * seg.config.rows_per_lane
+    position = seg.position_of(step)
     if table.end is not None and position >= table.end:
         return StageTable._counters_in(table.stages[-1], np.array([table.end]))[0]
     return table.counters(position)
@@ -139,7 +154,7 @@ def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, in
             lo = mid
         else:
             hi = mid
-    draws = plan.draws(lo, np.arange(seg.config.rows_per_lane))
+    draws = plan.draws(lo, np.arange(seg.rows_per_lane(lo)))
     hit = np.flatnonzero(
         (np.asarray(draws.source_names)[draws.source] == name) & (draws.counter == counter)
     )
@@ -226,15 +241,14 @@ def target_shares(plan: Plan, steps: np.ndarray) -> dict[str, np.ndarray]:
     for i, step in enumerate(steps):
         index = plan.ledger.segment_index(int(step))
         seg = plan.segment(index)
-        rows_per_lane = seg.config.rows_per_lane
-        base = (int(step) - seg.segment.start_step) * rows_per_lane
-        positions = base + np.arange(rows_per_lane)
+        rows_per_lane = seg.rows_per_lane(int(step))
+        positions = seg.position_of(int(step)) + np.arange(rows_per_lane)
         stages = seg.table.stage_index(positions)
         for stage_index in np.unique(stages):
             stage = seg.table.stages[int(stage_index)]
             share = int(np.sum(stages == stage_index)) / rows_per_lane
             mixture = stage.mixture
-            local = (base - stage.origin) // rows_per_lane
+            local = int(step) - seg.anchor - stage.first_step
             weights = mixture.weights[local] if local < mixture.horizon else mixture.tail
             weights = weights / weights.sum()
             for column, weight in zip(stage.sources, weights):

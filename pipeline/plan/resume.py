@@ -5,7 +5,10 @@
 * Different and no switch declared: refuse with a readable diff.
 * Different and a switch declared: append a segment at the restored step that carries each
   surviving source's counter (same name, same store), so no window drawn before the switch is
-  drawn again in its epoch and none is skipped.
+  drawn again in its epoch and none is skipped. The new config's stages, schedules and batch
+  schedule count from the run's step 0 (`starts_at: run`, the default: the config describes
+  the whole run and the run continues wherever it places the switch step) or from the switch
+  step (`starts_at: switch`: a new curriculum that begins now).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pipeline.plan.ledger import (
     describe_diff,
     fingerprint_of,
 )
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import Plan, SegmentPlan
 
 log = logging.getLogger("pipeline")
 
@@ -37,7 +40,7 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
     order = data_order(mapping, fingerprints)
     ledger = plan.ledger
     last = ledger.last
-    if fingerprint_of(order) == last.fingerprint:
+    if fingerprint_of(order) == fingerprint_of(last.order):
         return ledger
     diff = describe_diff(last.order, order)
     if not switch:
@@ -63,12 +66,18 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
         for name in config.source_names
     }
     kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
-    switched = Ledger(kept).append(Segment(step, mapping, fingerprints, counters))
+    anchor = 0 if config.starts_at == "run" else step
+    segment = Segment(step, mapping, fingerprints, counters, anchor)
+    SegmentPlan(segment, config, stores)  # lays the switch out now: a config error names the file
+    switched = Ledger(kept).append(segment)
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
     log.info(
-        "ledger switch at step %d: %s changed; carried counters %s",
+        "ledger switch at step %d: %s changed; carried counters %s; stages laid out from step "
+        "%d (starts_at: %s)",
         step,
         ", ".join(changed),
         counters,
+        anchor,
+        config.starts_at,
     )
     return switched

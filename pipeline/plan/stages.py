@@ -1,8 +1,10 @@
 """Stages of one ledger segment laid out in lane positions, with each source's draw counter.
 
-A segment's lane positions count from its first step: position = step * rows_per_lane + row in
-lane. Stage k covers positions [start_k, end_k). A `steps: N` stage ends where its N-th step
-ends, counting the step that holds its first row as step 0. An epochized stage ends exactly when
+A segment's lane positions count from its anchor, the step its stages are laid out from (the
+run's step 0, or the switch step for `starts_at: switch`): the first row of step t is at
+`clock.position(t)` (t * rows_per_lane with a constant batch). Stage k covers positions
+[start_k, end_k). A `steps: N` stage ends where its N-th step ends, counting the step that
+holds its first row as step 0. An epochized stage ends exactly when
 its sources have drawn their epochs, which may be inside a step: the next stage starts at the
 next row. Inside a stage, a `Mixture` decides the source of each position, counting steps from
 the one that holds the stage's first row, so a schedule point at step S changes the first row
@@ -21,6 +23,7 @@ import numpy as np
 
 from pipeline.config import StageSpec
 from pipeline.errors import ConfigError
+from pipeline.plan.clock import StepClock
 from pipeline.plan.mixing import Mixture
 
 
@@ -33,10 +36,7 @@ class StageLayout:
     mixture: Mixture
     origin: int  # position of the stage's step 0 (start rounded down to a step)
     counters_at_start: np.ndarray  # [num sources of the segment]
-
-    @property
-    def first_step(self) -> int:
-        return self.origin // self.mixture.rows_per_step
+    first_step: int  # the step that holds the stage's first row (anchor-relative)
 
 
 class StageTable:
@@ -45,26 +45,30 @@ class StageTable:
         stages: tuple[StageSpec, ...],
         source_names: tuple[str, ...],
         windows_per_lane: dict[str, int],
-        rows_per_lane: int,
+        clock: StepClock,
         counters: np.ndarray,
         origin: str = "<config>",
     ) -> None:
         self.source_names = source_names
-        self.rows_per_lane = rows_per_lane
+        self.clock = clock
         self.stages: list[StageLayout] = []
         start = 0
         counters = np.asarray(counters, dtype=np.int64)
         for index, spec in enumerate(stages):
             sources = tuple(source_names.index(name) for name in spec.source_names)
-            stage_origin = start - start % rows_per_lane
+            first_step = int(clock.step_of(start))
+            stage_origin = int(clock.position(first_step))
             if spec.epochs is not None:
                 draws = np.array([reps * windows_per_lane[n] for n, reps in spec.epochs], float)
-                mixture = Mixture(np.zeros((0, len(sources))), draws, rows_per_lane)
+                mixture = Mixture(np.zeros((0, len(sources))), draws, 1)
                 end: int | None = start + int(draws.sum())
             else:
-                mixture = _scheduled_mixture(spec, rows_per_lane, f"{origin}: stages[{index}]")
-                end = None if spec.steps is None else stage_origin + spec.steps * rows_per_lane
-            layout = StageLayout(spec, start, end, sources, mixture, stage_origin, counters)
+                where = f"{origin}: stages[{index}]"
+                mixture = _scheduled_mixture(spec, clock, first_step, where)
+                end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
+            layout = StageLayout(
+                spec, start, end, sources, mixture, stage_origin, counters, first_step
+            )
             self.stages.append(layout)
             if end is None:
                 break
@@ -116,9 +120,10 @@ class StageTable:
         return out
 
 
-def _scheduled_mixture(spec: StageSpec, rows_per_lane: int, where: str) -> Mixture:
+def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where: str) -> Mixture:
+    """The stage's mixture over its own steps, whose rows per lane follow the batch schedule."""
     schedules = [schedule for _, schedule in spec.mix or ()]
-    horizon = max(schedule.horizon for schedule in schedules)
+    horizon = max(schedule.horizon for schedule in schedules)  # past it only omega's tail counts
     if spec.steps is not None:
         horizon = min(horizon, spec.steps)
     steps = np.arange(horizon + 1)
@@ -130,4 +135,5 @@ def _scheduled_mixture(spec: StageSpec, rows_per_lane: int, where: str) -> Mixtu
             f"{where}.mix: all weights are 0 at step {int(zero[0])} of stage '{spec.name}'; "
             "at least one source needs a positive weight at every step"
         )
-    return Mixture(weights[:-1], weights[-1], rows_per_lane)
+    rows = clock.rows_per_lane(first_step + steps[:-1])
+    return Mixture(weights[:-1], weights[-1], rows)
