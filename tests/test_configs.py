@@ -34,17 +34,41 @@ def workdir(tmp_path_factory) -> Path:
 def test_there_are_configs():
     names = {path.name for path in CONFIGS}
     assert {"default.yaml", "linear-warmup.yaml", "curriculum.yaml"} <= names
-    assert {"seeds01-main.yaml", "seeds01-task.yaml"} <= names
+    assert {"seeds01-main.yaml", "seeds01-task.yaml", "batch-ramp.yaml"} <= names
+
+
+def test_batch_ramp_grows_the_batch_and_keeps_epochs_exact(workdir):
+    plan = Plan.from_config(load_config(workdir / "batch-ramp.yaml"))
+    assert [plan.batch_size(step) for step in (0, 19, 20, 59, 60, 10**6)] == [8, 8, 16, 16, 32, 32]
+    report = audit(plan, 15, 65, process_counts=[1, 2, 4, 8])
+    assert report.ok, report.violations
+
+
+def test_the_demo_switch_continues_the_curriculum_where_the_run_is(workdir):
+    """configs/demo-switch.yaml at step 100 of a demo-curriculum.yaml run draws what an
+    uninterrupted demo-switch.yaml run draws from step 100 on (the docs ramp mid-way)."""
+    curriculum = Plan.from_config(load_config(workdir / "demo-curriculum.yaml"))
+    new = load_config(workdir / "demo-switch.yaml")
+    switched = Plan(reconcile(curriculum, new, 100, switch=True))
+    uninterrupted = Plan.from_config(new)
+    for step in range(100, 130):
+        assert switched.draws(step).source.tolist() == uninterrupted.draws(step).source.tolist()
+    main = stage_rows(switched)[-1]
+    assert (main.segment, main.name, main.joined_at) == (1, "main", 100)
+    draws = switched.draws(100)
+    assert 0 < int((draws.source == draws.source_names.index("docs")).sum()) < 16  # mid-ramp
+    report = audit(switched, 90, 130, process_counts=[2])
+    assert report.ok, report.violations
 
 
 @pytest.mark.parametrize("name", [path.name for path in CONFIGS])
 def test_every_config_plans_and_passes_the_audit(workdir, name):
     config = load_config(workdir / name)
-    assert config.global_batch_size <= 64 and config.seq_len <= 1024  # CPU-demo sized
+    assert config.final_batch_size <= 64 and config.seq_len <= 1024  # CPU-demo sized
     plan = Plan.from_config(config)
     report = audit(plan, 0, 24, process_counts=[2])
     assert report.ok, report.violations
-    assert report.rows_checked == 24 * config.global_batch_size
+    assert report.rows_checked == sum(plan.batch_size(step) for step in range(24))
     assert stage_rows(plan)
 
 

@@ -81,6 +81,43 @@ def test_grad_accum_adds_a_micro_batch_axis(tmp_path):
                     np.testing.assert_array_equal(np.asarray(batch[field][g]), expected[field])
 
 
+RAMP = {"step": {0: 4, 3: 8, 6: 16, 9: 8}}
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_a_batch_ramp_yields_each_steps_shape_and_resumes_at_any_step(tmp_path, grad_accum):
+    config = two_stage_config(tmp_path, global_batch_size=RAMP, grad_accum=grad_accum)
+    plan = Plan.from_config(config)
+    mesh = mesh_of((2,), ("data",))
+    sizes = [4, 4, 4, 8, 8, 8, 16, 16, 16, 8, 8]
+    with DataFeed(config, mesh, prefetch=3) as feed:
+        for step, size in enumerate(sizes):
+            shape = (size, 8) if grad_accum == 1 else (2, size // 2, 8)
+            assert feed.shape() == shape
+            batch = next(feed)
+            assert batch["inputs"].shape == shape
+            expected = plan.batch(step)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]).reshape(size, 8),
+                                              expected[field])  # fmt: skip
+        for step in (8, 0, 6, 3, 10, 10**5):  # a resumed run: any step, in any order
+            feed.seek(step)
+            assert_batch(
+                {k: np.asarray(v).reshape(-1, 8) for k, v in next(feed).items()},
+                plan.batch(step),
+            )
+
+
+def test_a_scheduled_batch_the_mesh_cannot_split_stops_before_step_0(tmp_path):
+    config = two_stage_config(tmp_path, global_batch_size={"step": {0: 8, 5: 12}})
+    with pytest.raises(
+        FeedError,
+        match=r"split the batch 8 ways, which does not divide "
+        r"global_batch_size \(12 rows",
+    ):
+        DataFeed(config, mesh_of((8,), ("data",)))  # fmt: skip
+
+
 def test_seek_is_a_jump_to_any_step(config):
     plan = Plan.from_config(config)
     with DataFeed(config, mesh_of((4,), ("data",)), prefetch=3) as feed:

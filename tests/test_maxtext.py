@@ -249,6 +249,14 @@ def test_mismatched_seq_len_or_batch_names_both_values(data_yaml, mesh):
         create_data_iterator(maxtext_config(data_yaml, global_batch_size_to_load=16), mesh)
 
 
+def test_a_batch_schedule_is_refused_with_one_line(tmp_path, mesh):
+    scheduled = write_data_yaml(tmp_path, "ramp.yaml", global_batch_size={"step": {0: 4, 5: 8}})
+    with pytest.raises(ConfigError) as error:
+        create_data_iterator(maxtext_config(scheduled), mesh)
+    message = str(error.value)
+    assert "ramp.yaml: global_batch_size is a schedule" in message and "\n" not in message
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -132,6 +132,25 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
         )
 
 
+@pytest.mark.parametrize(("processes", "devices"), [(1, 4), (2, 2), (4, 1)])
+def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, processes, devices):
+    ramp = {"step": {0: 4, 5: 8, 12: 16}}
+    raw = two_stage_raw(tmp_path / "stores", global_batch_size=ramp)
+    steps = [0, 4, 5, 11, 12, 30, 7]  # each reached by a seek, as a resumed run reaches it
+    task = {"kind": "checksums", "name": "ramp", "mesh": [[4], ["data"]],
+            "batch_axes": ["data"], "steps": steps}  # fmt: skip
+    codes = launch(tmp_path, raw, [task], processes, devices)
+    assert codes == [0] * processes, worker_output(tmp_path)
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    result = np.load(tmp_path / "ramp.npz")
+    for step in steps:
+        expected = plan.batch(step)
+        assert expected["inputs"].shape[0] == (4 if step < 5 else 8 if step < 12 else 16)
+        for field in FIELDS:
+            np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
+        np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
+
+
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -107,6 +107,11 @@ class DataConfig:
         return self.batch_sizes[0][1]
 
     @property
+    def rows_per_lane(self) -> int:
+        """Rows per lane of a constant batch (with a schedule: `SegmentPlan.rows_per_lane`)."""
+        return self.global_batch_size // self.lanes
+
+    @property
     def final_batch_size(self) -> int:
         """The batch the schedule ends at (the batch itself when constant)."""
         return self.batch_sizes[-1][1]
