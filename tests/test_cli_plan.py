@@ -14,6 +14,7 @@ from pipeline.config import load_config
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import first_draw
+from pipeline.plan.resume import reconcile
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"a": [[30, 50, 20], [40, 60]], "b": [[25, 35, 45, 55]]}
@@ -220,6 +221,27 @@ def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys):
     assert code == 0
     assert "ledger segment from step 0" in out and "ledger segment from step 20" in out
     assert "(19) switched" in out and "only-a" in out
+
+
+def test_stages_shows_where_a_run_anchored_switch_joins_the_new_layout(tmp_path, stores, capsys):
+    stages = [
+        {"name": "warm", "steps": 3, "mix": {"a": 1, "b": 1}},
+        {"name": "rest", "mix": {"a": {"linear": {0: 1, 40: 3}}, "b": 1}},
+    ]
+    plan = Plan.from_config(load_config(write_config(tmp_path, stores, stages=stages)))
+    (tmp_path / "new").mkdir()
+    stages[1]["mix"]["b"] = 2
+    ramp = {"step": {0: 8, 30: 16}}
+    config = write_config(tmp_path / "new", stores, stages=stages, global_batch_size=ramp)
+    reconcile(plan, load_config(config), 25, switch=True).save(tmp_path / "ledger.json")
+    code, out, _ = run(capsys, "stages", config, "--ledger", tmp_path / "ledger.json")
+    assert code == 0
+    header = next(line for line in out.splitlines() if "from step 25" in line)
+    assert "batch 8 from step 0, 16 from step 30 (2 lanes)" in header
+    assert "stages from step 0 (starts_at: run)" in header
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["rest"]]
+    assert rows[0][1:4] == ["3", "(24)", "switched"]
+    assert rows[1][1:4] == ["25", "(3)", "open"]  # joined at 25 the stage its config starts at 3
 
 
 def test_plot_writes_a_png(tmp_path, stores, capsys):

@@ -40,6 +40,14 @@ def test_there_are_configs():
 def test_batch_ramp_grows_the_batch_and_keeps_epochs_exact(workdir):
     plan = Plan.from_config(load_config(workdir / "batch-ramp.yaml"))
     assert [plan.batch_size(step) for step in (0, 19, 20, 59, 60, 10**6)] == [8, 8, 16, 16, 32, 32]
+    rows = {row.name: row for row in stage_rows(plan)}
+    assert (rows["warmup"].end_step, rows["docs-epoch"].start_step) == (29, 30)  # 30 steps
+    docs = plan.segment(0).layouts["docs"].windows_per_lane
+    drawn = 0
+    for step in range(30, rows["docs-epoch"].end_step + 1):
+        draws = plan.draws(step)
+        drawn += int(((draws.source == 1) & (draws.lane == 0) & (draws.stage == 1)).sum())
+    assert drawn == docs  # one docs epoch, at 4 and then 8 rows per lane
     report = audit(plan, 15, 65, process_counts=[1, 2, 4, 8])
     assert report.ok, report.violations
 
