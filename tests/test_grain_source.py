@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pipeline.config import parse_config
+from pipeline.errors import ConfigError
 from pipeline.feed.grain_source import host_dataset
 from pipeline.plan.plan import Plan, host_rows
 from tests.storegen import write_synthetic_store
 
 
-def make_plan(tmp_path) -> Plan:
+def make_plan(tmp_path, batch=4) -> Plan:
     write_synthetic_store(tmp_path / "a", [[40, 13, 22], [31, 9]])
     write_synthetic_store(tmp_path / "b", [[17, 50], [12, 12, 12]])
     raw = {
-        "seed": 5, "seq_len": 6, "global_batch_size": 4, "lanes": 2,
+        "seed": 5, "seq_len": 6, "global_batch_size": batch, "lanes": 2,
         "sources": {"a": {"path": str(tmp_path / "a")}, "b": {"path": str(tmp_path / "b")}},
         "mix": {"a": 2, "b": 1},
     }  # fmt: skip
-    return Plan.from_config(parse_config(raw))
+    return Plan.from_config(parse_config(raw, origin="grain.yaml"))
+
+
+def test_a_batch_schedule_is_refused_in_favour_of_the_feed(tmp_path):
+    plan = make_plan(tmp_path, batch={"step": {0: 4, 3: 8}})
+    with pytest.raises(ConfigError, match=r"^grain\.yaml: global_batch_size is a schedule; "):
+        host_dataset(plan)
 
 
 def test_map_dataset_elements_are_the_hosts_rows_in_step_order(tmp_path):

@@ -279,3 +279,15 @@ def test_bad_batch_schedules_are_refused_naming_the_key(tmp_path, value, extra, 
     raw = raw_config(tmp_path, global_batch_size=value, mix={"s0": 1}, **extra)
     with pytest.raises(ConfigError, match=f"^ramp.yaml: {message}"):
         parse_config(raw, origin="ramp.yaml")
+
+
+def test_a_host_count_must_divide_every_scheduled_size_before_any_step_is_checked(tmp_path):
+    stores = write_stores(tmp_path)
+    raw = raw_config(stores, global_batch_size={"step": {0: 8, 30: 10}}, mix={"s0": 1})
+    plan = Plan.from_config(parse_config(raw, origin="ramp.yaml"))
+    assert audit(plan, 0, 30, process_counts=[4]).ok
+    with pytest.raises(
+        ConfigError,
+        match="--process-count 4: the plan at step 30 has global_batch_size 12 and 2 lanes",
+    ):
+        audit(plan, 0, 31, process_counts=[4])  # fmt: skip

@@ -112,6 +112,15 @@ def audit(
     # key, lane, epoch, window, step, row in lane, counter: one entry per drawn row
     columns: list[list[np.ndarray]] = [[] for _ in range(7)]
     used_counts: set[int] = set()
+    for step in range(start, stop) if counts else ():  # every count against every size, first
+        size, lanes = plan.batch_size(step), plan.segment_at(step).config.lanes
+        for count in counts:
+            if not compatible(count, size, lanes):
+                raise ConfigError(
+                    f"--process-count {count}: the plan at step {step} has global_batch_size "
+                    f"{size} and {lanes} lanes; a process count must divide the batch (every "
+                    "scheduled size) and divide or be divided by the lane count"
+                )
     for step in tqdm(
         range(start, stop), desc="verify", unit="step", disable=not progress, file=sys.stderr
     ):
@@ -124,12 +133,6 @@ def audit(
         _check_padding(report, step, batch, size, config.seq_len)
         step_counts = default_process_counts(size, config.lanes) if counts is None else counts
         for count in step_counts:
-            if not compatible(count, size, config.lanes):
-                raise ConfigError(
-                    f"--process-count {count}: the plan at step {step} has global_batch_size "
-                    f"{size} and {config.lanes} lanes; a process count must "
-                    "divide the batch and divide or be divided by the lane count"
-                )
             host_plan = hosts.setdefault(count, Plan(plan.ledger))
             used_counts.add(count)
             for index in range(count):
