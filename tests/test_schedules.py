@@ -288,6 +288,6 @@ def test_a_host_count_must_divide_every_scheduled_size_before_any_step_is_checke
     assert audit(plan, 0, 30, process_counts=[4]).ok
     with pytest.raises(
         ConfigError,
-        match="--process-count 4: the plan at step 30 has global_batch_size 12 and 2 lanes",
+        match="--process-count 4: the plan at step 30 has global_batch_size 10 and 2 lanes",
     ):
         audit(plan, 0, 31, process_counts=[4])  # fmt: skip
