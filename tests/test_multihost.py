@@ -155,9 +155,10 @@ def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_crashes_and_host_count_changes_do_not_change_a_single_batch(tmp_path):
+@pytest.mark.parametrize("batch", [8, {"step": {0: 4, 12: 8, 20: 16}}], ids=["fixed", "ramp"])
+def test_crashes_and_host_count_changes_do_not_change_a_single_batch(tmp_path, batch):
     total, every = 30, 4
-    raw = two_stage_raw(tmp_path / "stores")
+    raw = two_stage_raw(tmp_path / "stores", global_batch_size=batch)
     plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
     stages = {int(s) for step in range(total) for s in plan.draws(step).stage}
     epochs = {int(e) for step in range(total) for e in plan.draws(step).epoch}

@@ -202,9 +202,7 @@ def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
         points.append((step, where.integer(size, f"{key}.step.{step}", minimum=1)))
     steps = [step for step, _ in points]
     if steps[0] != 0 or steps != sorted(set(steps)):
-        raise where.fail(
-            f"{key}.step", f"steps start at 0 and increase, got {steps} (the batch of step 0 first)"
-        )
+        raise where.fail(f"{key}.step", f"steps start at 0 and increase, got {steps}")
     return tuple(points)
 
 

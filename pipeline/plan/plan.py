@@ -103,11 +103,12 @@ class SegmentPlan:
         """The lane position of the first row of `step` (an absolute step of the run)."""
         return int(self.clock.position(step - self.anchor))
 
-    def batch_size(self, step: int) -> int:
-        return int(self.clock.rows_per_lane(step - self.anchor)) * self.config.lanes
-
     def rows_per_lane(self, step: int) -> int:
+        """Rows per lane of `step` (the batch schedule's, counted from the anchor)."""
         return int(self.clock.rows_per_lane(step - self.anchor))
+
+    def batch_size(self, step: int) -> int:
+        return self.rows_per_lane(step) * self.config.lanes
 
     def positions(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lane, lane position) of rows of a step."""

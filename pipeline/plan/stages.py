@@ -4,11 +4,10 @@ A segment's lane positions count from its anchor, the step its stages are laid o
 run's step 0, or the switch step for `starts_at: switch`): the first row of step t is at
 `clock.position(t)` (t * rows_per_lane with a constant batch). Stage k covers positions
 [start_k, end_k). A `steps: N` stage ends where its N-th step ends, counting the step that
-holds its first row as step 0. An epochized stage ends exactly when
-its sources have drawn their epochs, which may be inside a step: the next stage starts at the
-next row. Inside a stage, a `Mixture` decides the source of each position, counting steps from
-the one that holds the stage's first row, so a schedule point at step S changes the first row
-of step S.
+holds its first row as step 0. An epochized stage ends exactly when its sources have drawn
+their epochs, which may be inside a step: the next stage starts at the next row. Inside a
+stage, a `Mixture` decides the source of each position, counting steps from the one that holds
+the stage's first row, so a schedule point at step S changes the first row of step S.
 
 A source's *counter* is how many windows one lane has drawn from it so far in the run; it
 carries across stages (and, through the ledger, across segments), which is what makes epochs
