@@ -242,6 +242,10 @@ def test_stages_shows_where_a_run_anchored_switch_joins_the_new_layout(tmp_path,
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["rest"]]
     assert rows[0][1:4] == ["3", "(24)", "switched"]
     assert rows[1][1:4] == ["25", "(3)", "open"]  # joined at 25 the stage its config starts at 3
+    png = tmp_path / "switch.png"
+    code, _, _ = run(capsys, "plot", config, "--ledger", tmp_path / "ledger.json",
+                     "--steps", "0:40", "--out", png)  # fmt: skip
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_writes_a_png(tmp_path, stores, capsys):
