@@ -109,6 +109,15 @@ def test_dump_writes_host_rows_equal_to_the_plan(tmp_path, stores, capsys):
         np.testing.assert_array_equal(joined, whole["targets"])
 
 
+def test_dump_of_a_batch_ramp_takes_one_batch_size_at_a_time(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores, global_batch_size={"step": {0: 4, 5: 8}})
+    out = tmp_path / "ramp.npz"
+    code, _, err = run(capsys, "dump", config, "--steps", "3:7", "--out", out)
+    assert code == 2 and "different global batch sizes [4, 8]" in err
+    code, _, _ = run(capsys, "dump", config, "--steps", "5:7", "--out", out)
+    assert code == 0 and np.load(out)["inputs"].shape == (2, 8, 8)
+
+
 def test_dump_rejects_a_process_index_out_of_range(tmp_path, stores, capsys):
     config = write_config(tmp_path, stores)
     code, _, err = run(
