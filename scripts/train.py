@@ -8,6 +8,11 @@ with simulated CPU devices), or one process per TPU VM worker (`tpu/run.sh`: JAX
 slice by itself). Model and data state are saved together in one Orbax CheckpointManager step;
 `--resume` restores both from the latest complete checkpoint, and `--switch-data` declares that
 `--data-config` differs from the checkpoint's on purpose (a ledger switch).
+
+`--checkpoint-dir` and `--data-config` may be URLs (gs://bucket/run): Orbax writes there
+natively and they are never turned into local paths. SIGTERM (a TPU preemption notice, or
+tpu/stop.sh) makes every process save at the same step, then exit with status 75
+(EX_TEMPFAIL: resume with --resume).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,11 +34,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 log = logging.getLogger("pipeline")
 
+PREEMPTED = 75  # exit status after a preemption checkpoint: EX_TEMPFAIL, "try again"
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data-config", required=True, type=Path)
-    p.add_argument("--checkpoint-dir", required=True, type=Path)
+    p.add_argument("--data-config", required=True, help="a path or a URL (gs://...)")
+    p.add_argument("--checkpoint-dir", required=True, help="a path or a URL (gs://...)")
     p.add_argument("--steps", type=int, default=200, help="train until this step")
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=0, help="0: no eval")
@@ -49,8 +57,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def location(value: str) -> str:
+    """A URL as given (Orbax and etils.epath read gs:// natively); a local path made absolute."""
+    from pipeline.urls import is_url
+
+    return value if is_url(value) else str(Path(value).resolve())
+
+
+class PreemptionNotice:
+    """Whether to save and stop after a step, decided at the same step on every process.
+
+    Under `jax.distributed`, JAX's preemption service owns SIGTERM (the notice a TPU VM gets
+    before it is reclaimed) and agrees on a step with every process; Orbax exposes it as
+    `CheckpointManager.reached_preemption`, which must be asked at every step. A process
+    without `jax.distributed` records SIGTERM itself.
+    """
+
+    def __init__(self, manager, distributed: bool) -> None:
+        self.manager = manager
+        self.signalled = False
+        if not distributed:
+            signal.signal(signal.SIGTERM, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.signalled = True
+
+    def reached(self, step: int) -> bool:
+        return self.signalled or self.manager.reached_preemption(step)
+
+
 def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
-    """Start `--num-processes` copies of this script on localhost and wait for all of them."""
+    """Start `--num-processes` copies of this script on localhost and wait for all of them.
+
+    SIGTERM and SIGINT are passed on to every child, so a preemption notice reaches them all.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -71,6 +111,14 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
         )
         for i in range(args.num_processes)
     ]
+
+    def forward(signum: int, frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
         codes = [child.wait() for child in children]
     finally:
@@ -80,16 +128,20 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
     return next((code for code in codes if code), 0)
 
 
-def initialize(args: argparse.Namespace) -> None:
+def initialize(args: argparse.Namespace) -> bool:
+    """Start jax.distributed where there is more than this process; True if it was started."""
     import jax
 
     if args.process_id is not None:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    elif os.environ.get("JAX_PLATFORMS", "").startswith("tpu"):
+        return True
+    if os.environ.get("JAX_PLATFORMS", "").startswith("tpu"):
         jax.distributed.initialize()  # a TPU VM slice describes itself
+        return True
+    return False
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, distributed: bool = False) -> int:
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -112,7 +164,9 @@ def train(args: argparse.Namespace) -> int:
     params = jax.device_put(init_params(model, jax.random.key(config.seed)), replicated)
     state = {"params": params, "opt_state": jax.device_put(tx.init(params), replicated)}
     options = ocp.CheckpointManagerOptions(max_to_keep=3, enable_async_checkpointing=True)
-    manager = ocp.CheckpointManager(args.checkpoint_dir.resolve(), options=options)
+    checkpoint_dir = location(args.checkpoint_dir)
+    manager = ocp.CheckpointManager(checkpoint_dir, options=options)
+    notice = PreemptionNotice(manager, distributed)
     if args.resume and manager.latest_step() is not None:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
         restored = manager.restore(
@@ -123,7 +177,7 @@ def train(args: argparse.Namespace) -> int:
             ),
         )
         state = restored.state
-        log.info("resumed at step %d from %s", feed.step, args.checkpoint_dir)
+        log.info("resumed at step %d from %s", feed.step, checkpoint_dir)
     elif args.switch_data:
         raise SystemExit("error: --switch-data needs --resume and a checkpoint to switch from")
     step_fn = make_train_step(model, tx)
@@ -131,6 +185,7 @@ def train(args: argparse.Namespace) -> int:
     evals = eval_feeds(config, mesh) if args.eval_every else []
     params, opt_state = state["params"], state["opt_state"]
     metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
+    preempted = False
     try:
         while feed.step < args.steps:
             step = feed.step
@@ -150,15 +205,23 @@ def train(args: argparse.Namespace) -> int:
                 if metrics_file:
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
-            if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            done = step + 1
+            preempted = notice.reached(done)  # every process asks at every step
+            if preempted or done % args.save_every == 0 or done == args.steps:
                 manager.save(
-                    step + 1,
+                    done,
                     args=ocp.args.Composite(
                         state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
                         data=DataSave(feed),
                     ),
+                    force=preempted,
                 )
+            if preempted:
+                break
         manager.wait_until_finished()
+        if preempted:
+            log.info("preempted: saved step %d to %s; resume with --resume", done, checkpoint_dir)
+            return PREEMPTED
     finally:
         if metrics_file:
             metrics_file.close()
@@ -215,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.errors import PipelineError
 
     try:
-        initialize(args)
-        return train(args)
+        return train(args, distributed=initialize(args))
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code

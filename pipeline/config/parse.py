@@ -30,6 +30,7 @@ import yaml
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.errors import ConfigError, StoreError
 from pipeline.store.token_store import TokenStore
+from pipeline.urls import is_url, read_text
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
             "stages", "starts_at", "feed", "eval")  # fmt: skip
@@ -135,17 +136,21 @@ class DataConfig:
 
 
 def load_config(path: str | Path) -> DataConfig:
-    path = Path(path)
+    """Read a config from a local path or a URL (`gs://bucket/run.yaml`, never made local)."""
+    url = is_url(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = read_text(str(path)) if url else Path(path).read_text()
+        raw = yaml.safe_load(text)
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read the data config: {error.strerror}") from error
+        why = error.strerror or str(error)
+        raise ConfigError(f"{path}: cannot read the data config: {why}") from error
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from error
-    return parse_config(raw, origin=str(path), base_dir=path.parent)
+    return parse_config(raw, origin=str(path), base_dir=None if url else Path(path).parent)
 
 
-def parse_config(raw: Any, origin: str = "<config>", base_dir: Path = Path()) -> DataConfig:
+def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Path()) -> DataConfig:
+    """`base_dir` anchors relative store paths; None (a config read from a URL) refuses them."""
     where = _Where(origin)
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: a data config is a mapping, got {type(raw).__name__}")
@@ -240,7 +245,7 @@ class _Where:
 
 
 def _sources(
-    raw: Any, where: _Where, base_dir: Path, parent: str = "sources"
+    raw: Any, where: _Where, base_dir: Path | None, parent: str = "sources"
 ) -> tuple[SourceSpec, ...]:
     sources = []
     for name, entry in where.mapping(raw, parent).items():
@@ -255,7 +260,20 @@ def _sources(
         path = os.path.expandvars(entry["path"])
         if "$" in path:
             raise where.fail(f"{key}.path", f"unset environment variable in {entry['path']!r}")
-        sources.append(SourceSpec(name, (base_dir / path).resolve()))
+        if is_url(path):
+            raise where.fail(
+                f"{key}.path",
+                f"{path!r} is a URL, but token stores are read through the local filesystem: "
+                "mount the bucket (gcsfuse, e.g. tpu/install.sh --gcsfuse-bucket) and give the "
+                "mounted path",
+            )
+        if base_dir is None and not os.path.isabs(path):
+            raise where.fail(
+                f"{key}.path",
+                f"relative path {path!r} in a config read from a URL; give an absolute path "
+                "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
+            )
+        sources.append(SourceSpec(name, ((base_dir or Path()) / path).resolve()))
     return tuple(sorted(sources, key=lambda s: s.name))
 
 
@@ -313,7 +331,9 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     )
 
 
-def _eval(raw: Any, where: _Where, base_dir: Path) -> tuple[tuple[SourceSpec, ...], int | None]:
+def _eval(
+    raw: Any, where: _Where, base_dir: Path | None
+) -> tuple[tuple[SourceSpec, ...], int | None]:
     if raw is None:
         return (), None
     where.keys(where.mapping(raw, "eval"), EVAL_KEYS, "eval")
