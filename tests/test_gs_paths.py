@@ -1,0 +1,61 @@
+"""A gs:// location is never turned into a local path (Path("gs://b/x") is "gs:/b/x")."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError
+from pipeline.urls import is_url
+
+ROOT = Path(__file__).resolve().parent.parent
+RAW = {"seq_len": 8, "global_batch_size": 2, "mix": {"web": 1}}
+
+
+def trainer():
+    spec = importlib.util.spec_from_file_location("train", ROOT / "scripts" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/ckpt/run-1", "s3://b/x", "gs://b"])
+def test_the_trainer_keeps_a_checkpoint_url_as_given(url):
+    assert trainer().location(url) == url
+
+
+def test_the_trainer_makes_a_local_checkpoint_dir_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert trainer().location("runs/x") == str(tmp_path / "runs" / "x")
+
+
+@pytest.mark.parametrize("text", ["gs://b/x", "gs:/b/x", "s3://b", Path("gs://b/x")])
+def test_urls_and_their_path_mangled_form_are_recognised(text):
+    assert is_url(text)
+
+
+@pytest.mark.parametrize("text", ["/mnt/data", "runs/gs", "C:/x", "./gs:x"])
+def test_local_paths_are_not_urls(text):
+    assert not is_url(text)
+
+
+@pytest.mark.parametrize("path", ["gs://bucket/stores/web", "${DATA}/web"])
+def test_a_store_url_is_refused_by_name_not_made_local(path, monkeypatch):
+    monkeypatch.setenv("DATA", "gs://bucket/stores")
+    with pytest.raises(ConfigError) as error:
+        parse_config({**RAW, "sources": {"web": {"path": path}}}, origin="run.yaml")
+    message = str(error.value)
+    assert message.startswith("run.yaml: sources.web.path: 'gs://bucket/stores/web' is a URL")
+    assert "gcsfuse" in message and "gs:/bucket" not in message.replace("gs://", "")
+
+
+def test_a_config_read_from_a_url_needs_absolute_store_paths():
+    with pytest.raises(ConfigError, match=r"sources\.web\.path: relative path 'web'"):
+        parse_config({**RAW, "sources": {"web": {"path": "web"}}}, "gs://b/c.yaml", None)
+    config = parse_config(
+        {**RAW, "sources": {"web": {"path": "/mnt/data/web"}}}, "gs://b/c.yaml", None
+    )
+    assert config.sources[0].path == Path("/mnt/data/web")
