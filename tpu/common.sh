@@ -9,7 +9,9 @@
 # Commands. Every gcloud (and local) command goes through `run`: with --dry-run it prints
 # the command, shell-quoted so it can be pasted, one per line on stdout, and runs nothing;
 # otherwise it echoes "+ command" on stderr and runs it. Everything else a script says goes
-# to stderr, so the stdout of --dry-run is exactly the list of commands.
+# to stderr, so the stdout of --dry-run is exactly the list of commands. A read-only query
+# whose answer steers the script (`query`, e.g. describe) is printed the same way and answers
+# "unknown" in a dry run, so the dry run shows the path a fresh slice takes.
 #
 # Written for bash >= 3.2 (the macOS /bin/bash): no associative arrays, no mapfile.
 
@@ -18,7 +20,9 @@ set -euo pipefail
 # Every key an env file may set (all scripts share one env file, so each accepts all keys).
 TPU_KNOWN_KEYS="TPU_NAME TPU_PROJECT TPU_ZONE TPU_ACCELERATOR_TYPE TPU_RUNTIME_VERSION \
 TPU_QUEUED TPU_CAPACITY TPU_SOURCE TPU_REPO TPU_REF TPU_REMOTE_DIR TPU_PYTHON TPU_DATA \
-TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER"
+TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER TPU_WAIT TPU_POLL_SECONDS TPU_JAX_VERSION \
+TPU_GCSFUSE_BUCKET TPU_MOUNT_POINT TPU_LOG_URI TPU_SYNC_SECONDS TPU_FOREGROUND TPU_GRACE_SECONDS \
+TPU_MAX_RESTARTS"
 
 DRY_RUN=0
 EXTRA_ARGS=()   # the words after `--`
@@ -181,7 +185,8 @@ check_common() {
   check TPU_NAME '^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$' \
     'a valid TPU name (lowercase letters, digits and hyphens, starting with a letter)'
   check TPU_PROJECT '^[a-z][-a-z0-9.:]{2,}[a-z0-9]$' 'a valid project id (e.g. my-project)'
-  check TPU_ZONE '^[a-z]+-[a-z]+[0-9]+-[a-z]$' 'a valid zone (e.g. us-central2-b)'
+  # region-zone: us-central2-b, europe-west4-a, northamerica-northeast1-c, us-south1-ai1b
+  check TPU_ZONE '^[a-z]+(-[a-z]+)+[0-9]+-[a-z][a-z0-9]*$' 'a valid zone (e.g. us-west4-a)'
 }
 
 # Shell-quote one word so that a POSIX shell reads it back unchanged.
@@ -226,10 +231,58 @@ run() {
   "$@"
 }
 
+# query VAR CMD...: run a read-only command and put its stdout (trimmed) in VAR; its status
+# is the command's. In a dry run it is printed like `run` and answers "" with status 1.
+query() {
+  local var=$1 out status=0
+  shift
+  if ((DRY_RUN)); then
+    quote_cmd "$@"
+    printf '\n'
+    printf -v "$var" '%s' ""
+    return 1
+  fi
+  printf '+ %s\n' "$(quote_cmd "$@")" >&2
+  out=$("$@") || status=$?
+  out="${out#"${out%%[![:space:]]*}"}"
+  printf -v "$var" '%s' "${out%"${out##*[![:space:]]}"}"
+  return "$status"
+}
+
+# tpu_state VAR: the state of the queued resource (TPU_QUEUED=1) or of the TPU VM, "" if
+# it does not exist (or in a dry run).
+tpu_state() {
+  local kind=tpu-vm field=state
+  if ((${TPU_QUEUED:-0})); then
+    kind=queued-resources
+    field=state.state
+  fi
+  query "$1" gcloud compute tpus "$kind" describe "$TPU_NAME" --zone="$TPU_ZONE" \
+    --project="$TPU_PROJECT" --format="value($field)" || printf -v "$1" '%s' ""
+}
+
+# gcloud copies to several workers at once (scp --worker=all) only with the TPU ssh key in
+# ssh-agent: check it before anything is copied, and say the one-line fix.
+need_ssh_agent() {
+  ((DRY_RUN)) && return 0
+  local key="$HOME/.ssh/google_compute_engine" fingerprint fix
+  fix="eval \"\$(ssh-agent -s)\" && ssh-add $key"
+  [[ -f $key.pub ]] || die "no TPU ssh key $key yet: create it with 'gcloud compute tpus tpu-vm ssh $TPU_NAME --zone=$TPU_ZONE --project=$TPU_PROJECT --worker=0 --command=true', then run: $fix"
+  fingerprint=$(ssh-keygen -lf "$key.pub" | awk '{print $2}')
+  ssh-add -l 2>/dev/null | grep -qF "$fingerprint" ||
+    die "gcloud copies to all workers only with the TPU ssh key in ssh-agent; run: $fix"
+}
+
 need_gcloud() {
   ((DRY_RUN)) && return 0
   command -v gcloud >/dev/null 2>&1 ||
     die "gcloud not found on PATH (install the Google Cloud CLI, or use --dry-run to print the commands)"
+}
+
+# worker_cmd SUBCOMMAND ARGS...: the remote command that runs tpu/worker.sh (installed with the
+# project) in the project directory.
+worker_cmd() {
+  printf 'cd %s && tpu/worker.sh %s' "$(remote_path "$TPU_REMOTE_DIR")" "$(quote_cmd "$@")"
 }
 
 # gcloud compute tpus tpu-vm ssh NAME --zone --project --worker --command=CMD [extra]

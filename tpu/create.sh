@@ -5,9 +5,13 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: tpu/create.sh [--env-file FILE] [options] [--dry-run] [-- EXTRA_GCLOUD_FLAGS...]
+Usage: tpu/create.sh [--env-file FILE] [options] [--wait] [--dry-run] [-- EXTRA_GCLOUD_FLAGS...]
 
-Create a TPU VM slice.
+Create a TPU VM slice, unless it exists already (idempotent):
+  gcloud compute tpus tpu-vm describe NAME --zone=ZONE --project=PROJECT --format='value(state)'
+    (queued: gcloud compute tpus queued-resources describe ... --format='value(state.state)')
+An existing slice that is usable or on its way (READY, CREATING, ACTIVE, WAITING_FOR_RESOURCES,
+...) is kept; one that is PREEMPTED, SUSPENDED, FAILED, ... is an error (tpu/delete.sh first).
 
   direct (default):
     gcloud compute tpus tpu-vm create NAME --zone=ZONE --project=PROJECT
@@ -16,16 +20,20 @@ Create a TPU VM slice.
     gcloud compute tpus queued-resources create NAME --node-id=NAME --zone=ZONE
       --project=PROJECT --accelerator-type=TYPE --runtime-version=RUNTIME [--spot|--reserved]
     (the queued resource waits for capacity; the TPU node it creates is also called NAME)
+  --wait: then poll the describe command every POLL seconds until the state is READY (direct)
+    or ACTIVE (queued); FAILED, SUSPENDED, PREEMPTED, ... end the wait with that state, exit 1.
 
 Options (flag / environment or env-file variable):
   --name NAME               TPU_NAME              TPU (and queued resource) name   [required]
   --project PROJECT         TPU_PROJECT           Google Cloud project id          [required]
-  --zone ZONE               TPU_ZONE              e.g. us-central2-b               [required]
+  --zone ZONE               TPU_ZONE              e.g. us-west4-a (v5e)            [required]
   --accelerator-type TYPE   TPU_ACCELERATOR_TYPE  e.g. v5litepod-16, v4-32         [required]
   --runtime-version VER     TPU_RUNTIME_VERSION   e.g. v2-alpha-tpuv5-lite         [required]
   --queued                  TPU_QUEUED=1          use the queued-resources path
   --spot | --reserved | --on-demand
                             TPU_CAPACITY          spot, reserved or on-demand (default)
+  --wait                    TPU_WAIT=1            wait until the slice is ready to use
+  --poll-seconds N          TPU_POLL_SECONDS      between two describes (default: 30)
   --env-file FILE           TPU_ENV_FILE          KEY=VALUE file (see tpu/example.env)
   --dry-run                 print the gcloud command instead of running it
   -h, --help                this help
@@ -37,8 +45,8 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone accelerator-type runtime-version capacity"
-BOOL_FLAGS="queued"
+VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds"
+BOOL_FLAGS="queued wait"
 tpu_parse "$@"
 
 check_common
@@ -46,6 +54,9 @@ require TPU_ACCELERATOR_TYPE TPU_RUNTIME_VERSION
 check TPU_ACCELERATOR_TYPE '^v[0-9][a-z0-9]*-[0-9]+$' 'a valid accelerator type (e.g. v5litepod-16, v4-32)'
 check TPU_RUNTIME_VERSION '^[A-Za-z0-9._-]+$' 'a valid runtime version (e.g. v2-alpha-tpuv5-lite)'
 bool TPU_QUEUED
+bool TPU_WAIT
+TPU_POLL_SECONDS=${TPU_POLL_SECONDS:-30}
+check TPU_POLL_SECONDS '^[0-9]+([.][0-9]+)?$' 'a number of seconds'
 TPU_CAPACITY=${TPU_CAPACITY:-on-demand}
 check TPU_CAPACITY '^(on-demand|spot|reserved)$' 'one of on-demand, spot, reserved'
 
@@ -55,17 +66,37 @@ case $TPU_CAPACITY in
   reserved) capacity=(--reserved) ;;
 esac
 
+ready=READY
+((TPU_QUEUED)) && ready=ACTIVE
+# States that never become $ready by themselves.
+dead='^(PREEMPTED|TERMINATED|STOPPED|STOPPING|FAILED|SUSPENDED|SUSPENDING|DELETING)$'
+
 need_gcloud
-if ((TPU_QUEUED)); then
+tpu_state state
+if [[ -n $state ]]; then
+  [[ $state =~ $dead ]] && die "$TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
+  note "$TPU_NAME exists already (state $state); not creating it again"
+elif ((TPU_QUEUED)); then
   run gcloud compute tpus queued-resources create "$TPU_NAME" --node-id="$TPU_NAME" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --runtime-version="$TPU_RUNTIME_VERSION" \
     ${capacity[@]+"${capacity[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
-  note "queued resource $TPU_NAME requested; it is ready when its state is ACTIVE:"
-  note "  gcloud compute tpus queued-resources describe $(shquote "$TPU_NAME") --zone=$(shquote "$TPU_ZONE") --project=$(shquote "$TPU_PROJECT")"
+  ((TPU_WAIT)) || note "queued resource $TPU_NAME requested; it is ready when its state is ACTIVE (create.sh --wait waits for it)"
 else
   run gcloud compute tpus tpu-vm create "$TPU_NAME" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --version="$TPU_RUNTIME_VERSION" \
     ${capacity[@]+"${capacity[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+fi
+
+if ((TPU_WAIT)); then
+  while :; do
+    tpu_state state
+    ((DRY_RUN)) && break
+    [[ $state == "$ready" ]] && break
+    [[ $state =~ $dead ]] && { note "error: $TPU_NAME is $state, not $ready"; exit 1; }
+    note "$TPU_NAME is ${state:-not visible yet}; waiting for $ready (next check in ${TPU_POLL_SECONDS}s)"
+    sleep "$TPU_POLL_SECONDS"
+  done
+  ((DRY_RUN)) || note "$TPU_NAME is $ready"
 fi

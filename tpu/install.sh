@@ -1,51 +1,66 @@
 #!/usr/bin/env bash
-# Put the project on every worker of the slice and install it into a venv.
+# Put the project on every worker of the slice, with a pinned Python and JAX in a venv.
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
+# The Python and JAX the workers get unless told otherwise (the versions the tests run with).
+DEFAULT_PYTHON=3.12
+DEFAULT_JAX=0.10.2
+
 usage() {
-  cat <<'EOF'
+  cat <<'EOF_USAGE'
 Usage: tpu/install.sh [--env-file FILE] [options] [--dry-run] [-- EXTRA_GCLOUD_FLAGS...]
 
-Install the project on all workers, in REMOTE_DIR (default: ~/pipeline) with a venv in
-REMOTE_DIR/.venv: `pip install -e .` then `pip install 'jax[tpu]'`.
+Install the project on all workers, in REMOTE_DIR (default: ~/pipeline), then run there
+`tpu/worker.sh setup`: uv (pip --user), a venv REMOTE_DIR/.venv with a pinned Python (uv
+downloads it when the image lacks it), the project with its [tpu] extra (gcsfs, so that
+Orbax and the trainer reach gs://) and jax[tpu]==JAX_VERSION. With --gcsfuse-bucket it also
+mounts the bucket read-only (`tpu/worker.sh mount`, MaxText's gcsfuse cache flags).
 
   copy (default): the committed tree of the local checkout (uncommitted changes are NOT sent)
     git -C SOURCE archive --format=tar.gz -o TARBALL HEAD
-    gcloud compute tpus tpu-vm scp --recurse --worker=all TARBALL NAME:pipeline-src.tar.gz ...
-    gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='...unpack, venv, pip...'
+    gcloud compute tpus tpu-vm scp --worker=all TARBALL NAME:pipeline-src.tar.gz ...
+    gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='...unpack; worker.sh setup'
+    (gcloud copies to several workers only with its ssh key in ssh-agent; checked first)
   clone (--repo URL [--ref REF]): each worker clones or fetches the repository itself
-    gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='git clone ...; venv, pip...'
+    gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='git clone ...; worker.sh setup'
 
 Options (flag / environment or env-file variable):
-  --name NAME           TPU_NAME         TPU name                                  [required]
-  --project PROJECT     TPU_PROJECT      Google Cloud project id                   [required]
-  --zone ZONE           TPU_ZONE         e.g. us-central2-b                        [required]
-  --repo URL            TPU_REPO         clone this git URL on the workers instead of copying
-  --ref REF             TPU_REF          branch, tag or commit to check out (default: HEAD)
-  --source DIR          TPU_SOURCE       local checkout to copy (default: this repository)
-  --remote-dir DIR      TPU_REMOTE_DIR   project dir on the workers, relative to the remote
-                                         home unless absolute (default: pipeline)
-  --python PYTHON       TPU_PYTHON       interpreter that creates the venv (default: python3)
-  --env-file FILE       TPU_ENV_FILE     KEY=VALUE file (see tpu/example.env)
-  --dry-run             print the commands instead of running them
-  -h, --help            this help
+  --name NAME             TPU_NAME           TPU name                                [required]
+  --project PROJECT       TPU_PROJECT        Google Cloud project id                 [required]
+  --zone ZONE             TPU_ZONE           e.g. us-west4-a                         [required]
+  --repo URL              TPU_REPO           clone this git URL on the workers instead of copying
+  --ref REF               TPU_REF            branch, tag or commit to check out (default: HEAD)
+  --source DIR            TPU_SOURCE         local checkout to copy (default: this repository)
+  --remote-dir DIR        TPU_REMOTE_DIR     project dir on the workers, relative to the remote
+                                             home unless absolute (default: pipeline)
+  --python VERSION        TPU_PYTHON         Python version of the venv (default: 3.12)
+  --jax-version VERSION   TPU_JAX_VERSION    jax[tpu] version (default: 0.10.2)
+  --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET mount gs://BUCKET read-only on every worker
+  --mount-point DIR       TPU_MOUNT_POINT    where (default: /mnt/BUCKET)
+  --env-file FILE         TPU_ENV_FILE       KEY=VALUE file (see tpu/example.env)
+  --dry-run               print the commands instead of running them
+  -h, --help              this help
 Words after `--` are appended to every gcloud command (e.g. -- --internal-ip).
-EOF
+EOF_USAGE
 }
 
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone repo ref source remote-dir python"
+VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
 check_common
 remote_layout
-TPU_PYTHON=${TPU_PYTHON:-python3}
-check TPU_PYTHON '^[A-Za-z0-9_./+-]+$' 'an interpreter name or path (e.g. python3.11)'
+TPU_PYTHON=${TPU_PYTHON:-$DEFAULT_PYTHON}
+TPU_JAX_VERSION=${TPU_JAX_VERSION:-$DEFAULT_JAX}
+check TPU_PYTHON '^3[.][0-9]+([.][0-9]+)?$' 'a Python version (e.g. 3.12)'
+check TPU_JAX_VERSION '^[0-9]+[.][0-9]+[.][0-9]+$' 'a jax version (e.g. 0.10.2)'
 check TPU_REF '^[A-Za-z0-9_./+@-]+$' 'a git branch, tag or commit'
+check TPU_GCSFUSE_BUCKET '^(gs://)?[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]/?$' 'a bucket name (e.g. my-bucket)'
+check TPU_MOUNT_POINT '^/[A-Za-z0-9_./-]+$' 'an absolute path (e.g. /mnt/data)'
 if [[ -n ${TPU_REF:-} && -z ${TPU_REPO:-} ]]; then
   die "--ref needs --repo (or TPU_REPO); without it the committed HEAD of the local checkout is copied"
 fi
@@ -54,7 +69,6 @@ if [[ -n ${TPU_REPO:-} && -n ${TPU_SOURCE:-} ]]; then
 fi
 
 dir=$(remote_path "$TPU_REMOTE_DIR")
-py=$(shquote "$TPU_PYTHON")
 remote_tarball=pipeline-src.tar.gz
 
 remote="set -e; "
@@ -74,21 +88,21 @@ else
   tarball="${TMPDIR:-/tmp}/tpu-install-$TPU_NAME.tar.gz"
   remote+="mkdir -p $dir; tar -xzf $remote_tarball -C $dir; rm -f $remote_tarball; "
 fi
-remote+="cd $dir; "
-remote+="if [ ! -x .venv/bin/pip ]; then $py -m venv .venv || { sudo apt-get update -q && sudo apt-get install -y -q python3-venv && $py -m venv .venv; }; fi; "
-remote+=".venv/bin/pip install --quiet --upgrade pip; "
-remote+=".venv/bin/pip install --quiet -e .; "
-remote+=".venv/bin/pip install --quiet 'jax[tpu]'; "
-# Only the version: touching the devices here would grab the TPU on every worker.
-remote+=".venv/bin/python -c 'import jax, pipeline; print(\"installed on\", __import__(\"socket\").gethostname(), \"jax\", jax.__version__)'"
+remote+="$(worker_cmd setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")"
+if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
+  bucket=${TPU_GCSFUSE_BUCKET#gs://}
+  bucket=${bucket%/}
+  remote+=" && tpu/worker.sh mount $(shquote "$bucket") $(shquote "${TPU_MOUNT_POINT:-/mnt/$bucket}")"
+fi
 
 need_gcloud
 if [[ -z ${TPU_REPO:-} ]]; then
+  need_ssh_agent
   if ((!DRY_RUN)); then
     trap 'rm -f "$tarball"' EXIT
   fi
   run git -C "$source_dir" archive --format=tar.gz -o "$tarball" HEAD
-  run gcloud compute tpus tpu-vm scp --recurse --worker=all "$tarball" "$TPU_NAME:$remote_tarball" \
+  run gcloud compute tpus tpu-vm scp --worker=all "$tarball" "$TPU_NAME:$remote_tarball" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
 fi
 tpu_ssh "$remote" all

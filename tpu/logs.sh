@@ -12,16 +12,21 @@ Stream (default): follow each worker's log, every line prefixed with the worker'
 (Ctrl-C to stop; the trainer keeps running):
   gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT --worker=all
     --command='tail -n 200 -F LOG_DIR/train-"$(hostname)".log | sed -u ...'
-Collect (--collect DIR): copy the log directory of every worker into DIR/ (the file names
-carry the worker's hostname, so workers do not overwrite each other):
+Collect (--collect DIR): copy the log directory of each worker into DIR/ (the file names
+carry the worker's hostname, so workers do not overwrite each other). gcloud copies from one
+worker at a time, so with --worker all the workers are counted first:
   mkdir -p DIR
-  gcloud compute tpus tpu-vm scp --recurse --worker=all NAME:LOG_DIR DIR --zone=ZONE --project=PROJECT
+  gcloud compute tpus tpu-vm describe NAME --zone=ZONE --project=PROJECT
+    --format='value(networkEndpoints.len())'
+  gcloud compute tpus tpu-vm scp --recurse --worker=I NAME:LOG_DIR DIR --zone=ZONE --project=PROJECT
+    (once per worker I; a dry run, which cannot count, shows worker 0's)
+Logs that must outlive the slice: tpu/run.sh --log-uri gs://... copies them as the run goes.
 
 Options (flag / environment or env-file variable):
   --name NAME           TPU_NAME         TPU name                                   [required]
   --project PROJECT     TPU_PROJECT      Google Cloud project id                    [required]
-  --zone ZONE           TPU_ZONE         e.g. us-central2-b                         [required]
-  --worker W            TPU_WORKER       all (default), or a worker index such as 0
+  --zone ZONE           TPU_ZONE         e.g. us-west4-a                            [required]
+  --worker W            TPU_WORKER       all (default), a worker index such as 0, or a list 0,2
   --lines N                              lines of history to show first (default: 200)
   --collect DIR                          copy the logs into local DIR instead of streaming
   --remote-dir DIR      TPU_REMOTE_DIR   project dir on the workers (default: pipeline)
@@ -51,9 +56,23 @@ check TPU_LINES '^[0-9]+$' 'a number of lines'
 need_gcloud
 if [[ -n ${TPU_COLLECT:-} ]]; then
   run mkdir -p "$TPU_COLLECT"
-  run gcloud compute tpus tpu-vm scp --recurse --worker="$TPU_WORKER" \
-    "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT" \
-    --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  if [[ $TPU_WORKER == all ]]; then
+    workers=0 count=""
+    if query count gcloud compute tpus tpu-vm describe "$TPU_NAME" --zone="$TPU_ZONE" \
+      --project="$TPU_PROJECT" --format='value(networkEndpoints.len())'; then
+      [[ $count =~ ^[1-9][0-9]*$ ]] || die "cannot count the workers of $TPU_NAME (describe said '$count')"
+      workers=$(seq -s , 0 $((count - 1)))
+    elif ((!DRY_RUN)); then
+      die "cannot describe $TPU_NAME (see the gcloud error above)"
+    fi
+  else
+    workers=$TPU_WORKER
+  fi
+  for worker in ${workers//,/ }; do
+    run gcloud compute tpus tpu-vm scp --recurse --worker="$worker" \
+      "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT" \
+      --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  done
   ((DRY_RUN)) || note "logs copied to $TPU_COLLECT/$(basename "$REMOTE_LOG_DIR")/"
 else
   logdir=$(remote_path "$REMOTE_LOG_DIR")

@@ -8,12 +8,19 @@ usage() {
   cat <<'EOF'
 Usage: tpu/run.sh [--env-file FILE] [options] [--dry-run] [-- TRAINER_ARGS...]
 
-Start scripts/train.py on all workers at once (one JAX process per worker):
-  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT --worker=all --command=...
-Each worker runs, in REMOTE_DIR with the venv of tpu/install.sh active:
-  nohup python scripts/train.py --data-config CONFIG --checkpoint-dir CKPT [TRAINER_ARGS...] \
-    > LOG_DIR/train-$(hostname).log 2>&1 &
-and refuses to start while a scripts/train.py is already running there (tpu/stop.sh).
+Start scripts/train.py on all workers at once (one JAX process per worker), in two steps:
+  1. preflight, on every worker (`tpu/worker.sh preflight`): refuse while a scripts/train.py
+     runs (tpu/stop.sh), kill stale processes still holding /dev/accel* or /dev/vfio/*, and
+     fail unless the worker sees its TPU chips. If any worker fails, none is started.
+       gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT --worker=all
+         --command='cd REMOTE_DIR && tpu/worker.sh preflight'
+  2. start, on every worker, in REMOTE_DIR with the venv of tpu/install.sh active:
+       tpu/worker.sh start --log-dir LOG_DIR [--log-uri URI] -- \
+         python scripts/train.py --data-config CONFIG --checkpoint-dir CKPT [TRAINER_ARGS...]
+     which writes LOG_DIR/train-$(hostname).log and, with --log-uri, copies it to
+     URI/train-$(hostname).log every SYNC seconds and when the trainer exits. In the
+     background (nohup) by default; --foreground waits for the trainer on every worker and
+     fails when one fails (what tpu/recover.sh uses).
 
 Multi-host: jax.distributed.initialize() is called with no arguments. On a TPU VM slice JAX
 reads the coordinator address, process count and process index from the TPU metadata, so
@@ -26,19 +33,24 @@ PIPELINE_DATA_DIR=DATA; then every --env KEY=VALUE in order (they can override t
 Options (flag / environment or env-file variable):
   --name NAME             TPU_NAME            TPU name                                [required]
   --project PROJECT       TPU_PROJECT         Google Cloud project id                 [required]
-  --zone ZONE             TPU_ZONE            e.g. us-central2-b                      [required]
-  --config FILE           TPU_CONFIG          data config, relative to REMOTE_DIR or gs:// [required]
-  --data LOCATION         TPU_DATA            where the token stores are: gs://bucket/stores or a
-                                              path present on every worker; exported as
-                                              PIPELINE_DATA_DIR                       [required]
+  --zone ZONE             TPU_ZONE            e.g. us-west4-a                         [required]
+  --config FILE           TPU_CONFIG          data config: relative to REMOTE_DIR, or gs://...
+                                                                                      [required]
+  --data DIR              TPU_DATA            the directory of the token stores on every worker
+                                              (e.g. a gcsfuse mount, /mnt/my-bucket/stores),
+                                              exported as PIPELINE_DATA_DIR; not gs://  [required]
   --checkpoint-dir DIR    TPU_CHECKPOINT_DIR  Orbax checkpoints; gs://... so that all
                                               workers share it                        [required]
   --remote-dir DIR        TPU_REMOTE_DIR      project dir on the workers (default: pipeline)
   --log-dir DIR           TPU_LOG_DIR         log dir, relative to REMOTE_DIR unless absolute
                                               (default: logs)
+  --log-uri URI           TPU_LOG_URI         gs://... to copy each worker's log to, so that it
+                                              outlives the slice
+  --sync-seconds N        TPU_SYNC_SECONDS    between two log copies (default: 60)
+  --foreground            TPU_FOREGROUND=1    wait for the trainers; exit 1 if one fails
   --env KEY=VALUE         (repeatable)        extra environment for the trainer
   --env-file FILE         TPU_ENV_FILE        KEY=VALUE file (see tpu/example.env)
-  --dry-run               print the gcloud command instead of running it
+  --dry-run               print the gcloud commands instead of running them
   -h, --help              this help
 Words after `--` are passed to scripts/train.py (e.g. -- --resume --steps 1000).
 EOF
@@ -47,20 +59,23 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir env"
-BOOL_FLAGS=""
+VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir log-uri sync-seconds env"
+BOOL_FLAGS="foreground"
 tpu_parse "$@"
 
 check_common
 require TPU_CONFIG TPU_DATA TPU_CHECKPOINT_DIR
 remote_layout
+bool TPU_FOREGROUND
+TPU_SYNC_SECONDS=${TPU_SYNC_SECONDS:-60}
+check TPU_SYNC_SECONDS '^[0-9]+$' 'a number of seconds'
+check TPU_LOG_URI '^gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](/.*)?$' 'a gs://bucket/path URI'
+if [[ $TPU_DATA =~ ^[A-Za-z][A-Za-z0-9+.-]+:/ ]]; then
+  die "--data (TPU_DATA) '$TPU_DATA' is a URL, but token stores are read from a directory on each worker: mount the bucket (tpu/install.sh --gcsfuse-bucket BUCKET) and pass the mounted path, e.g. /mnt/BUCKET/stores"
+fi
 if [[ $TPU_CHECKPOINT_DIR != gs://* ]]; then
   warn "--checkpoint-dir '$TPU_CHECKPOINT_DIR' is not gs://...; every worker must see the same directory for multi-host checkpoints"
 fi
-
-dir=$(remote_path "$TPU_REMOTE_DIR")
-logdir=$(remote_path "$PROJECT_LOG_DIR")  # the command runs in the project directory
-log="$logdir/train-\"\$(hostname)\".log"
 
 exports="JAX_PLATFORMS=tpu TPU_STDERR_LOG_LEVEL=0 TPU_MIN_LOG_LEVEL=0 TF_CPP_MIN_LOG_LEVEL=0 PYTHONUNBUFFERED=1"
 exports+=" PIPELINE_DATA_DIR=$(shquote "$TPU_DATA")"
@@ -68,21 +83,22 @@ for kv in ${REMOTE_ENV[@]+"${REMOTE_ENV[@]}"}; do
   exports+=" ${kv%%=*}=$(shquote "${kv#*=}")"
 done
 
-train=(python scripts/train.py --data-config "$TPU_CONFIG" --checkpoint-dir "$TPU_CHECKPOINT_DIR"
+start=(start --log-dir "$PROJECT_LOG_DIR")
+if [[ -n ${TPU_LOG_URI:-} ]]; then
+  start+=(--log-uri "$TPU_LOG_URI" --sync-seconds "$TPU_SYNC_SECONDS")
+fi
+if ((TPU_FOREGROUND)); then
+  start+=(--foreground)
+fi
+start+=(-- python scripts/train.py --data-config "$TPU_CONFIG" --checkpoint-dir "$TPU_CHECKPOINT_DIR"
   ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
 
-remote='set -e; '
-remote+="cd $dir; "
-# The pattern matches a running trainer but not this shell ($$), whose command line quotes it.
-remote+='if pgrep -f '\''[s]cripts/train.py'\'' | grep -vqx "$$"; then echo "error: scripts/train.py is already running on $(hostname); run tpu/stop.sh first" >&2; exit 1; fi; '
-remote+="mkdir -p $logdir; "
-remote+='. .venv/bin/activate; '
-remote+="export $exports; "
-remote+="nohup $(quote_cmd "${train[@]}") > $log 2>&1 < /dev/null & "
-remote+='echo "started on $(hostname), pid $!"'
+# In the project directory: the venv and the environment, then the worker's start.
+remote="cd $(remote_path "$TPU_REMOTE_DIR") && . .venv/bin/activate && export $exports && exec tpu/worker.sh $(quote_cmd "${start[@]}")"
 
 # Words after -- belong to the trainer, not to gcloud.
 EXTRA_ARGS=()
 need_gcloud
+tpu_ssh "$(worker_cmd preflight)" all
 tpu_ssh "$remote" all
-((DRY_RUN)) || note "logs: $REMOTE_LOG_DIR/train-<worker hostname>.log on each worker (tpu/logs.sh)"
+((DRY_RUN || TPU_FOREGROUND)) || note "logs: $REMOTE_LOG_DIR/train-<worker hostname>.log on each worker (tpu/logs.sh)"
