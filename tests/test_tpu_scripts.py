@@ -1,110 +1,73 @@
-"""Tests of the TPU VM launch scripts in tpu/.
+"""Tests of the TPU VM launch scripts in tpu/, as a user on a workstation runs them.
 
-Each script runs for real against a fake `gcloud` (first on PATH) that appends its argument
-list, one JSON line per call, to a file. The tests assert those argument lists, that
---dry-run prints the same commands (shell-quoted) without calling gcloud, the parameter
-precedence (flag > env file > environment), the one-line errors with exit status 2, and that
-the remote commands do what they say when a POSIX shell runs them (in a sandbox, with fake
-`sudo`, `pgrep` and venv). No network, no cloud, no TPU.
+Each script runs for real against a fake `gcloud` (tests/tpu_fakes.py) that records its
+argument lists and answers describes as scripted. The tests assert the exact gcloud commands
+(the shapes the gcloud reference accepts: one worker per scp from a TPU, --worker=all only to
+copy onto the workers, describe formats per resource), that --dry-run prints the same commands
+without calling gcloud, the parameter precedence (flag > env file > environment), the one-line
+errors with exit status 2, and that docs/tpu.md shows each command as --dry-run prints it.
+What runs on the workers is tested in tests/test_tpu_worker.py. No network, no cloud, no TPU.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import shutil
-import socket
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TPU = REPO / "tpu"
-SCRIPTS = ["create", "install", "run", "logs", "stop", "delete"]
+from tests.tpu_fakes import (
+    COMMON,
+    DESCRIBE_QR,
+    DESCRIBE_VM,
+    LOC,
+    NAME,
+    PROJECT,
+    REPO,
+    SLICE,
+    SSH,
+    TPU,
+    TRAIN,
+    ZONE,
+    Env,
+    command_of,
+    ok,
+)
 
-NAME, PROJECT, ZONE = "my-tpu", "my-project", "us-central2-b"
-COMMON = ["--name", NAME, "--project", PROJECT, "--zone", ZONE]
-LOC = [f"--zone={ZONE}", f"--project={PROJECT}"]
-SLICE = ["--accelerator-type", "v5litepod-16", "--runtime-version", "v2-alpha-tpuv5-lite"]
-TRAIN = [
-    "--config",
-    "configs/run.yaml",
-    "--data",
-    "gs://bucket/stores",
-    "--checkpoint-dir",
-    "gs://bucket/ckpt",
-]
-SSH = ["compute", "tpus", "tpu-vm", "ssh", NAME, *LOC, "--worker=all"]
-
-FAKE_GCLOUD = """#!{python} -S
-import json, os, shutil, sys
-args = sys.argv[1:]
-with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
-    f.write(json.dumps(args) + "\\n")
-if args[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
-    for a in args[4:]:
-        if not a.startswith("-") and os.path.isfile(a):
-            shutil.copy(a, os.environ["FAKE_GCLOUD_SCP_DIR"])
-"""
-
-# Records its arguments and exits 1, like pkill/pgrep/lsof when nothing matches.
-FAKE_RECORDER = """#!{python} -S
-import json, os, sys
-with open(os.environ["FAKE_{tool}_LOG"], "a") as f:
-    f.write(json.dumps(sys.argv[1:]) + "\\n")
-sys.exit(int(os.environ.get("FAKE_{tool}_RC", "1")))
-"""
-
-
-class Env:
-    """A clean environment with the fake gcloud first on PATH."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.bin = tmp / "bin"
-        self.bin.mkdir()
-        self.log = tmp / "gcloud.jsonl"
-        self.scp_dir = tmp / "scp"
-        self.scp_dir.mkdir()
-        gcloud = self.bin / "gcloud"
-        gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
-        gcloud.chmod(0o755)
-        self.vars = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
-        self.vars.update(
-            PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-            FAKE_GCLOUD_LOG=str(self.log),
-            FAKE_GCLOUD_SCP_DIR=str(self.scp_dir),
-            TMPDIR=str(tmp),
-        )
-
-    def run(self, script: str, *args: str, extra_env: dict | None = None):
-        env = dict(self.vars, **(extra_env or {}))
-        return subprocess.run(
-            [str(TPU / f"{script}.sh"), *args],
-            env=env,
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-
-    def calls(self) -> list[list[str]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-    def reset(self):
-        self.log.unlink(missing_ok=True)
+SCRIPTS = ["create", "install", "run", "logs", "stop", "delete", "recover"]
+CREATE_VM = ["compute", "tpus", "tpu-vm", "create", NAME, *LOC,
+             "--accelerator-type=v5litepod-16", "--version=v2-alpha-tpuv5-lite"]  # fmt: skip
+CREATE_QR = ["compute", "tpus", "queued-resources", "create", NAME, f"--node-id={NAME}", *LOC,
+             "--accelerator-type=v5litepod-16",
+             "--runtime-version=v2-alpha-tpuv5-lite"]  # fmt: skip
 
 
 @pytest.fixture
 def env(tmp_path):
     return Env(tmp_path)
+
+
+@pytest.fixture
+def agent(env):
+    """A real ssh-agent holding the TPU key gcloud uses (~/.ssh/google_compute_engine)."""
+    ssh = env.home / ".ssh"
+    ssh.mkdir()
+    key = ssh / "google_compute_engine"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    out = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    values = dict(re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", out))
+    try:
+        subprocess.run(["ssh-add", "-q", str(key)], env={**env.vars, **values}, check=True)
+        env.vars["SSH_AUTH_SOCK"] = values["SSH_AUTH_SOCK"]
+        yield key
+    finally:
+        os.kill(int(values["SSH_AGENT_PID"]), signal.SIGTERM)
 
 
 @pytest.fixture
@@ -123,55 +86,59 @@ def source_repo(tmp_path):
     return repo
 
 
-def ok(result):
-    assert result.returncode == 0, (
-        f"rc={result.returncode}\nstdout:{result.stdout}\nstderr:{result.stderr}"
-    )
-    return result
+# --- create ---------------------------------------------------------------------------------
 
 
-def command_of(call: list[str]) -> str:
-    [cmd] = [a[len("--command=") :] for a in call if a.startswith("--command=")]
-    return cmd
-
-
-def test_create_direct(env):
+def test_create_direct_checks_first_then_creates(env):
     ok(env.run("create", *COMMON, *SLICE))
-    assert env.calls() == [
-        [
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "create",
-            NAME,
-            *LOC,
-            "--accelerator-type=v5litepod-16",
-            "--version=v2-alpha-tpuv5-lite",
-        ],
-    ]
+    assert env.calls() == [DESCRIBE_VM, CREATE_VM]
 
 
-def test_create_queued_spot(env):
-    ok(env.run("create", *COMMON, *SLICE, "--queued", "--spot"))
-    assert env.calls() == [
-        [
-            "compute",
-            "tpus",
-            "queued-resources",
-            "create",
-            NAME,
-            f"--node-id={NAME}",
-            *LOC,
-            "--accelerator-type=v5litepod-16",
-            "--runtime-version=v2-alpha-tpuv5-lite",
-            "--spot",
-        ],
-    ]
+def test_create_queued_spot_waits_until_active(env):
+    env.rules(("describe", 1, ""), ("describe", 0, "WAITING_FOR_RESOURCES"),
+              ("describe", 0, "PROVISIONING"), ("describe", 0, "ACTIVE"))  # fmt: skip
+    result = ok(env.run("create", *COMMON, *SLICE, "--queued", "--spot", "--wait"))
+    assert env.calls() == [DESCRIBE_QR, [*CREATE_QR, "--spot"], *[DESCRIBE_QR] * 3]
+    assert "WAITING_FOR_RESOURCES; waiting for ACTIVE" in result.stderr
+    assert "my-tpu is ACTIVE" in result.stderr
+
+
+def test_create_wait_fails_with_the_state_that_ends_it(env):
+    env.rules(("describe", 1, ""), ("describe", 0, "WAITING_FOR_RESOURCES"),
+              ("describe", 0, "FAILED"))  # fmt: skip
+    result = env.run("create", *COMMON, *SLICE, "--queued", "--wait")
+    assert result.returncode == 1 and "my-tpu is FAILED, not ACTIVE" in result.stderr
+    assert len(env.calls()) == 4
+
+
+@pytest.mark.parametrize("state", ["READY", "CREATING"])
+def test_create_is_idempotent(env, state):
+    env.rules(("describe", 0, state), ("describe", 0, "READY"))
+    result = ok(env.run("create", *COMMON, *SLICE, "--wait"))
+    assert env.calls()[0] == DESCRIBE_VM and CREATE_VM not in env.calls()
+    assert f"exists already (state {state})" in result.stderr
+
+
+def test_create_wait_gives_up_on_a_slice_it_cannot_see(env):
+    env.rules(*[("describe", 1, "")] * 11)
+    result = env.run("create", *COMMON, *SLICE, "--wait")
+    assert result.returncode == 1 and "cannot be described (10 tries" in result.stderr
+    assert env.calls() == [DESCRIBE_VM, CREATE_VM, *[DESCRIBE_VM] * 10]
+
+
+def test_create_refuses_a_preempted_slice(env):
+    env.rules(("describe", 0, "PREEMPTED"))
+    result = env.run("create", *COMMON, *SLICE)
+    assert result.returncode == 2 and "state PREEMPTED; delete it first" in result.stderr
+    assert env.calls() == [DESCRIBE_VM]
 
 
 def test_create_reserved_with_extra_gcloud_flags(env):
     ok(env.run("create", *COMMON, *SLICE, "--reserved", "--", "--network=my-net"))
-    assert env.calls()[0][-2:] == ["--reserved", "--network=my-net"]
+    assert env.calls()[1][-2:] == ["--reserved", "--network=my-net"]
+
+
+# --- delete ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -189,63 +156,60 @@ def test_delete(env, args, expected):
     assert env.calls() == [expected]
 
 
-def test_install_copies_git_archive_then_installs_on_all_workers(env, source_repo):
+# --- install --------------------------------------------------------------------------------
+
+
+def test_install_copies_git_archive_then_sets_up_on_all_workers(env, agent, source_repo):
     result = ok(env.run("install", *COMMON, "--source", str(source_repo)))
     tarball = str(env.tmp / f"tpu-install-{NAME}.tar.gz")
     scp, ssh = env.calls()
-    assert scp == [
-        "compute",
-        "tpus",
-        "tpu-vm",
-        "scp",
-        "--recurse",
-        "--worker=all",
-        tarball,
-        f"{NAME}:pipeline-src.tar.gz",
-        *LOC,
-    ]
+    # Copying ONTO all workers is what --worker=all supports (never from them).
+    assert scp == ["compute", "tpus", "tpu-vm", "scp", "--worker=all", tarball,
+                   f"{NAME}:pipeline-src.tar.gz", *LOC]  # fmt: skip
     assert ssh[: len(SSH)] == SSH
-    cmd = command_of(ssh)
-    assert "tar -xzf pipeline-src.tar.gz -C pipeline" in cmd
-    assert "python3 -m venv .venv" in cmd
-    assert ".venv/bin/pip install --quiet -e ." in cmd
-    assert ".venv/bin/pip install --quiet 'jax[tpu]'" in cmd
+    assert command_of(ssh) == (
+        "set -e; mkdir -p pipeline; tar -xzf pipeline-src.tar.gz -C pipeline; "
+        "rm -f pipeline-src.tar.gz; cd pipeline && tpu/worker.sh setup --python 3.12 --jax 0.10.2"
+    )
     # The tarball is `git archive HEAD`: committed files only; removed afterwards.
     names = subprocess.run(
         ["tar", "-tzf", str(env.scp_dir / Path(tarball).name)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
     assert sorted(names) == ["pyproject.toml", "scripts/", "scripts/train.py"]
     assert not Path(tarball).exists()
     assert "uncommitted changes" in result.stderr
 
 
-def test_install_clone_mode_with_ref(env):
-    ok(
-        env.run(
-            "install",
-            *COMMON,
-            "--repo",
-            "https://example.com/me/pipeline.git",
-            "--ref",
-            "v1.2",
-            "--remote-dir",
-            "~/work/pipe",
-            "--python",
-            "python3.11",
-        )
-    )
+def test_install_needs_the_tpu_key_in_ssh_agent_and_says_the_fix(env, agent, source_repo):
+    no_agent = env.run("install", *COMMON, "--source", str(source_repo),
+                       extra_env={"SSH_AUTH_SOCK": str(env.tmp / "nothing")})  # fmt: skip
+    assert no_agent.returncode == 2 and no_agent.stderr.count("\n") == 1
+    assert f'eval "$(ssh-agent -s)" && ssh-add {agent}' in no_agent.stderr
+    agent.unlink()
+    agent.with_suffix(".pub").unlink()
+    no_key = env.run("install", *COMMON, "--source", str(source_repo))
+    assert no_key.returncode == 2 and "--worker=0 --command=true" in no_key.stderr
+    assert env.calls() == []
+    ok(env.run("install", *COMMON, "--source", str(source_repo), "--dry-run"))  # needs no agent
+
+
+def test_install_clone_mode_with_ref_pins_and_gcsfuse(env):
+    ok(env.run("install", *COMMON, "--repo", "https://example.com/me/pipeline.git",
+               "--ref", "v1.2", "--remote-dir", "~/work/pipe", "--python", "3.11",
+               "--jax-version", "0.9.1", "--gcsfuse-bucket", "gs://my-bucket"))  # fmt: skip
     [ssh] = env.calls()
     assert ssh[: len(SSH)] == SSH
     cmd = command_of(ssh)
     assert 'git clone --quiet https://example.com/me/pipeline.git "$HOME"/work/pipe' in cmd
     assert "fetch --quiet origin v1.2" in cmd and "checkout --quiet --detach FETCH_HEAD" in cmd
-    assert "python3.11 -m venv .venv" in cmd and "'jax[tpu]'" in cmd
+    assert cmd.endswith(
+        'cd "$HOME"/work/pipe && tpu/worker.sh setup --python 3.11 --jax 0.9.1'
+        " && tpu/worker.sh mount my-bucket /mnt/my-bucket"
+    )
 
 
-def test_install_refuses_a_source_without_commits(env, tmp_path):
+def test_install_refuses_a_source_without_commits(env, agent, tmp_path):
     (tmp_path / "empty").mkdir()
     subprocess.run(["git", "init", "-q", str(tmp_path / "empty")], check=True)
     result = env.run("install", *COMMON, "--source", str(tmp_path / "empty"))
@@ -253,130 +217,55 @@ def test_install_refuses_a_source_without_commits(env, tmp_path):
     assert env.calls() == []
 
 
+# --- run ------------------------------------------------------------------------------------
+
 # An extra environment variable with spaces, then trainer arguments with a quote in them.
 RUN_EXTRAS = ("--env", "LIBTPU_INIT_ARGS=--xla_foo=1 --xla_bar", "--", "--resume", "--note",
               "it's a test")  # fmt: skip
 
 
-def test_run_starts_trainer_on_all_workers(env):
-    ok(env.run("run", *COMMON, *TRAIN, *RUN_EXTRAS))
-    [ssh] = env.calls()
-    assert ssh[: len(SSH)] == SSH
-    cmd = command_of(ssh)
-    assert "nohup python scripts/train.py --data-config configs/run.yaml" in cmd
-    assert "--checkpoint-dir gs://bucket/ckpt --resume --note" in cmd
-    assert "JAX_PLATFORMS=tpu" in cmd and "TPU_STDERR_LOG_LEVEL=" in cmd
-    assert "PIPELINE_DATA_DIR=gs://bucket/stores" in cmd
-    assert '> logs/train-"$(hostname)".log 2>&1' in cmd
-    assert ". .venv/bin/activate" in cmd
-    # trainer arguments are not also given to gcloud
-    assert "--resume" not in ssh
-
-
-def _sandbox_home(tmp_path: Path, env: Env, tools: dict[str, int]) -> tuple[Path, dict]:
-    """A fake worker home: ~/pipeline with a venv whose python records argv and env."""
-    home = tmp_path / "home"
-    venv_bin = home / "pipeline" / ".venv" / "bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "activate").write_text(f'PATH="{venv_bin}:$PATH"; export PATH\n')
-    python = venv_bin / "python"
-    python.write_text(
-        f"#!{sys.executable}\n"
-        "import json, os, sys\n"
-        "print('hello from the trainer')\n"
-        "keys = ['JAX_PLATFORMS', 'TPU_STDERR_LOG_LEVEL', 'PIPELINE_DATA_DIR',\n"
-        "        'LIBTPU_INIT_ARGS']\n"
-        "env = {k: os.environ.get(k) for k in keys}\n"
-        "out = {'argv': sys.argv[1:], 'cwd': os.getcwd(), 'env': env}\n"
-        "open(os.environ['TRAINER_OUT'] + '.tmp', 'w').write(json.dumps(out))\n"
-        "os.rename(os.environ['TRAINER_OUT'] + '.tmp', os.environ['TRAINER_OUT'])\n"
+def test_run_checks_every_worker_then_starts_all(env):
+    ok(env.run("run", *COMMON, *TRAIN, "--log-uri", "gs://bucket/logs/r1", *RUN_EXTRAS))
+    preflight, start = env.calls()
+    assert preflight == [*SSH, "--command=cd pipeline && tpu/worker.sh preflight"]
+    assert start[: len(SSH)] == SSH
+    assert command_of(start) == (
+        "cd pipeline && . .venv/bin/activate && export JAX_PLATFORMS=tpu TPU_STDERR_LOG_LEVEL=0 "
+        "TPU_MIN_LOG_LEVEL=0 TF_CPP_MIN_LOG_LEVEL=0 PYTHONUNBUFFERED=1 "
+        "PIPELINE_DATA_DIR=/mnt/bucket/stores LIBTPU_INIT_ARGS='--xla_foo=1 --xla_bar' && "
+        "exec tpu/worker.sh start --log-dir logs --log-uri gs://bucket/logs/r1 --sync-seconds 60 "
+        "-- python scripts/train.py --data-config configs/run.yaml --checkpoint-dir "
+        "gs://bucket/ckpt --resume --note 'it'\\''s a test'"
     )
-    python.chmod(0o755)
-    variables = dict(env.vars, HOME=str(home), TRAINER_OUT=str(tmp_path / "trainer.json"))
-    for tool, rc in tools.items():
-        path = env.bin / tool
-        path.write_text(
-            FAKE_RECORDER.replace("{python}", sys.executable).replace("{tool}", tool.upper())
-        )
-        path.chmod(0o755)
-        variables[f"FAKE_{tool.upper()}_LOG"] = str(tmp_path / f"{tool}.jsonl")
-        variables[f"FAKE_{tool.upper()}_RC"] = str(rc)
-    return home, variables
+    assert "--resume" not in start  # trainer arguments are not also given to gcloud
 
 
-def test_run_remote_command_works_in_a_shell(env, tmp_path):
-    """The quoted remote command, run by bash as sshd would, starts the trainer as intended."""
-    ok(env.run("run", *COMMON, *TRAIN, *RUN_EXTRAS))
-    cmd = command_of(env.calls()[0])
-    home, variables = _sandbox_home(tmp_path, env, {"pgrep": 1})
-    proc = subprocess.run(
-        ["bash", "-c", cmd], cwd=home, env=variables, capture_output=True, text=True, timeout=10
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "started on" in proc.stdout
-    out = tmp_path / "trainer.json"
-    deadline = time.monotonic() + 10
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    got = json.loads(out.read_text())
-    assert got["argv"] == [
-        "scripts/train.py",
-        "--data-config",
-        "configs/run.yaml",
-        "--checkpoint-dir",
-        "gs://bucket/ckpt",
-        "--resume",
-        "--note",
-        "it's a test",
-    ]
-    assert got["cwd"] == str(home / "pipeline")
-    assert got["env"] == {
-        "JAX_PLATFORMS": "tpu",
-        "TPU_STDERR_LOG_LEVEL": "0",
-        "PIPELINE_DATA_DIR": "gs://bucket/stores",
-        "LIBTPU_INIT_ARGS": "--xla_foo=1 --xla_bar",
-    }
-    log = home / "pipeline" / "logs" / f"train-{socket.gethostname()}.log"
-    deadline = time.monotonic() + 5
-    while "hello" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert "hello from the trainer" in log.read_text()
+def test_run_foreground(env):
+    ok(env.run("run", *COMMON, *TRAIN, "--foreground"))
+    assert "start --log-dir logs --foreground -- python" in command_of(env.calls()[1])
 
 
-def test_run_remote_command_refuses_when_trainer_already_runs(env, tmp_path):
-    ok(env.run("run", *COMMON, *TRAIN))
-    cmd = command_of(env.calls()[0])
-    home, variables = _sandbox_home(tmp_path, env, {"pgrep": 0})
-    (env.bin / "pgrep").write_text("#!/bin/sh\necho 999999\n")  # a pid that is not this shell
-    proc = subprocess.run(
-        ["bash", "-c", cmd], cwd=home, env=variables, capture_output=True, text=True, timeout=10
-    )
-    assert proc.returncode == 1 and "already running" in proc.stderr
-    assert not (tmp_path / "trainer.json").exists()
+@pytest.mark.parametrize("data", ["gs://bucket/stores", "gs:/bucket/stores", "s3://b/x"])
+def test_run_refuses_store_urls_before_anything_runs(env, data):
+    result = env.run("run", *COMMON, "--config", "c.yaml", "--data", data,
+                     "--checkpoint-dir", "gs://b/ckpt")  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"'{data}' is a URL" in result.stderr and "--gcsfuse-bucket" in result.stderr
+    assert env.calls() == []
 
 
-def test_stop_kills_trainer_and_tpu_holders_on_all_workers(env, tmp_path):
+# --- stop, logs -----------------------------------------------------------------------------
+
+
+def test_stop_asks_gracefully_with_a_grace_period(env):
     ok(env.run("stop", *COMMON))
-    [ssh] = env.calls()
-    assert ssh[: len(SSH)] == SSH
-    cmd = command_of(ssh)
-    assert "sudo pkill -f '[s]cripts/train.py'" in cmd
-    assert "sudo lsof -t /dev/accel* /dev/vfio/*" in cmd and "xargs -r sudo kill -9" in cmd
-    # The pattern must not match the remote shell's own command line (it would kill itself).
-    assert re.search("[s]cripts/train.py", cmd) is None
-    # Run it with nothing to kill: it must succeed.
-    home, variables = _sandbox_home(tmp_path, env, {"sudo": 1, "pgrep": 1})
-    proc = subprocess.run(
-        ["bash", "-c", cmd], cwd=home, env=variables, capture_output=True, text=True, timeout=20
-    )
-    assert proc.returncode == 0, proc.stderr
-    sudo = [json.loads(line) for line in (tmp_path / "sudo.jsonl").read_text().splitlines()]
-    assert sudo[0] == ["pkill", "-f", "[s]cripts/train.py"]
-    assert sudo[1][:2] == ["lsof", "-t"]
-    assert ["rm", "-f", "/tmp/libtpu_lockfile"] in sudo
+    assert env.calls() == [[*SSH, "--command=cd pipeline && tpu/worker.sh stop 300"]]
+    env.reset()
+    ok(env.run("stop", *COMMON, "--grace-seconds", "30", "--remote-dir", "/opt/p"))
+    assert env.calls() == [[*SSH, "--command=cd /opt/p && tpu/worker.sh stop 30"]]
 
 
-def test_logs_stream_and_collect(env, tmp_path):
+def test_logs_stream(env):
     ok(env.run("logs", *COMMON))
     [ssh] = env.calls()
     assert ssh[: len(SSH)] == SSH
@@ -387,42 +276,100 @@ def test_logs_stream_and_collect(env, tmp_path):
     assert "--worker=0" in ssh and command_of(ssh).startswith(
         'tail -n 5 -F /var/log/run/train-"$(hostname)"'
     )
-    env.reset()
-    dest = tmp_path / "collected"
-    ok(env.run("logs", *COMMON, "--collect", str(dest)))
-    assert env.calls() == [
-        [
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "scp",
-            "--recurse",
-            "--worker=all",
-            f"{NAME}:pipeline/logs",
-            str(dest),
-            *LOC,
-        ]
-    ]
-    assert dest.is_dir()
 
+
+def scp_from(worker: int, dest: Path) -> list[str]:
+    return ["compute", "tpus", "tpu-vm", "scp", "--recurse", f"--worker={worker}",
+            f"{NAME}:pipeline/logs", str(dest), *LOC]  # fmt: skip
+
+
+def test_logs_collect_copies_from_one_worker_at_a_time(env, tmp_path):
+    dest = tmp_path / "collected"
+    env.rules(("describe", 0, "3"))
+    ok(env.run("logs", *COMMON, "--collect", str(dest)))
+    count = ["compute", "tpus", "tpu-vm", "describe", NAME, *LOC,
+             "--format=value(networkEndpoints.len())"]  # fmt: skip
+    assert env.calls() == [count, scp_from(0, dest), scp_from(1, dest), scp_from(2, dest)]
+    assert dest.is_dir()
+    # gcloud refuses scp from several workers ("cannot target multiple workers").
+    assert not any("scp" in call and "--worker=all" in call for call in env.calls())
+    env.reset()
+    ok(env.run("logs", *COMMON, "--collect", str(dest), "--worker", "1,3"))
+    assert env.calls() == [scp_from(1, dest), scp_from(3, dest)]
+    env.reset()
+    env.rules(("describe", 1, ""))
+    failed = env.run("logs", *COMMON, "--collect", str(dest))
+    assert failed.returncode == 2 and "cannot describe my-tpu" in failed.stderr
+
+
+# --- recover --------------------------------------------------------------------------------
+
+RECOVER = [*COMMON, *SLICE, "--repo", "https://example.com/r.git", *TRAIN]
+START = "tpu/worker.sh start"
+
+
+def test_recover_recreates_a_preempted_slice_and_resumes(env):
+    env.rules(
+        ("describe", 1, ""), ("describe", 0, "READY"),  # create.sh --wait: created, ready
+        (START, 1, "preempted"),  # the foreground run fails: the slice was reclaimed
+        ("describe", 0, "PREEMPTED"),  # recover.sh: what happened?
+        ("describe", 1, ""), ("describe", 0, "READY"),  # after delete.sh: create again
+    )  # fmt: skip
+    result = ok(env.run("recover", *RECOVER, "--max-restarts", "2", "--", "--steps", "100"))
+    kinds = [" ".join(call[2:4]) for call in env.calls()]
+    assert kinds == [
+        "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",  # create, install
+        "tpu-vm ssh", "tpu-vm ssh",  # preflight, start: fails
+        "tpu-vm describe", "tpu-vm delete",  # PREEMPTED: delete
+        "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",  # create, install
+        "tpu-vm ssh", "tpu-vm ssh",  # preflight, start: succeeds
+    ]  # fmt: skip
+    starts = [command_of(c) for c in env.calls() if START in " ".join(c)]
+    assert len(starts) == 2 and all(
+        s.endswith("--checkpoint-dir gs://bucket/ckpt --resume --steps 100") for s in starts
+    )
+    assert all("--foreground" in s for s in starts)
+    assert "my-tpu is PREEMPTED: re-create it, install, resume (restart 1 of 2)" in result.stderr
+    assert "training finished on my-tpu after 1 restart(s)" in result.stderr
+
+
+def test_recover_restarts_on_a_healthy_slice_then_gives_up(env):
+    env.rules(("describe", 1, ""), ("describe", 0, "READY"), (START, 1, ""),
+              ("describe", 0, "READY"), (START, 1, ""), ("describe", 0, "READY"))  # fmt: skip
+    result = env.run("recover", *RECOVER, "--max-restarts", "1")
+    assert result.returncode == 1
+    assert "stop, then resume (restart 1 of 1)" in result.stderr
+    assert "1 restart(s) are spent (--max-restarts 1)" in result.stderr
+    stops = [c for c in env.calls() if "tpu/worker.sh stop" in " ".join(c)]
+    creates = [c for c in env.calls() if c[3] == "create"]
+    assert len(stops) == 1 and len(creates) == 1  # the slice was kept
+
+
+# --- dry run --------------------------------------------------------------------------------
 
 SCENARIOS = [
-    ("create", [*COMMON, *SLICE]),
-    ("create", [*COMMON, *SLICE, "--queued", "--reserved"]),
-    ("install", [*COMMON, "--source", "{src}"]),
-    ("install", [*COMMON, "--repo", "https://example.com/r.git"]),
-    ("run", [*COMMON, *TRAIN, "--env", "A=b c", "--", "--resume", "--x", "a'b\"c $HOME"]),
-    ("logs", [*COMMON]),
-    ("logs", [*COMMON, "--collect", "out dir"]),
-    ("stop", [*COMMON]),
-    ("delete", [*COMMON]),
-    ("delete", [*COMMON, "--queued"]),
-]
+    ("create", [*COMMON, *SLICE], []),
+    ("create", [*COMMON, *SLICE, "--queued", "--reserved", "--wait"],
+     [("describe", 1, ""), ("describe", 0, "ACTIVE")]),
+    ("install", [*COMMON, "--source", "{src}"], []),
+    ("install", [*COMMON, "--repo", "https://e.com/r.git", "--gcsfuse-bucket", "my-bucket"], []),
+    ("run", [*COMMON, *TRAIN, "--env", "A=b c", "--", "--resume", "--x", "a'b\"c $HOME"], []),
+    ("logs", [*COMMON], []),
+    ("logs", [*COMMON, "--collect", "out dir"], [("describe", 0, "1")]),
+    ("logs", [*COMMON, "--collect", "out", "--worker", "0,1"], []),
+    ("stop", [*COMMON], []),
+    ("delete", [*COMMON], []),
+    ("delete", [*COMMON, "--queued"], []),
+    ("recover", RECOVER, [("describe", 1, ""), ("describe", 0, "READY")]),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("script, args", SCENARIOS)
-def test_dry_run_prints_the_same_commands_and_calls_nothing(env, source_repo, script, args):
+@pytest.mark.parametrize("script, args, rules", SCENARIOS)
+def test_dry_run_prints_the_same_commands_and_calls_nothing(
+    env, agent, source_repo, script, args, rules
+):
     args = [a.replace("{src}", str(source_repo)) for a in args]
+    env.rules(*rules)
     ok(env.run(script, *args))
     real = env.calls()
     assert real, "the real run called gcloud"
@@ -443,35 +390,24 @@ def test_dry_run_prints_the_same_commands_and_calls_nothing(env, source_repo, sc
 def test_dry_run_install_prints_git_archive(env, source_repo):
     dry = ok(env.run("install", *COMMON, "--source", str(source_repo), "--dry-run"))
     first = shlex.split(dry.stdout.splitlines()[0])
-    assert first == [
-        "git",
-        "-C",
-        str(source_repo),
-        "archive",
-        "--format=tar.gz",
-        "-o",
-        str(env.tmp / f"tpu-install-{NAME}.tar.gz"),
-        "HEAD",
-    ]
+    assert first == ["git", "-C", str(source_repo), "archive", "--format=tar.gz", "-o",
+                     str(env.tmp / f"tpu-install-{NAME}.tar.gz"), "HEAD"]  # fmt: skip
 
+
+# --- parameters -----------------------------------------------------------------------------
 
 REQUIRED = {
-    "create": (
-        [*COMMON, *SLICE],
-        ["--name", "--project", "--zone", "--accelerator-type", "--runtime-version"],
-    ),
-    "install": (
-        [*COMMON, "--repo", "https://example.com/r.git"],
-        ["--name", "--project", "--zone"],
-    ),
-    "run": (
-        [*COMMON, *TRAIN],
-        ["--name", "--project", "--zone", "--config", "--data", "--checkpoint-dir"],
-    ),
+    "create": ([*COMMON, *SLICE],
+               ["--name", "--project", "--zone", "--accelerator-type", "--runtime-version"]),
+    "install": ([*COMMON, "--repo", "https://example.com/r.git"],
+                ["--name", "--project", "--zone"]),
+    "run": ([*COMMON, *TRAIN],
+            ["--name", "--project", "--zone", "--config", "--data", "--checkpoint-dir"]),
     "logs": (COMMON, ["--name", "--project", "--zone"]),
     "stop": (COMMON, ["--name", "--project", "--zone"]),
     "delete": (COMMON, ["--name", "--project", "--zone"]),
-}
+    "recover": (COMMON, ["--name", "--project", "--zone"]),
+}  # fmt: skip
 MISSING = [(script, flag) for script, (_, flags) in REQUIRED.items() for flag in flags]
 
 
@@ -498,12 +434,24 @@ def test_missing_parameter_fails_in_dry_run_too(env):
 
 
 @pytest.mark.parametrize(
+    "zone", ["us-west4-a", "us-central2-b", "europe-west4-b", "us-south1-ai1b",
+             "northamerica-northeast1-c", "me-central2-a", "asia-southeast1-b"],
+)  # fmt: skip
+def test_every_real_zone_form_is_accepted(env, zone):
+    ok(env.run("delete", "--name", NAME, "--project", PROJECT, "--zone", zone))
+    assert env.calls()[0][5] == f"--zone={zone}"
+
+
+@pytest.mark.parametrize(
     "args, needle",
     [
         (["--zone", "nowhere"], "--zone"),
+        (["--zone", "us-west4"], "--zone"),
+        (["--zone", "US-WEST4-A"], "--zone"),
         (["--name", "Bad_Name"], "--name"),
         (["--accelerator-type", "tpu16"], "--accelerator-type"),
         (["--capacity", "cheap"], "--capacity"),
+        (["--poll-seconds", "soon"], "--poll-seconds"),
         (["--bogus"], "unknown option '--bogus'"),
         (["stray"], "unexpected argument 'stray'"),
         (["--name"], "--name needs a value"),
@@ -523,7 +471,7 @@ def test_precedence_flag_over_env_file_over_environment(env, tmp_path):
         "# comment\n\n"
         "TPU_NAME=file-tpu\n"
         'export TPU_PROJECT="file-project"\n'
-        "TPU_ZONE='europe-west4-a'\n"
+        "TPU_ZONE='us-central2-b'\n"
         "TPU_ACCELERATOR_TYPE=v4-32\n"
     )
     environment = {
@@ -532,26 +480,25 @@ def test_precedence_flag_over_env_file_over_environment(env, tmp_path):
         "TPU_RUNTIME_VERSION": "tpu-ubuntu2204-base",
     }
     ok(env.run("create", "--env-file", str(env_file), "--name", "flag-tpu", extra_env=environment))
-    assert env.calls() == [
-        [
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "create",
-            "flag-tpu",
-            "--zone=europe-west4-a",
-            "--project=file-project",
-            "--accelerator-type=v4-32",
-            "--version=tpu-ubuntu2204-base",
-        ],
-    ]
+    assert env.calls()[1] == [
+        "compute", "tpus", "tpu-vm", "create", "flag-tpu", "--zone=us-central2-b",
+        "--project=file-project", "--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base",
+    ]  # fmt: skip
     # --env-file=FILE and TPU_ENV_FILE work too
     env.reset()
     ok(env.run("delete", f"--env-file={env_file}"))
     assert env.calls()[0][4] == "file-tpu"
     env.reset()
     ok(env.run("delete", extra_env={"TPU_ENV_FILE": str(env_file)}))
-    assert env.calls()[0][4:7] == ["file-tpu", "--zone=europe-west4-a", "--project=file-project"]
+    assert env.calls()[0][4:7] == ["file-tpu", "--zone=us-central2-b", "--project=file-project"]
+
+
+def test_recover_passes_its_flags_over_the_env_file_to_every_step(env, tmp_path):
+    env_file = tmp_path / "my.env"
+    env_file.write_text((TPU / "example.env").read_text())
+    ok(env.run("recover", "--env-file", str(env_file), "--name", "other-tpu",
+               "--repo", "https://example.com/r.git", "--dry-run"))  # fmt: skip
+    assert env.calls() == []
 
 
 def test_environment_alone_is_enough(env):
@@ -565,7 +512,7 @@ def test_environment_alone_is_enough(env):
 @pytest.mark.parametrize(
     "content, needle",
     [
-        ("TPU_ZONEE=us-central2-b\n", "unknown key 'TPU_ZONEE'"),
+        ("TPU_ZONEE=us-west4-a\n", "unknown key 'TPU_ZONEE'"),
         ("just words\n", "expected KEY=VALUE"),
         ("TPU_QUEUED=maybe\n", "--queued (TPU_QUEUED) 'maybe' is not a boolean"),
     ],
@@ -588,6 +535,19 @@ def test_example_env_file_is_complete(env, source_repo, script):
     assert env.calls() == []
 
 
+def test_example_pairs_a_zone_with_an_accelerator_it_offers():
+    """Cloud TPU's regions and zones: v5e (v5litepod) is not in us-central2-b (v4 only)."""
+    values = dict(
+        line.split("=", 1) for line in (TPU / "example.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )  # fmt: skip
+    v5e = {"us-west4-a", "us-central1-a", "us-south1-a", "us-west1-c", "us-east5-a",
+           "us-east5-b", "us-east5-c", "europe-west4-b"}  # fmt: skip
+    assert values["TPU_ACCELERATOR_TYPE"].startswith("v5litepod-")
+    assert values["TPU_ZONE"] in v5e
+    assert values["TPU_RUNTIME_VERSION"] == "v2-alpha-tpuv5-lite"
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help(env, script):
     result = ok(env.run(script, "--help"))
@@ -608,7 +568,7 @@ def test_missing_gcloud_is_a_clear_error(env, tmp_path):
 
 
 def test_scripts_are_executable_bash_with_strict_mode():
-    for script in SCRIPTS:
+    for script in [*SCRIPTS, "worker"]:
         path = TPU / f"{script}.sh"
         assert os.access(path, os.X_OK), f"{path} is not executable"
         text = path.read_text()
@@ -617,18 +577,13 @@ def test_scripts_are_executable_bash_with_strict_mode():
 
 def test_no_project_or_zone_is_hard_coded():
     for path in TPU.glob("*.sh"):
-        code = re.sub(r"<<'EOF'\n.*?\nEOF\n", "", path.read_text(), flags=re.S)  # drop --help text
+        code = re.sub(r"<<'EOF\w*'\n.*?\nEOF\w*\n", "", path.read_text(), flags=re.S)  # help
         code = "\n".join(
             line for line in code.splitlines() if "e.g." not in line
         )  # examples in messages
         assert not re.search(r"\b[a-z]+-[a-z]+[0-9]-[a-z]\b", code), f"{path}: a zone in the code"
-        for var in (
-            "TPU_NAME",
-            "TPU_PROJECT",
-            "TPU_ZONE",
-            "TPU_ACCELERATOR_TYPE",
-            "TPU_RUNTIME_VERSION",
-        ):
+        for var in ("TPU_NAME", "TPU_PROJECT", "TPU_ZONE", "TPU_ACCELERATOR_TYPE",
+                    "TPU_RUNTIME_VERSION"):  # fmt: skip
             assert f"{var}:-" not in code and f"{var}=" not in code, f"{path}: a default for {var}"
 
 

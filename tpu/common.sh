@@ -185,7 +185,7 @@ check_common() {
   check TPU_NAME '^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$' \
     'a valid TPU name (lowercase letters, digits and hyphens, starting with a letter)'
   check TPU_PROJECT '^[a-z][-a-z0-9.:]{2,}[a-z0-9]$' 'a valid project id (e.g. my-project)'
-  # region-zone: us-central2-b, europe-west4-a, northamerica-northeast1-c, us-south1-ai1b
+  # region-zone, e.g. us-central2-b, europe-west4-a, northamerica-northeast1-c, us-south1-ai1b
   check TPU_ZONE '^[a-z]+(-[a-z]+)+[0-9]+-[a-z][a-z0-9]*$' 'a valid zone (e.g. us-west4-a)'
 }
 

@@ -90,11 +90,16 @@ else
 fi
 
 if ((TPU_WAIT)); then
+  unseen=0
   while :; do
     tpu_state state
     ((DRY_RUN)) && break
     [[ $state == "$ready" ]] && break
     [[ $state =~ $dead ]] && { note "error: $TPU_NAME is $state, not $ready"; exit 1; }
+    if [[ -z $state ]]; then
+      unseen=$((unseen + 1))
+      ((unseen < 10)) || { note "error: $TPU_NAME cannot be described (10 tries; see the gcloud errors above)"; exit 1; }
+    fi
     note "$TPU_NAME is ${state:-not visible yet}; waiting for $ready (next check in ${TPU_POLL_SECONDS}s)"
     sleep "$TPU_POLL_SECONDS"
   done

@@ -67,6 +67,9 @@ fi
 if [[ -n ${TPU_REPO:-} && -n ${TPU_SOURCE:-} ]]; then
   die "--repo and --source exclude each other: clone on the workers, or copy a local checkout"
 fi
+if [[ -z ${TPU_REPO:-} ]]; then
+  need_ssh_agent # copy mode copies to all workers at once
+fi
 
 dir=$(remote_path "$TPU_REMOTE_DIR")
 remote_tarball=pipeline-src.tar.gz
@@ -97,7 +100,6 @@ fi
 
 need_gcloud
 if [[ -z ${TPU_REPO:-} ]]; then
-  need_ssh_agent
   if ((!DRY_RUN)); then
     trap 'rm -f "$tarball"' EXIT
   fi

@@ -1,0 +1,118 @@
+"""A fake `gcloud` and a clean environment for the tests of the TPU VM scripts in tpu/.
+
+The fake appends each argument list, one JSON line per call, to a log. Its answers are
+scripted by rules, `PATTERN<TAB>STATUS<TAB>STDOUT` lines: a call takes (and removes) the first
+rule whose PATTERN occurs in its space-joined arguments; without one it prints nothing and
+succeeds. `scp` of a local file copies it into a directory the test can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TPU = REPO / "tpu"
+
+NAME, PROJECT, ZONE = "my-tpu", "my-project", "us-west4-a"
+COMMON = ["--name", NAME, "--project", PROJECT, "--zone", ZONE]
+LOC = [f"--zone={ZONE}", f"--project={PROJECT}"]
+SLICE = ["--accelerator-type", "v5litepod-16", "--runtime-version", "v2-alpha-tpuv5-lite"]
+TRAIN = [
+    "--config", "configs/run.yaml", "--data", "/mnt/bucket/stores",
+    "--checkpoint-dir", "gs://bucket/ckpt",
+]  # fmt: skip
+SSH = ["compute", "tpus", "tpu-vm", "ssh", NAME, *LOC, "--worker=all"]
+DESCRIBE_VM = ["compute", "tpus", "tpu-vm", "describe", NAME, *LOC, "--format=value(state)"]
+DESCRIBE_QR = [
+    "compute", "tpus", "queued-resources", "describe", NAME, *LOC, "--format=value(state.state)",
+]  # fmt: skip
+
+FAKE_GCLOUD = """#!{python} -S
+import json, os, shutil, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if args[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
+    for a in args[4:]:
+        if not a.startswith("-") and os.path.isfile(a):
+            shutil.copy(a, os.environ["FAKE_GCLOUD_SCP_DIR"])
+rules_file = os.environ["FAKE_GCLOUD_RULES"]
+rules = open(rules_file).read().splitlines() if os.path.exists(rules_file) else []
+joined = " ".join(args)
+for i, rule in enumerate(rules):
+    pattern, status, out = (rule.split("\\t") + ["", ""])[:3]
+    if pattern in joined:
+        del rules[i]
+        with open(rules_file, "w") as f:
+            f.write("".join(r + "\\n" for r in rules))
+        print(out)
+        sys.exit(int(status or 0))
+"""
+
+
+class Env:
+    """A clean environment (no TPU_*, a fresh HOME) with the fake gcloud first on PATH."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        self.home = tmp / "home"
+        self.home.mkdir()
+        self.log = tmp / "gcloud.jsonl"
+        self.rules_file = tmp / "rules.tsv"
+        self.scp_dir = tmp / "scp"
+        self.scp_dir.mkdir()
+        gcloud = self.bin / "gcloud"
+        gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
+        gcloud.chmod(0o755)
+        self.vars = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SSH_AUTH"))}
+        self.vars.update(
+            PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            HOME=str(self.home),
+            FAKE_GCLOUD_LOG=str(self.log),
+            FAKE_GCLOUD_RULES=str(self.rules_file),
+            FAKE_GCLOUD_SCP_DIR=str(self.scp_dir),
+            TMPDIR=str(tmp),
+            TPU_POLL_SECONDS="0",
+        )
+
+    def run(self, script: str, *args: str, extra_env: dict | None = None, path: Path = TPU):
+        env = dict(self.vars, **(extra_env or {}))
+        return subprocess.run(
+            [str(path / f"{script}.sh"), *args],
+            env=env,
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def rules(self, *rules: tuple[str, int, str]) -> None:
+        """Script the fake's answers: (pattern, exit status, stdout), first match first."""
+        self.rules_file.write_text("".join(f"{p}\t{s}\t{o}\n" for p, s, o in rules))
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def reset(self):
+        self.log.unlink(missing_ok=True)
+        self.rules_file.unlink(missing_ok=True)
+
+
+def ok(result):
+    assert result.returncode == 0, (
+        f"rc={result.returncode}\nstdout:{result.stdout}\nstderr:{result.stderr}"
+    )
+    return result
+
+
+def command_of(call: list[str]) -> str:
+    [cmd] = [a[len("--command=") :] for a in call if a.startswith("--command=")]
+    return cmd
