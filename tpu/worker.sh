@@ -146,7 +146,16 @@ start() {
   echo "started on $host, pid $child"
   trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
   if [[ -n $uri ]]; then
-    (while sleep "$every"; do copy_log "$log" "$uri/train-$host.log"; done) &
+    (
+      nap=""
+      trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+      while :; do
+        sleep "$every" &
+        nap=$!
+        wait "$nap"
+        copy_log "$log" "$uri/train-$host.log"
+      done
+    ) </dev/null >/dev/null 2>&1 &
     syncer=$!
   fi
   rc=0

@@ -1,0 +1,247 @@
+"""What runs on each TPU VM worker (tpu/worker.sh), run here in a sandboxed worker home.
+
+The sandbox is ~/pipeline with the real tpu/worker.sh, a venv whose `python` is this
+interpreter, and a stand-in scripts/train.py that records how it was started and reacts to
+SIGTERM as the real trainer does (save, exit 75). Its processes run in their own session, and
+`pgrep` only looks inside it, so nothing outside the sandbox is ever signalled. `sudo` runs
+`lsof` and `kill` for real and records the rest; `gcloud` records `storage cp`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tpu_fakes import COMMON, TPU, TRAIN, Env, command_of, ok
+
+TRAINER = """\
+import json, os, signal, sys, time
+print("hello from the trainer", flush=True)
+keys = ["JAX_PLATFORMS", "TPU_STDERR_LOG_LEVEL", "PIPELINE_DATA_DIR", "LIBTPU_INIT_ARGS"]
+out = {"argv": sys.argv, "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
+with open(os.environ["TRAINER_OUT"] + ".tmp", "w") as f:
+    f.write(json.dumps(out))
+os.rename(os.environ["TRAINER_OUT"] + ".tmp", os.environ["TRAINER_OUT"])
+mode = os.environ.get("FAKE_TRAINER", "exit")
+def saved(signum, frame):
+    open(os.environ["TRAINER_OUT"] + ".saved", "w").close()
+    sys.exit(75)
+if mode == "graceful":
+    signal.signal(signal.SIGTERM, saved)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode != "exit":
+    time.sleep(float(os.environ.get("FAKE_SECONDS", "60")))
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+RECORDER = """#!{python} -S
+import json, os, sys
+with open(os.environ["{log}"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+# sudo: run lsof and kill for real (they only ever see the sandbox's files and pids).
+SUDO = """#!/bin/sh
+case $1 in lsof|kill) exec "$@" ;; esac
+exec "{recorder}" "$@"
+"""
+
+
+class Worker:
+    """A sandboxed worker home with the project installed and a session of its own."""
+
+    def __init__(self, tmp: Path, env: Env):
+        self.tmp = tmp
+        self.env = env
+        self.home = tmp / "worker"
+        self.project = self.home / "pipeline"
+        venv_bin = self.project / ".venv" / "bin"
+        venv_bin.mkdir(parents=True)
+        (venv_bin / "activate").write_text(f'PATH="{venv_bin}:$PATH"; export PATH\n')
+        (venv_bin / "python").symlink_to(sys.executable)
+        (self.project / "tpu").mkdir()
+        shutil.copy(TPU / "worker.sh", self.project / "tpu" / "worker.sh")
+        (self.project / "scripts").mkdir()
+        (self.project / "scripts" / "train.py").write_text(TRAINER)
+        tools = tmp / "worker-bin"
+        tools.mkdir()
+        for tool in ("gcloud", "sudo-record"):
+            log = f"FAKE_{tool.upper().replace('-', '_')}_LOG"
+            (tools / tool).write_text(RECORDER.format(python=sys.executable, log=log))
+            (tools / tool).chmod(0o755)
+        (tools / "sudo").write_text(SUDO.format(recorder=tools / "sudo-record"))
+        (tools / "pgrep").write_text(f'#!/bin/sh\nexec {shutil.which("pgrep")} -s 0 "$@"\n')
+        for tool in ("sudo", "pgrep"):
+            (tools / tool).chmod(0o755)
+        self.devices = [tmp / "accel0", tmp / "accel1"]
+        for device in self.devices:
+            device.touch()
+        self.out = tmp / "trainer.json"
+        self.vars = dict(
+            env.vars,
+            HOME=str(self.home),
+            PATH=f"{tools}{os.pathsep}{os.environ['PATH']}",
+            TRAINER_OUT=str(self.out),
+            FAKE_GCLOUD_LOG=str(tmp / "worker-gcloud.jsonl"),
+            FAKE_SUDO_RECORD_LOG=str(tmp / "sudo.jsonl"),
+            PIPELINE_TPU_DEVICES=f"{tmp}/accel*",
+        )
+        self.log = self.project / "logs" / f"train-{socket.gethostname()}.log"
+
+    def shell(self, command: str, timeout: float = 30, **extra: str):
+        return subprocess.run(
+            ["bash", "-c", command], cwd=self.home, env=dict(self.vars, **extra),
+            capture_output=True, text=True, timeout=timeout, start_new_session=True,
+        )  # fmt: skip
+
+    def recorded(self, name: str) -> list[list[str]]:
+        path = self.tmp / name
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def worker(tmp_path):
+    return Worker(tmp_path, Env(tmp_path))
+
+
+def wait_for(predicate, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+RUN_EXTRAS = ("--env", "LIBTPU_INIT_ARGS=--xla_foo=1 --xla_bar", "--", "--resume", "--note",
+              "it's a test")  # fmt: skip
+
+
+def start_command(worker: Worker, *args: str) -> str:
+    ok(worker.env.run("run", *COMMON, *TRAIN, *args))
+    return command_of(worker.env.calls()[-1])
+
+
+def test_run_remote_command_starts_the_trainer_in_the_background(worker):
+    result = worker.shell(start_command(worker, *RUN_EXTRAS))
+    assert result.returncode == 0, result.stderr
+    assert "started on" in result.stdout
+    wait_for(worker.out.exists)
+    got = json.loads(worker.out.read_text())
+    assert got["argv"] == ["scripts/train.py", "--data-config", "configs/run.yaml",
+                           "--checkpoint-dir", "gs://bucket/ckpt", "--resume", "--note",
+                           "it's a test"]  # fmt: skip
+    assert got["cwd"] == str(worker.project)
+    assert got["env"] == {
+        "JAX_PLATFORMS": "tpu",
+        "TPU_STDERR_LOG_LEVEL": "0",
+        "PIPELINE_DATA_DIR": "/mnt/bucket/stores",
+        "LIBTPU_INIT_ARGS": "--xla_foo=1 --xla_bar",
+    }
+    wait_for(lambda: "hello" in (worker.log.read_text() if worker.log.exists() else ""))
+
+
+def test_foreground_run_returns_the_trainer_status_and_copies_the_log_at_exit(worker):
+    command = start_command(worker, "--foreground", "--log-uri", "gs://bucket/logs/r1/")
+    result = worker.shell(command, FAKE_EXIT="75")
+    assert result.returncode == 75, result.stderr
+    assert "scripts/train.py exited with status 75" in result.stdout
+    uri = f"gs://bucket/logs/r1/train-{socket.gethostname()}.log"
+    assert worker.recorded("worker-gcloud.jsonl") == [["storage", "cp", "logs/" + worker.log.name,
+                                                       uri]]  # fmt: skip
+    assert "hello from the trainer" in worker.log.read_text()
+
+
+def test_the_log_is_copied_periodically_while_the_trainer_runs(worker):
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh start --log-dir logs --log-uri gs://b/l --sync-seconds 1 "
+        "--foreground -- python scripts/train.py",
+        FAKE_TRAINER="sleep", FAKE_SECONDS="3.5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    copies = worker.recorded("worker-gcloud.jsonl")
+    assert len(copies) >= 3 and all(c[:2] == ["storage", "cp"] for c in copies)  # 3 + at exit
+
+
+def test_preflight_kills_stale_tpu_holders_and_counts_the_chips(worker):
+    holder = subprocess.Popen(["sleep", "60"], stdin=worker.devices[0].open())
+    try:
+        result = worker.shell("cd pipeline && tpu/worker.sh preflight")
+        assert result.returncode == 0, result.stderr
+        assert f"killing stale TPU holders on {socket.gethostname()}: {holder.pid}" in result.stdout
+        assert f"ok: {socket.gethostname()} sees 2 TPU chips, none in use" in result.stdout
+        assert holder.wait(timeout=5) == -9
+        assert ["rm", "-f", "/tmp/libtpu_lockfile"] in worker.recorded("sudo.jsonl")
+    finally:
+        holder.kill()
+
+
+def test_preflight_fails_without_chips_or_with_a_running_trainer(worker):
+    for device in worker.devices:
+        device.unlink()
+    result = worker.shell("cd pipeline && tpu/worker.sh preflight")
+    assert result.returncode == 1 and "no TPU chips visible" in result.stderr
+    running = worker.shell(
+        "cd pipeline && . .venv/bin/activate && (python scripts/train.py &) && "
+        "sleep 0.5 && tpu/worker.sh preflight",
+        FAKE_TRAINER="sleep", FAKE_SECONDS="3",
+    )  # fmt: skip
+    assert running.returncode == 1 and "already running; run tpu/stop.sh first" in running.stderr
+
+
+def test_stop_asks_the_trainer_to_save_first(worker):
+    result = worker.shell(
+        "cd pipeline && . .venv/bin/activate && (python scripts/train.py &) && "
+        "while [ ! -e \"$TRAINER_OUT\" ]; do sleep 0.05; done && tpu/worker.sh stop 20",
+        FAKE_TRAINER="graceful",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "SIGTERM to the trainer" in result.stdout and "SIGKILL" not in result.stdout
+    assert Path(f"{worker.out}.saved").exists()
+    assert "stopped on" in result.stdout
+
+
+def test_stop_escalates_when_the_trainer_does_not_exit(worker):
+    result = worker.shell(
+        "cd pipeline && . .venv/bin/activate && (python scripts/train.py &) && "
+        "while [ ! -e \"$TRAINER_OUT\" ]; do sleep 0.05; done && tpu/worker.sh stop 1 && "
+        "sleep 0.2 && ! pgrep -f '^python scripts/train'",
+        FAKE_TRAINER="stubborn",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "still running after 1s" in result.stdout and "SIGKILL" in result.stdout
+    assert not Path(f"{worker.out}.saved").exists()
+
+
+def test_stop_succeeds_when_nothing_runs(worker):
+    result = worker.shell("cd pipeline && tpu/worker.sh stop 5")
+    assert result.returncode == 0 and "stopped on" in result.stdout
+    assert "SIGTERM" not in result.stdout
+
+
+def test_mount_uses_maxtexts_gcsfuse_cache_flags(worker, tmp_path):
+    tools = Path(worker.vars["PATH"].split(os.pathsep)[0])
+    for tool in ("gcsfuse",):
+        (tools / tool).write_text(RECORDER.format(python=sys.executable, log="FAKE_GCSFUSE_LOG"))
+        (tools / tool).chmod(0o755)
+    (tools / "mountpoint").write_text("#!/bin/sh\nexit 1\n")
+    (tools / "mountpoint").chmod(0o755)
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh mount gs://my-bucket /mnt/my-bucket",
+        FAKE_GCSFUSE_LOG=str(tmp_path / "gcsfuse.jsonl"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert worker.recorded("gcsfuse.jsonl") == [[
+        "-o", "ro", "--implicit-dirs", "--type-cache-max-size-mb=-1",
+        "--stat-cache-max-size-mb=-1", "--kernel-list-cache-ttl-secs=-1",
+        "--metadata-cache-ttl-secs=-1", f"--log-file={worker.home}/gcsfuse.json", "my-bucket",
+        "/mnt/my-bucket",
+    ]]  # fmt: skip
+    assert ["mkdir", "-p", "/mnt/my-bucket"] in worker.recorded("sudo.jsonl")
