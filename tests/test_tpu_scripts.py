@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pipeline.config import parse_config
 from tests.tpu_fakes import (
     COMMON,
     DESCRIBE_QR,
@@ -601,3 +603,35 @@ def test_shellcheck_clean():
         [shellcheck, "-x", *scripts], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- docs/tpu.md ----------------------------------------------------------------------------
+
+DOC = (REPO / "docs" / "tpu.md").read_text()
+
+
+def test_the_walkthrough_shows_each_command_as_dry_run_prints_it(env):
+    """Every `$ tpu/... --dry-run` block of docs/tpu.md, run with its env file, prints exactly
+    the lines shown under it (the checkout's path shown as /path/to/pipeline)."""
+    [env_text] = re.findall(r"```bash\n# tpu/my\.env\n(.*?)```", DOC, re.S)
+    env_file = env.tmp / "my.env"
+    env_file.write_text(env_text)
+    runs = [
+        block.splitlines() for block in re.findall(r"```console\n(.*?)```", DOC, re.S)
+        if block.startswith("$ tpu/") and "--dry-run" in block.splitlines()[0]
+    ]  # fmt: skip
+    shown = {shlex.split(lines[0])[1] for lines in runs}
+    assert shown == {f"tpu/{script}.sh" for script in SCRIPTS}
+    for prompt, *expected in runs:
+        words = [str(env_file) if w == "tpu/my.env" else w for w in shlex.split(prompt)[1:]]
+        script = Path(words[0]).stem
+        result = ok(env.run(script, *words[1:], extra_env={"TMPDIR": "/tmp"}))
+        assert result.stdout.replace(str(REPO), "/path/to/pipeline").splitlines() == expected
+    assert env.calls() == []
+
+
+def test_the_walkthrough_data_config_is_valid_yaml_with_absolute_store_paths(monkeypatch):
+    [config] = re.findall(r"```yaml\n# configs/my-run\.yaml\n(.*?)```", DOC, re.S)
+    monkeypatch.setenv("PIPELINE_DATA_DIR", "/mnt/my-bucket/stores")
+    parsed = parse_config(yaml.safe_load(config), origin="configs/my-run.yaml")
+    assert [str(s.path) for s in parsed.sources] == ["/mnt/my-bucket/stores/web"]
