@@ -141,6 +141,8 @@ start() {
     echo "started on $host, pid $!"
     return 0
   fi
+  # A dropped ssh connection (recover.sh waits on this one) must not end the run.
+  trap '' HUP
   "$@" >"$log" 2>&1 </dev/null &
   child=$!
   echo "started on $host, pid $child"
