@@ -219,7 +219,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             if preempted:
                 break
         manager.wait_until_finished()
-        if preempted:
+        if preempted and done < args.steps:  # a notice at the last step: the run is complete
             log.info("preempted: saved step %d to %s; resume with --resume", done, checkpoint_dir)
             return PREEMPTED
     finally:
