@@ -170,3 +170,17 @@ def test_a_state_of_another_format_is_refused(tmp_path):
         path.write_text(json.dumps({"step": 3}))
         with pytest.raises(LedgerError, match="not a version-1 data state"):
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
+
+
+def test_a_state_written_under_the_old_data_order_is_refused(tmp_path):
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        save(mngr, 0, feed)
+        path = tmp_path / "ckpt" / "0" / "data" / FILENAME
+        state = json.loads(path.read_text())
+        del state["ledger"]["data_order"]
+        state["ledger"]["version"] = 1  # as pipeline 0.1 wrote it, under data order 1
+        path.write_text(json.dumps(state))
+        with pytest.raises(LedgerError, match=r"data order 1, .* fresh ledger") as error:
+            mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert str(path) in str(error.value) and "\n" not in str(error.value)

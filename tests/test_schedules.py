@@ -176,21 +176,6 @@ def test_a_run_anchored_switch_past_the_new_configs_end_is_refused(tmp_path):
         reconcile(plan, parse_config(after, origin="after.yaml"), 9, switch=True)  # fmt: skip
 
 
-def test_version_1_ledgers_keep_their_switch_anchored_meaning(tmp_path):
-    stores = write_stores(tmp_path)
-    before = raw_config(stores, mix={"s0": 1, "s1": 1})
-    stages = [{"name": "a", "steps": 5, "mix": {"s0": 1}}, {"name": "b", "mix": {"s1": 1}}]
-    after = raw_config(stores, stages=stages, starts_at="switch")
-    plan = switched(before, after, 20)
-    raw = plan.ledger.to_json()
-    raw["version"] = 1
-    for segment in raw["segments"]:
-        del segment["stages_from"]
-    old = Plan(Ledger.from_json(raw), plan.stores())
-    for step in (19, 20, 24, 25, 40):
-        assert source_names(old, step) == source_names(plan, step)
-
-
 @pytest.mark.parametrize(
     ("stages_from", "message"),
     [(0, "fingerprint does not match"), (3, "only 0 \\(starts_at: run\\) or its start step 20")],

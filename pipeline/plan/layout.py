@@ -9,9 +9,9 @@ lanes roll over together; the few tokens past the last window of a lane are not 
 epoch, and because the shard order changes every epoch, different tokens fall there each time.
 
 The k-th window a lane draws from the source is window `perm(k % W)` of epoch `k // W`, where
-`perm` is a keyed bijection per (seed, source, epoch, lane) (Grain's `index_shuffle`, or for
-small W a cached permutation array), so each window is used exactly once per epoch and any k is
-computed directly.
+`perm` is a keyed bijection per (seed, source, epoch, lane) (`pipeline.plan.permutation`), so
+each window is used exactly once per epoch and any k is computed directly. The shard order of
+epoch `e` is the same bijection on the shard indices, keyed per (seed, source, epoch).
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from grain.experimental import index_shuffle
 
 from pipeline.errors import ConfigError
-from pipeline.keys import keyed_hash
+from pipeline.plan.permutation import ROUNDS, permutation, permute, round_keys
 from pipeline.store.token_store import TokenSpan, TokenStore
 
-SHUFFLE_ROUNDS = 4
-# Grain's index_shuffle is slow on tiny domains (cycle walking); below this many windows per
-# lane a keyed permutation array per (epoch, lane) is cached instead: still a keyed bijection.
+# Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
+# (a few ms) and cached, so a draw is a lookup; above, each draw's window is computed on its own.
 SMALL_DOMAIN = 1 << 16
 
 
@@ -47,6 +45,7 @@ class SourceLayout:
                 "(use a smaller seq_len or fewer lanes)"
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
+        self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
         self._small_permutation = lru_cache(maxsize=256)(self._permutation)
 
     def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -54,23 +53,17 @@ class SourceLayout:
         counter = np.asarray(counter, dtype=np.int64)
         lane = np.broadcast_to(np.asarray(lane, dtype=np.int64), counter.shape)
         epoch, k = np.divmod(counter, self.windows_per_lane)
-        window = np.empty_like(k)
-        for e, ln in set(zip(epoch.ravel().tolist(), lane.ravel().tolist())):
-            mask = (epoch == e) & (lane == ln)
-            window[mask] = self._window_order(e, ln, k[mask])
+        pairs = list(zip(epoch.ravel().tolist(), lane.ravel().tolist()))
+        if self.windows_per_lane <= SMALL_DOMAIN:
+            window = np.empty_like(k)
+            for e, ln in set(pairs):
+                mask = (epoch == e) & (lane == ln)
+                window[mask] = self._small_permutation(e, ln)[k[mask]]
+        else:  # every draw on its own, all (epoch, lane) keys in one call
+            keys = np.array([self._window_keys(e, ln) for e, ln in pairs], dtype=np.uint64)
+            window = permute(k, self.windows_per_lane, keys.reshape(*k.shape, ROUNDS))
         start = lane * self.lane_tokens + window * self.seq_len
         return epoch, window, start
-
-    def _window_order(self, epoch: int, lane: int, k: np.ndarray) -> np.ndarray:
-        """Positions of draws `k` in the keyed permutation of (epoch, lane)."""
-        if self.windows_per_lane <= SMALL_DOMAIN:
-            return self._small_permutation(epoch, lane)[k]
-        seed = self._lane_seed(epoch, lane)
-        last = self.windows_per_lane - 1
-        return np.array(
-            [index_shuffle(int(i), max_index=last, seed=seed, rounds=SHUFFLE_ROUNDS) for i in k],
-            dtype=np.int64,
-        )
 
     def pieces(self, epoch: int, start: int, stop: int) -> list[tuple[int, int, int]]:
         """(shard, first token, end token) pieces covering [start, stop) of the epoch stream."""
@@ -148,15 +141,13 @@ class SourceLayout:
         return self._shard_starts(epoch)[0]
 
     def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        key = keyed_hash(self.seed, "shard-order", self.name, epoch)
-        order = np.random.default_rng(key).permutation(self.store.num_shards)
+        keys = round_keys(self.seed, "shard-order", self.name, epoch)
+        order = permutation(self.store.num_shards, keys)
         starts = np.concatenate([[0], np.cumsum(self.store.shard_tokens[order])])
         return order, starts
 
-    def _lane_seed(self, epoch: int, lane: int) -> int:
-        return keyed_hash(self.seed, "window-order", self.name, epoch, lane, bits=32)
+    def _lane_keys(self, epoch: int, lane: int) -> np.ndarray:
+        return round_keys(self.seed, "window-order", self.name, epoch, lane)
 
     def _permutation(self, epoch: int, lane: int) -> np.ndarray:
-        return np.random.default_rng(self._lane_seed(epoch, lane)).permutation(
-            self.windows_per_lane
-        )
+        return permutation(self.windows_per_lane, self._window_keys(epoch, lane))

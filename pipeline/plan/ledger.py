@@ -7,11 +7,14 @@ source had already been drawn `counters[name]` windows per lane. The first segme
 step 0 with zero counters; a declared config switch appends one. With the step, the ledger
 determines every batch the run has seen or will see.
 
-Version 1 ledgers (before `stages_from`) laid every segment out from its own start; they are
-read with `stages_from = start_step`, which is what they meant.
-
 The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
 size, lanes, stages, and each source's store content), not store paths or feed options.
+
+A ledger also records the *data order* it was written under (`DATA_ORDER`, the version of the
+shard and window permutations): the same ledger gives other batches under another order, so
+one written under any other order is refused (docs/data-plan.md, "Data order versions").
+Ledgers of versions 1 (pipeline 0.1) and 2 (before `data_order`) were all written under data
+order 1.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
 
-LEDGER_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+LEDGER_VERSION = 3  # 2 added "stages_from", 3 "data_order"
+DATA_ORDER = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: pipeline.plan.permutation
 
 
 def config_mapping(config: DataConfig) -> dict[str, Any]:
@@ -70,7 +73,7 @@ class Segment:
     @property
     def fingerprint(self) -> str:
         """What the ledger file records against edits: the data order, and the anchoring when
-        it is not the segment's own start (so version-1 segments keep their fingerprints)."""
+        it is not the segment's own start."""
         if self.stages_from == self.start_step:
             return fingerprint_of(self.order)
         return fingerprint_of({**self.order, "stages_from": self.stages_from})
@@ -114,22 +117,35 @@ class Ledger:
         return Ledger((*self.segments, segment))
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": LEDGER_VERSION, "segments": [s.to_json() for s in self.segments]}
+        return {
+            "version": LEDGER_VERSION,
+            "data_order": DATA_ORDER,
+            "segments": [s.to_json() for s in self.segments],
+        }
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
-        if not isinstance(raw, dict) or raw.get("version") not in READABLE_VERSIONS:
-            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} (or 1) ledger")
+        version = raw.get("version") if isinstance(raw, dict) else None
+        if version not in (1, 2, LEDGER_VERSION):
+            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} ledger")
+        order = raw.get("data_order") if version == LEDGER_VERSION else 1
+        if order != DATA_ORDER:
+            raise LedgerError(
+                f"{origin}: written under data order {order}, but this version "
+                f"of pipeline computes data order {DATA_ORDER} (the shard and window "
+                "permutations changed), so its steps would get other batches; start the data "
+                "from a fresh ledger, or finish the run with the release that wrote it "
+                "(pipeline 0.1 for data order 1)"
+            )
         segments = []
         for index, entry in enumerate(raw.get("segments") or []):
             try:
-                start = int(entry["start_step"])
                 segment = Segment(
-                    start,
+                    int(entry["start_step"]),
                     dict(entry["config"]),
                     dict(entry["fingerprints"]),
                     {k: int(v) for k, v in entry["counters"].items()},
-                    int(entry.get("stages_from", start)),
+                    int(entry["stages_from"]),
                 )
             except (KeyError, TypeError, ValueError) as error:
                 raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error

@@ -1,0 +1,93 @@
+"""A keyed bijection on [0, n): the shuffle behind every shard order and window order.
+
+The data order is part of what a ledger records, so the shuffle is ours and fixed here, not a
+dependency's: NumPy does not promise that `Generator.permutation` streams stay the same across
+versions (NEP 19), and Grain's `index_shuffle` is an unversioned internal. Changing anything in
+this module changes the data order: bump `pipeline.plan.ledger.DATA_ORDER` with it.
+
+The algorithm (data order 2), for n >= 1 and round keys k_0 .. k_5 (64-bit integers):
+
+* m = max(`MIN_BITS` = 6, bit length of n - 1). An m-bit x is split into a high part of
+  h = ceil(m / 2) bits and a low part of l = floor(m / 2) bits.
+* One Feistel round with key k: with L = x >> l and R = x mod 2^l,
+  x' = R * 2^h + ((L xor F(R xor k)) mod 2^h), then h and l swap for the next round.
+  F is the SplitMix64 finalizer on 64-bit words:
+  z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31.
+* E(x) is `ROUNDS` = 6 rounds with keys k_0 .. k_5 in order: a bijection on [0, 2^m).
+* perm(i) for i < n is E(i), then E again while the value is >= n (cycle walking: the first
+  value of i's cycle that is inside [0, n), so perm is a bijection on [0, n); for n > 32,
+  2^m < 2n, so fewer than two rounds of E are expected per index).
+* `round_keys(seed, purpose, *parts)` are k_r = keyed_hash(seed, purpose, *parts, r)
+  (`pipeline.keys`: BLAKE2b of the parts joined by NUL bytes).
+
+Why the floor of 6 bits: a Feistel network makes only even permutations of its 2^m values and
+is far from uniform when its halves have 1 or 2 bits, which showed as biased orders of a few
+items; walking on at least 64 values makes the orders of small n uniform (tests/
+test_permutation.py counts them), at the cost of ~64 / n rounds of E per index for n < 32.
+
+Every index is computed on its own, so `permute` serves both one epoch's whole order
+(`permute(np.arange(n), ...)`) and a few draws at any step with the same result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.keys import keyed_hash
+
+ROUNDS = 6  # Luby-Rackoff: 4 rounds of a pseudorandom F make a strong pseudorandom permutation
+MIN_BITS = 6
+MAX_N = 1 << 62
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def round_keys(seed: int, purpose: str, *parts: object) -> np.ndarray:
+    """The `ROUNDS` 64-bit round keys of the permutation named by (seed, purpose, parts)."""
+    return np.array([keyed_hash(seed, purpose, *parts, r) for r in range(ROUNDS)], dtype=np.uint64)
+
+
+def permute(index: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
+    """perm(index) on [0, n) under `keys`: [ROUNDS] for all, or index.shape + [ROUNDS] each."""
+    index = np.asarray(index, dtype=np.int64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"a permutation needs 1 <= n <= 2**62, got n={n}")
+    if index.size and (index.min() < 0 or index.max() >= n):
+        raise ValueError(f"indices must be in [0, {n})")
+    if keys.shape not in ((ROUNDS,), (*index.shape, ROUNDS)):
+        raise ValueError(f"keys must have shape ({ROUNDS},) or {(*index.shape, ROUNDS)}")
+    if n == 1:
+        return np.zeros_like(index)
+    x = index.astype(np.uint64).ravel()
+    keys = keys if keys.ndim == 1 else keys.reshape(-1, ROUNDS)
+    todo = np.arange(x.size)
+    bits = max(MIN_BITS, (n - 1).bit_length())
+    while todo.size:  # cycle walking: encrypt again what fell outside [0, n)
+        x[todo] = _encrypt(x[todo], keys if keys.ndim == 1 else keys[todo], bits)
+        todo = todo[x[todo] >= n]
+    return x.astype(np.int64).reshape(index.shape)
+
+
+def permutation(n: int, keys: np.ndarray) -> np.ndarray:
+    """The whole order: position p holds perm(p)."""
+    return permute(np.arange(n), n, keys)
+
+
+def _encrypt(x: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
+    """E: `ROUNDS` alternating Feistel rounds on `bits`-bit values."""
+    high, low = (bits + 1) // 2, bits // 2
+    for r in range(ROUNDS):
+        left, right = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
+        mixed = (left ^ _mix(right ^ keys[..., r])) & np.uint64((1 << high) - 1)
+        x = (right << np.uint64(high)) | mixed
+        high, low = low, high
+    return x
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finalizer: a bijective avalanche of 64-bit words (wrapping products)."""
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)

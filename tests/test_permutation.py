@@ -1,0 +1,166 @@
+"""Properties of the keyed bijection behind every shard and window order."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.plan.permutation import MAX_N, ROUNDS, permutation, permute, round_keys
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+PRIMES = [2, 3, 5, 7, 13, 31, 127, 8191, 65521]
+POWERS = [2**b for b in range(0, 17)]
+sizes = st.one_of(
+    st.sampled_from(PRIMES + POWERS + [p + 1 for p in POWERS] + [p - 1 for p in POWERS[1:]]),
+    st.integers(1, 5000),
+)
+keys = st.builds(round_keys, st.integers(0, 2**63), st.sampled_from(["a", "window-order"]))
+huge = st.one_of(
+    st.sampled_from([2**32, 2**32 + 1, 10**12, MAX_N - 1, MAX_N]), st.integers(1, MAX_N)
+)
+
+
+@SETTINGS
+@given(sizes, keys)
+def test_the_whole_order_is_a_bijection_on_0_to_n(n, key):
+    order = permutation(n, key)
+    assert order.dtype == np.int64 and order.shape == (n,)
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+
+
+@SETTINGS
+@given(huge, keys, st.lists(st.integers(0, MAX_N - 1), min_size=1, max_size=200, unique=True))
+def test_large_domains_map_distinct_indices_to_distinct_indices_in_range(n, key, picks):
+    index = np.array(sorted({p % n for p in picks}), dtype=np.int64)
+    out = permute(index, n, key)
+    assert out.min() >= 0 and out.max() < n
+    assert len(np.unique(out)) == len(index)
+
+
+@SETTINGS
+@given(sizes, keys, st.data())
+def test_any_indices_on_their_own_equal_the_whole_order(n, key, data):
+    order = permutation(n, key)
+    index = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=50)), dtype=np.int64)
+    np.testing.assert_array_equal(permute(index, n, key), order[index])
+    for i in index[:5].tolist():  # one index alone, as a draw at any step computes it
+        assert permute(np.array([i]), n, key)[0] == order[i]
+    grid = np.arange(n)[: n - n % 2].reshape(-1, 2) if n > 1 else np.zeros((1, 1), np.int64)
+    np.testing.assert_array_equal(permute(grid, n, key), order[grid])  # any index shape
+
+
+@SETTINGS
+@given(sizes, st.lists(keys, min_size=1, max_size=4), st.data())
+def test_per_index_keys_equal_one_call_per_key(n, key_list, data):
+    which = np.array(data.draw(st.lists(st.integers(0, len(key_list) - 1), max_size=40)))
+    index = np.array([data.draw(st.integers(0, n - 1)) for _ in which], dtype=np.int64)
+    per_index = np.array(key_list, dtype=np.uint64)[which.astype(np.int64)].reshape(-1, ROUNDS)
+    expected = [permutation(n, key_list[w])[i] for w, i in zip(which.tolist(), index.tolist())]
+    np.testing.assert_array_equal(permute(index, n, per_index), np.array(expected, np.int64))
+
+
+@SETTINGS
+@given(sizes, st.integers(0, 2**63), st.text(max_size=10), st.integers(0, 10**6))
+def test_the_order_is_a_function_of_its_key_parts_only(n, seed, name, epoch):
+    first = permutation(n, round_keys(seed, "window-order", name, epoch))
+    again = permutation(n, round_keys(seed, "window-order", name, epoch))
+    np.testing.assert_array_equal(first, again)
+
+
+@SETTINGS
+@given(st.integers(20, 5000), st.integers(0, 2**62), st.data())
+def test_different_keys_give_different_orders(n, seed, data):
+    other = data.draw(st.integers(0, 2**62).filter(lambda s: s != seed))
+    purpose = data.draw(st.sampled_from(["window-order", "shard-order"]))
+    base = permutation(n, round_keys(seed, purpose, "code", 0, 0))
+    for key in (
+        round_keys(other, purpose, "code", 0, 0),  # another seed
+        round_keys(seed, purpose, "docs", 0, 0),  # another source
+        round_keys(seed, purpose, "code", 1, 0),  # another epoch
+        round_keys(seed, purpose, "code", 0, 1),  # another lane
+    ):
+        assert not np.array_equal(base, permutation(n, key))
+
+
+@pytest.mark.parametrize("n", [4, 5])
+def test_small_orders_are_close_to_uniform(n):
+    """Every order of n items appears, each about 1/n! of 24,000 keys (chi-squared)."""
+    trials = 24_000
+    keys = np.array([round_keys(7, "uniform", t) for t in range(trials)], dtype=np.uint64)
+    orders = permute(np.tile(np.arange(n), (trials, 1)), n, keys[:, None, :].repeat(n, axis=1))
+    _, counts = np.unique(orders, axis=0, return_counts=True)
+    assert len(counts) == math.factorial(n)  # odd orders too: no Feistel parity limit
+    expected = trials / math.factorial(n)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    limit = {4: 50, 5: 170}[n]  # chi-squared with 23 / 119 degrees of freedom: p ~ 1e-3
+    assert chi2 < limit
+
+
+def test_the_algorithm_is_pinned():
+    """Known answers from docs/data-plan.md: a reimplementation must give the same orders."""
+    assert round_keys(0, "window-order", "code", 0, 0)[0] == 0xEE4BA6EF256BD7AC
+    assert permutation(10, round_keys(0, "window-order", "code", 0, 0)).tolist() == [
+        3, 4, 2, 0, 8, 9, 1, 5, 6, 7
+    ]  # fmt: skip
+    assert permutation(10, round_keys(1, "shard-order", "code", 0)).tolist() == [
+        5, 3, 4, 2, 7, 6, 1, 9, 8, 0
+    ]  # fmt: skip
+    assert permute(np.array([0, 1, 10**11]), 10**12, round_keys(0, "x")).tolist() == [
+        920099850582, 577329035140, 528229146536
+    ]  # fmt: skip
+
+
+MASK64 = 2**64 - 1
+
+
+def reference(i: int, n: int, keys: list[int]) -> int:
+    """The algorithm as docs/data-plan.md states it, one index in plain Python integers."""
+
+    def f(z: int) -> int:
+        z ^= z >> 30
+        z = z * 0xBF58476D1CE4E5B9 & MASK64
+        z ^= z >> 27
+        z = z * 0x94D049BB133111EB & MASK64
+        return z ^ (z >> 31)
+
+    def encrypt(x: int) -> int:
+        m = max(6, (n - 1).bit_length())
+        h, l = (m + 1) // 2, m // 2  # noqa: E741
+        for k in keys:
+            left, right = x >> l, x % 2**l
+            x = right * 2**h + ((left ^ f(right ^ k)) % 2**h)
+            h, l = l, h  # noqa: E741
+        return x
+
+    x = encrypt(i)
+    while x >= n:
+        x = encrypt(x)
+    return x
+
+
+@SETTINGS
+@given(st.one_of(sizes, huge), keys, st.data())
+def test_the_documented_algorithm_is_the_implemented_one(n, key, data):
+    index = [data.draw(st.integers(0, n - 1)) for _ in range(8)]
+    expected = [reference(i, n, [int(k) for k in key]) for i in index]
+    assert permute(np.array(index, dtype=np.int64), n, key).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "index, n, key, message",
+    [
+        ([0], 0, round_keys(0, "x"), "1 <= n"),
+        ([0], MAX_N + 1, round_keys(0, "x"), "1 <= n"),
+        ([3], 3, round_keys(0, "x"), r"indices must be in \[0, 3\)"),
+        ([-1], 3, round_keys(0, "x"), r"indices must be in \[0, 3\)"),
+        ([0, 1], 3, np.zeros((3, ROUNDS), np.uint64), "keys must have shape"),
+    ],
+)
+def test_bad_arguments_are_refused(index, n, key, message):
+    with pytest.raises(ValueError, match=message):
+        permute(np.array(index), n, key)
