@@ -164,3 +164,6 @@ def test_the_documented_algorithm_is_the_implemented_one(n, key, data):
 def test_bad_arguments_are_refused(index, n, key, message):
     with pytest.raises(ValueError, match=message):
         permute(np.array(index), n, key)
+    if "indices" not in message:  # the whole order checks n and keys the same way
+        with pytest.raises(ValueError, match=message):
+            permutation(n, key)

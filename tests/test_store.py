@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import PrepareError, StoreError
-from pipeline.store.doc_order import place
+from pipeline.store.doc_order import Placement, place
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore, is_store
 
@@ -220,3 +220,14 @@ def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
     shard.unlink()
     with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
         TokenStore(path)
+
+
+def test_document_placement_is_pinned() -> None:
+    """Placement is BLAKE2b of (seed, purpose, key), no RNG stream: a change fails here, as a
+    change of every prepared store's bytes (docs/token-store.md, "How documents are placed")."""
+    assert [
+        place(key, seed, 8, 0.5) for key, seed in [("corpus.jsonl:1", 0), ("sub/file.txt", 3)]
+    ] == [
+        Placement(split="train", shard=6, order=9789340571358237163),
+        Placement(split="eval", shard=3, order=5742358741697071248),
+    ]

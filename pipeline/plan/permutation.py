@@ -16,17 +16,18 @@ The algorithm (data order 2), for n >= 1 and round keys k_0 .. k_5 (64-bit integ
 * E(x) is `ROUNDS` = 6 rounds with keys k_0 .. k_5 in order: a bijection on [0, 2^m).
 * perm(i) for i < n is E(i), then E again while the value is >= n (cycle walking: the first
   value of i's cycle that is inside [0, n), so perm is a bijection on [0, n); for n > 32,
-  2^m < 2n, so fewer than two rounds of E are expected per index).
+  2^m < 2n, so fewer than two evaluations of E are expected per index).
 * `round_keys(seed, purpose, *parts)` are k_r = keyed_hash(seed, purpose, *parts, r)
   (`pipeline.keys`: BLAKE2b of the parts joined by NUL bytes).
 
 Why the floor of 6 bits: a Feistel network makes only even permutations of its 2^m values and
 is far from uniform when its halves have 1 or 2 bits, which showed as biased orders of a few
 items; walking on at least 64 values makes the orders of small n uniform (tests/
-test_permutation.py counts them), at the cost of ~64 / n rounds of E per index for n < 32.
+test_permutation.py counts them), at the cost of ~64 / n evaluations of E per index for small n.
 
-Every index is computed on its own, so `permute` serves both one epoch's whole order
-(`permute(np.arange(n), ...)`) and a few draws at any step with the same result.
+Every index walks its own cycle, so `permute` gives a few draws at any step in O(draws), and
+`permutation` an epoch's whole order in one pass of E over the 2^m values; both give the same
+values (tests/test_permutation.py also checks them against a plain-integer reimplementation).
 """
 
 from __future__ import annotations
@@ -49,21 +50,20 @@ def round_keys(seed: int, purpose: str, *parts: object) -> np.ndarray:
 
 
 def permute(index: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
-    """perm(index) on [0, n) under `keys`: [ROUNDS] for all, or index.shape + [ROUNDS] each."""
+    """perm(index) on [0, n) under `keys`: [ROUNDS] for all, or index.shape + [ROUNDS] each.
+
+    Costs O(len(index)) whatever n is: each index walks its own cycle.
+    """
     index = np.asarray(index, dtype=np.int64)
     keys = np.asarray(keys, dtype=np.uint64)
-    if not 1 <= n <= MAX_N:
-        raise ValueError(f"a permutation needs 1 <= n <= 2**62, got n={n}")
+    bits = _bits(n)
     if index.size and (index.min() < 0 or index.max() >= n):
         raise ValueError(f"indices must be in [0, {n})")
     if keys.shape not in ((ROUNDS,), (*index.shape, ROUNDS)):
         raise ValueError(f"keys must have shape ({ROUNDS},) or {(*index.shape, ROUNDS)}")
-    if n == 1:
-        return np.zeros_like(index)
     x = index.astype(np.uint64).ravel()
     keys = keys if keys.ndim == 1 else keys.reshape(-1, ROUNDS)
-    todo = np.arange(x.size)
-    bits = max(MIN_BITS, (n - 1).bit_length())
+    todo = np.arange(x.size) if n > 1 else np.empty(0, np.int64)
     while todo.size:  # cycle walking: encrypt again what fell outside [0, n)
         x[todo] = _encrypt(x[todo], keys if keys.ndim == 1 else keys[todo], bits)
         todo = todo[x[todo] >= n]
@@ -71,23 +71,48 @@ def permute(index: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
 
 
 def permutation(n: int, keys: np.ndarray) -> np.ndarray:
-    """The whole order: position p holds perm(p)."""
-    return permute(np.arange(n), n, keys)
+    """The whole order, position p holding perm(p): the same values as `permute(arange(n))`.
+
+    E is computed once for all 2^m < max(64, 2n) values and the walks follow that table, so a
+    small order costs one pass of E instead of one per step of its longest walk.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    bits = _bits(n)
+    if keys.shape != (ROUNDS,):
+        raise ValueError(f"keys must have shape ({ROUNDS},)")
+    if n == 1:
+        return np.zeros(1, np.int64)
+    table = _encrypt(np.arange(1 << bits, dtype=np.uint64), keys, bits).astype(np.int64)
+    order = table[:n]
+    todo = np.flatnonzero(order >= n)
+    while todo.size:
+        order[todo] = table[order[todo]]
+        todo = todo[order[todo] >= n]
+    return order
+
+
+def _bits(n: int) -> int:
+    """m: the width E works on for a permutation of [0, n)."""
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"a permutation needs 1 <= n <= 2**62, got n={n}")
+    return max(MIN_BITS, (n - 1).bit_length())
 
 
 def _encrypt(x: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
-    """E: `ROUNDS` alternating Feistel rounds on `bits`-bit values."""
+    """E: `ROUNDS` alternating Feistel rounds on `bits`-bit values (in place where it can)."""
     high, low = (bits + 1) // 2, bits // 2
     for r in range(ROUNDS):
-        left, right = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
-        mixed = (left ^ _mix(right ^ keys[..., r])) & np.uint64((1 << high) - 1)
-        x = (right << np.uint64(high)) | mixed
+        right = x & np.uint64((1 << low) - 1)
+        z = right ^ keys[..., r]  # F, the SplitMix64 finalizer, with wrapping products:
+        z ^= z >> _S30
+        z *= _M1
+        z ^= z >> _S27
+        z *= _M2
+        z ^= z >> _S31
+        x = x >> np.uint64(low)
+        x ^= z
+        x &= np.uint64((1 << high) - 1)
+        right <<= np.uint64(high)
+        x |= right
         high, low = low, high
     return x
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """The SplitMix64 finalizer: a bijective avalanche of 64-bit words (wrapping products)."""
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
