@@ -25,9 +25,10 @@ is far from uniform when its halves have 1 or 2 bits, which showed as biased ord
 items; walking on at least 64 values makes the orders of small n uniform (tests/
 test_permutation.py counts them), at the cost of ~64 / n evaluations of E per index for small n.
 
-Every index walks its own cycle, so `permute` gives a few draws at any step in O(draws), and
-`permutation` an epoch's whole order in one pass of E over the 2^m values; both give the same
-values (tests/test_permutation.py also checks them against a plain-integer reimplementation).
+Every index walks its own cycle, so `permute` gives a few draws at any step in O(draws) (in
+plain Python integers for up to `FEW` of them, in NumPy for more), and `permutation` an epoch's
+whole order in one pass of E over the 2^m values; the three give the same values
+(tests/test_permutation.py).
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ from pipeline.keys import keyed_hash
 ROUNDS = 6  # Luby-Rackoff: 4 rounds of a pseudorandom F make a strong pseudorandom permutation
 MIN_BITS = 6
 MAX_N = 1 << 62
+FEW = 64  # up to this many indices, `permute` walks them in plain integers (measured crossover)
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_MASK64 = (1 << 64) - 1
+_C1, _C2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's finalizer multipliers
+_M1, _M2 = np.uint64(_C1), np.uint64(_C2)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
@@ -61,6 +65,11 @@ def permute(index: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
         raise ValueError(f"indices must be in [0, {n})")
     if keys.shape not in ((ROUNDS,), (*index.shape, ROUNDS)):
         raise ValueError(f"keys must have shape ({ROUNDS},) or {(*index.shape, ROUNDS)}")
+    if index.size <= FEW:  # plain integers: cheaper than ~90 NumPy calls per walk step
+        flat = keys.reshape(-1, ROUNDS).tolist()
+        each = flat * index.size if keys.ndim == 1 else flat
+        out = [_walk_one(i, n, k, bits) for i, k in zip(index.ravel().tolist(), each)]
+        return np.array(out, dtype=np.int64).reshape(index.shape)
     x = index.astype(np.uint64).ravel()
     keys = keys if keys.ndim == 1 else keys.reshape(-1, ROUNDS)
     todo = np.arange(x.size) if n > 1 else np.empty(0, np.int64)
@@ -96,6 +105,34 @@ def _bits(n: int) -> int:
     if not 1 <= n <= MAX_N:
         raise ValueError(f"a permutation needs 1 <= n <= 2**62, got n={n}")
     return max(MIN_BITS, (n - 1).bit_length())
+
+
+def _walk_one(i: int, n: int, keys: list[int], bits: int) -> int:
+    """perm(i) in plain integers, walked like `permute` walks arrays."""
+    if n == 1:
+        return 0
+    x = _encrypt_one(i, keys, bits)
+    while x >= n:
+        x = _encrypt_one(x, keys, bits)
+    return x
+
+
+def _encrypt_one(x: int, keys: list[int], bits: int) -> int:
+    """`_encrypt` on one plain integer (Python integers do not wrap: mask the products)."""
+    high, low = (bits + 1) // 2, bits // 2
+    high_mask, low_mask = (1 << high) - 1, (1 << low) - 1
+    c1, c2, mask64 = _C1, _C2, _MASK64  # locals: this loop is the per-draw hot path
+    for k in keys:
+        right = x & low_mask
+        z = right ^ k
+        z ^= z >> 30
+        z = z * c1 & mask64
+        z ^= z >> 27
+        z = z * c2 & mask64
+        z ^= z >> 31
+        x = (right << high) | (((x >> low) ^ z) & high_mask)
+        high, low, high_mask, low_mask = low, high, low_mask, high_mask
+    return x
 
 
 def _encrypt(x: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
