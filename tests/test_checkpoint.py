@@ -178,9 +178,9 @@ def test_a_state_written_under_the_old_data_order_is_refused(tmp_path):
         save(mngr, 0, feed)
         path = tmp_path / "ckpt" / "0" / "data" / FILENAME
         state = json.loads(path.read_text())
-        del state["ledger"]["data_order"]
-        state["ledger"]["version"] = 1  # as pipeline 0.1 wrote it, under data order 1
+        del state["ledger"]["order_version"]
+        state["ledger"]["version"] = 1  # as pipeline 0.1 wrote it, under order version 1
         path.write_text(json.dumps(state))
-        with pytest.raises(LedgerError, match=r"data order 1, .* fresh ledger") as error:
+        with pytest.raises(LedgerError, match=r"order version 1, .* fresh ledger") as error:
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
         assert str(path) in str(error.value) and "\n" not in str(error.value)

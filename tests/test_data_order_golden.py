@@ -2,7 +2,7 @@
 
 Any change of which tokens a step gets (the permutations, the layout, the mixing, the reading)
 fails here. If the change is intended, it is a new data order: bump
-`pipeline.plan.ledger.DATA_ORDER`, say so in docs/data-plan.md ("Data order versions"), and
+`pipeline.plan.ledger.ORDER_VERSION`, say so in docs/data-plan.md ("Order versions"), and
 re-pin these values. The inputs are fixed content only: synthetic stores whose token i is
 position i of the store, written by the project's writer into a temporary directory (the path
 is not part of the order).

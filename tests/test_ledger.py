@@ -102,17 +102,17 @@ def test_a_ledger_from_another_run_is_refused(stores, tmp_path):
 
 
 def written_by_pipeline_0_1(raw: dict) -> None:
-    """A ledger as pipeline 0.1 wrote it: version 1, no data order (it used data order 1)."""
+    """A ledger as pipeline 0.1 wrote it: version 1, no order version (it used order version 1)."""
     raw.update(version=1)
-    del raw["data_order"]
+    del raw["order_version"]
     for segment in raw["segments"]:
         del segment["stages_from"]
 
 
-def written_before_data_order_2(raw: dict) -> None:
-    """A version-2 ledger (`stages_from`, no data order yet): also data order 1."""
+def written_before_order_version_2(raw: dict) -> None:
+    """A version-2 ledger (`stages_from`, no order version yet): also order version 1."""
     raw.update(version=2)
-    del raw["data_order"]
+    del raw["order_version"]
 
 
 @pytest.mark.parametrize(
@@ -123,9 +123,9 @@ def written_before_data_order_2(raw: dict) -> None:
         (lambda raw: raw["segments"][0]["counters"].update(main=-1), "negative counter"),
         (lambda raw: raw["segments"][0]["config"].update(seed=1), "fingerprint does not match"),
         (lambda raw: raw.update(version=99), "not a version-3 ledger"),
-        (lambda raw: raw.update(data_order=3), "written under data order 3, but this version"),
-        (written_by_pipeline_0_1, "written under data order 1, .* fresh ledger, or .* 0.1"),
-        (written_before_data_order_2, "written under data order 1, .* fresh ledger"),
+        (lambda raw: raw.update(order_version=3), "order version 3, but this release"),
+        (written_by_pipeline_0_1, "written under order version 1, .* fresh ledger, or .* 0.1"),
+        (written_before_order_version_2, "written under order version 1, .* fresh ledger"),
     ],
 )
 def test_malformed_ledgers_are_refused_with_one_line(stores, tmp_path, edit, message):

@@ -10,11 +10,10 @@ determines every batch the run has seen or will see.
 The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
 size, lanes, stages, and each source's store content), not store paths or feed options.
 
-A ledger also records the *data order* it was written under (`DATA_ORDER`, the version of the
-shard and window permutations): the same ledger gives other batches under another order, so
-one written under any other order is refused (docs/data-plan.md, "Data order versions").
-Ledgers of versions 1 (pipeline 0.1) and 2 (before `data_order`) were all written under data
-order 1.
+A ledger also records its *order version* (`ORDER_VERSION`: which shard and window
+permutations made its batches): the same ledger gives other batches under another one, so a
+ledger of any other order version is refused (docs/data-plan.md, "Order versions"). Ledgers
+of versions 1 (pipeline 0.1) and 2 (before `order_version`) all have order version 1.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
 
-LEDGER_VERSION = 3  # 2 added "stages_from", 3 "data_order"
-DATA_ORDER = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: pipeline.plan.permutation
+LEDGER_VERSION = 3  # 2 added "stages_from", 3 "order_version"
+ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
 
 
 def config_mapping(config: DataConfig) -> dict[str, Any]:
@@ -119,7 +118,7 @@ class Ledger:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": LEDGER_VERSION,
-            "data_order": DATA_ORDER,
+            "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
         }
 
@@ -128,14 +127,14 @@ class Ledger:
         version = raw.get("version") if isinstance(raw, dict) else None
         if version not in (1, 2, LEDGER_VERSION):
             raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} ledger")
-        order = raw.get("data_order") if version == LEDGER_VERSION else 1
-        if order != DATA_ORDER:
+        order = raw.get("order_version") if version == LEDGER_VERSION else 1
+        if order != ORDER_VERSION:
             raise LedgerError(
-                f"{origin}: written under data order {order}, but this version "
-                f"of pipeline computes data order {DATA_ORDER} (the shard and window "
+                f"{origin}: written under order version {order}, but this release of "
+                f"pipeline computes order version {ORDER_VERSION} (the shard and window "
                 "permutations changed), so its steps would get other batches; start the data "
                 "from a fresh ledger, or finish the run with the release that wrote it "
-                "(pipeline 0.1 for data order 1)"
+                "(pipeline 0.1 for order version 1)"
             )
         segments = []
         for index, entry in enumerate(raw.get("segments") or []):

@@ -3,9 +3,9 @@
 The data order is part of what a ledger records, so the shuffle is ours and fixed here, not a
 dependency's: NumPy does not promise that `Generator.permutation` streams stay the same across
 versions (NEP 19), and Grain's `index_shuffle` is an unversioned internal. Changing anything in
-this module changes the data order: bump `pipeline.plan.ledger.DATA_ORDER` with it.
+this module changes the data order: bump `pipeline.plan.ledger.ORDER_VERSION` with it.
 
-The algorithm (data order 2), for n >= 1 and round keys k_0 .. k_5 (64-bit integers):
+The algorithm (order version 2), for n >= 1 and round keys k_0 .. k_5 (64-bit integers):
 
 * m = max(`MIN_BITS` = 6, bit length of n - 1). An m-bit x is split into a high part of
   h = ceil(m / 2) bits and a low part of l = floor(m / 2) bits.
