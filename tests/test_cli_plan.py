@@ -98,10 +98,14 @@ def test_dump_writes_host_rows_equal_to_the_plan(tmp_path, stores, capsys):
         assert data["steps"].tolist() == [3, 4, 5]
         assert data["rows"].tolist() == host_rows(8, index, 2).tolist()
         assert data["inputs"].shape == (3, 4, 8)
+        assert data["source_names"].tolist() == ["a", "b"]
         for k, step in enumerate(range(3, 6)):
             batch = plan.batch(step, data["rows"])
             for name, value in batch.items():
                 np.testing.assert_array_equal(data[name][k], value)
+            draws = plan.draws(step, data["rows"])
+            for name in ("source", "epoch", "window"):
+                np.testing.assert_array_equal(data[name][k], getattr(draws, name), err_msg=name)
         parts.append(data)
     for k, step in enumerate(range(3, 6)):
         whole = plan.batch(step)
@@ -116,6 +120,29 @@ def test_dump_of_a_batch_ramp_takes_one_batch_size_at_a_time(tmp_path, stores, c
     assert code == 2 and "different global batch sizes [4, 8]" in err
     code, _, _ = run(capsys, "dump", config, "--steps", "5:7", "--out", out)
     assert code == 0 and np.load(out)["inputs"].shape == (2, 8, 8)
+
+
+def test_dump_across_a_switch_indexes_sources_by_the_files_names(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    plan = Plan.from_config(load_config(config))
+    first = plan.ledger.segments[0]
+    only_b = dict(first.config, sources={"b": first.config["sources"]["b"]},
+                  stages=[{"name": "only-b", "steps": None, "mix": {"b": 1}}])  # fmt: skip
+    counters = {"b": plan.segment(0).counters_at(4)["b"]}
+    path = tmp_path / "ledger.json"
+    Ledger((first, Segment(4, only_b, {"b": first.fingerprints["b"]}, counters))).save(path)
+    out = tmp_path / "dump.npz"
+    code, _, _ = run(capsys, "dump", config, "--ledger", path, "--steps", "2:6", "--out", out)
+    assert code == 0
+    data = np.load(out)
+    switched = Plan(Ledger.load(path), plan.stores())
+    assert data["source_names"].tolist() == ["a", "b"]
+    for k, step in enumerate(range(2, 6)):
+        draws = switched.draws(step)
+        names = [draws.source_names[s] for s in draws.source]
+        assert [data["source_names"][s] for s in data["source"][k]] == names
+        np.testing.assert_array_equal(data["epoch"][k], draws.epoch)
+    assert set(data["source"][2:].reshape(-1).tolist()) == {1}  # b is index 0 of segment 1
 
 
 def test_dump_rejects_a_process_index_out_of_range(tmp_path, stores, capsys):

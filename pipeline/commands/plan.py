@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import DataConfig, load_config
+from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
@@ -38,7 +39,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     i.add_argument("--preview", type=int, default=60, help="characters of decoded preview")
     i.set_defaults(run=run_inspect)
 
-    d = commands.add_parser("dump", help="save one host's rows of a range of steps (.npz)")
+    d = commands.add_parser(
+        "dump", help="save one host's rows of a range of steps (.npz)", description=_doc(
+            "Write the six batch fields of one host's rows, [steps, rows, seq_len] each, and "
+            "each row's provenance: source (index into the file's source_names), epoch and "
+            "window, [steps, rows] each."
+        ),
+    )  # fmt: skip
     _common(d)
     d.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
     d.add_argument("--process-index", type=_nonnegative, default=0)
@@ -198,18 +205,25 @@ def run_dump(args: argparse.Namespace) -> int:
             f"{sorted(sizes)}; dump the steps of each batch size separately"
         )
     rows = host_rows(sizes.pop(), args.process_index, args.process_count)
-    stacked: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
+    segments = range(plan.ledger.segment_index(first), plan.ledger.segment_index(stop - 1) + 1)
+    names = sorted({n for i in segments for n in plan.segment(i).config.source_names})
+    stacked: dict[str, list[np.ndarray]] = {name: [] for name in (*FIELDS, *PROVENANCE)}
     for step in range(first, stop):
-        batch = plan.batch(step, rows)
-        for name in FIELDS:
-            stacked[name].append(batch[name])
+        draws = plan.draws(step, rows)
+        batch = {**plan.read(draws), **draws.provenance()}
+        batch["source"] = np.searchsorted(names, np.asarray(draws.source_names))[draws.source]
+        for name, values in stacked.items():
+            values.append(batch[name])
     arrays = {name: np.stack(values) for name, values in stacked.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(args.out, steps=np.arange(first, stop), rows=rows, **arrays)
+    np.savez_compressed(
+        args.out, steps=np.arange(first, stop), rows=rows, source_names=np.array(names), **arrays
+    )
     shape = arrays["inputs"].shape
     print(
         f"wrote {args.out}: steps {first}..{stop - 1}, rows {rows[0]}..{rows[-1]} "
-        f"(process {args.process_index} of {args.process_count}), fields {shape} each"
+        f"(process {args.process_index} of {args.process_count}), fields {shape} each, "
+        f"provenance source/epoch/window {shape[:2]} each"
     )
     return 0
 

@@ -11,6 +11,8 @@
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
     feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
+                                            # (+ provenance, metrics_port, input-bound
+                                            # detection: docs/observability.md)
     eval:                        # optional held-out stores (prepare --eval-fraction)
       sources: {docs: {path: ../data/python-docs-eval}}
       batches: 4                 # per eval set; default: every full batch of the store
@@ -36,7 +38,10 @@ TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sour
             "stages", "starts_at", "feed", "eval")  # fmt: skip
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
-FEED_KEYS = ("prefetch", "threads")
+FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
+             "stats_window")  # fmt: skip
+PROVENANCE = ("source", "epoch", "window")
+"""Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
 EVAL_KEYS = ("sources", "batches")
 
 
@@ -71,8 +76,14 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class FeedOptions:
+    """How the feed runs; none of it changes a batch's six token fields."""
+
     prefetch: int = 2
     threads: int = 4
+    provenance: tuple[str, ...] = ()  # extra per-row fields, a subset of PROVENANCE
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (extra `metrics`)
+    input_bound_share: float = 0.1  # a step is input-bound when next() took more of it
+    stats_window: int = 100  # steps per input-bound warning window
 
 
 @dataclass(frozen=True)
@@ -325,9 +336,24 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     if not isinstance(raw, dict):
         raise where.fail("feed", f"expected a mapping, got {raw!r}")
     where.keys(raw, FEED_KEYS, "feed")
+    provenance = raw.get("provenance", [])
+    if not isinstance(provenance, list) or any(p not in PROVENANCE for p in provenance):
+        raise where.fail(
+            "feed.provenance", f"expected a list of {', '.join(PROVENANCE)}, got {provenance!r}"
+        )
+    port = raw.get("metrics_port")
+    if port is not None and (where.integer(port, "feed.metrics_port", minimum=1) > 65535):
+        raise where.fail("feed.metrics_port", f"expected a TCP port 1..65535, got {port!r}")
+    share = raw.get("input_bound_share", 0.1)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise where.fail("feed.input_bound_share", f"expected a number in [0, 1], got {share!r}")
     return FeedOptions(
         prefetch=where.integer(raw.get("prefetch", 2), "feed.prefetch", minimum=1),
         threads=where.integer(raw.get("threads", 4), "feed.threads", minimum=1),
+        provenance=tuple(p for p in PROVENANCE if p in provenance),
+        metrics_port=port,
+        input_bound_share=float(share),
+        stats_window=where.integer(raw.get("stats_window", 100), "feed.stats_window", minimum=1),
     )
 
 

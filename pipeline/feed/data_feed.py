@@ -28,6 +28,10 @@ global shape, and a `jax.jit`-compiled step function traces and compiles once mo
 shape (once per distinct size, then cached). `feed.shape(step)` says the shape ahead of time,
 e.g. to compile every size before training. Every scheduled size is checked against the mesh
 when the feed is built, so a size the batch axes cannot split stops the run before step 0.
+
+Opt-in extras (docs/observability.md): per-row `provenance` fields (`source`, `epoch`,
+`window`: [global_batch_size] int32, sharded like the rows), `stats()` (pipeline.feed.stats)
+and a Prometheus endpoint (`metrics_port`, pipeline.feed.metrics).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +50,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import DataConfig
+from pipeline.config.parse import PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
+from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
@@ -75,15 +83,29 @@ class _Summary:
             self.epochs[name] = max(epoch, self.epochs.get(name, -1))
 
 
-def _read_chunk(plan: Plan, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], _Summary]:
+@dataclass
+class _Chunk:
+    batch: dict[str, np.ndarray]  # the six fields and the provenance asked for
+    summary: _Summary
+    read: ChunkRead | None  # None when the feed keeps no statistics
+
+
+def _read_chunk(
+    plan: Plan, step: int, rows: np.ndarray, provenance: tuple[str, ...], measure: bool
+) -> _Chunk:
+    started = time.perf_counter()
     draws = plan.draws(step, rows)
     batch = plan.read(draws)
+    for name, values in draws.provenance(provenance).items():
+        if values.size and values.max() > np.iinfo(np.int32).max:
+            raise FeedError(f"step {step}: provenance field {name} exceeds int32")
+        batch[name] = values.astype(np.int32)
     stages = plan.segment(draws.segment).config.stages
     summary = _Summary({(draws.segment, stages[int(i)].name) for i in np.unique(draws.stage)}, {})
     for s in np.unique(draws.source):
         epochs = draws.epoch[draws.source == s]
         summary.epochs[draws.source_names[int(s)]] = int(epochs.max())
-    return batch, summary
+    return _Chunk(batch, summary, ChunkRead.of(plan, draws, started) if measure else None)
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
@@ -121,8 +143,12 @@ class DataFeed:
         prefetch: int | None = None,
         threads: int | None = None,
         log_events: bool = True,
+        provenance: Sequence[str] | None = None,
+        metrics_port: int | None = None,
+        stats: bool = True,
     ) -> None:
-        self.log_events = log_events  # epoch rollovers and stage changes, one line each
+        # epoch rollovers and stage changes, one line each; input-bound warnings
+        self.log_events = log_events
         if isinstance(config_or_plan, Plan):
             self._plan = config_or_plan
             self.config = config_or_plan.config
@@ -140,6 +166,9 @@ class DataFeed:
         for name, value in (("prefetch", self.prefetch), ("threads", self.threads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise FeedError(f"DataFeed {name}: expected an integer >= 1, got {value!r}")
+        self.provenance = tuple(self.config.feed.provenance if provenance is None else provenance)
+        if any(name not in PROVENANCE for name in self.provenance):
+            raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
         self._check_axes()
         self._geometries: dict[tuple[int, int], _Geometry] = {}
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
@@ -149,6 +178,23 @@ class DataFeed:
         self._last: _Summary | None = None
         self._closed = False
         self._step = self._check_step(step)
+        options = self.config.feed
+        self._stats = (
+            Recorder(jax.process_index(), self.prefetch, options.input_bound_share,
+                     options.stats_window, warn=log_events)
+            if stats else None
+        )  # fmt: skip
+        self._metrics = None
+        port = options.metrics_port if metrics_port is None else metrics_port
+        if port is not None:
+            from pipeline.feed.metrics import serve
+
+            if self._stats is None:
+                raise FeedError(
+                    "metrics_port: the metrics are the statistics; stats=False has none"
+                )
+
+            self._metrics = serve(self, port)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -165,6 +211,16 @@ class DataFeed:
     def ledger(self) -> Ledger:
         return self._plan.ledger
 
+    def source_names(self, step: int | None = None) -> tuple[str, ...]:
+        """What the `source` field of `step` (default: the next step) indexes."""
+        return self._plan.segment_at(self._step if step is None else step).config.source_names
+
+    def stats(self) -> FeedStats:
+        """A snapshot of what this process's feed served and how long it took."""
+        if self._stats is None:
+            raise FeedError("this DataFeed keeps no statistics (built with stats=False)")
+        return self._stats.snapshot(self._plan, self._step)
+
     def sharding(self, step: int | None = None) -> NamedSharding:
         """The sharding of every field of `step` (default: the next step)."""
         return self._geometry_at(self._step if step is None else step).sharding
@@ -179,6 +235,8 @@ class DataFeed:
         self._step = self._check_step(step)
         self._drop_pending()
         self._last = None
+        if self._stats is not None:
+            self._stats.restart()
 
     def state(self) -> dict[str, Any]:
         """The whole data state, small and JSON-able: the next step and the ledger."""
@@ -195,6 +253,8 @@ class DataFeed:
         if self._closed:
             return
         self._closed = True
+        if self._metrics is not None:
+            self._metrics.close()
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -210,8 +270,10 @@ class DataFeed:
 
     def __next__(self) -> dict[str, jax.Array]:
         self._ensure_open()
+        entered = time.perf_counter()
         step = self._step
         self._fill()
+        ready = sum(all(f.done() for f in futures) for _, futures in self._pending)
         queued, futures = self._pending.popleft()
         if queued != step:  # cannot happen: seek clears the queue
             raise FeedError(f"internal: prefetched step {queued}, expected {step}")
@@ -228,12 +290,18 @@ class DataFeed:
         self._step = step + 1
         self._fill()  # keep the readers busy while the device transfer runs
         summary = _Summary(set(), {})
-        for _, part in chunks:
-            summary.merge(part)
+        for chunk in chunks:
+            summary.merge(chunk.summary)
         if self.log_events:
             self._log_events(step, summary)
-        host = {field: np.concatenate([c[field] for c, _ in chunks]) for field in FIELDS}
-        return self._to_device(step, host)
+        host = {
+            field: np.concatenate([c.batch[field] for c in chunks])
+            for field in (*FIELDS, *self.provenance)
+        }
+        batch = self._to_device(step, host)
+        if self._stats is not None:
+            self._stats.served(step, [c.read for c in chunks], entered, time.perf_counter(), ready)
+        return batch
 
     def __enter__(self) -> DataFeed:
         return self
@@ -308,7 +376,12 @@ class DataFeed:
         while len(self._pending) < self.prefetch:
             rows = self._geometry_at(queued).rows  # also builds the segment in this thread
             chunks = np.array_split(rows, min(self.threads, len(rows)))
-            futures = [self._pool.submit(_read_chunk, self._plan, queued, c) for c in chunks]
+            futures = [
+                self._pool.submit(
+                    _read_chunk, self._plan, queued, c, self.provenance, self._stats is not None
+                )
+                for c in chunks
+            ]
             self._pending.append((queued, futures))
             queued += 1
 
@@ -322,15 +395,18 @@ class DataFeed:
 
     def _to_device(self, step: int, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         geometry = self._geometry_at(step)
+        # per-row fields (provenance) drop the sequence axis of the shape and the sharding
+        per_row = (
+            geometry.shape[:-1],
+            NamedSharding(self.mesh, PartitionSpec(*geometry.sharding.spec[:-1])),
+        )
         out = {}
-        for field in FIELDS:
-            values = host[field]
+        for field, values in host.items():
+            shape, sharding = (geometry.shape, geometry.sharding) if values.ndim == 2 else per_row
             arrays = [
                 jax.device_put(values[positions], device) for device, positions in geometry.devices
             ]
-            out[field] = jax.make_array_from_single_device_arrays(
-                geometry.shape, geometry.sharding, arrays
-            )
+            out[field] = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
         return out
 
     def _log_events(self, step: int, summary: _Summary) -> None:

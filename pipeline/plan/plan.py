@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.config import DataConfig
+from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
@@ -53,6 +54,11 @@ class Draws:
     epoch: np.ndarray
     window: np.ndarray
     start: np.ndarray  # token start in the source's epoch stream
+
+    def provenance(self, names: Iterable[str] = PROVENANCE) -> dict[str, np.ndarray]:
+        """Per-row `source` (index into `source_names`), `epoch` and `window`, as the batch's
+        extra fields carry them (`feed.provenance`, `pipeline dump`)."""
+        return {name: getattr(self, name) for name in names}
 
 
 class SegmentPlan:

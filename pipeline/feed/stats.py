@@ -1,0 +1,185 @@
+"""Feed statistics: what the feed served, how long reads took, how long the consumer waited.
+
+The feed calls this module at three points: each reader chunk sums its rows per source
+(`ChunkRead.of`, in the reader thread), each `next()` hands the step's chunks and its own
+timing to `Recorder.served` (a few additions in the consumer thread), and `seek` calls
+`Recorder.restart`. Percentiles, ledger totals and epochs are computed only when asked for
+(`DataFeed.stats()`, a Prometheus scrape), so a step costs microseconds (`pipeline bench`).
+
+A step is *input-bound* when the consumer spent more than `input_bound_share` of the step
+(the time between two `next()` returns) inside `next()`. Every `stats_window` steps served,
+if any of them was input-bound, one warning line says how many, with the figures.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.plan.plan import Draws, Plan
+
+log = logging.getLogger("pipeline")
+
+RECENT_STEPS = 1024
+"""How many recent steps the p50/p99 figures are taken over."""
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    """One reader chunk of a step: rows and token bytes per source, and when it ran."""
+
+    names: tuple[str, ...]
+    rows: np.ndarray  # per index of `names`
+    bytes: np.ndarray
+    seq_len: int
+    started: float
+    finished: float
+
+    @classmethod
+    def of(cls, plan: Plan, draws: Draws, started: float) -> ChunkRead:
+        segment = plan.segment(draws.segment)
+        rows = np.bincount(draws.source, minlength=len(draws.source_names))
+        width = np.array([segment.layouts[n].store.dtype.itemsize for n in draws.source_names])
+        length = segment.config.seq_len
+        return cls(draws.source_names, rows, rows * width * (length + 1), length, started,
+                   time.perf_counter())  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """A duration per step: median and 99th percentile of recent steps, sum and count of all."""
+
+    p50: float
+    p99: float
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True)
+class FeedStats:
+    """A snapshot of one process's feed (docs/observability.md lists every field)."""
+
+    process_index: int
+    step: int  # the step the next `next()` returns
+    steps: int  # steps served by this feed
+    rows: dict[str, int]  # this process's rows per source, served by this feed
+    tokens: dict[str, int]  # rows x seq_len
+    bytes_read: dict[str, int]  # token bytes of the windows read (seq_len + 1 per row)
+    ledger_rows: dict[str, int]  # the whole job's rows per source since the ledger began
+    ledger_tokens: dict[str, int]
+    epochs: dict[str, int]  # the epoch each source's next window comes from
+    prefetch: int  # steps read ahead at most
+    prefetch_ready: int  # steps already read when the last next() began
+    read_s: Quantiles  # reader time per step: first chunk's start to last chunk's end
+    wait_s: Quantiles  # time the consumer spent inside next() per step
+    last_wait_s: float
+    input_bound_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Recorder:
+    """Accumulates one feed's figures; thread-safe (a scrape reads while the feed runs)."""
+
+    def __init__(
+        self, process_index: int, prefetch: int, share: float, window: int, warn: bool
+    ) -> None:
+        self.process_index, self.prefetch, self.share = process_index, prefetch, share
+        self.window, self.warn = window, warn
+        self._lock = threading.Lock()
+        self._steps = self._bound = self._ready = 0
+        self._rows: collections.Counter[str] = collections.Counter()
+        self._tokens: collections.Counter[str] = collections.Counter()
+        self._bytes: collections.Counter[str] = collections.Counter()
+        self._read = collections.deque(maxlen=RECENT_STEPS)
+        self._wait = collections.deque(maxlen=RECENT_STEPS)
+        self._sums = [0.0, 0.0]  # read, wait
+        self._previous: float | None = None  # when the last next() returned
+        self._recent: list[tuple[int, bool, float, float, float, int]] = []
+
+    def restart(self) -> None:
+        """After a seek the time since the last step is no step time."""
+        self._previous = None
+
+    def served(
+        self, step: int, chunks: list[ChunkRead], entered: float, left: float, ready: int
+    ) -> None:
+        """Step `step` was returned by a next() that ran from `entered` to `left`
+        (`time.perf_counter()`), with `ready` prefetched steps already read when it began."""
+        wait = left - entered
+        read = max(c.finished for c in chunks) - min(c.started for c in chunks)
+        step_s = None if self._previous is None else left - self._previous
+        self._previous = left
+        bound = step_s is not None and wait > self.share * step_s
+        with self._lock:
+            self._steps += 1
+            self._bound += bound
+            self._ready = ready
+            for chunk in chunks:
+                for name, rows, size in zip(chunk.names, chunk.rows.tolist(), chunk.bytes.tolist()):
+                    self._rows[name] += rows
+                    self._tokens[name] += rows * chunk.seq_len
+                    self._bytes[name] += size
+            self._read.append(read)
+            self._wait.append(wait)
+            self._sums[0] += read
+            self._sums[1] += wait
+        if step_s is not None:
+            self._recent.append((step, bound, wait, step_s, read, ready))
+        if len(self._recent) >= self.window:
+            self._report(self._recent)
+            self._recent = []
+
+    def snapshot(self, plan: Plan, step: int) -> FeedStats:
+        with self._lock:
+            rows, tokens, size = dict(self._rows), dict(self._tokens), dict(self._bytes)
+            read, wait, sums = list(self._read), list(self._wait), list(self._sums)
+            steps, bound, ready = self._steps, self._bound, self._ready
+        segment = plan.segment_at(step)
+        config = segment.config
+        counters = segment.counters_at(step)  # windows per lane, carried across switches
+        return FeedStats(
+            process_index=self.process_index,
+            step=step,
+            steps=steps,
+            rows=rows,
+            tokens=tokens,
+            bytes_read=size,
+            ledger_rows={n: c * config.lanes for n, c in counters.items()},
+            ledger_tokens={n: c * config.lanes * config.seq_len for n, c in counters.items()},
+            epochs={n: c // segment.layouts[n].windows_per_lane for n, c in counters.items()},
+            prefetch=self.prefetch,
+            prefetch_ready=ready,
+            read_s=_quantiles(read, sums[0], steps),
+            wait_s=_quantiles(wait, sums[1], steps),
+            last_wait_s=wait[-1] if wait else 0.0,
+            input_bound_steps=bound,
+        )
+
+    def _report(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:
+        bound = [r for r in recent if r[1]]
+        if not bound or not self.warn:
+            return
+        _, _, wait, step_s, read, ready = (np.median([r[i] for r in bound]) for i in range(6))
+        log.warning(
+            "steps %d..%d: input-bound on %d of %d steps: next() took %.1f ms of a %.1f ms step "
+            "(%.0f%%, limit %.0f%%), reads %.1f ms per step, %d of %d prefetched steps ready "
+            "(median of the input-bound steps); see docs/observability.md",
+            recent[0][0], recent[-1][0], len(bound), len(recent), wait * 1e3, step_s * 1e3,
+            100 * wait / step_s, 100 * self.share, read * 1e3, ready, self.prefetch,
+        )  # fmt: skip
+
+
+def _quantiles(values: list[float], total: float, count: int) -> Quantiles:
+    if not values:
+        return Quantiles(0.0, 0.0, 0.0, 0)
+    p50, p99 = np.percentile(values, [50, 99]).tolist()
+    return Quantiles(p50, p99, total, count)
