@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,beam]'
+	$(BIN)/pip install --quiet -e '.[dev,beam,metrics]'
 	touch $(STAMP)
 
 test: setup

@@ -7,7 +7,7 @@ and a list of tasks:
 
 * {"kind": "checksums", "name", "mesh": [shape, names], "batch_axes", "steps"}: feed the steps,
   reduce each global batch to per-row checksums in a jitted function, gather them and the
-  fields; process 0 writes OUT/<name>.npz.
+  fields (with the config's `feed.provenance` fields); process 0 writes OUT/<name>.npz.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
 * {"kind": "disagree", "odd_one": P}: every process restores a data state, process P a state
@@ -70,7 +70,7 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
             feed.seek(step)
             batch = next(feed)
             result[f"checksum_{step}"] = gather(checksum(batch))
-            for field in FIELDS:
+            for field in (*FIELDS, *feed.provenance):
                 result[f"{field}_{step}"] = gather(batch[field])
     if jax.process_index() == 0:
         np.savez(out / f"{task['name']}.npz", **result)

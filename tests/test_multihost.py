@@ -151,6 +151,27 @@ def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, p
         np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
 
 
+@pytest.mark.parametrize(("processes", "devices"), [(1, 4), (2, 2)])
+def test_provenance_fields_across_processes_equal_the_plans_draws(tmp_path, processes, devices):
+    provenance = ["source", "epoch", "window"]
+    raw = two_stage_raw(tmp_path / "stores", grad_accum=2, feed={"provenance": provenance})
+    task = {"kind": "checksums", "name": "prov", "mesh": [[4], ["data"]], "batch_axes": ["data"],
+            "steps": STEPS}  # fmt: skip
+    codes = launch(tmp_path, raw, [task], processes, devices)
+    assert codes == [0] * processes, worker_output(tmp_path)
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    result = np.load(tmp_path / "prov.npz")
+    for step in STEPS:
+        draws = plan.draws(step)  # row r is row r % 4 of micro-batch r // 4
+        for name in provenance:
+            np.testing.assert_array_equal(
+                result[f"{name}_{step}"], getattr(draws, name).reshape(2, 4), err_msg=name
+            )
+        expected = plan.batch(step)
+        for field in FIELDS:
+            np.testing.assert_array_equal(result[f"{field}_{step}"].reshape(8, 8), expected[field])
+
+
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -194,7 +194,11 @@ class DataFeed:
                     "metrics_port: the metrics are the statistics; stats=False has none"
                 )
 
-            self._metrics = serve(self, port)
+            try:
+                self._metrics = serve(self, port)
+            except FeedError:
+                self.close()
+                raise
 
     # -- public API ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ the training batch is a schedule, eval batches have the size it ends at (one sha
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import jax
@@ -24,14 +25,15 @@ ALWAYS = WeightSchedule("constant", ((0, 1.0),))
 
 
 def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
-    """The training config's batch geometry over one eval store (no grad_accum, one lane)."""
+    """The training config's batch geometry over one eval store (no grad_accum, one lane);
+    the six fields only, and no metrics endpoint of its own."""
     return DataConfig(
         seed=config.seed,
         seq_len=config.seq_len,
         batch_sizes=((0, config.final_batch_size),),
         sources=(source,),
         stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
-        feed=config.feed,
+        feed=dataclasses.replace(config.feed, provenance=(), metrics_port=None),  # train only
         origin=f"{config.origin}: eval.sources.{source.name}",
     )
 
