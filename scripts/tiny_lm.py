@@ -2,7 +2,9 @@
 
 Attention is causal *and* restricted to the same document (`inputs_segmentation`), positions
 come from `inputs_position`, and the loss is weighted by `targets_segmentation != 0` (which is
-every token here: the pipeline never pads), so `total_weights == rows * seq_len`.
+every token here: the pipeline never pads), so `total_weights == rows * seq_len`. With the
+feed's `source` field in the batch (docs/observability.md) the step also reports the loss of
+each source's rows.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def loss_and_weights(params: dict, batch: dict, config: ModelConfig) -> tuple[ja
     losses = optax.softmax_cross_entropy_with_integer_labels(out, batch["targets"])
     weights = (batch["targets_segmentation"] != 0).astype(jnp.float32)
     total = weights.sum()
-    return (losses * weights).sum() / jnp.maximum(total, 1.0), {"total_weights": total}
+    rows = {"row_loss": (losses * weights).sum(-1), "row_weights": weights.sum(-1)}
+    return (losses * weights).sum() / jnp.maximum(total, 1.0), {"total_weights": total, **rows}
 
 
 def optimizer(learning_rate: float) -> optax.GradientTransformation:
@@ -95,8 +98,17 @@ def batch_checksum(inputs: jax.Array) -> jax.Array:
     return jnp.sum((flat + 1) * weights)
 
 
-def make_train_step(config: ModelConfig, tx: optax.GradientTransformation):
-    """A jitted step over a batch with an optional leading micro-batch axis (grad_accum)."""
+def source_losses(aux: dict, source: jax.Array, num_sources: int) -> jax.Array:
+    """Mean loss of each source's rows ([num_sources]; NaN for a source the step did not draw)."""
+    ids = source.reshape(-1)
+    total = jax.ops.segment_sum(aux["row_loss"].reshape(-1), ids, num_segments=num_sources)
+    weights = jax.ops.segment_sum(aux["row_weights"].reshape(-1), ids, num_segments=num_sources)
+    return jnp.where(weights > 0, total / jnp.maximum(weights, 1.0), jnp.nan)
+
+
+def make_train_step(config: ModelConfig, tx: optax.GradientTransformation, num_sources: int = 0):
+    """A jitted step over a batch with an optional leading micro-batch axis (grad_accum).
+    With `num_sources`, the batch carries `source` and the metrics `source_loss`."""
 
     def micro(params, batch):
         return jax.value_and_grad(loss_and_weights, has_aux=True)(params, batch, config)
@@ -107,12 +119,14 @@ def make_train_step(config: ModelConfig, tx: optax.GradientTransformation):
                 lambda carry, mb: (carry, micro(params, mb)), None, batch
             )[1]
             loss, grads = loss.mean(), jax.tree.map(lambda g: g.mean(axis=0), grads)
-            aux = {"total_weights": aux["total_weights"].sum()}
+            aux = {**aux, "total_weights": aux["total_weights"].sum()}
         else:
             (loss, aux), grads = micro(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         checksum = batch_checksum(batch["inputs"])
         metrics = {"loss": loss, "total_weights": aux["total_weights"], "checksum": checksum}
+        if num_sources:
+            metrics["source_loss"] = source_losses(aux, batch["source"], num_sources)
         return optax.apply_updates(params, updates), opt_state, metrics
 
     return jax.jit(step, donate_argnums=(0, 1))

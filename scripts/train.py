@@ -156,7 +156,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     primary = jax.process_index() == 0
     config = load_config(args.data_config)
     mesh = Mesh(np.array(jax.devices()), ("data",))
-    feed = DataFeed(config, mesh, ("data",))
+    feed = DataFeed(config, mesh, ("data",), provenance=("source",))  # per-source loss
     vocab = max(store.vocab_size for store in feed.plan.stores())
     model = ModelConfig(vocab, config.seq_len, args.width, args.depth)
     tx = optimizer(args.learning_rate)
@@ -180,7 +180,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
         log.info("resumed at step %d from %s", feed.step, checkpoint_dir)
     elif args.switch_data:
         raise SystemExit("error: --switch-data needs --resume and a checkpoint to switch from")
-    step_fn = make_train_step(model, tx)
+    step_fn = make_train_step(model, tx, num_sources=len(feed.source_names()))
     eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
     evals = eval_feeds(config, mesh) if args.eval_every else []
     params, opt_state = state["params"], state["opt_state"]
@@ -201,6 +201,10 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
                     evaluated[f"eval_{ev.name}"] = sum(losses) / len(losses)
             if primary:  # only the logging process re-derives the step's stage and epochs
                 record = {**step_record(feed, step, loss, metrics, seconds), **evaluated}
+                losses = np.asarray(metrics["source_loss"]).tolist()
+                names = feed.source_names(step)
+                record["source_loss"] = {n: v for n, v in zip(names, losses) if v == v}  # not NaN
+                record["input_wait_s"] = feed.stats().last_wait_s
                 log.info(format_record(record))
                 if metrics_file:
                     metrics_file.write(json.dumps(record) + "\n")
@@ -256,10 +260,12 @@ def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> 
 def format_record(record: dict) -> str:
     epochs = " ".join(f"{name}={epoch}" for name, epoch in sorted(record["epochs"].items()))
     evals = "".join(f" | {k} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
+    losses = " ".join(f"{n}={v:.3f}" for n, v in sorted(record.get("source_loss", {}).items()))
+    wait = f" | wait {record['input_wait_s'] * 1e3:.1f} ms" if "input_wait_s" in record else ""
     return (
-        f"step {record['step']} | stage {record['stage']} | loss {record['loss']:.4f} | "
-        f"total_weights {record['total_weights']} | tokens/s {record['tokens_per_s']:,.0f} | "
-        f"epochs {epochs}{evals}"
+        f"step {record['step']} | stage {record['stage']} | loss {record['loss']:.4f} "
+        f"({losses}) | total_weights {record['total_weights']} | tokens/s "
+        f"{record['tokens_per_s']:,.0f}{wait} | epochs {epochs}{evals}"
     )
 
 

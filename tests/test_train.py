@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pipeline.config import load_config
+from pipeline.plan.plan import Plan
 from pipeline.store.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,21 +24,40 @@ def run_dir(tmp_path_factory) -> Path:
     base = "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: docs}\n"
     (root / "data.yaml").write_text(base + "mix: {docs: 1}\n")
     (root / "bigger.yaml").write_text(base.replace("8\n", "16\n", 1) + "mix: {docs: 1}\n")
+    (root / "two.yaml").write_text(base + "  again: {path: docs}\nmix: {docs: 3, again: 1}\n")
     return root
 
 
-def train(run_dir: Path, config: str, steps: int, *extra: str) -> subprocess.CompletedProcess:
+def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
+          ) -> subprocess.CompletedProcess:  # fmt: skip
     command = [
         sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
-        str(run_dir / config), "--checkpoint-dir", str(run_dir / "ckpt"), "--steps", str(steps),
-        "--save-every", "10", "--width", "32", "--metrics", str(run_dir / "metrics.jsonl"),
-        *extra,
+        str(run_dir / config), "--checkpoint-dir", str(run_dir / f"{name}-ckpt"), "--steps",
+        str(steps), "--save-every", "10", "--width", "32", "--metrics",
+        str(run_dir / f"{name}.jsonl"), *extra,
     ]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def records(run_dir: Path, name: str = "run") -> list[dict]:
+    return [json.loads(line) for line in (run_dir / f"{name}.jsonl").read_text().splitlines()]
+
+
+def test_the_trainer_logs_each_sources_loss_and_the_input_wait(run_dir):
+    done = train(run_dir, "two.yaml", 6, name="two")
+    assert done.returncode == 0, done.stderr
+    plan = Plan.from_config(load_config(run_dir / "two.yaml"))
+    for record in records(run_dir, "two"):
+        draws = plan.draws(record["step"])
+        rows = {n: int((draws.source == i).sum()) for i, n in enumerate(draws.source_names)}
+        assert set(record["source_loss"]) == {n for n, r in rows.items() if r}
+        # no padding: every row weighs seq_len, so the rows weigh the sources' losses
+        mean = sum(record["source_loss"][n] * r for n, r in rows.items() if r) / 8
+        assert mean == pytest.approx(record["loss"], rel=1e-5)
+        assert record["input_wait_s"] > 0
+    line = next(x for x in done.stderr.splitlines() if x.startswith("step 5 |"))
+    assert re.search(r"loss \d+\.\d{4} \(again=\d+\.\d{3} docs=\d+\.\d{3}\)", line), line
+    assert re.search(r"\| wait \d+\.\d ms \|", line), line
 
 
 def test_the_trainer_learns_resumes_and_switches(run_dir):
