@@ -21,6 +21,11 @@ ledger + `batch(step)`) and Grain (`set_state` on a fresh iterator: the state of
 built from a real `get_state()` template with `parent_state.next_index` set to the documents k
 batches consume on average: Grain's iterator state is that index plus the packer's remainder),
 and scale: ours in 1 and 2 concurrent OS processes (each its half of the rows), with peak RSS.
+
+Last, the cost of the feed's statistics (`DataFeed.stats()`, docs/observability.md): the
+`DataFeed` to global arrays on one CPU device with and without them, interleaved, and the
+statistics' own calls per step (`ChunkRead.of` + `Recorder.served`) timed alone, as a share of
+the feed's step.
 """
 
 from __future__ import annotations
@@ -317,6 +322,66 @@ def run_scale(store: Path, args: argparse.Namespace, processes: int) -> list[dic
         return [json.loads(out.read_text()) for out in outs]
 
 
+# -- feed statistics overhead -----------------------------------------------------------------
+
+
+class Feed:
+    """`DataFeed` to a global array per field on one CPU device, with or without statistics."""
+
+    def __init__(self, plan, stats: bool) -> None:
+        import jax
+        from jax.sharding import Mesh
+
+        from pipeline.feed.data_feed import DataFeed
+
+        mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+        self.feed = DataFeed(plan, mesh, log_events=False, stats=stats)
+        self.tokens = 0
+
+    def batches(self, n: int) -> None:
+        import jax
+
+        for _ in range(n):
+            batch = next(self.feed)
+            self.tokens += batch["inputs"].size
+        jax.block_until_ready(batch)
+
+
+def stats_call_seconds(plan, rows: np.ndarray, calls: int = 2000) -> float:
+    """What the statistics add to one step, timed alone on a real step's draws."""
+    from pipeline.feed.stats import ChunkRead, Recorder
+
+    recorder = Recorder(0, prefetch=2, share=0.1, window=100, warn=False)
+    parts = np.array_split(rows, min(plan.config.feed.threads, len(rows)))  # the feed's chunks
+    chunks = [plan.draws(0, part) for part in parts]
+    start = time.perf_counter()
+    for step in range(calls):
+        reads = [ChunkRead.of(plan, draws, time.perf_counter()) for draws in chunks]
+        recorder.served(step, reads, time.perf_counter(), time.perf_counter(), ready=2)
+    return (time.perf_counter() - start) / calls
+
+
+def stats_overhead(plan, rows: np.ndarray, args: argparse.Namespace, bar) -> dict:
+    feeds = {"with": Feed(plan, stats=True), "without": Feed(plan, stats=False)}
+    for feed in feeds.values():
+        feed.batches(2)  # start the readers, compile nothing twice
+    seconds: dict[str, list[float]] = {name: [] for name in feeds}
+    for _ in range(args.reps):
+        for name, feed in feeds.items():
+            seconds[name].append(timed(feed.batches, args.steps))
+        bar.update()
+    for feed in feeds.values():
+        feed.feed.close()
+    step = {name: statistics.median(times) / args.steps for name, times in seconds.items()}
+    calls = stats_call_seconds(plan, rows)
+    return {
+        "step_s": step,
+        "ab_overhead": step["with"] / step["without"] - 1,
+        "stats_call_s": calls,
+        "call_overhead": calls / step["without"],
+    }
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -332,6 +397,7 @@ def run(args: argparse.Namespace) -> dict:
     width = args.seq_len + 1
     phases = len(GRAIN_OPTIONS) + 4 * args.reps + 2 * len(RESUME_STEPS) * args.reps
     phases += 0 if args.no_scale else 2
+    phases += args.reps  # feed statistics overhead
     bar = tqdm(total=phases, desc="bench", disable=args.no_progress, leave=False)
 
     # Grain's read options: a short trial of each, keep the fastest.
@@ -385,6 +451,7 @@ def run(args: argparse.Namespace) -> dict:
         for processes in (1, 2):
             scale[processes] = run_scale(store_path, args, processes)
             bar.update()
+    overhead = stats_overhead(plan, rows, args, bar)
     bar.close()
 
     return {
@@ -407,6 +474,7 @@ def run(args: argparse.Namespace) -> dict:
         },
         "resume_s": {name: {str(k): v for k, v in steps.items()} for name, steps in resume.items()},
         "scale": {str(k): v for k, v in scale.items()},
+        "stats_overhead": overhead,
     }
 
 
@@ -463,6 +531,15 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {processes} | {statistics.mean(per):,.0f} | {sum(per):,.0f} | {rss:.0f} MB |"
             )
+    overhead = result["stats_overhead"]
+    lines += [
+        "",
+        f"feed statistics: DataFeed step {overhead['step_s']['with'] * 1e3:.2f} ms with, "
+        f"{overhead['step_s']['without'] * 1e3:.2f} ms without (interleaved A/B: "
+        f"{overhead['ab_overhead']:+.1%}); the statistics' calls alone "
+        f"{overhead['stats_call_s'] * 1e6:.0f} us per step = {overhead['call_overhead']:.2%} "
+        "of a step",
+    ]
     return "\n".join(lines)
 
 

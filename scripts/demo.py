@@ -7,7 +7,8 @@
 4. resume again with configs/demo-switch.yaml and --switch-data (a recorded ledger switch);
 5. check that every step the job trained on, including steps replayed after the kill, saw
    exactly the batch an uninterrupted run computes from the final ledger, with no padding;
-6. draw the loss curve and the realised mixture (with stage boundaries and epoch rollovers).
+6. draw the loss curve, each source's loss (the trainer's per-source loss, from the feed's
+   `source` field) and the realised mixture (with stage boundaries and epoch rollovers).
 """
 
 from __future__ import annotations
@@ -153,6 +154,47 @@ def plot_loss(path: Path, kill_at: int, resumed_at: int) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_source_loss(path: Path) -> None:
+    """Each source's loss per step (its rows' mean loss), with stage and switch boundaries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = {r["step"]: r for r in records()}
+    steps = sorted(seen)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(steps, [seen[s]["loss"] for s in steps], color="0.75", label="all rows")
+    for name in sorted({n for r in seen.values() for n in r["source_loss"]}):
+        points = [
+            (s, seen[s]["source_loss"][name]) for s in steps if name in seen[s]["source_loss"]
+        ]
+        ax.plot(*zip(*points), ".-", markersize=3, linewidth=1, label=name)
+    changes = [s for s in steps[1:] if seen[s]["stage"] != seen.get(s - 1, {}).get("stage")]
+    for step in changes:
+        ax.axvline(step, color="gray", linestyle=":", linewidth=1)
+        ax.text(step, ax.get_ylim()[1], f" {seen[step]['stage']}", va="top", ha="left",
+                rotation=90, color="gray", fontsize=8)  # fmt: skip
+    ax.axvline(SWITCH_AT, color="red", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss of the source's rows")
+    ax.set_title("per-source training loss (the batch's `source` field)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_source_losses(last: int = 10) -> None:
+    """The mean of each source's loss over the last `last` steps trained."""
+    seen = {r["step"]: r for r in records()}
+    tail = [seen[s]["source_loss"] for s in sorted(seen)[-last:]]
+    means = {
+        n: np.mean([t[n] for t in tail if n in t]) for n in sorted({n for t in tail for n in t})
+    }
+    print(f"== loss per source, mean of the last {last} steps: "
+          + ", ".join(f"{n} {v:.3f}" for n, v in means.items()), flush=True)  # fmt: skip
+
+
 def main() -> int:
     prepare_builtin_stores()
     shutil.rmtree(RUN, ignore_errors=True)
@@ -166,12 +208,15 @@ def main() -> int:
     ledger.save(RUN / "ledger.json")
     check_against_uninterrupted(ledger)
     plot_loss(RUN / "loss.png", kill_at, resumed_at)
+    print_source_losses()
+    plot_source_loss(RUN / "source-loss.png")
     subprocess.run(
         [sys.executable, "-m", "pipeline", "plot", str(CURRICULUM), "--ledger",
          str(RUN / "ledger.json"), "--steps", f"0:{LAST_STEP}", "--out", str(RUN / "mixture.png")],
         check=True,
     )  # fmt: skip
-    print(f"== outputs in {RUN}: metrics.jsonl, ledger.json, loss.png, mixture.png, ckpt/")
+    print(f"== outputs in {RUN}: metrics.jsonl, ledger.json, loss.png, source-loss.png, "
+          "mixture.png, ckpt/")  # fmt: skip
     return 0
 
 

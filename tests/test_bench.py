@@ -105,3 +105,6 @@ def test_bench_command_prints_the_table_and_both_pipelines_consume_the_same_toke
     assert set(result["resume_s"]["ours"]) == {"0", "1000", "1000000"}
     assert [len(result["scale"][p]) for p in ("1", "2")] == [1, 2]
     assert all(r["peak_rss_mb"] > 0 for runs in result["scale"].values() for r in runs)
+    overhead = result["stats_overhead"]
+    assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
+    assert "feed statistics: DataFeed step" in printed
