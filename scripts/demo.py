@@ -166,16 +166,19 @@ def plot_source_loss(path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.plot(steps, [seen[s]["loss"] for s in steps], color="0.75", label="all rows")
     for name in sorted({n for r in seen.values() for n in r["source_loss"]}):
-        points = [
-            (s, seen[s]["source_loss"][name]) for s in steps if name in seen[s]["source_loss"]
-        ]
-        ax.plot(*zip(*points), ".-", markersize=3, linewidth=1, label=name)
-    changes = [s for s in steps[1:] if seen[s]["stage"] != seen.get(s - 1, {}).get("stage")]
-    for step in changes:
-        ax.axvline(step, color="gray", linestyle=":", linewidth=1)
-        ax.text(step, ax.get_ylim()[1], f" {seen[step]['stage']}", va="top", ha="left",
-                rotation=90, color="gray", fontsize=8)  # fmt: skip
+        losses = [seen[s]["source_loss"].get(name, np.nan) for s in steps]  # gaps: not drawn
+        ax.plot(steps, losses, ".-", markersize=3, linewidth=1, label=name)
+    started: set[str] = set()
+    for step in steps:
+        for stage in seen[step]["stage"].split("+"):
+            if stage not in started and step > steps[0]:
+                ax.axvline(step, color="gray", linestyle=":", linewidth=1)
+                ax.text(step, 0.98, f" {stage}", va="top", ha="left", rotation=90,
+                        color="gray", fontsize=8, transform=ax.get_xaxis_transform())  # fmt: skip
+            started.add(stage)
     ax.axvline(SWITCH_AT, color="red", linewidth=1)
+    ax.text(SWITCH_AT, 0.98, " switch", va="top", ha="left", rotation=90, color="red",
+            fontsize=8, transform=ax.get_xaxis_transform())  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel("loss of the source's rows")
     ax.set_title("per-source training loss (the batch's `source` field)")

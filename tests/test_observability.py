@@ -150,7 +150,7 @@ def test_the_input_bound_share_is_configurable_and_checked(tmp_path):
 def documented_metrics() -> set[str]:
     """The metric names in docs/observability.md's table (first column, in backticks)."""
     text = (ROOT / "docs" / "observability.md").read_text()
-    return set(re.findall(r"^\| `(pipeline_feed_\w+)`", text, flags=re.MULTILINE))
+    return set(re.findall(r"^`(pipeline_feed_\w+)` \|", text, flags=re.MULTILINE))
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -177,8 +177,8 @@ def test_the_endpoint_serves_the_documented_metrics(tmp_path):
         }
         assert served == documented_metrics()
 
-        def value(name: str, **labels: str) -> float:
-            family = families[name.removesuffix("_total")]
+        def value(name: str, family: str | None = None, **labels: str) -> float:
+            family = families[family or name.removesuffix("_total")]
             want = {"process": "0", **labels}
             (sample,) = [s for s in family.samples if s.name == name and s.labels == want]
             return sample.value
@@ -191,7 +191,10 @@ def test_the_endpoint_serves_the_documented_metrics(tmp_path):
             assert value("pipeline_feed_source_epoch", source=source) == stats.epochs[source]
             ledger = value("pipeline_feed_ledger_rows", source=source)
             assert ledger == stats.ledger_rows[source]
-        assert value("pipeline_feed_wait_seconds_count") == 12
+        wait = "pipeline_feed_wait_seconds"
+        assert value(f"{wait}_count", wait) == 12
+        assert value(f"{wait}_sum", wait) == pytest.approx(stats.wait_s.sum)
+        assert value(wait, quantile="0.5") == pytest.approx(stats.wait_s.p50)
         assert value("pipeline_feed_read_seconds", quantile="0.99") > 0
         assert families["pipeline_feed_wait_seconds"].type == "summary"
         assert families["pipeline_feed_rows"].type == "counter"
