@@ -111,11 +111,12 @@ def test_a_feed_without_stats_says_so(tmp_path):
             feed.stats()
 
 
-def chunk(rows: int, started: float, finished: float) -> ChunkRead:
-    return ChunkRead(("a",), np.array([rows]), np.array([rows * 4]), 8, started, finished)
+def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
+    segment = Plan.from_config(two_stage_config(tmp_path)).segment(0)
 
+    def chunk(started: float, finished: float) -> ChunkRead:  # 3 code rows, 1 docs row
+        return ChunkRead(segment, np.array([3, 1]), started, finished)
 
-def test_one_warning_per_window_of_input_bound_steps(caplog):
     recorder = Recorder(0, prefetch=2, share=0.25, window=4, warn=True)
     # (next() entered, left) per step; a step is the time between two returns
     timings = [(0.0, 0.1)]  # the first step has no step time: never judged
@@ -124,7 +125,7 @@ def test_one_warning_per_window_of_input_bound_steps(caplog):
     timings += [(7.95, 8.0)]  # the window of steps 5..8 holds 3 bound steps
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         for step, (entered, left) in enumerate(timings):
-            recorder.served(step, [chunk(4, entered - 0.2, entered)], entered, left, ready=0)
+            recorder.served(step, [chunk(entered - 0.2, entered)], entered, left, ready=0)
     lines = [r.getMessage() for r in caplog.records if r.name == "pipeline"]
     assert lines == [
         "steps 5..8: input-bound on 3 of 4 steps: next() took 500.0 ms of a 1000.0 ms step "
@@ -132,8 +133,13 @@ def test_one_warning_per_window_of_input_bound_steps(caplog):
         "the input-bound steps); see docs/observability.md"
     ]
     recorder.restart()  # after a seek the gap is no step
-    recorder.served(9, [chunk(4, 99.0, 99.1)], 100.0, 100.5, ready=0)
+    recorder.served(9, [chunk(99.0, 99.1)], 100.0, 100.5, ready=0)
     assert recorder._recent == []  # the first step after a restart is not judged
+    stats = recorder.snapshot(Plan.from_config(two_stage_config(tmp_path)), 10)
+    assert stats.steps == 10 and stats.input_bound_steps == 3
+    assert stats.rows == {"code": 30, "docs": 10} and stats.tokens == {"code": 240, "docs": 80}
+    assert stats.read_s.p50 == pytest.approx(0.2) and stats.wait_s.sum == pytest.approx(2.35)
+    assert stats.last_wait_s == pytest.approx(0.5)
 
 
 def test_the_input_bound_share_is_configurable_and_checked(tmp_path):

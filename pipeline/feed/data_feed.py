@@ -43,7 +43,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -56,6 +56,9 @@ from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from pipeline.feed.metrics import MetricsServer
 
 log = logging.getLogger("pipeline")
 
@@ -184,21 +187,10 @@ class DataFeed:
                      options.stats_window, warn=log_events)
             if stats else None
         )  # fmt: skip
-        self._metrics = None
+        self._metrics: MetricsServer | None = None
         port = options.metrics_port if metrics_port is None else metrics_port
         if port is not None:
-            from pipeline.feed.metrics import serve
-
-            if self._stats is None:
-                raise FeedError(
-                    "metrics_port: the metrics are the statistics; stats=False has none"
-                )
-
-            try:
-                self._metrics = serve(self, port)
-            except FeedError:
-                self.close()
-                raise
+            self._serve_metrics(port)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -406,7 +398,7 @@ class DataFeed:
         )
         out = {}
         for field, values in host.items():
-            shape, sharding = (geometry.shape, geometry.sharding) if values.ndim == 2 else per_row
+            shape, sharding = (geometry.shape, geometry.sharding) if field in FIELDS else per_row
             arrays = [
                 jax.device_put(values[positions], device) for device, positions in geometry.devices
             ]
@@ -427,6 +419,17 @@ class DataFeed:
                 log.info("step %d: source %s starts epoch %d", step, name, epoch)
             elif name not in last.epochs:
                 log.info("step %d: source %s joins (epoch %d)", step, name, epoch)
+
+    def _serve_metrics(self, port: int) -> None:
+        from pipeline.feed.metrics import serve
+
+        if self._stats is None:
+            raise FeedError("metrics_port: the metrics are the statistics; stats=False has none")
+        try:
+            self._metrics = serve(self, port)
+        except FeedError:
+            self.close()  # the stores opened for this feed
+            raise
 
     # -- checks ------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ The feed calls this module at three points: each reader chunk sums its rows per 
 (`ChunkRead.of`, in the reader thread), each `next()` hands the step's chunks and its own
 timing to `Recorder.served` (a few additions in the consumer thread), and `seek` calls
 `Recorder.restart`. Percentiles, ledger totals and epochs are computed only when asked for
-(`DataFeed.stats()`, a Prometheus scrape), so a step costs microseconds (`pipeline bench`).
+(`DataFeed.stats()`, a Prometheus scrape), so a step costs tens of microseconds
+(`pipeline bench` measures it).
 
 A step is *input-bound* when the consumer spent more than `input_bound_share` of the step
 (the time between two `next()` returns) inside `next()`. Every `stats_window` steps served,
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.plan.plan import Draws, Plan
+from pipeline.plan.plan import Draws, Plan, SegmentPlan
 
 log = logging.getLogger("pipeline")
 
@@ -35,21 +36,15 @@ RECENT_STEPS = 1024
 class ChunkRead:
     """One reader chunk of a step: rows and token bytes per source, and when it ran."""
 
-    names: tuple[str, ...]
-    rows: np.ndarray  # per index of `names`
-    bytes: np.ndarray
-    seq_len: int
+    segment: SegmentPlan  # the step's: every chunk of a step has the same
+    rows: np.ndarray  # per index of the segment's source names
     started: float
     finished: float
 
     @classmethod
     def of(cls, plan: Plan, draws: Draws, started: float) -> ChunkRead:
-        segment = plan.segment(draws.segment)
         rows = np.bincount(draws.source, minlength=len(draws.source_names))
-        width = np.array([segment.layouts[n].store.dtype.itemsize for n in draws.source_names])
-        length = segment.config.seq_len
-        return cls(draws.source_names, rows, rows * width * (length + 1), length, started,
-                   time.perf_counter())  # fmt: skip
+        return cls(plan.segment(draws.segment), rows, started, time.perf_counter())
 
 
 @dataclass(frozen=True)
@@ -119,15 +114,20 @@ class Recorder:
         step_s = None if self._previous is None else left - self._previous
         self._previous = left
         bound = step_s is not None and wait > self.share * step_s
+        segment = chunks[0].segment
+        length = segment.config.seq_len
+        counts = sum(chunk.rows for chunk in chunks).tolist()
         with self._lock:
             self._steps += 1
             self._bound += bound
             self._ready = ready
-            for chunk in chunks:
-                for name, rows, size in zip(chunk.names, chunk.rows.tolist(), chunk.bytes.tolist()):
+            for name, rows in zip(segment.config.source_names, counts):
+                if rows:
                     self._rows[name] += rows
-                    self._tokens[name] += rows * chunk.seq_len
-                    self._bytes[name] += size
+                    self._tokens[name] += rows * length
+                    self._bytes[name] += (
+                        rows * (length + 1) * segment.layouts[name].store.dtype.itemsize
+                    )
             self._read.append(read)
             self._wait.append(wait)
             self._sums[0] += read
