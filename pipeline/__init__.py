@@ -5,7 +5,7 @@ The packages are the layers, top to bottom; imports point down only::
     commands/  the `pipeline` CLI (prepare, inspect, dump, verify, epochs, stages, plot, bench)
        |
     feed/      JAX and Orbax: global jax.Arrays with prefetch, the checkpoint item,
-       |       the Grain view of host rows, the MaxText adapter
+       |       the Grain view of host rows, the MaxText adapter, statistics and metrics
     plan/      pure data order: layout (epochs, lanes, windows) -> mixing/stages (which
        |       source) -> plan (ledger, step, row) -> batch fields; ledger, resume, reports
     config/    YAML -> a validated DataConfig (schedules included)
