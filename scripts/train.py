@@ -260,12 +260,12 @@ def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> 
 def format_record(record: dict) -> str:
     epochs = " ".join(f"{name}={epoch}" for name, epoch in sorted(record["epochs"].items()))
     evals = "".join(f" | {k} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
-    losses = " ".join(f"{n}={v:.3f}" for n, v in sorted(record.get("source_loss", {}).items()))
-    wait = f" | wait {record['input_wait_s'] * 1e3:.1f} ms" if "input_wait_s" in record else ""
+    losses = " ".join(f"{n}={v:.3f}" for n, v in sorted(record["source_loss"].items()))
     return (
         f"step {record['step']} | stage {record['stage']} | loss {record['loss']:.4f} "
         f"({losses}) | total_weights {record['total_weights']} | tokens/s "
-        f"{record['tokens_per_s']:,.0f}{wait} | epochs {epochs}{evals}"
+        f"{record['tokens_per_s']:,.0f} | wait {record['input_wait_s'] * 1e3:.1f} ms | "
+        f"epochs {epochs}{evals}"
     )
 
 

@@ -341,3 +341,19 @@ def test_eval_batch_follows_eval_per_device_batch_size(tmp_path, mesh):
         assert evals.batches == windows // 4
     finally:
         close(train, evals)
+
+
+def test_the_data_configs_feed_section_turns_on_provenance(tmp_path, mesh):
+    data_yaml = write_data_yaml(tmp_path, feed={"provenance": ["source"]})
+    plan = Plan.from_config(load_config(data_yaml))
+    train, evals = create_data_iterator(maxtext_config(data_yaml), mesh)
+    try:
+        for step in range(3):
+            batch = next(train)
+            assert set(batch) == {*FIELDS, "source"}
+            assert_same(batch, plan.batch(step))
+            np.testing.assert_array_equal(np.asarray(batch["source"]), plan.draws(step).source)
+            assert batch["source"].sharding == NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+        assert all(set(b) == set(FIELDS) for b in evals)  # eval batches stay six fields
+    finally:
+        close(train, evals)

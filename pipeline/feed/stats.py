@@ -34,7 +34,7 @@ RECENT_STEPS = 1024
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """One reader chunk of a step: rows and token bytes per source, and when it ran."""
+    """One reader chunk of a step: its rows per source, and when it ran."""
 
     segment: SegmentPlan  # the step's: every chunk of a step has the same
     rows: np.ndarray  # per index of the segment's source names
