@@ -391,14 +391,12 @@ class DataFeed:
 
     def _to_device(self, step: int, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         geometry = self._geometry_at(step)
-        # per-row fields (provenance) drop the sequence axis of the shape and the sharding
-        per_row = (
-            geometry.shape[:-1],
-            NamedSharding(self.mesh, PartitionSpec(*geometry.sharding.spec[:-1])),
-        )
         out = {}
         for field, values in host.items():
-            shape, sharding = (geometry.shape, geometry.sharding) if field in FIELDS else per_row
+            shape, sharding = geometry.shape, geometry.sharding
+            if field not in FIELDS:  # per-row provenance: no sequence axis
+                shape = shape[:-1]
+                sharding = NamedSharding(self.mesh, PartitionSpec(*sharding.spec[:-1]))
             arrays = [
                 jax.device_put(values[positions], device) for device, positions in geometry.devices
             ]
