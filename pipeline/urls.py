@@ -1,17 +1,26 @@
 """Locations a user may give as a URL (`gs://bucket/x`) or as a local path.
 
 `pathlib.Path("gs://b/x")` silently becomes the relative path `gs:/b/x`, so a URL must be
-recognised before anything turns it into a `Path`. URLs are read through `etils.epath` (the
-library Orbax uses, which reaches Cloud Storage through `gcsfs` or TensorFlow).
+recognised before anything turns it into a `Path`. URLs are read and written through
+`etils.epath` (the library Orbax uses, which reaches Cloud Storage through `gcsfs`), whose
+paths have the `pathlib` interface: `location` gives one or the other and the rest of the code
+joins, reads and lists them alike. ArrayRecord opens `gs://` shards with its own reader.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
+_COPY_BLOCK = 16 << 20  # a streamed copy holds at most this much of a shard in memory
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -19,13 +28,53 @@ def is_url(location: str | os.PathLike) -> bool:
     return bool(_URL.match(os.fspath(location)))
 
 
-def read_text(url: str) -> str:
-    """The text at a URL; OSError (with the URL) when it cannot be read."""
+def location(value: str | os.PathLike) -> Any:
+    """A `pathlib.Path` for a local path, an `etils.epath.Path` for a URL (a `pathlib`-like
+    path whose str() is the URL again). Typed Any: the two classes share an interface, no base."""
+    if not is_url(value):
+        return Path(value)
     from etils import epath
 
+    text = os.fspath(value)
+    if not re.match(r"^[^:]+://", text):  # undo the "gs:/b/x" a Path made of "gs://b/x"
+        text = text.replace(":/", "://", 1)
+    return epath.Path(text)
+
+
+def read_text(url: str) -> str:
+    """The text at a URL; OSError (with the URL) when it cannot be read."""
     try:
-        return epath.Path(url).read_text()
+        return location(url).read_text()
     except OSError:
         raise
     except Exception as error:  # a missing backend (gcsfs) or a cloud error
         raise OSError(f"{type(error).__name__}: {error}") from error
+
+
+def file_size(path: Any) -> int:
+    """Size in bytes of a local file or a cloud object."""
+    stat = path.stat()
+    return int(getattr(stat, "st_size", None) or getattr(stat, "length", 0))
+
+
+def load_npy(path: Any) -> np.ndarray:
+    """A `.npy` array: memory-mapped when local, read whole (one request) from a URL, where a
+    memory map cannot reach."""
+    if is_url(path):
+        return np.load(io.BytesIO(path.read_bytes()))
+    return np.load(path, mmap_mode="r")
+
+
+def copy_file(source: Any, destination: Any) -> None:
+    """Stream one file between any two locations (local disk and Cloud Storage alike)."""
+    with source.open("rb") as reader, destination.open("wb") as writer:
+        shutil.copyfileobj(reader, writer, _COPY_BLOCK)
+
+
+def remove_tree(path: Any) -> None:
+    """Delete a directory or a URL prefix and everything under it; a missing one is fine."""
+    if is_url(path):
+        if path.exists():
+            path.rmtree()
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -98,3 +98,56 @@ def tfds_text_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     StoreText(data_dir=data_dir, file_format="array_record").download_and_prepare()
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket() -> Iterator[str]:
+    """A real local Cloud Storage API server (gcp-storage-emulator) holding one empty bucket.
+
+    ArrayRecord's native gs:// reader finds it through CLOUD_STORAGE_EMULATOR_ENDPOINT, the
+    Python clients (gcsfs, so etils.epath) through STORAGE_EMULATOR_HOST. Returns "gs://BUCKET".
+    """
+    import logging
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = Path(sys.executable).parent / "gcp-storage-emulator"
+    bucket = "pipeline-test"
+    process = subprocess.Popen(
+        [
+            server,
+            "start",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--in-memory",
+            f"--default-bucket={bucket}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    # gcsfs asks the (unemulated) storage-control API for each bucket's type, warns, and falls
+    # back to the plain JSON API that the emulator serves: keep that one warning out of the logs.
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", endpoint)
+        patch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError as error:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"no gcp-storage-emulator on {endpoint}") from error
+                    time.sleep(0.1)
+            yield f"gs://{bucket}"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)

@@ -43,13 +43,11 @@ def test_local_paths_are_not_urls(text):
 
 
 @pytest.mark.parametrize("path", ["gs://bucket/stores/web", "${DATA}/web"])
-def test_a_store_url_is_refused_by_name_not_made_local(path, monkeypatch):
+def test_a_store_url_stays_a_url(path, monkeypatch):
     monkeypatch.setenv("DATA", "gs://bucket/stores")
-    with pytest.raises(ConfigError) as error:
-        parse_config({**RAW, "sources": {"web": {"path": path}}}, origin="run.yaml")
-    message = str(error.value)
-    assert message.startswith("run.yaml: sources.web.path: 'gs://bucket/stores/web' is a URL")
-    assert "gcsfuse" in message and "gs:/bucket" not in message.replace("gs://", "")
+    config = parse_config({**RAW, "sources": {"web": {"path": path}}}, origin="run.yaml")
+    assert str(config.sources[0].path) == "gs://bucket/stores/web"
+    assert is_url(config.sources[0].path)
 
 
 def test_a_config_read_from_a_url_needs_absolute_store_paths():

@@ -22,6 +22,7 @@ from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.store.summary import decode_preview
+from pipeline.urls import location
 
 MAX_PRINTED_VIOLATIONS = 50
 
@@ -94,7 +95,7 @@ def _doc(text: str) -> str:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, metavar="CONFIG", help="data config (YAML)")
+    parser.add_argument("config", type=location, metavar="CONFIG", help="data config (YAML)")
     parser.add_argument(
         "--ledger",
         type=Path,

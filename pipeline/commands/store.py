@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pipeline.errors import PrepareError
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.summary import describe_store
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
+from pipeline.urls import location
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -20,7 +20,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "tfds:NAME[/CONFIG]:SPLIT, builtin:python-code|python-tests|python-docs) into a store.",
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("--out", required=True, type=Path, help="store directory to create")
+    p.add_argument(
+        "--out", required=True, type=location, help="store directory (or gs:// URL) to create"
+    )
     p.add_argument(
         "--tokenizer",
         default="bytes",
@@ -38,7 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="document order shuffle seed")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     p.add_argument("--eval-fraction", type=float, default=0.0, help="held-out document share")
-    p.add_argument("--eval-out", type=Path, help="eval store directory (default OUT-eval)")
+    p.add_argument("--eval-out", type=location, help="eval store directory (default OUT-eval)")
     p.add_argument("--tfds-data-dir", help="TFDS data dir (default $TFDS_DATA_DIR)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     p.add_argument("--verify", action="store_true", help="re-open and checksum the result")
@@ -53,11 +55,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_prepare, takes_passthrough=True)
 
     v = commands.add_parser("verify-store", help="check a store's files and checksums")
-    v.add_argument("store", type=Path)
+    v.add_argument("store", type=location)
     v.set_defaults(run=run_verify_store)
 
     i = commands.add_parser("store-info", help="summarise a store and decode a window")
-    i.add_argument("store", type=Path)
+    i.add_argument("store", type=location)
     i.set_defaults(run=run_store_info)
 
 

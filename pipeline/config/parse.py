@@ -32,7 +32,7 @@ import yaml
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.errors import ConfigError, StoreError
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import is_url, read_text
+from pipeline.urls import is_url, location, read_text
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
             "stages", "starts_at", "feed", "eval")  # fmt: skip
@@ -271,13 +271,9 @@ def _sources(
         path = os.path.expandvars(entry["path"])
         if "$" in path:
             raise where.fail(f"{key}.path", f"unset environment variable in {entry['path']!r}")
-        if is_url(path):
-            raise where.fail(
-                f"{key}.path",
-                f"{path!r} is a URL, but token stores are read through the local filesystem: "
-                "mount the bucket (gcsfuse, e.g. tpu/install.sh --gcsfuse-bucket) and give the "
-                "mounted path",
-            )
+        if is_url(path):  # a gs:// store, read directly (never made a local path)
+            sources.append(SourceSpec(name, location(path)))
+            continue
         if base_dir is None and not os.path.isabs(path):
             raise where.fail(
                 f"{key}.path",

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed.checkpoint import STATE_VERSION, restore_state
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import EvalFeed
+from pipeline.urls import location
 
 CONFIG_KEY = "pipeline_data_config"
 """MaxText config key naming the data config YAML (or set the environment variable below)."""
@@ -177,7 +177,7 @@ def read_iter_state(directory: str | os.PathLike) -> dict[str, Any]:
     Every process saves the same state, so one file is enough whatever the number of processes
     now: process 0's file, else the lowest-numbered one.
     """
-    path = Path(directory)
+    path = location(directory)  # a local directory or a gs:// checkpoint
     files = []
     for file in path.glob("process_*-of-*.json"):
         index = file.name[len("process_") :].split("-of-")[0]

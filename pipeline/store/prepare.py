@@ -35,6 +35,7 @@ from pipeline.store.writer import (
     write_manifest,
     write_shard,
 )
+from pipeline.urls import location, remove_tree
 
 _SPILL_HEADER = struct.Struct("<QII")  # order hash, key bytes, token count
 T = TypeVar("T")
@@ -58,7 +59,7 @@ class PrepareOptions:
     destinations: dict[str, Path] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.out = Path(self.out)
+        self.out = location(self.out)
         if self.record_tokens < 1:
             raise PrepareError(f"--record-tokens must be at least 1, got {self.record_tokens}")
         if self.num_shards < 1:
@@ -70,7 +71,7 @@ class PrepareOptions:
         self.destinations = {TRAIN: self.out}
         if self.eval_fraction > 0:
             eval_out = self.eval_out or self.out.with_name(self.out.name + "-eval")
-            self.destinations[EVAL] = Path(eval_out)
+            self.destinations[EVAL] = location(eval_out)
 
 
 def tokenize_document(tokenizer: Tokenizer, dtype: np.dtype, text: str) -> np.ndarray:
@@ -154,7 +155,7 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
         finish(options, stagings, shards, empty, tokenizer_record(tokenizer), dtype)
     finally:
         for staging in stagings.values():
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)
     return dict(options.destinations)
 
 

@@ -17,14 +17,15 @@ stores. Inputs, tokenizer and destinations are checked before the pipeline is bu
 pipeline removes its staging directories, so nothing that opens as a store is left behind.
 
 Shards are written by the workers into a staging directory that the launching process creates
-beside `--out`: the destination must be a filesystem that the launcher and every worker share
-(local disk with the DirectRunner; NFS or a FUSE mount elsewhere). See docs/prepare-at-scale.md.
+beside `--out`: the destination must be a `gs://` prefix or a filesystem that the launcher and
+every worker share (local disk with the DirectRunner; NFS elsewhere). With `gs://`, the staging
+is a hidden prefix beside `--out`, and the commit copies it into place with the manifest last.
+See docs/prepare-at-scale.md.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,12 +44,14 @@ from pipeline.store.prepare import (
     tokenizer_record,
     validate,
 )
+from pipeline.store.token_store import is_store
 from pipeline.store.tokenizers import load_tokenizer
 from pipeline.store.writer import (
     ShardInfo,
     staging_dir,
     write_shard,
 )
+from pipeline.urls import location, remove_tree
 
 try:
     import apache_beam as beam
@@ -60,8 +63,6 @@ except ImportError as error:  # an optional extra: say how to get it.
 
 __all__ = ["pipeline_flags", "prepare_beam", "units_of_work"]
 
-_REMOTE_PATH = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/")
-
 
 def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict[str, Path]:
     """Prepare the train (and eval) store with Beam; returns split -> store path.
@@ -69,16 +70,11 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
     `beam_args` are Beam's own flags (`--runner=DataflowRunner --project=...`), passed to
     `PipelineOptions` after our defaults, so they win. Validates everything first.
     """
-    for path in options.destinations.values():
-        if _REMOTE_PATH.match(str(path)) or str(path).startswith("gs:"):
-            raise PrepareError(
-                f"{path}: the Beam runner writes stores to a filesystem path only (gs:// and "
-                "other object stores are not supported yet); write to a path every worker "
-                "mounts, e.g. a gcsfuse mount, and copy the store afterwards"
-            )
     specs, tokenizer, dtype = validate(options)
     pipeline_options = PipelineOptions(pipeline_flags(options.workers, beam_args))
-    stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
+    stagings = {
+        split: staging_dir(path, shared=True) for split, path in options.destinations.items()
+    }
     try:
         pipeline = beam.Pipeline(options=pipeline_options)
         _build(pipeline, options, specs, tokenizer_record(tokenizer), dtype, stagings)
@@ -92,12 +88,12 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
             raise prepare_error from error
         if str(state) not in ("DONE", "PipelineState.DONE"):
             raise PrepareError(f"the Beam pipeline ended in state {state}; see the runner's log")
-        missing = [str(p) for p in options.destinations.values() if not p.is_dir()]
+        missing = [str(p) for p in options.destinations.values() if not is_store(p)]
         if missing:
             raise PrepareError(f"the Beam pipeline finished but did not commit {missing}")
     finally:
         for staging in stagings.values():
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)
     return dict(options.destinations)
 
 
@@ -195,7 +191,7 @@ class _WriteShard(beam.DoFn):
                 entries.append(value)
         documents = (np.frombuffer(raw, dtype=self.dtype) for raw in sort_shard(entries))
         info = write_shard(
-            Path(self.stagings[split]),
+            location(self.stagings[split]),
             shard,
             self.num_shards,
             documents,
@@ -220,7 +216,7 @@ def _commit(
             raise PrepareError(f"{split}: shards {[r[1] for r in mine]} written, expected all")
         shards[split] = [r[2] for r in mine]
         empty[split] = sum(r[3] for r in mine)
-    paths = {split: Path(staging) for split, staging in stagings.items()}
+    paths = {split: location(staging) for split, staging in stagings.items()}
     finish(options, paths, shards, empty, tokenizer, np.dtype(dtype))
 
 

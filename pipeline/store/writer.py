@@ -4,6 +4,11 @@ Both prepare runners (the local one and Apache Beam) call these functions, so th
 one definition of the on-disk format. A store is built in a hidden temporary directory beside
 its destination and renamed into place after the manifest is written: a directory that opens as
 a store is always complete.
+
+Cloud Storage has no rename. A `gs://` store is staged in a local directory (or, for Beam's
+workers, under a hidden prefix beside the destination) and copied into place file by file with
+the manifest last: until the manifest object exists the prefix does not open as a store.
+ArrayRecord writes local files only, so a shard is always written locally and then copied.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -22,6 +28,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from pipeline.errors import PrepareError
 from pipeline.store.token_store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
+from pipeline.urls import copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -62,6 +69,23 @@ def write_shard(
     record_tokens: int = DEFAULT_RECORD_TOKENS,
 ) -> ShardInfo:
     """Write one shard (documents already end with eod) and its record and document indexes."""
+    if not is_url(directory):
+        return _write_local_shard(directory, shard, num_shards, documents, dtype, record_tokens)
+    with tempfile.TemporaryDirectory(prefix="pipeline-shard-") as local:
+        info = _write_local_shard(Path(local), shard, num_shards, documents, dtype, record_tokens)
+        for name in (info.file, info.index, info.docs):
+            copy_file(Path(local) / name, directory / name)
+    return info
+
+
+def _write_local_shard(
+    directory: Path,
+    shard: int,
+    num_shards: int,
+    documents: Iterable[np.ndarray],
+    dtype: np.dtype,
+    record_tokens: int,
+) -> ShardInfo:
     name = shard_name(shard, num_shards)
     data_path = directory / f"{name}.array_record"
     index_path = directory / f"{name}.index.npy"
@@ -122,8 +146,16 @@ def write_manifest(
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def staging_dir(out: Path) -> Path:
-    """A fresh hidden directory beside `out`, on the same filesystem so the rename is atomic."""
+def staging_dir(out: Path, shared: bool = False) -> Path:
+    """A fresh hidden directory beside `out`, on the same filesystem so the rename is atomic.
+
+    For a URL `out`: a local temporary directory, or with `shared` (writers on other machines)
+    a hidden prefix beside `out`; `commit` copies either into place.
+    """
+    if is_url(out):
+        if shared:
+            return out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+        return Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-"))
     path = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
@@ -137,10 +169,27 @@ def check_destination(out: Path, overwrite: bool) -> None:
 def commit(staging: Path, out: Path, overwrite: bool) -> None:
     """Move a complete store into place; an existing one is replaced only with `overwrite`."""
     check_destination(out, overwrite)
-    if out.exists():
+    if is_url(out):
+        _copy_into_place(staging, out)
+    elif out.exists():
         retired = out.parent / f".{out.name}.retired-{uuid.uuid4().hex[:8]}"
         os.rename(out, retired)
         os.rename(staging, out)
         shutil.rmtree(retired)
     else:
         os.rename(staging, out)
+
+
+def _copy_into_place(staging: Path, out: Path) -> None:
+    """Commit to an object store: drop any old store (its manifest first, so it stops opening
+    before its shards go), copy the staged files, the manifest last, then drop the staging."""
+    if out.exists():
+        old_manifest = out / MANIFEST
+        if old_manifest.exists():
+            old_manifest.unlink()
+        remove_tree(out)
+    for source in sorted(staging.iterdir()):
+        if source.name != MANIFEST:
+            copy_file(source, out / source.name)
+    copy_file(staging / MANIFEST, out / MANIFEST)
+    remove_tree(staging)
