@@ -14,27 +14,38 @@ the index (never inferred from token values: a tokenizer may emit the eod id ins
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate, chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
+from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.urls import file_size, is_url, load_npy, location, read_text
 
 FORMAT_NAME = "pipeline-token-store"
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-# Random access: no readahead, no reader-side parallelism (the feed parallelises itself).
-READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+# Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
+# chunk index stays in memory (~12 B per record, read with the footer in one request): an
+# "offloaded" index costs a second read per record, a second round trip on gs://. What bounds
+# it is the number of open readers (`max_open_shards`), not the corpus.
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0,index_storage_option:in_memory"
+# Open shard readers (and their indexes) kept per store; the least recently read is closed.
+MAX_OPEN_SHARDS = int(os.environ.get("PIPELINE_MAX_OPEN_SHARDS", "256"))
+DEFAULT_RETRY = RetryPolicy()
+T = TypeVar("T")
 # np.load parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
@@ -63,11 +74,26 @@ class TokenStore:
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
-    checked as they are first read.
+    checked as they are first read. At most `max_open_shards` shards keep an open reader and
+    their indexes (least recently read closed first), so host memory does not grow with the
+    corpus; reads that fail transiently are retried by `retry`.
     """
 
-    def __init__(self, path: str | Path, *, verify: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        verify: bool = False,
+        max_open_shards: int = MAX_OPEN_SHARDS,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        if max_open_shards < 1:
+            raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
+        self.retry = retry
+        self._max_open = max_open_shards
+        self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
+        self._open_lock = threading.Lock()
         self.manifest = _load_manifest(self.path)
         self.dtype = np.dtype(self.manifest["dtype"])
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
@@ -309,14 +335,29 @@ class TokenStore:
         return shard
 
     def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
-        with self._locks[shard]:
-            reader = self._open_reader(shard)
+        return self._read(shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}")
+
+    def _read(self, shard: int, read: Callable[[ArrayRecordReader], T], records: str) -> T:
+        """`read(reader)` under the shard's lock, retried by the policy (a failed attempt
+        drops the reader, so the next one starts afresh); a failure names the file."""
+
+        def attempt() -> T:
             try:
-                return reader.read(first, last)
+                return read(self._open_reader(shard))
+            except Exception:
+                self._drop_reader(shard)
+                raise
+
+        self._touch(shard)  # before opening: the bound holds while this one opens
+        with self._locks[shard]:
+            try:
+                result = self.retry.call(attempt)
             except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
                 raise StoreError(
-                    f"{self.shard_file(shard)}: cannot read records {first}..{last - 1}: {error}"
+                    f"{self.shard_file(shard)}: cannot read records {records}{tries}: {error}"
                 ) from error
+        return result
 
     def _open_reader(self, shard: int) -> ArrayRecordReader:
         """The shard's reader, opened on first use; call with the shard's lock held."""
@@ -326,19 +367,42 @@ class TokenStore:
             self._readers[shard] = reader
         return reader
 
+    def _drop_reader(self, shard: int) -> None:
+        """Forget the shard's reader and indexes (call with its lock held); a reader of a
+        damaged or vanished file may fail to close, which changes nothing here."""
+        reader, self._readers[shard] = self._readers[shard], None
+        for cache in self._indexes.values():
+            cache[shard] = None
+        if reader is not None:
+            with contextlib.suppress(RuntimeError):
+                reader.close()
+
+    def _touch(self, shard: int) -> None:
+        """Mark the shard most recently read; close the least recent beyond the bound (one
+        that another thread is reading right now is skipped and closed later)."""
+        with self._open_lock:
+            self._open[shard] = None
+            self._open.move_to_end(shard)
+            excess = [s for s in self._open if s != shard][: len(self._open) - self._max_open]
+        for victim in excess:
+            lock = self._locks[victim]
+            if lock.acquire(blocking=False):
+                try:
+                    self._drop_reader(victim)
+                    with self._open_lock:
+                        self._open.pop(victim, None)
+                finally:
+                    lock.release()
+
     def _read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
         0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
         reading its records one by one (docs/benchmarks.md has the measurement)."""
-        with self._locks[shard]:
-            reader = self._open_reader(shard)
-            try:
-                return [reader.read(record, record + 1)[0] for record in records]
-            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-                raise StoreError(
-                    f"{self.shard_file(shard)}: cannot read records {records[0]}..{records[-1]}: "
-                    f"{error}"
-                ) from error
+        return self._read(
+            shard,
+            lambda reader: [reader.read(record, record + 1)[0] for record in records],
+            f"{records[0]}..{records[-1]}",
+        )
 
     def _check_files(self) -> None:
         if is_url(self.path):
