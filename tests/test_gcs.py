@@ -20,11 +20,13 @@ from pipeline.commands.cli import main
 from pipeline.config import load_config
 from pipeline.errors import StoreError
 from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.maxtext import create_data_iterator, read_iter_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore, is_store
-from pipeline.urls import location
+from pipeline.urls import copy_file, location
+from tests.test_maxtext import maxtext_config, write_data_yaml
 
 TEXTS = [f"document {i}: " + "gs ✓ " * (i % 7) + "line\n" * (i % 3) for i in range(40)]
 
@@ -145,3 +147,42 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
     opened = TokenStore(store)  # opening reads the manifest only; the first read finds it
     with pytest.raises(StoreError, match=f"{shard}: cannot read records 0..0"):
         opened.read_shard_tokens(1, 0, 1)
+
+
+def upload(local: Path, url: str) -> str:
+    for file in sorted(local.iterdir()):
+        copy_file(file, location(url) / file.name)
+    return url
+
+
+def test_the_maxtext_adapter_reads_a_bucket_config_and_stores(tmp_path: Path, prefix):
+    data_yaml = write_data_yaml(tmp_path)
+    raw = yaml.safe_load(data_yaml.read_text())
+    for section in (raw, raw["eval"]):
+        for name, source in section["sources"].items():
+            source["path"] = upload(Path(source["path"]), f"{prefix}/{name}")
+    config_url = location(f"{prefix}/data.yaml")
+    config_url.write_text(yaml.safe_dump(raw))
+    plan = Plan.from_config(load_config(data_yaml))
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+    config = maxtext_config(str(config_url), eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        for step in range(4):
+            batch = next(train)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(step)[field])
+        text = train.local_iterator.get_state().decode()
+    finally:
+        train.close()
+    item = location(f"{prefix}/checkpoints/4/iter")  # MaxText's checkpoint item in the bucket
+    (item / "process_0-of-1.json").write_text(text)
+    assert read_iter_state(str(item))["step"] == 4
+    resumed, _ = create_data_iterator(config, mesh)
+    try:
+        resumed.restore_from(str(item))
+        batch = next(resumed)
+        for field in FIELDS:
+            np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(4)[field])
+    finally:
+        resumed.close()

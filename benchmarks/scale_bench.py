@@ -1,0 +1,163 @@
+"""Scale: host RSS versus records, store open and first batch versus shards, per-host plan cost
+versus process count.
+
+    python benchmarks/scale_bench.py [--dir /tmp/scale-bench] [--quick]
+
+Stores are synthetic (uint16 tokens, one 4-token document per record) and are built once
+under --dir. Each RSS and start-up figure comes from a fresh child process (`ru_maxrss`), so
+nothing measured before leaks into it. --quick uses 10x smaller sizes (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import parse_config
+from pipeline.plan.plan import Plan, host_rows
+from pipeline.store.token_store import TokenStore, is_store
+from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+
+DOC = 4  # tokens per document (= per record)
+TOKENIZER = {"name": "synthetic", "spec": "synthetic", "vocab_size": 1000, "eod_id": 999}
+
+
+def build(path: Path, shards: int, records: int) -> Path:
+    """A store of `shards` shards of `records` 4-token documents each (built once)."""
+    if is_store(path):
+        return path
+    print(f"building {path} ({shards} shards x {records:,} records)", file=sys.stderr, flush=True)
+    staging = staging_dir(path)
+    dtype = np.dtype(np.uint16)
+    doc = np.array([1, 2, 3, 999], dtype=dtype)
+    infos = [
+        write_shard(staging, s, shards, (doc for _ in range(records)), dtype) for s in range(shards)
+    ]
+    write_manifest(staging, infos, TOKENIZER, dtype, {"benchmark": "scale"})
+    commit(staging, path, overwrite=False)
+    return path
+
+
+def child(argv: list[str]) -> dict:
+    """Run one measurement in a fresh interpreter; returns its JSON line."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *argv], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_rss(store_path: str, max_open: int) -> dict:
+    """Read one token of every shard (the plan reaches every shard over an epoch)."""
+    before = peak_rss_mb()
+    store = TokenStore(store_path, max_open_shards=max_open)
+    for shard in range(store.num_shards):
+        store.read_shard_tokens(shard, 0, 1)
+    return {"rss_mb": peak_rss_mb(), "baseline_mb": before}
+
+
+def measure_start(store_path: str) -> dict:
+    """Open the store, build the plan, compute one host's first batch."""
+    start = time.perf_counter()
+    store = TokenStore(store_path)
+    opened = time.perf_counter()
+    raw = {
+        "seq_len": 64,
+        "global_batch_size": 16,
+        "lanes": 4,
+        "sources": {"s": {"path": store_path}},
+        "mix": {"s": 1},
+    }
+    plan = Plan.from_config(parse_config(raw, origin="scale.yaml"))
+    plan.batch(0, host_rows(16, 0, 4))
+    done = time.perf_counter()
+    return {"open_s": opened - start, "first_batch_s": done - start, "shards": store.num_shards}
+
+
+def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) -> dict:
+    """One process stands in for the last host of a `processes`-process slice."""
+    batch = processes * rows_per_host
+    raw = {
+        "seq_len": 64,
+        "global_batch_size": batch,
+        "lanes": min(batch, 64),
+        "sources": {"s": {"path": store_path}},
+        "mix": {"s": 1},
+    }
+    plan = Plan.from_config(parse_config(raw, origin="scale.yaml"))
+    rows = host_rows(batch, processes - 1, processes)
+    plan.batch(0, rows)  # warm: shard readers open
+    times = []
+    for rep in range(reps):
+        begin = time.perf_counter()
+        plan.batch(1 + rep * 997, rows)
+        times.append(time.perf_counter() - begin)
+    tracemalloc.start()
+    plan.batch(10**6, rows)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"ms": statistics.median(times) * 1e3, "peak_kb": peak / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/scale-bench"))
+    parser.add_argument("--quick", action="store_true", help="10x smaller stores")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, store, *rest = args.child
+        result = measure_rss(store, int(rest[0])) if kind == "rss" else measure_start(store)
+        print(json.dumps(result))
+        return
+    scale = 10 if args.quick else 1
+    args.dir.mkdir(parents=True, exist_ok=True)
+    per_shard = 62_500 // scale
+
+    print("## RSS versus records (62,500 records per shard; one read in every shard)")
+    print("records | shards | max_open_shards | RSS before open (MB) | peak RSS (MB)")
+    print("--- | --- | --- | --- | ---")
+    for records in (10**6 // scale, 10**7 // scale):
+        shards = records // per_shard
+        store = build(args.dir / f"records-{records}", shards, per_shard)
+        for max_open in (8, shards):
+            rss = child(["rss", str(store), str(max_open)])
+            print(
+                f"{records:,} | {shards} | {max_open} | {rss['baseline_mb']:.0f} | "
+                f"{rss['rss_mb']:.0f}",
+                flush=True,
+            )
+
+    print("\n## Store open and first batch versus shards (10 records per shard)")
+    print("shards | open (ms) | open + plan + first host batch (ms)")
+    print("--- | --- | ---")
+    for shards in (10, 1000 // scale, 10_000 // scale):
+        store = build(args.dir / f"shards-{shards}", shards, 10)
+        times = [child(["start", str(store)]) for _ in range(3)]
+        opened = statistics.median(t["open_s"] for t in times) * 1e3
+        first = statistics.median(t["first_batch_s"] for t in times) * 1e3
+        print(f"{shards:,} | {opened:.1f} | {first:.1f}", flush=True)
+
+    print("\n## Per-host plan cost versus process count (2 rows per host, seq_len 64)")
+    print("processes | global batch | one host's batch (ms) | its peak allocation (KB)")
+    print("--- | --- | --- | ---")
+    store = str(args.dir / f"records-{10**6 // scale}")
+    for processes in (1, 16, 256, 4096):
+        cost = host_cost(store, processes, 2, reps=15)
+        print(f"{processes:,} | {2 * processes:,} | {cost['ms']:.2f} | {cost['peak_kb']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
