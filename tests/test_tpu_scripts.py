@@ -247,13 +247,19 @@ def test_run_foreground(env):
     assert "start --log-dir logs --foreground -- python" in command_of(env.calls()[1])
 
 
-@pytest.mark.parametrize("data", ["gs://bucket/stores", "gs:/bucket/stores", "s3://b/x"])
-def test_run_refuses_store_urls_before_anything_runs(env, data):
+@pytest.mark.parametrize("data", ["gs:/bucket/stores", "s3://b/x", "gs://Bad_Bucket/x"])
+def test_run_refuses_store_urls_other_than_gs_before_anything_runs(env, data):
     result = env.run("run", *COMMON, "--config", "c.yaml", "--data", data,
                      "--checkpoint-dir", "gs://b/ckpt")  # fmt: skip
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert f"'{data}' is a URL" in result.stderr and "--gcsfuse-bucket" in result.stderr
+    assert f"'{data}' is a URL other than gs://bucket/path" in result.stderr
     assert env.calls() == []
+
+
+def test_run_exports_a_gs_data_url_as_given(env):
+    ok(env.run("run", *COMMON, "--config", "c.yaml", "--data", "gs://my-bucket/stores",
+               "--checkpoint-dir", "gs://b/ckpt"))  # fmt: skip
+    assert "PIPELINE_DATA_DIR=gs://my-bucket/stores " in command_of(env.calls()[1])
 
 
 # --- stop, logs -----------------------------------------------------------------------------

@@ -36,9 +36,9 @@ Options (flag / environment or env-file variable):
   --zone ZONE             TPU_ZONE            e.g. us-west4-a                         [required]
   --config FILE           TPU_CONFIG          data config: relative to REMOTE_DIR, or gs://...
                                                                                       [required]
-  --data DIR              TPU_DATA            the directory of the token stores on every worker
-                                              (e.g. a gcsfuse mount, /mnt/my-bucket/stores),
-                                              exported as PIPELINE_DATA_DIR; not gs://  [required]
+  --data DIR              TPU_DATA            where the token stores are: gs://bucket/stores
+                                              (read directly) or a directory on every worker,
+                                              exported as PIPELINE_DATA_DIR             [required]
   --checkpoint-dir DIR    TPU_CHECKPOINT_DIR  Orbax checkpoints; gs://... so that all
                                               workers share it                        [required]
   --remote-dir DIR        TPU_REMOTE_DIR      project dir on the workers (default: pipeline)
@@ -70,8 +70,8 @@ bool TPU_FOREGROUND
 TPU_SYNC_SECONDS=${TPU_SYNC_SECONDS:-60}
 check TPU_SYNC_SECONDS '^[0-9]+$' 'a number of seconds'
 check TPU_LOG_URI '^gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](/.*)?$' 'a gs://bucket/path URI'
-if [[ $TPU_DATA =~ ^[A-Za-z][A-Za-z0-9+.-]+:/ ]]; then
-  die "--data (TPU_DATA) '$TPU_DATA' is a URL, but token stores are read from a directory on each worker: mount the bucket (tpu/install.sh --gcsfuse-bucket BUCKET) and pass the mounted path, e.g. /mnt/BUCKET/stores"
+if [[ $TPU_DATA =~ ^[A-Za-z][A-Za-z0-9+.-]+:/ && ! $TPU_DATA =~ ^gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](/.*)?$ ]]; then
+  die "--data (TPU_DATA) '$TPU_DATA' is a URL other than gs://bucket/path: give gs://BUCKET/stores (read directly) or a directory on every worker (e.g. a gcsfuse mount)"
 fi
 if [[ $TPU_CHECKPOINT_DIR != gs://* ]]; then
   warn "--checkpoint-dir '$TPU_CHECKPOINT_DIR' is not gs://...; every worker must see the same directory for multi-host checkpoints"
