@@ -432,16 +432,19 @@ def is_store(path: str | Path) -> bool:
 
 
 def _load_manifest(path: Path) -> dict[str, Any]:
+    """The manifest, in one read when it exists (one request for a `gs://` store)."""
     manifest_path = path / MANIFEST
-    if not path.is_dir():
-        raise StoreError(f"{path}: no such store directory (create it with `pipeline prepare`)")
-    if not manifest_path.is_file():
+    try:
+        manifest = json.loads(read_text(str(manifest_path)))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
+        if not path.is_dir():
+            raise StoreError(
+                f"{path}: no such store directory (create it with `pipeline prepare`)"
+            ) from error
         raise StoreError(
             f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
             "leaves one: run `pipeline prepare` again)"
-        )
-    try:
-        manifest = json.loads(read_text(str(manifest_path)))
+        ) from error
     except (OSError, json.JSONDecodeError) as error:
         raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from error
     if manifest.get("format") != FORMAT_NAME:
