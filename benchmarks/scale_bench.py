@@ -73,9 +73,9 @@ def measure_rss(store_path: str, max_open: int) -> dict:
 
 
 def measure_start(store_path: str) -> dict:
-    """Open the store, build the plan, compute one host's first batch."""
+    """Open the store alone; then what a trainer does: plan (opening it) + one host's batch."""
     start = time.perf_counter()
-    store = TokenStore(store_path)
+    TokenStore(store_path).close()
     opened = time.perf_counter()
     raw = {
         "seq_len": 64,
@@ -87,7 +87,7 @@ def measure_start(store_path: str) -> dict:
     plan = Plan.from_config(parse_config(raw, origin="scale.yaml"))
     plan.batch(0, host_rows(16, 0, 4))
     done = time.perf_counter()
-    return {"open_s": opened - start, "first_batch_s": done - start, "shards": store.num_shards}
+    return {"open_s": opened - start, "first_batch_s": done - opened}
 
 
 def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) -> dict:
@@ -106,7 +106,7 @@ def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) ->
     times = []
     for rep in range(reps):
         begin = time.perf_counter()
-        plan.batch(1 + rep * 997, rows)
+        plan.batch(1 + rep, rows)  # consecutive steps, as a training host runs them
         times.append(time.perf_counter() - begin)
     tracemalloc.start()
     plan.batch(10**6, rows)
@@ -144,8 +144,18 @@ def main() -> None:
                 flush=True,
             )
 
+    shards = 10_000 // scale
+    store = build(args.dir / f"shards-{shards}", shards, 10)
+    for max_open in (256, shards):
+        rss = child(["rss", str(store), str(max_open)])
+        print(
+            f"{shards * 10:,} | {shards:,} | {max_open:,} | {rss['baseline_mb']:.0f} | "
+            f"{rss['rss_mb']:.0f}",
+            flush=True,
+        )
+
     print("\n## Store open and first batch versus shards (10 records per shard)")
-    print("shards | open (ms) | open + plan + first host batch (ms)")
+    print("shards | open (ms) | plan (opens the store) + first host batch (ms)")
     print("--- | --- | ---")
     for shards in (10, 1000 // scale, 10_000 // scale):
         store = build(args.dir / f"shards-{shards}", shards, 10)
@@ -159,7 +169,7 @@ def main() -> None:
     print("--- | --- | --- | ---")
     store = str(args.dir / f"records-{10**6 // scale}")
     for processes in (1, 16, 256, 4096):
-        cost = host_cost(store, processes, 2, reps=15)
+        cost = host_cost(store, processes, 2, reps=25)
         print(f"{processes:,} | {2 * processes:,} | {cost['ms']:.2f} | {cost['peak_kb']:.0f}")
 
 
