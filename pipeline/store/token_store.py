@@ -383,7 +383,10 @@ class TokenStore:
         with self._open_lock:
             self._open[shard] = None
             self._open.move_to_end(shard)
-            excess = [s for s in self._open if s != shard][: len(self._open) - self._max_open]
+            over = len(self._open) - self._max_open
+            if over <= 0:  # the common case on the read path: nothing to scan
+                return
+            excess = [s for s in self._open if s != shard][:over]
         for victim in excess:
             lock = self._locks[victim]
             if lock.acquire(blocking=False):
