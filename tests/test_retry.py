@@ -31,10 +31,11 @@ class FlakyReaders:
     def __init__(self, fail: int, error: str = "UNAVAILABLE: injected fault") -> None:
         self.fail, self.error = fail, error
         self.failed: Counter[str] = Counter()
-        self.alive = self.most_alive = 0
+        self.alive = self.most_alive = self.opened = 0
 
     def __call__(self, path: str, options: str) -> FlakyReader:
         self.alive += 1
+        self.opened += 1
         self.most_alive = max(self.most_alive, self.alive)
         return FlakyReader(self, path, ArrayRecordReader(path, options))
 
@@ -126,3 +127,22 @@ def test_open_readers_are_bounded_and_reads_stay_right(tmp_path: Path, monkeypat
     assert readers.alive == 0
     with pytest.raises(StoreError, match="max_open_shards must be at least 1"):
         token_store.TokenStore(tmp_path / "s", max_open_shards=0)
+
+
+def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(tmp_path, monkeypatch):
+    """Four reader threads keep closing and reopening each other's shards."""
+    config = two_stage_config(tmp_path)
+    plan = Plan.from_config(config)
+    expected = [plan.batch(step) for step in range(12)]
+    readers = FlakyReaders(fail=0)
+    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
+    monkeypatch.setattr(token_store, "MAX_OPEN_SHARDS", 1)
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    with DataFeed(config, mesh, threads=4) as feed:
+        for want in expected:
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), want[field])
+    assert readers.alive == 0
+    assert readers.most_alive <= 2 + 4  # one per store, plus one per thread mid-read
+    assert readers.opened > 7  # 7 shards in all: shards were closed and opened again

@@ -74,9 +74,10 @@ class TokenStore:
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
-    checked as they are first read. At most `max_open_shards` shards keep an open reader and
-    their indexes (least recently read closed first), so host memory does not grow with the
-    corpus; reads that fail transiently are retried by `retry`.
+    checked as they are first read. At most `max_open_shards` (default `MAX_OPEN_SHARDS`, set
+    by $PIPELINE_MAX_OPEN_SHARDS) shards keep an open reader and their indexes (least recently
+    read closed first), so host memory does not grow with the corpus; reads that fail
+    transiently are retried by `retry`.
     """
 
     def __init__(
@@ -84,9 +85,11 @@ class TokenStore:
         path: str | Path,
         *,
         verify: bool = False,
-        max_open_shards: int = MAX_OPEN_SHARDS,
+        max_open_shards: int | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        if max_open_shards is None:
+            max_open_shards = MAX_OPEN_SHARDS
         if max_open_shards < 1:
             raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
