@@ -127,6 +127,11 @@ def test_open_readers_are_bounded_and_reads_stay_right(tmp_path: Path, monkeypat
     assert readers.alive == 0
     with pytest.raises(StoreError, match="max_open_shards must be at least 1"):
         token_store.TokenStore(tmp_path / "s", max_open_shards=0)
+    monkeypatch.setenv("PIPELINE_MAX_OPEN_SHARDS", "3")
+    assert token_store.TokenStore(tmp_path / "s")._max_open == 3
+    monkeypatch.setenv("PIPELINE_MAX_OPEN_SHARDS", "many")
+    with pytest.raises(StoreError, match=r"^\$PIPELINE_MAX_OPEN_SHARDS: expected a number"):
+        token_store.TokenStore(tmp_path / "s")
 
 
 def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(tmp_path, monkeypatch):

@@ -43,7 +43,8 @@ MANIFEST = "manifest.json"
 # it is the number of open readers (`max_open_shards`), not the corpus.
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0,index_storage_option:in_memory"
 # Open shard readers (and their indexes) kept per store; the least recently read is closed.
-MAX_OPEN_SHARDS = int(os.environ.get("PIPELINE_MAX_OPEN_SHARDS", "256"))
+MAX_OPEN_SHARDS = 256
+MAX_OPEN_ENV = "PIPELINE_MAX_OPEN_SHARDS"  # overrides MAX_OPEN_SHARDS
 DEFAULT_RETRY = RetryPolicy()
 T = TypeVar("T")
 # np.load parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
@@ -74,8 +75,8 @@ class TokenStore:
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
-    checked as they are first read. At most `max_open_shards` (default `MAX_OPEN_SHARDS`, set
-    by $PIPELINE_MAX_OPEN_SHARDS) shards keep an open reader and their indexes (least recently
+    checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
+    else `MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least recently
     read closed first), so host memory does not grow with the corpus; reads that fail
     transiently are retried by `retry`.
     """
@@ -89,7 +90,7 @@ class TokenStore:
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         if max_open_shards is None:
-            max_open_shards = MAX_OPEN_SHARDS
+            max_open_shards = _default_max_open()
         if max_open_shards < 1:
             raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
@@ -426,6 +427,15 @@ class TokenStore:
                 index = self.path / entry[key]
                 if not index.is_file():
                     raise StoreError(f"{index}: index listed in the manifest is missing")
+
+
+def _default_max_open() -> int:
+    text = os.environ.get(MAX_OPEN_ENV, "").strip()
+    if not text:
+        return MAX_OPEN_SHARDS
+    if not text.isdigit() or int(text) < 1:
+        raise StoreError(f"${MAX_OPEN_ENV}: expected a number of shards >= 1, got {text!r}")
+    return int(text)
 
 
 def is_store(path: str | Path) -> bool:
