@@ -137,6 +137,7 @@ def gcs_bucket() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", endpoint)
         patch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        patch.setenv("NO_GCE_CHECK", "true")  # google-auth: no probe for a GCE metadata server
         try:
             deadline = time.monotonic() + 30
             while True:
