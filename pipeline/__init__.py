@@ -11,8 +11,9 @@ The packages are the layers, top to bottom; imports point down only::
     config/    YAML -> a validated DataConfig (schedules included)
     store/     token stores: the reader, the writer, prepare (local and Beam), tokenizers
        |
-    errors, keys, urls   typed exceptions, the keyed hash, and telling a gs:// URL from a
-                         local path (before a Path mangles it), which every layer shares
+    errors, keys, urls   typed exceptions, the keyed hash, and gs:// URLs kept apart from
+                         local paths (before a Path mangles them) and read through
+                         etils.epath, which every layer shares
 
 Only `feed/` imports JAX, Orbax or Grain; its names below load on first use, so the config,
 store and plan layers (and `pipeline --help`, `prepare`, `verify-store`) start without them.

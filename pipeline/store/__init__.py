@@ -1,7 +1,8 @@
 """The store layer: text in, token stores out, and the reader every other layer uses.
 
 `token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
-checksummed manifest); `writer` writes one atomically; `prepare` and `prepare_beam` tokenize
+checksummed manifest) from a directory or a `gs://` URL, retrying transient faults (`retry`);
+`writer` writes one atomically; `prepare` and `prepare_beam` tokenize
 corpora (`corpora`) with a tokenizer (`tokenizers`) into stores, placing documents by a keyed
 hash (`doc_order`) so both runners write byte-identical stores; `summary` describes one.
 Nothing here imports JAX, Orbax or Grain.
