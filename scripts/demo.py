@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.plan import data_state  # noqa: E402
 from pipeline.plan.ledger import Ledger  # noqa: E402
 from pipeline.plan.plan import Plan  # noqa: E402
 from pipeline.store.prepare import PrepareOptions, prepare  # noqa: E402
@@ -99,9 +100,7 @@ def checkpoint_steps() -> list[int]:
 
 
 def final_ledger() -> Ledger:
-    last = RUN / "ckpt" / str(checkpoint_steps()[-1])
-    state = json.loads((last / "data" / "data_state.json").read_text())
-    return Ledger.from_json(state["ledger"])
+    return data_state.load_ledger(RUN / "ckpt" / str(checkpoint_steps()[-1]))
 
 
 def checksum(inputs: np.ndarray) -> int:

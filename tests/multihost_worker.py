@@ -23,6 +23,7 @@ Run with JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count=
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -38,8 +39,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import parse_config
 from pipeline.errors import PipelineError
-from pipeline.feed.checkpoint import STATE_VERSION, DataRestore, DataSave, restore_state
+from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan.batch import FIELDS
 
 
@@ -93,11 +95,11 @@ def open_feed(spec: dict, task: dict, out: Path) -> None:
 def disagree(config, task: dict, out: Path) -> None:
     mesh = make_mesh([jax.device_count()], ["data"])
     with DataFeed(config, mesh) as feed:
-        state = {"version": STATE_VERSION, **feed.state()}
+        state = current_state(feed)
         if jax.process_index() == task["odd_one"]:
-            state["step"] += 1
+            state = dataclasses.replace(state, step=state.step + 1)
         try:
-            restore_state(feed, state, origin="data_state.json")
+            restore_state(feed, dataclasses.replace(state, origin="data_state.json"))
             message = "no error"
         except PipelineError as error:
             message = f"{type(error).__name__}: {error}"

@@ -16,6 +16,7 @@ from pipeline.config import parse_config
 from pipeline.errors import LedgerError
 from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave, restore_or_start
 from pipeline.feed.data_feed import DataFeed
+from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
@@ -116,8 +117,8 @@ def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
         save(mngr, 6, feed)
     # Any checkpoint step directory (or its data_state.json) is enough to reproduce the run.
     step_dir = tmp_path / "ckpt" / "6"
-    assert Ledger.load(step_dir) == ledger
-    assert Ledger.load(step_dir / "data" / "data_state.json") == ledger
+    assert data_state.load_ledger(step_dir) == ledger
+    assert data_state.load_ledger(step_dir / "data" / "data_state.json") == ledger
 
 
 def test_a_checkpoint_without_data_needs_an_explicit_step(tmp_path):
@@ -156,8 +157,9 @@ def test_a_malformed_state_is_refused(tmp_path):
         save(mngr, 0, feed)
         path = tmp_path / "ckpt" / "0" / "data" / FILENAME
         state = json.loads(path.read_text())
-        state["ledger"]["segments"][0]["config"]["seed"] = 8  # edited by hand
-        path.write_text(json.dumps(state))
+        state["ledger"]["segments"][0]["config"]["seed"] = 8  # edited by hand, digest redone
+        del state["digest"]
+        path.write_text(json.dumps({**state, "digest": data_state.digest_of(state)}))
         with pytest.raises(LedgerError, match="fingerprint does not match"):
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
 
@@ -167,8 +169,8 @@ def test_a_state_of_another_format_is_refused(tmp_path):
     with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
         save(mngr, 0, feed)
         path = tmp_path / "ckpt" / "0" / "data" / FILENAME
-        path.write_text(json.dumps({"step": 3}))
-        with pytest.raises(LedgerError, match="not a version-1 data state"):
+        path.write_text(json.dumps({"version": 1, "step": 3}))
+        with pytest.raises(LedgerError, match="not a version-2 data state .found version 1"):
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import LedgerError
+from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
@@ -134,5 +135,5 @@ def test_malformed_ledgers_are_refused_with_one_line(stores, tmp_path, edit, mes
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(LedgerError, match=message) as error:
-        Ledger.load(path)
+        data_state.load_ledger(path)
     assert str(path) in str(error.value) and "\n" not in str(error.value)

@@ -200,7 +200,7 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
     item.mkdir()
     for index in (1, 0):  # as two processes wrote them; this run has one
         (item / f"process_{index}-of-2.json").write_text(text)
-    assert read_iter_state(item)["step"] == 4
+    assert read_iter_state(item).step == 4
     resumed, _ = create_data_iterator(config, mesh)
     try:
         resumed.restore_from(item)

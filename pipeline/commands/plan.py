@@ -16,9 +16,9 @@ import numpy as np
 from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError
+from pipeline.plan import data_state
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
-from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.store.summary import decode_preview
@@ -143,7 +143,7 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     if ledger_path is None:
         return Plan.from_config(config)
     stores = config.open_stores()
-    return Plan(Ledger.load(ledger_path), stores.values())
+    return Plan(data_state.load_ledger(ledger_path), stores.values())
 
 
 def run_inspect(args: argparse.Namespace) -> int:

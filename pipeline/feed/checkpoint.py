@@ -5,14 +5,16 @@
     restored = mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=DataRestore(feed)))
 
-`DataSave(feed)` captures `feed.state()` (the next step and the ledger, a few KB of JSON) when
-it is constructed, so an async save writes the state of the moment `save` was called, whatever
-the feed does meanwhile. Only the primary process writes the file; the state is identical on
-every host because it is a function of the step and the ledger.
+`DataSave(feed)` captures the data state (`pipeline.plan.data_state`: the next step, the
+ledger and a digest, a few KB of JSON) when it is constructed, so an async save writes the
+state of the moment `save` was called, whatever the feed does meanwhile. Only the primary
+process writes the file; the state is identical on every host because it is a function of the
+step and the ledger.
 
-`DataRestore(feed, switch=False)` reads the state, checks that every process read the same
-state and runs with the same data config (a digest compared across processes), reconciles the
-checkpoint's ledger with the feed's config (`resume.reconcile`: an undeclared change raises
+`DataRestore(feed, switch=False)` reads the state and hands it to `restore.restore_state`:
+every process checks its digest, that all read the same state under the same data config,
+re-derives each segment's start counters and the step (against this checkpoint's step), then
+reconciles the ledger with the feed's config (`resume.reconcile`: an undeclared change raises
 `LedgerError` on every process; `switch=True` records a switch at the restored step) and seeks
 the feed. The restored item is the feed's new state.
 
@@ -22,27 +24,17 @@ Orbax is imported here and nowhere else in the package.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import logging
 from typing import Any
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import options as options_lib
 
 from pipeline.errors import FeedError, LedgerError
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
-from pipeline.plan.resume import reconcile
-
-log = logging.getLogger("pipeline")
-
-FILENAME = "data_state.json"
-STATE_VERSION = 1
+from pipeline.feed.restore import current_state, restore_state
+from pipeline.plan import data_state
+from pipeline.plan.data_state import FILENAME, ITEM
 
 
 class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
@@ -73,8 +65,10 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
         path = directory / self._filename
         if not path.exists():
             raise LedgerError(f"{path}: the checkpoint has no data state")
-        state = super().restore(directory)
-        return restore_state(args.feed, state, switch=args.switch, origin=str(path))
+        state = data_state.parse(path.read_bytes(), str(path))
+        step = _checkpoint_step(directory)
+        restored = restore_state(args.feed, state, switch=args.switch, checkpoint_step=step)
+        return restored.to_json()
 
 
 @ocp.args.register_with_handler(DataCheckpointHandler, for_save=True)
@@ -86,7 +80,7 @@ class DataSave(ocp.args.CheckpointArgs):
     state: dict[str, Any] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = {"version": STATE_VERSION, **self.feed.state()}
+        self.state = current_state(self.feed).to_json()
 
 
 @ocp.args.register_with_handler(DataCheckpointHandler, for_restore=True)
@@ -96,28 +90,6 @@ class DataRestore(ocp.args.CheckpointArgs):
 
     feed: DataFeed
     switch: bool = False
-
-
-def restore_state(
-    feed: DataFeed, state: Any, *, switch: bool = False, origin: str = "<data state>"
-) -> dict[str, Any]:
-    """Check `state` (as `DataSave` wrote it) on every process, reconcile it, seek `feed`."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise LedgerError(f"{origin}: not a version-{STATE_VERSION} data state")
-    step = state.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise LedgerError(f"{origin}: 'step' must be an integer >= 0, got {step!r}")
-    _check_processes_agree(state, feed, origin)
-    ledger = Ledger.from_json(state.get("ledger"), origin=f"{origin}: ledger")
-    reconciled = reconcile(Plan(ledger, feed.plan.stores()), feed.config, step, switch=switch)
-    feed.adopt(reconciled, step)
-    log.info(
-        "restored the data state at step %d (%d ledger segment%s)",
-        step,
-        len(reconciled.segments),
-        "" if len(reconciled.segments) == 1 else "s",
-    )
-    return {"version": STATE_VERSION, **feed.state()}
 
 
 def restore_or_start(
@@ -140,7 +112,7 @@ def restore_or_start(
         return feed.step
     directory = epath.Path(mngr.directory)
     has_data = any(
-        (path / "data" / FILENAME).exists()
+        (path / ITEM / FILENAME).exists()
         for path in directory.iterdir()
         if path.is_dir() and path.name.split("_")[-1] == str(step)
     )
@@ -156,23 +128,7 @@ def restore_or_start(
     return feed.step
 
 
-def _digest(value: Any) -> bytes:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
-
-
-def _check_processes_agree(state: dict[str, Any], feed: DataFeed, origin: str) -> None:
-    """Every process must restore the same state under the same data config."""
-    if jax.process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
-
-    order = feed.plan.ledger.last.order  # the data order this process's config produced
-    mine = np.frombuffer(_digest({"state": state, "config": order})[:16], dtype=np.uint32)
-    everyone = np.asarray(multihost_utils.process_allgather(mine))
-    differ = [i for i in range(everyone.shape[0]) if not np.array_equal(everyone[i], everyone[0])]
-    if differ:
-        raise LedgerError(
-            f"{origin}: processes {differ} read a different data state or run a different data "
-            "config than process 0; every host must restore the same checkpoint with the same "
-            "config file"
-        )
+def _checkpoint_step(item_directory: epath.Path) -> int | None:
+    """The step of the checkpoint holding an item (`[PREFIX_]STEP/data`), if its name says."""
+    name = item_directory.parent.name.split("_")[-1]
+    return int(name) if name.isdigit() else None

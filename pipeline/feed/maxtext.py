@@ -16,8 +16,8 @@ HyperParameters, or anything with the same attribute names) and MaxText's mesh a
   sharding MaxText's own iterators produce.
 * `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores
   (`GrainCheckpointHandler`, one `process_<i>-of-<n>.json` per process). Its `get_state()` is
-  the pipeline's data state, the next step and the ledger, the same on every process, and its
-  `set_state(state)` runs `pipeline.feed.checkpoint.restore_state` (check, reconcile, seek).
+  the pipeline's data state (`pipeline.plan.data_state`), the same on every process, and its
+  `set_state(state)` runs `pipeline.feed.restore.restore_state` (check, reconcile, seek).
 * The eval iterator serves an EvalFeed: the same batches after every `reset()`.
 
 The config keys read, and the checks made before any step runs, are listed in docs/maxtext.md.
@@ -36,9 +36,10 @@ from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, load_config
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.feed.checkpoint import STATE_VERSION, restore_state
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import EvalFeed
+from pipeline.feed.restore import current_state, restore_state
+from pipeline.plan import data_state
 from pipeline.urls import location
 
 CONFIG_KEY = "pipeline_data_config"
@@ -65,7 +66,7 @@ def _get(config: Any, key: str, default: Any = _MISSING) -> Any:
 # -- the checkpointed state ------------------------------------------------------------------
 
 
-class DataState(dict):
+class StateDict(dict):
     """The data state as a dict; `decode()` gives its JSON text.
 
     MaxText's and Grain's checkpoint handlers write `json.dumps(get_state())` for a Grain
@@ -85,21 +86,18 @@ class LocalIterator:
         self._feed = feed
         self.switch = switch
 
-    def get_state(self) -> DataState:
-        """The next step and the ledger: identical on every process, a few KB of JSON."""
-        return DataState({"version": STATE_VERSION, **self._feed.state()})
+    def get_state(self) -> StateDict:
+        """The next step, the ledger and a digest: identical on every process, a few KB."""
+        return StateDict(current_state(self._feed).to_json())
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Check the state on every process, reconcile its ledger with the config, seek."""
         origin = "MaxText 'iter' checkpoint item"
-        if isinstance(state, (bytes, bytearray)):
-            state = state.decode()
-        if isinstance(state, str):
-            try:
-                state = json.loads(state)
-            except json.JSONDecodeError as error:
-                raise LedgerError(f"{origin}: not JSON: {error}") from error
-        restore_state(self._feed, dict(state), switch=self.switch, origin=origin)
+        if isinstance(state, (str, bytes, bytearray)):
+            parsed = data_state.parse(state, origin)
+        else:
+            parsed = data_state.DataState.from_json(dict(state), origin)
+        restore_state(self._feed, parsed, switch=self.switch)
 
     def start_prefetch(self) -> None:
         """Called by Grain's handler after `set_state`; the feed prefetches on `next()`."""
@@ -123,8 +121,13 @@ class TrainIterator:
         return self.feed.step
 
     def restore_from(self, directory: str | os.PathLike) -> None:
-        """Restore from an `iter` item directory saved with any number of processes."""
-        self.local_iterator.set_state(read_iter_state(directory))
+        """Restore from an `iter` item directory saved with any number of processes; its
+        parent's name (the checkpoint step) must agree with the saved step."""
+        step = location(directory).parent.name
+        checkpoint_step = int(step) if step.isdigit() else None
+        state = read_iter_state(directory)
+        switch = self.local_iterator.switch
+        restore_state(self.feed, state, switch=switch, checkpoint_step=checkpoint_step)
 
     def close(self) -> None:
         self.feed.close()
@@ -171,7 +174,7 @@ class EvalIterator:
         return next(self._batches)
 
 
-def read_iter_state(directory: str | os.PathLike) -> dict[str, Any]:
+def read_iter_state(directory: str | os.PathLike) -> data_state.DataState:
     """The data state in a MaxText `iter` item directory, from any process's file.
 
     Every process saves the same state, so one file is enough whatever the number of processes
@@ -185,11 +188,7 @@ def read_iter_state(directory: str | os.PathLike) -> dict[str, Any]:
             files.append((int(index), file))
     if not files:
         raise LedgerError(f"{path}: no process_<i>-of-<n>.json file (not a MaxText 'iter' item)")
-    file = min(files)[1]
-    try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise LedgerError(f"{file}: cannot read the data state: {error}") from error
+    return data_state.load(min(files)[1])
 
 
 # -- building the iterators -------------------------------------------------------------------

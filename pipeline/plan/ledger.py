@@ -161,24 +161,6 @@ class Ledger:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
 
-    @classmethod
-    def load(cls, path: str | Path) -> Ledger:
-        """A ledger from its JSON, from a saved data state, or from a checkpoint step directory.
-
-        The last two are what a trainer's Orbax `CheckpointManager` holds
-        (`STEP/data/data_state.json`), so any checkpoint of a run is enough to reproduce it.
-        """
-        path = Path(path)
-        if path.is_dir():
-            path = path / "data" / "data_state.json"
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise LedgerError(f"{path}: cannot read the ledger: {error}") from error
-        if isinstance(raw, dict) and "segments" not in raw and "ledger" in raw:
-            raw = raw["ledger"]  # a data state: {"version", "step", "ledger"}
-        return cls.from_json(raw, origin=str(path))
-
 
 def _check_lined_up(segments: list[Segment], origin: str) -> None:
     if not segments:

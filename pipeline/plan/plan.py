@@ -179,6 +179,22 @@ class Plan:
         """Rows of the global batch of `step` (the config's batch schedule at that step)."""
         return self.segment_at(step).batch_size(step)
 
+    def carried_counters(
+        self, index: int, step: int, fingerprints: dict[str, str]
+    ) -> dict[str, int]:
+        """The counters a segment starting at `step` after segment `index` begins with.
+
+        A source keeps its counter when segment `index` drew from the same store under the
+        same name, so nothing drawn in its epoch repeats and nothing is skipped; any other
+        source starts at 0. `resume.reconcile` writes them, `data_state.verify` re-derives them.
+        """
+        previous = self.ledger.segments[index]
+        before = self.segment(index).counters_at(step)
+        return {
+            name: before[name] if previous.fingerprints.get(name) == fingerprint else 0
+            for name, fingerprint in fingerprints.items()
+        }
+
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
         index = self.ledger.segment_index(step)
         plan = self.segment(index)

@@ -60,12 +60,11 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
             f"cannot switch at step {step}: the ledger's last segment starts at step "
             f"{last.start_step}"
         )
-    before = plan.segment_at(step).counters_at(step)
-    counters = {
-        name: before[name] if last.fingerprints.get(name) == fingerprints[name] else 0
-        for name in config.source_names
-    }
     kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
+    if kept:  # a switch at a segment's first step replaces that segment, which drew nothing
+        counters = plan.carried_counters(len(kept) - 1, step, fingerprints)
+    else:
+        counters = dict.fromkeys(config.source_names, 0)
     anchor = 0 if config.starts_at == "run" else step
     segment = Segment(step, mapping, fingerprints, counters, anchor)
     SegmentPlan(segment, config, stores)  # lays the switch out now: a config error names the file

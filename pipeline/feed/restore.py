@@ -1,0 +1,73 @@
+"""Restoring a data state into a feed: check it everywhere, reconcile it, seek (no Orbax here).
+
+Shared by the Orbax item (`pipeline.feed.checkpoint`) and the MaxText adapter
+(`pipeline.feed.maxtext`), which differ only in where the state's JSON lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import jax
+import numpy as np
+
+from pipeline.errors import LedgerError
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan import data_state
+from pipeline.plan.data_state import DataState
+from pipeline.plan.plan import Plan
+from pipeline.plan.resume import reconcile
+
+log = logging.getLogger("pipeline")
+
+
+def current_state(feed: DataFeed) -> DataState:
+    """The feed's data state now: the next step and the ledger."""
+    return DataState(feed.step, feed.ledger)
+
+
+def restore_state(
+    feed: DataFeed,
+    state: DataState,
+    *,
+    switch: bool = False,
+    checkpoint_step: int | None = None,
+) -> DataState:
+    """Check `state` on every process, re-derive what it implies, reconcile it, seek `feed`.
+
+    `checkpoint_step` (when the caller knows it) is the step of the checkpoint the state was
+    saved in; the state's step must be it or the next one (`data_state.verify`).
+    """
+    _check_processes_agree(state, feed)
+    plan = Plan(state.ledger, feed.plan.stores())
+    data_state.verify(state, plan, checkpoint_step)
+    reconciled = reconcile(plan, feed.config, state.step, switch=switch)
+    feed.adopt(reconciled, state.step)
+    log.info(
+        "restored the data state at step %d (%d ledger segment%s)",
+        state.step,
+        len(reconciled.segments),
+        "" if len(reconciled.segments) == 1 else "s",
+    )
+    return current_state(feed)
+
+
+def _check_processes_agree(state: DataState, feed: DataFeed) -> None:
+    """Every process must restore the same state under the same data config."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    order = feed.plan.ledger.last.order  # the data order this process's config produced
+    both = json.dumps({"state": state.to_json(), "config": order}, sort_keys=True).encode()
+    mine = np.frombuffer(hashlib.sha256(both).digest()[:16], dtype=np.uint32)
+    everyone = np.asarray(multihost_utils.process_allgather(mine))
+    differ = [i for i in range(everyone.shape[0]) if not np.array_equal(everyone[i], everyone[0])]
+    if differ:
+        raise LedgerError(
+            f"{state.origin}: processes {differ} read a different data state or run a different "
+            "data config than process 0; every host must restore the same checkpoint with the "
+            "same config file"
+        )

@@ -1,0 +1,174 @@
+"""The checkpointed data state, `{version, step, ledger, digest}`: its one reader and writer.
+
+The Orbax item (`pipeline.feed.checkpoint`), the MaxText adapter (`pipeline.feed.maxtext`), the
+CLI's `--ledger` and `scripts/demo.py` all go through this module, which imports no Orbax, so
+the file format lives in one place. In a checkpoint it is `STEP/data/data_state.json`.
+
+`digest` is a SHA-256 of the rest of the state: a state damaged on disk (a truncated or edited
+file) is named as damaged rather than trusted. What the digest cannot tell apart (a hand edit
+that recomputes it) `verify` catches by re-deriving what the ledger implies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import LedgerError, PipelineError
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
+from pipeline.urls import location
+
+log = logging.getLogger("pipeline")
+
+FILENAME = "data_state.json"
+"""The data state's file name inside the checkpoint item directory (`STEP/data/`)."""
+ITEM = "data"
+"""The item name under which trainers save the data state in a `CheckpointManager`."""
+STATE_VERSION = 2
+"""Version 2 added `digest`; version-1 states (no digest) are refused by name."""
+
+
+@dataclass(frozen=True)
+class DataState:
+    """The next step to train and the ledger: the whole data state of a run."""
+
+    step: int
+    ledger: Ledger
+    origin: str = field(default="<data state>", compare=False)
+    """Where the state was read from, for error messages."""
+
+    def to_json(self) -> dict[str, Any]:
+        body = {"version": STATE_VERSION, "step": self.step, "ledger": self.ledger.to_json()}
+        return {**body, "digest": digest_of(body)}
+
+    @classmethod
+    def from_json(cls, raw: Any, origin: str) -> DataState:
+        """Parse and check a state: its version, its digest, its step and its ledger."""
+        if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
+            found = raw.get("version") if isinstance(raw, dict) else type(raw).__name__
+            raise LedgerError(
+                f"{origin}: not a version-{STATE_VERSION} data state (found version {found!r}); "
+                "restore it with the pipeline release that wrote it, or start the data afresh"
+            )
+        body = {key: value for key, value in raw.items() if key != "digest"}
+        if raw.get("digest") != digest_of(body):
+            raise LedgerError(
+                f"{origin}: the data state's digest does not match its content: the file was "
+                "damaged or edited; restore an earlier checkpoint"
+            )
+        step = raw.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise LedgerError(f"{origin}: 'step' must be an integer >= 0, got {step!r}")
+        ledger = Ledger.from_json(raw.get("ledger"), origin=f"{origin}: ledger")
+        if ledger.last.start_step > step:
+            raise LedgerError(
+                f"{origin}: step {step} is before the ledger's last segment (from step "
+                f"{ledger.last.start_step}); restore an earlier checkpoint"
+            )
+        return cls(step, ledger, origin)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True)
+
+
+def digest_of(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def parse(text: str | bytes, origin: str) -> DataState:
+    """A state from its JSON text (a truncated or garbled file is one `LedgerError`)."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise LedgerError(
+            f"{origin}: the data state is not JSON ({error}): the file is truncated or "
+            "damaged; restore an earlier checkpoint"
+        ) from None
+    return DataState.from_json(raw, origin)
+
+
+def state_file(path: str | Path) -> Any:
+    """`path` itself, or the state file of a checkpoint step directory or its data item."""
+    path = location(path)  # a local path or a gs:// checkpoint
+    for candidate in (path / ITEM / FILENAME, path / FILENAME):
+        if path.is_dir() and candidate.is_file():
+            return candidate
+    if path.is_dir():
+        raise LedgerError(f"{path}: no {ITEM}/{FILENAME} here (not a checkpoint step directory)")
+    return path
+
+
+def load(path: str | Path) -> DataState:
+    """The state saved at `path`: a `data_state.json`, or a checkpoint step directory."""
+    file = state_file(path)
+    try:
+        text = file.read_bytes()
+    except OSError as error:
+        raise LedgerError(f"{file}: cannot read the data state: {error.strerror}") from None
+    return parse(text, str(file))
+
+
+def load_ledger(path: str | Path) -> Ledger:
+    """A run's ledger from its JSON, a saved data state or a checkpoint step directory.
+
+    The last two are what a trainer's Orbax `CheckpointManager` holds, so any checkpoint of a
+    run is enough to reproduce every step it trained (the CLI's `--ledger`).
+    """
+    file = state_file(path)
+    try:
+        raw = json.loads(file.read_bytes())
+    except OSError as error:
+        raise LedgerError(f"{file}: cannot read the ledger: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise LedgerError(f"{file}: the ledger is not JSON ({error})") from None
+    if isinstance(raw, dict) and "ledger" in raw and "segments" not in raw:
+        return DataState.from_json(raw, str(file)).ledger
+    return Ledger.from_json(raw, origin=str(file))
+
+
+def verify(state: DataState, plan: Plan, checkpoint_step: int | None = None) -> None:
+    """Refuse a state that disagrees with what can be re-derived, one line per difference.
+
+    * Each segment's start counters: zero for the first, and for every later one what the
+      previous segment's plan gives at its start (`Plan.carried_counters`, as a switch wrote
+      them). A past segment whose stores are gone is not re-derived (a warning says so).
+    * The step, against the checkpoint step it was saved with: a trainer saves the state at
+      step N either before training N (state step N) or after it (N + 1).
+
+    `plan` must plan `state.ledger` (it opens past segments' stores as needed).
+    """
+    differences = []
+    segments = state.ledger.segments
+    for name, counter in segments[0].counters.items():
+        if counter != 0:
+            differences.append(f"segments[0].counters.{name}: {counter} recorded, 0 re-derived")
+    for index in range(1, len(segments)):
+        segment = segments[index]
+        try:
+            expected = plan.carried_counters(index - 1, segment.start_step, segment.fingerprints)
+        except PipelineError as error:
+            log.warning("%s: segments[%d].counters not re-derived: %s", state.origin, index, error)
+            continue
+        for name, counter in segment.counters.items():
+            if counter != expected[name]:
+                differences.append(
+                    f"segments[{index}].counters.{name}: {counter} recorded, "
+                    f"{expected[name]} re-derived from segments[{index - 1}] at step "
+                    f"{segment.start_step}"
+                )
+    if checkpoint_step is not None and state.step not in (checkpoint_step, checkpoint_step + 1):
+        differences.append(
+            f"step: {state.step} recorded in checkpoint {checkpoint_step}, which holds step "
+            f"{checkpoint_step} or {checkpoint_step + 1}"
+        )
+    if differences:
+        raise LedgerError(
+            f"{state.origin}: the data state disagrees with what its ledger and checkpoint "
+            "imply (edited?); restore an earlier checkpoint or the original file:\n  "
+            + "\n  ".join(differences)
+        )
