@@ -170,7 +170,7 @@ def test_a_state_of_another_format_is_refused(tmp_path):
         save(mngr, 0, feed)
         path = tmp_path / "ckpt" / "0" / "data" / FILENAME
         path.write_text(json.dumps({"version": 1, "step": 3}))
-        with pytest.raises(LedgerError, match="not a version-2 data state .found version 1"):
+        with pytest.raises(LedgerError, match=r"not a version-2 data state \(found version 1"):
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
 
 

@@ -50,6 +50,9 @@ class FlakyReader:
             raise RuntimeError(self.owner.error)
         return self.real.read(*args)
 
+    def num_records(self) -> int:
+        return self.real.num_records()
+
     def close(self) -> None:
         self.owner.alive -= 1
         self.real.close()
@@ -78,7 +81,7 @@ def test_a_persistent_fault_stops_with_one_line_naming_the_file(tmp_path, monkey
         flaky.read_tokens(0, 21)
     message = str(error.value)
     assert message == (
-        f"{store.shard_file(0)}: cannot read records 0..1 (4 tries): UNAVAILABLE: injected fault"
+        f"{store.shard_file(0)}: cannot read the shard (4 tries): UNAVAILABLE: injected fault"
     )
     assert readers.failed[str(store.shard_file(0))] == 4 and readers.alive == 0
 
@@ -87,7 +90,7 @@ def test_a_permanent_error_is_not_retried(tmp_path, monkeypatch):
     store = write_synthetic_store(tmp_path / "s", [[5, 7]])
     readers = FlakyReaders(fail=10**9, error="Permanent error, status code: 503")
     monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
-    with pytest.raises(StoreError, match=r"records 0\.\.0: Permanent error"):
+    with pytest.raises(StoreError, match=r"cannot read the shard: Permanent error"):
         token_store.TokenStore(store.path, retry=FAST).read_tokens(0, 3)
     assert sum(readers.failed.values()) == 1
 

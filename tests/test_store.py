@@ -204,7 +204,7 @@ def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
     old = '{"format": "pipeline-token-store", "format_version": 1}'
     (tmp_path / "bad" / "manifest.json").write_text(old)
     assert not is_store(tmp_path / "bad")  # an older format is prepared again, not misread
-    with pytest.raises(StoreError, match="format version 1, this version of pipeline reads 2"):
+    with pytest.raises(StoreError, match="format version 1, this version of pipeline reads 3"):
         TokenStore(tmp_path / "bad")
 
 

@@ -31,11 +31,12 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
+from pipeline.store.identity import check_manifest, sample_digest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import file_size, is_url, load_npy, location, read_text
+from pipeline.urls import is_url, load_npy, location, read_text
 
 FORMAT_NAME = "pipeline-token-store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
@@ -70,8 +71,19 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _file_identity(path: Path) -> tuple[int, int, int, int]:
+    """What changes when a file is replaced or rewritten: device, inode, size, mtime."""
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
 class TokenStore:
     """A verified, read-only view of a token store. Cheap to open; shards open on first read.
+
+    Opening checks the manifest (its checksum and fields) and every shard's size. A shard's
+    first use (`_open_shard`) checks that neither the manifest nor the shard was replaced since,
+    the record and document indexes (checksums, lengths, totals), the record count and the
+    sampled-record identity. `verify()` is the full pass: every byte and every record.
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
@@ -99,6 +111,7 @@ class TokenStore:
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
         self.manifest = _load_manifest(self.path)
+        self._manifest_identity = _identity_or_none(self.path / MANIFEST)
         self.dtype = np.dtype(self.manifest["dtype"])
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
@@ -111,7 +124,8 @@ class TokenStore:
         }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
-        self._check_files()
+        self._opened = [False] * len(shards)
+        self._file_identities = self._check_files()
         if verify:
             self.verify()
 
@@ -152,15 +166,10 @@ class TokenStore:
         return self._index(shard, "docs")
 
     def _index(self, shard: int, key: str) -> np.ndarray:
-        cache = self._indexes[key]
-        index = cache[self._check_shard(shard)]
+        index = self._indexes[key][self._check_shard(shard)]
         if index is None:
-            with _NPY_LOAD_LOCK:
-                index = cache[shard]
-                if index is None:
-                    entry = self.manifest["shards"][shard]
-                    index = load_npy(self.path / entry[key])
-                    cache[shard] = index
+            self._open_shard(shard)
+            index = self._indexes[key][shard]
         return index
 
     def _doc_starts(self, shard: int, start: int, stop: int) -> np.ndarray:
@@ -299,15 +308,130 @@ class TokenStore:
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
     def verify(self) -> None:
-        """Check every shard's and index's content checksum against the manifest."""
-        for entry in self.manifest["shards"]:
+        """The full pass: every file's checksum, then the manifest against every record.
+
+        Per shard: the shard's first-open checks, the SHA-256 of its three files, its record
+        count, every record's length against the index (so the dtype too), and every token id
+        below the tokenizer's vocabulary size. Reads the whole store once.
+        """
+        for shard, entry in enumerate(self.manifest["shards"]):
+            self._open_shard(shard)
             for key, checksum_key in CHECKSUMS:
                 path = self.path / entry[key]
-                if file_sha256(path) != entry[checksum_key]:
+                if _sha256_of(path) != entry[checksum_key]:
                     raise StoreError(
                         f"{path}: content checksum does not match {self.path / MANIFEST}; the "
                         "file was altered or truncated: prepare the store again"
                     )
+            self._verify_records(shard)
+
+    def _verify_records(self, shard: int, batch: int = 4096) -> None:
+        offsets = np.asarray(self.record_offsets(shard))
+        itemsize = self.dtype.itemsize
+        for first in range(0, len(offsets) - 1, batch):
+            last = min(first + batch, len(offsets) - 1)
+            records = self._read_records(shard, first, last)
+            lengths = np.array([len(r) for r in records], dtype=np.int64)
+            expected = np.diff(offsets[first : last + 1]) * itemsize
+            wrong = np.flatnonzero(lengths != expected)
+            if wrong.size:
+                record = first + int(wrong[0])
+                raise StoreError(
+                    f"{self.shard_file(shard)}: record {record} holds {lengths[wrong[0]]} bytes, "
+                    f"the index and manifest say {expected[wrong[0]] // itemsize} tokens of "
+                    f"{self.manifest['dtype']}; the store is corrupt: prepare it again"
+                )
+            tokens = np.frombuffer(b"".join(records), dtype=self.dtype)
+            if tokens.size and int(tokens.max()) >= self.vocab_size:
+                raise StoreError(
+                    f"{self.shard_file(shard)}: token id {int(tokens.max())} in records "
+                    f"{first}..{last - 1} is not below the vocabulary size {self.vocab_size}; "
+                    "the store is corrupt: prepare it again"
+                )
+
+    def _open_shard(self, shard: int) -> None:
+        """First use of a shard: check it is still the store's, and is what the manifest says.
+
+        Costs a few `stat`s, reading the two small indexes and four records: the manifest and
+        the shard must be the files seen when the store was opened (a store replaced under a
+        running feed stops here), the indexes must match their checksums and the manifest's
+        counts, and the sampled records their digest (a same-size shard of another store).
+        """
+        if self._opened[shard]:
+            return
+        self._touch(shard)  # an opened shard counts against the bound on open readers
+        with self._locks[shard]:
+            if self._opened[shard]:
+                return
+            entry = self.manifest["shards"][shard]
+            file = self.path / entry["file"]
+            manifest = self.path / MANIFEST
+            if _identity_or_none(manifest) != self._manifest_identity:
+                raise StoreError(
+                    f"{manifest}: the store was replaced or changed after it was opened (by "
+                    "`prepare --overwrite`?); restart the job to read the new store"
+                )
+            if _identity_or_none(file) != self._file_identities[shard]:
+                raise StoreError(
+                    f"{file}: the shard was replaced or changed after the store was opened; "
+                    "restart the job, or prepare the store again"
+                )
+            offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
+            docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
+            reader = self._readers[shard] or self._new_reader(shard)
+
+            def sample_records() -> tuple[int, str]:
+                count = reader.num_records()
+                return count, sample_digest(count, lambda i: reader.read(i, i + 1)[0])
+
+            try:  # transient faults are retried, as on every read
+                found, sample = self.retry.call(sample_records)
+            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                _discard(reader)
+                tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
+                raise StoreError(f"{file}: cannot read the shard{tries}: {error}") from None
+            if found != entry["records"]:
+                _discard(reader)
+                raise StoreError(
+                    f"{file}: {found} records, the manifest says {entry['records']}; the shard "
+                    "is not this store's: prepare the store again"
+                )
+            if sample != entry["sample_sha256"]:
+                _discard(reader)
+                raise StoreError(
+                    f"{file}: its sampled records do not match the manifest's sample_sha256: "
+                    "the shard is another store's or was altered; prepare the store again"
+                )
+            self._indexes["index"][shard] = offsets
+            self._indexes["docs"][shard] = docs
+            self._readers[shard] = reader
+            self._opened[shard] = True
+
+    def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
+        """A shard's record or document index, checked against the manifest, memory-mapped."""
+        entry = self.manifest["shards"][shard]
+        path = self.path / entry[key]
+        if _sha256_of(path) != entry[checksum_key]:
+            raise StoreError(
+                f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
+                "index was altered or truncated; prepare the store again"
+            )
+        try:
+            with _NPY_LOAD_LOCK:
+                index = load_npy(path)
+        except (OSError, ValueError, EOFError) as error:
+            raise StoreError(f"{path}: not a readable .npy index: {error}") from None
+        if index.shape != (count + 1,) or index.dtype != np.int64:
+            raise StoreError(
+                f"{path}: {index.dtype}{list(index.shape)}, the manifest needs int64[{count + 1}]; "
+                "prepare the store again"
+            )
+        if int(index[0]) != 0 or int(index[-1]) != entry["tokens"]:
+            raise StoreError(
+                f"{path}: spans tokens {int(index[0])}..{int(index[-1])}, the manifest says "
+                f"0..{entry['tokens']}; prepare the store again"
+            )
+        return index
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
@@ -316,6 +440,7 @@ class TokenStore:
             if reader is not None:
                 with self._locks[shard]:
                     self._readers[shard] = None
+                    self._opened[shard] = False
                     try:
                         reader.close()
                     except RuntimeError as error:
@@ -344,6 +469,7 @@ class TokenStore:
     def _read(self, shard: int, read: Callable[[ArrayRecordReader], T], records: str) -> T:
         """`read(reader)` under the shard's lock, retried by the policy (a failed attempt
         drops the reader, so the next one starts afresh); a failure names the file."""
+        self._open_shard(shard)
 
         def attempt() -> T:
             try:
@@ -364,10 +490,10 @@ class TokenStore:
         return result
 
     def _open_reader(self, shard: int) -> ArrayRecordReader:
-        """The shard's reader, opened on first use; call with the shard's lock held."""
+        """The shard's reader; call with the shard's lock held, after `_open_shard`."""
         reader = self._readers[shard]
         if reader is None:
-            reader = ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
+            reader = self._new_reader(shard)
             self._readers[shard] = reader
         return reader
 
@@ -375,6 +501,7 @@ class TokenStore:
         """Forget the shard's reader and indexes (call with its lock held); a reader of a
         damaged or vanished file may fail to close, which changes nothing here."""
         reader, self._readers[shard] = self._readers[shard], None
+        self._opened[shard] = False  # reopening checks the shard again
         for cache in self._indexes.values():
             cache[shard] = None
         if reader is not None:
@@ -401,6 +528,14 @@ class TokenStore:
                 finally:
                     lock.release()
 
+    def _new_reader(self, shard: int) -> ArrayRecordReader:
+        try:
+            return ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
+        except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+            raise StoreError(
+                f"{self.shard_file(shard)}: not a readable ArrayRecord shard: {error}"
+            ) from None
+
     def _read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
         0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
@@ -411,22 +546,28 @@ class TokenStore:
             f"{records[0]}..{records[-1]}",
         )
 
-    def _check_files(self) -> None:
+    def _check_files(self) -> list[tuple[int, int, int, int] | None]:
+        """Every listed file exists and every shard has the manifest's size; their identities
+        (none for a cloud store, whose open reads the manifest only: see the class docstring)."""
         if is_url(self.path):
-            return  # see the class docstring: a cloud store's open reads the manifest only
+            return [None] * self.num_shards
+        identities = []
         for entry in self.manifest["shards"]:
             path = self.path / entry["file"]
             if not path.is_file():
                 raise StoreError(f"{path}: shard listed in the manifest is missing")
-            if file_size(path) != entry["bytes"]:
+            identity = _file_identity(path)
+            if identity[2] != entry["bytes"]:
                 raise StoreError(
-                    f"{path}: {file_size(path)} bytes, the manifest says {entry['bytes']}; "
+                    f"{path}: {identity[2]} bytes, the manifest says {entry['bytes']}; "
                     "the shard is truncated or altered: prepare the store again"
                 )
+            identities.append(identity)
             for key in ("index", "docs"):
                 index = self.path / entry[key]
                 if not index.is_file():
                     raise StoreError(f"{index}: index listed in the manifest is missing")
+        return identities
 
 
 def _default_max_open() -> int:
@@ -461,13 +602,38 @@ def _load_manifest(path: Path) -> dict[str, Any]:
             f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
             "leaves one: run `pipeline prepare` again)"
         ) from error
-    except (OSError, json.JSONDecodeError) as error:
-        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from error
-    if manifest.get("format") != FORMAT_NAME:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise StoreError(
             f"{manifest_path}: format version {manifest.get('format_version')}, this "
-            f"version of pipeline reads {FORMAT_VERSION}"
+            f"version of pipeline reads {FORMAT_VERSION}: prepare the store again"
         )
+    check_manifest(manifest, manifest_path)
     return manifest
+
+
+def _discard(reader: ArrayRecordReader) -> None:
+    """Close the reader of a shard found damaged; closing a damaged file can fail too."""
+    with contextlib.suppress(Exception):
+        reader.close()
+
+
+def _identity_or_none(path: Path) -> tuple[int, int, int, int] | None:
+    """A local file's identity; None for a missing file, and for a cloud object (whose store
+    is not watched for replacement: see docs/token-store.md)."""
+    if is_url(path):
+        return None
+    try:
+        return _file_identity(path)
+    except OSError:
+        return None
+
+
+def _sha256_of(path: Path) -> str:
+    try:
+        return file_sha256(path)
+    except OSError as error:
+        raise StoreError(f"{path}: cannot read: {error.strerror}") from None

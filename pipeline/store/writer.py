@@ -24,10 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_record.python.array_record_module import ArrayRecordWriter
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from pipeline.errors import PrepareError
-from pipeline.store.token_store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
+from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
+from pipeline.store.token_store import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    READER_OPTIONS,
+    file_sha256,
+)
 from pipeline.urls import copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
@@ -49,6 +56,7 @@ class ShardInfo:
     sha256: str
     index_sha256: str
     docs_sha256: str
+    sample_sha256: str
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -104,6 +112,11 @@ def _write_local_shard(
         writer.close()
     np.save(index_path, _prefix_sums(record_lengths))
     np.save(docs_path, _prefix_sums(doc_lengths))
+    reader = ArrayRecordReader(str(data_path), READER_OPTIONS)
+    try:
+        sample = sample_digest(len(record_lengths), lambda i: reader.read(i, i + 1)[0])
+    finally:
+        reader.close()
     return ShardInfo(
         file=data_path.name,
         index=index_path.name,
@@ -115,6 +128,7 @@ def _write_local_shard(
         sha256=file_sha256(data_path),
         index_sha256=file_sha256(index_path),
         docs_sha256=file_sha256(docs_path),
+        sample_sha256=sample,
     )
 
 
@@ -143,6 +157,7 @@ def write_manifest(
         "shards": [asdict(s) for s in shards],
         "created": created,
     }
+    manifest[MANIFEST_CHECKSUM] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 

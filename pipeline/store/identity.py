@@ -1,0 +1,96 @@
+"""What makes a token store itself: the manifest's checksum and each shard's sampled records.
+
+Both the writer and the reader use these functions, so what prepare records is by construction
+what every reader re-derives:
+
+* `manifest_sha256`: the manifest checks itself; any edit of a count, the dtype or a checksum
+  (or a truncated file) is refused when the store is opened.
+* `sample_sha256` per shard: a digest of a few records at fixed positions (`sample_records`),
+  checked when a shard is first opened. A same-size shard of another store (a twin prepared
+  with another seed or from other text) cannot pass it without reading as the same records.
+* `check_manifest`: the shape of a manifest (every field present with the right type), so a
+  damaged manifest is one line naming the manifest and the field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StoreError
+
+MANIFEST_CHECKSUM = "manifest_sha256"
+DTYPES = ("uint16", "uint32")
+SHARD_INTS = ("documents", "records", "tokens", "bytes")
+SHARD_STRS = ("file", "index", "docs", "sha256", "index_sha256", "docs_sha256", "sample_sha256")
+TOTALS = (("num_documents", "documents"), ("num_records", "records"), ("num_tokens", "tokens"))
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """SHA-256 of the manifest's canonical JSON, its own checksum field left out."""
+    body = {key: value for key, value in manifest.items() if key != MANIFEST_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def sample_records(records: int) -> list[int]:
+    """The records a shard's identity samples: the first, the last and two between."""
+    if records <= 0:
+        return []
+    return sorted({0, records // 3, (2 * records) // 3, records - 1})
+
+
+def sample_digest(records: int, read: Callable[[int], bytes]) -> str:
+    """SHA-256 over the sampled records (index, length and bytes of each); `read(i)` reads one."""
+    digest = hashlib.sha256()
+    for index in sample_records(records):
+        data = read(index)
+        digest.update(f"{index}:{len(data)}:".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def check_manifest(manifest: Any, path: Path) -> None:
+    """Refuse a manifest whose fields are missing, mistyped, inconsistent or not its own."""
+    if not isinstance(manifest, dict):
+        raise StoreError(f"{path}: a manifest is a JSON object, got {type(manifest).__name__}")
+    if manifest.get(MANIFEST_CHECKSUM) != manifest_digest(manifest):
+        raise StoreError(
+            f"{path}: the manifest's checksum ({MANIFEST_CHECKSUM}) does not match its content: "
+            "it was edited or damaged; prepare the store again"
+        )
+    _require(manifest.get("dtype") in DTYPES, path, "dtype", f"one of {', '.join(DTYPES)}")
+    tokenizer = manifest.get("tokenizer")
+    _require(isinstance(tokenizer, dict), path, "tokenizer", "an object")
+    for key in ("name", "spec"):
+        _require(isinstance(tokenizer.get(key), str), path, f"tokenizer.{key}", "a string")
+    for key in ("vocab_size", "eod_id"):
+        _require(_count(tokenizer.get(key)), path, f"tokenizer.{key}", "an integer >= 0")
+    _require(
+        tokenizer["eod_id"] < tokenizer["vocab_size"], path, "tokenizer.eod_id", "< vocab_size"
+    )
+    shards = manifest.get("shards")
+    _require(isinstance(shards, list) and shards, path, "shards", "a non-empty list")
+    for index, entry in enumerate(shards):
+        key = f"shards[{index}]"
+        _require(isinstance(entry, dict), path, key, "an object")
+        for name in SHARD_INTS:
+            _require(_count(entry.get(name)), path, f"{key}.{name}", "an integer >= 0")
+        for name in SHARD_STRS:
+            _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
+        for name in ("file", "index", "docs"):
+            _require(Path(entry[name]).name == entry[name], path, f"{key}.{name}", "a file name")
+    for total, field in TOTALS:
+        expected = sum(entry[field] for entry in shards)
+        _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _require(ok: bool, path: Path, key: str, what: str) -> None:
+    if not ok:
+        raise StoreError(f"{path}: manifest field '{key}' must be {what}; prepare the store again")
