@@ -51,6 +51,16 @@ def read_text(url: str) -> str:
         raise OSError(f"{type(error).__name__}: {error}") from error
 
 
+def read_bytes(url: str) -> bytes:
+    """The bytes at a URL; OSError (with the URL) when it cannot be read."""
+    try:
+        return location(url).read_bytes()
+    except OSError:
+        raise
+    except Exception as error:  # a missing backend (gcsfs) or a cloud error
+        raise OSError(f"{type(error).__name__}: {error}") from error
+
+
 def file_size(path: Any) -> int:
     """Size in bytes of a local file or a cloud object."""
     stat = path.stat()

@@ -17,7 +17,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.feed.eval_feed import eval_config
 from pipeline.feed.maxtext import (
     EvalIterator,
     TrainIterator,
@@ -27,6 +26,7 @@ from pipeline.feed.maxtext import (
     read_iter_state,
 )
 from pipeline.plan.batch import FIELDS
+from pipeline.plan.eval_plan import eval_config
 from pipeline.plan.plan import Plan
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store

@@ -19,6 +19,7 @@ from pipeline.errors import ConfigError
 from pipeline.plan import data_state
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
+from pipeline.plan.eval_plan import check_eval
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.store.summary import decode_preview
@@ -140,6 +141,7 @@ def _row_list(text: str) -> list[int]:
 def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     """The plan of a config, or of a saved ledger (offered the config's stores)."""
     config = load_config(config_path)
+    check_eval(config)
     if ledger_path is None:
         return Plan.from_config(config)
     stores = config.open_stores()

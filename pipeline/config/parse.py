@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.config.schedule import WeightSchedule, parse_schedule
+from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError, StoreError
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import is_url, location, read_text
+from pipeline.urls import is_url, location
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
             "stages", "starts_at", "feed", "eval")  # fmt: skip
@@ -43,6 +42,14 @@ FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_s
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
 EVAL_KEYS = ("sources", "batches")
+# Bounds that keep every size in memory and every lane position in int64 (documented in
+# docs/data-plan.md): a row is seq_len + 1 tokens, a step global_batch_size rows.
+MAX_SEQ_LEN = 1 << 24
+MAX_BATCH = 1 << 24
+MAX_SEED = (1 << 63) - 1
+MAX_EPOCHS = 1 << 20
+MAX_THREADS = 1024
+MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 
 
 @dataclass(frozen=True)
@@ -149,14 +156,7 @@ class DataConfig:
 def load_config(path: str | Path) -> DataConfig:
     """Read a config from a local path or a URL (`gs://bucket/run.yaml`, never made local)."""
     url = is_url(path)
-    try:
-        text = read_text(str(path)) if url else Path(path).read_text()
-        raw = yaml.safe_load(text)
-    except OSError as error:
-        why = error.strerror or str(error)
-        raise ConfigError(f"{path}: cannot read the data config: {why}") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from error
+    raw = load_yaml(path)
     return parse_config(raw, origin=str(path), base_dir=None if url else Path(path).parent)
 
 
@@ -169,8 +169,8 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Pat
     for key in ("seq_len", "global_batch_size", "sources"):
         if key not in raw:
             raise ConfigError(f"{origin}: missing required key '{key}'")
-    seed = where.integer(raw.get("seed", 0), "seed", minimum=0)
-    seq_len = where.integer(raw["seq_len"], "seq_len", minimum=1)
+    seed = where.integer(raw.get("seed", 0), "seed", minimum=0, maximum=MAX_SEED)
+    seq_len = where.integer(raw["seq_len"], "seq_len", minimum=1, maximum=MAX_SEQ_LEN)
     batches = _batch_sizes(raw["global_batch_size"], where)
     grad_accum = where.integer(raw.get("grad_accum", 1), "grad_accum", minimum=1)
     lanes = where.integer(raw.get("lanes", 1), "lanes", minimum=1)
@@ -186,6 +186,7 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Pat
         raise where.fail("starts_at", f"expected 'run' or 'switch', got {starts_at!r}")
     sources = _sources(raw["sources"], where, base_dir)
     stages = _stages(raw, where, {s.name for s in sources})
+    _check_steps_fit(stages, batches, where, "" if "mix" in raw else "stages[{}].")
     feed = _feed(raw.get("feed", {}), where)
     eval_sources, eval_batches = _eval(raw.get("eval"), where, base_dir)
     return DataConfig(
@@ -205,7 +206,7 @@ def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
     """`global_batch_size`: rows per optimizer step, or `{step: {STEP: ROWS}}` from step 0."""
     key = "global_batch_size"
     if not isinstance(raw, dict):
-        return ((0, where.integer(raw, key, minimum=1)),)
+        return ((0, where.integer(raw, key, minimum=1, maximum=MAX_BATCH)),)
     if list(raw) != ["step"] or not isinstance(raw["step"], dict) or not raw["step"]:
         raise where.fail(
             key, f"expected rows per step or {{step: {{0: ROWS, STEP: ROWS, ...}}}}, got {raw!r}"
@@ -215,7 +216,8 @@ def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
         if isinstance(step, str) and step.isdigit():
             step = int(step)  # JSON (a ledger) keeps mapping keys as strings
         step = where.integer(step, f"{key}.step", minimum=0)
-        points.append((step, where.integer(size, f"{key}.step.{step}", minimum=1)))
+        size = where.integer(size, f"{key}.step.{step}", minimum=1, maximum=MAX_BATCH)
+        points.append((step, size))
     steps = [step for step, _ in points]
     if steps[0] != 0 or steps != sorted(set(steps)):
         raise where.fail(f"{key}.step", f"steps start at 0 and increase, got {steps}")
@@ -237,9 +239,11 @@ class _Where:
                 place = f"{key}.{name}" if key else str(name)
                 raise self.fail(place, f"unknown key (valid keys: {', '.join(allowed)})")
 
-    def integer(self, value: Any, key: str, minimum: int) -> int:
+    def integer(self, value: Any, key: str, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fail(key, f"expected an integer >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"{value} is beyond the largest supported value, {maximum:,}")
         return value
 
     def mapping(self, value: Any, key: str) -> dict:
@@ -310,7 +314,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
                 raise where.fail(key, "an epochized stage ('epochs') takes no 'mix' or 'steps'")
             epochs = tuple(
                 (where.known(n, names, f"{key}.epochs"),
-                 where.integer(r, f"{key}.epochs.{n}", minimum=1))
+                 where.integer(r, f"{key}.epochs.{n}", minimum=1, maximum=MAX_EPOCHS))
                 for n, r in sorted(where.mapping(entry["epochs"], f"{key}.epochs").items())
             )  # fmt: skip
             stages.append(StageSpec(name, None, None, epochs))
@@ -326,6 +330,27 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
     if len({s.name for s in stages}) != len(stages):
         raise where.fail("stages", "stage names must be unique")
     return tuple(stages)
+
+
+def _check_steps_fit(
+    stages: tuple[StageSpec, ...], batches: tuple[tuple[int, int], ...], where: _Where, prefix: str
+) -> None:
+    """Every step a config names (batch schedule points, stage ends, schedule points) times the
+    largest batch fits int64 lane positions."""
+    batch = max(size for _, size in batches)
+    limit = MAX_POSITION // batch
+    beyond = f"beyond the last step a batch of {batch} rows can address ({limit:,})"
+    if batches[-1][0] > limit:
+        raise where.fail("global_batch_size.step", f"step {batches[-1][0]} is {beyond}")
+    start = 0
+    for index, stage in enumerate(stages):
+        for name, schedule in stage.mix or ():
+            point = schedule.points[-1][0]
+            if start + point > limit:
+                raise where.fail(f"{prefix.format(index)}mix.{name}", f"step {point} is {beyond}")
+        start += stage.steps or 0
+        if start > limit:
+            raise where.fail(f"stages[{index}].steps", f"the stages end at step {start}, {beyond}")
 
 
 def _feed(raw: Any, where: _Where) -> FeedOptions:
@@ -344,8 +369,12 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
         raise where.fail("feed.input_bound_share", f"expected a number in [0, 1], got {share!r}")
     return FeedOptions(
-        prefetch=where.integer(raw.get("prefetch", 2), "feed.prefetch", minimum=1),
-        threads=where.integer(raw.get("threads", 4), "feed.threads", minimum=1),
+        prefetch=where.integer(
+            raw.get("prefetch", 2), "feed.prefetch", minimum=1, maximum=MAX_THREADS
+        ),
+        threads=where.integer(
+            raw.get("threads", 4), "feed.threads", minimum=1, maximum=MAX_THREADS
+        ),
         provenance=tuple(p for p in PROVENANCE if p in provenance),
         metrics_port=port,
         input_bound_share=float(share),
@@ -363,5 +392,5 @@ def _eval(
         raise where.fail("eval", "missing 'sources' (name: {path: EVAL_STORE})")
     batches = raw.get("batches")
     if batches is not None:
-        where.integer(batches, "eval.batches", minimum=1)
+        where.integer(batches, "eval.batches", minimum=1, maximum=MAX_POSITION)
     return _sources(raw["sources"], where, base_dir, parent="eval.sources"), batches

@@ -5,8 +5,11 @@
     {linear: {0: 100, 100: 10}} piecewise linear between points, constant after the last one
                                 (and before the first)
 
-Every schedule is constant from its `horizon` (one past its last point) on, which is what lets
-the mixture precompute a finite prefix and answer any later step in O(1).
+Every schedule is constant from its `horizon` (one past its last point) on. The mixture sees a
+schedule as constant pieces (`pieces`): a `step` schedule is one piece per point; a `linear`
+ramp of n steps is one piece per step when n <= RAMP_PIECES, else RAMP_PIECES pieces of equal
+length, each holding the ramp's value at its first step. So a schedule costs O(points) memory
+and time whatever its steps (a point at step 10^12 included).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import numpy as np
 from pipeline.errors import ConfigError
 
 KINDS = ("step", "linear")
+RAMP_PIECES = 4096
+"""A linear ramp longer than this many steps changes its weight this many times, evenly."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,15 @@ class WeightSchedule:
             return np.interp(steps, xs, ys)
         index = np.searchsorted(xs, steps, side="right") - 1
         return ys[np.maximum(index, 0)]
+
+    def piece_starts(self) -> np.ndarray:
+        """The steps at which the weight the mixture uses may change (always includes 0)."""
+        steps = [0, *(step for step, _ in self.points)]
+        if self.kind == "linear":
+            for (a, _), (b, _) in zip(self.points, self.points[1:]):
+                count = min(b - a, RAMP_PIECES)
+                steps.extend(a + (np.arange(count, dtype=np.int64) * (b - a)) // count)
+        return np.unique(np.array(steps, dtype=np.int64))
 
     def to_json(self) -> Any:
         if self.kind == "constant":

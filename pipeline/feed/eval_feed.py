@@ -9,33 +9,14 @@ the training batch is a schedule, eval batches have the size it ends at (one sha
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import jax
 from jax.sharding import Mesh
 
-from pipeline.config import DataConfig, SourceSpec, StageSpec
-from pipeline.config.schedule import WeightSchedule
-from pipeline.errors import ConfigError
+from pipeline.config import DataConfig, SourceSpec
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.plan import Plan
-
-ALWAYS = WeightSchedule("constant", ((0, 1.0),))
-
-
-def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
-    """The training config's batch geometry over one eval store (no grad_accum, one lane);
-    the six fields only, and no metrics endpoint of its own."""
-    return DataConfig(
-        seed=config.seed,
-        seq_len=config.seq_len,
-        batch_sizes=((0, config.final_batch_size),),
-        sources=(source,),
-        stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
-        feed=dataclasses.replace(config.feed, provenance=(), metrics_port=None),  # train only
-        origin=f"{config.origin}: eval.sources.{source.name}",
-    )
+from pipeline.plan.eval_plan import eval_plan
 
 
 class EvalFeed:
@@ -49,18 +30,7 @@ class EvalFeed:
         batch_axes: str | tuple[str, ...] = ("data",),
     ) -> None:
         self.name = source.name
-        plan = Plan.from_config(eval_config(config, source))
-        windows = plan.segment(0).layouts[source.name].windows_per_lane
-        available = windows // config.final_batch_size
-        if available == 0:
-            raise ConfigError(
-                f"{config.origin}: eval.sources.{source.name}: {windows} windows of "
-                f"{config.seq_len + 1} tokens do not fill one batch of "
-                f"{config.final_batch_size} rows; use a bigger eval store"
-            )
-        self.batches = (
-            available if config.eval_batches is None else min(config.eval_batches, available)
-        )
+        plan, self.batches = eval_plan(config, source)
         self._feed = DataFeed(plan, mesh, batch_axes, log_events=False)  # same batches each time
 
     def reset(self) -> None:

@@ -14,10 +14,13 @@ half's share of the node's weight *at that row's step*. Then
 * weights that change with the step are followed row by row, and a change at step S affects
   the first row of step S and no row before it.
 
-Schedules are constant after their horizon, so Omega and C are precomputed per node at the step
-boundaries of that finite prefix (cumulative sums), and any later position is answered with the
-constant tail in O(1). Steps need not hold the same number of rows (a batch-size schedule): the
-prefix records where each step begins, and a position's step is found by bisection.
+Weights are piecewise constant: piece j holds from step `starts[j]` to the next start, and the
+tail from the horizon on; steps need not hold the same number of rows (a batch-size schedule),
+but inside a piece they do. So a node's Omega grows linearly with its count inside a piece, and
+Omega and C are precomputed per node only at piece boundaries (cumulative sums); a position's
+piece is found by bisection. Memory and time grow with the number of pieces, never with the
+step (a schedule point at step 10^12 costs what one at step 10 costs). With one piece per step
+this is exactly the per-step sum.
 """
 
 from __future__ import annotations
@@ -34,34 +37,50 @@ class _Split:
     lo: int
     mid: int
     hi: int
-    omega: np.ndarray  # left share of the node's weight per prefix step, then the tail's, [H + 1]
-    cum_omega: np.ndarray  # Omega at each step boundary, [H + 1]
-    count: np.ndarray  # rows received by the node at each step boundary, [H + 1]
+    omega: np.ndarray  # left share of the node's weight per piece, then the tail's, [P + 1]
+    cum_omega: np.ndarray  # Omega at each piece boundary, [P + 1]
+    count: np.ndarray  # rows received by the node at each piece boundary, [P + 1]
 
 
 class Mixture:
     """Rows of each source among lane positions [0, p), for a weight matrix over steps.
 
-    `weights` has shape [H, K]: relative weights for steps 0..H-1 (rows need not sum to 1 but
-    must not be all zero); `tail` [K] holds from step H on. `step_rows` lane positions make a
-    step: one number, or one per step 0..H-1 (how many after H does not matter: the tail's
-    weights are constant).
+    `weights` has shape [P, K]: relative weights of pieces 0..P-1 (rows need not sum to 1 but
+    must not be all zero), piece j from step `starts[j]` (default: piece j is step j) to the
+    next start or `horizon` (default P); `tail` [K] holds from step `horizon` on. `step_rows`
+    lane positions make a step: one number, or one per piece (how many after the horizon does
+    not matter: the tail's weights are constant).
     """
 
-    def __init__(self, weights: np.ndarray, tail: np.ndarray, step_rows: int | np.ndarray) -> None:
+    def __init__(
+        self,
+        weights: np.ndarray,
+        tail: np.ndarray,
+        step_rows: int | np.ndarray,
+        starts: np.ndarray | None = None,
+        horizon: int | None = None,
+    ) -> None:
         self.weights = np.asarray(weights, dtype=np.float64)
         self.tail = np.asarray(tail, dtype=np.float64)
-        self.horizon = self.weights.shape[0]
+        pieces = self.weights.shape[0]
+        self.starts = np.arange(pieces, dtype=np.int64) if starts is None else np.asarray(starts)
+        self.horizon = pieces if horizon is None else int(horizon)
         self.num_sources = self.tail.shape[0]
-        rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (self.horizon,))
-        self.step_starts = np.concatenate([[0], np.cumsum(rows)])  # [H + 1]
+        self._steps = np.append(self.starts, self.horizon).astype(np.int64)  # [P + 1]
+        rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
+        self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._splits: list[_Split] = []
-        self._build(0, self.num_sources, self.step_starts)
+        self._build(0, self.num_sources, self.piece_starts)
+
+    def weights_at(self, step: int) -> np.ndarray:
+        """[K] the weights that hold at `step`."""
+        piece = int(np.searchsorted(self._steps, step, side="right")) - 1
+        return self.weights[piece] if piece < len(self.starts) else self.tail
 
     def counts(self, positions: np.ndarray) -> np.ndarray:
         """[..., K] rows of each source before each position."""
         positions = np.asarray(positions, dtype=np.int64)
-        step = np.searchsorted(self.step_starts, positions, side="right") - 1
+        step = np.searchsorted(self.piece_starts, positions, side="right") - 1
         received = {(0, self.num_sources): positions}
         for split in self._splits:
             count = received.pop((split.lo, split.hi))
@@ -102,7 +121,7 @@ class Mixture:
             return
         mid = (lo + hi) // 2
         omega = _left_share(np.vstack([self.weights, self.tail]), lo, mid, hi)
-        cum_omega = np.zeros(self.horizon + 1)
+        cum_omega = np.zeros(len(self.piece_starts))
         np.cumsum(omega[:-1] * np.diff(count), out=cum_omega[1:])
         split = _Split(lo, mid, hi, omega, cum_omega, count)
         self._splits.append(split)

@@ -249,7 +249,7 @@ def target_shares(plan: Plan, steps: np.ndarray) -> dict[str, np.ndarray]:
             share = int(np.sum(stages == stage_index)) / rows_per_lane
             mixture = stage.mixture
             local = int(step) - seg.anchor - stage.first_step
-            weights = mixture.weights[local] if local < mixture.horizon else mixture.tail
+            weights = mixture.weights_at(local)
             weights = weights / weights.sum()
             for column, weight in zip(stage.sources, weights):
                 name = seg.config.source_names[column]

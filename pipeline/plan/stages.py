@@ -125,14 +125,19 @@ def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where
     horizon = max(schedule.horizon for schedule in schedules)  # past it only omega's tail counts
     if spec.steps is not None:
         horizon = min(horizon, spec.steps)
-    steps = np.arange(horizon + 1)
+    # Pieces: where a weight may change, and where the batch schedule changes rows per step.
+    batch_points = clock.points - first_step
+    starts = np.unique(
+        np.concatenate([batch_points[batch_points > 0], *(s.piece_starts() for s in schedules)])
+    )
+    steps = np.append(starts[starts < horizon], horizon)  # the pieces, then the tail
     weights = np.stack([schedule.at(steps) for schedule in schedules], axis=1)
     used = weights if spec.steps is None or spec.steps > horizon else weights[:-1]
     zero = np.flatnonzero(used.sum(axis=1) <= 0)
     if zero.size:
         raise ConfigError(
-            f"{where}.mix: all weights are 0 at step {int(zero[0])} of stage '{spec.name}'; "
-            "at least one source needs a positive weight at every step"
+            f"{where}.mix: all weights are 0 at step {int(steps[zero[0]])} of stage "
+            f"'{spec.name}'; at least one source needs a positive weight at every step"
         )
     rows = clock.rows_per_lane(first_step + steps[:-1])
-    return Mixture(weights[:-1], weights[-1], rows)
+    return Mixture(weights[:-1], weights[-1], rows, steps[:-1], horizon)

@@ -1,0 +1,54 @@
+"""The plan of an eval set: the training geometry over one held-out store, full batches only.
+
+Used by the JAX `EvalFeed` and by every CLI command that loads a config, so a missing or
+too-small eval store is refused wherever the config is read, not first in the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.config import DataConfig, SourceSpec, StageSpec
+from pipeline.config.schedule import WeightSchedule
+from pipeline.errors import ConfigError
+from pipeline.plan.plan import Plan
+
+ALWAYS = WeightSchedule("constant", ((0, 1.0),))
+
+
+def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
+    """The training config's batch geometry over one eval store (no grad_accum, one lane);
+    with a batch schedule, the batch it ends at (one shape to compile); the six fields only,
+    and no metrics endpoint of its own."""
+    return DataConfig(
+        seed=config.seed,
+        seq_len=config.seq_len,
+        batch_sizes=((0, config.final_batch_size),),
+        sources=(source,),
+        stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
+        feed=dataclasses.replace(config.feed, provenance=(), metrics_port=None),  # train only
+        origin=f"{config.origin}: eval.sources.{source.name}",
+    )
+
+
+def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
+    """(the eval set's plan, how many full batches it serves); refuses a store too small."""
+    plan = Plan.from_config(eval_config(config, source))
+    windows = plan.segment(0).layouts[source.name].windows_per_lane
+    available = windows // config.final_batch_size
+    if available == 0:
+        raise ConfigError(
+            f"{config.origin}: eval.sources.{source.name}: {windows} windows of "
+            f"{config.seq_len + 1} tokens do not fill one batch of "
+            f"{config.final_batch_size} rows; use a bigger eval store"
+        )
+    batches = available if config.eval_batches is None else min(config.eval_batches, available)
+    return plan, batches
+
+
+def check_eval(config: DataConfig) -> None:
+    """Open every eval store of `config` and check that it fills at least one batch."""
+    for source in config.eval_sources:
+        plan, _ = eval_plan(config, source)
+        for store in plan.stores():
+            store.close()
