@@ -88,7 +88,14 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
         docs = np.split(data, np.cumsum(lengths)[:-1])
         infos.append(write_shard(staging, shard, shards, docs, np.dtype(np.uint32)))
     # vocab above 2**16 keeps the dtype uint32, as for a 100k+ vocabulary
-    tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 100_277, "eod_id": eod}
+    tokenizer = {
+        "name": "synthetic",
+        "kind": "synthetic",
+        "model_sha256": "",
+        "spec": "synthetic",
+        "vocab_size": 100_277,
+        "eod_id": eod,
+    }
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 

@@ -30,7 +30,14 @@ def write_synthetic_store(
             position += length
         dtype = np.dtype(np.uint32)
         infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens))
-    tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 2**32, "eod_id": EOD}
+    tokenizer = {
+        "name": "synthetic",
+        "kind": "synthetic",
+        "model_sha256": "",
+        "spec": "synthetic",
+        "vocab_size": 2**32,
+        "eod_id": EOD,
+    }
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)
     return TokenStore(path)

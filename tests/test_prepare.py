@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -157,6 +158,8 @@ def _check_tokenizer_store(store: TokenStore, spec: str, texts: list[str]) -> No
     record = store.manifest["tokenizer"]
     assert record == {
         "name": tokenizer.name,
+        "kind": spec.split(":")[0],
+        "model_sha256": hashlib.sha256(Path(spec.split(":", 1)[1]).read_bytes()).hexdigest(),
         "spec": spec,
         "vocab_size": tokenizer.vocab_size,
         "eod_id": tokenizer.eod_id,

@@ -34,7 +34,7 @@ from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url, location
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
-            "stages", "starts_at", "feed", "eval")  # fmt: skip
+            "stages", "starts_at", "feed", "eval", "shared_vocabulary")  # fmt: skip
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
@@ -110,6 +110,7 @@ class DataConfig:
     eval_sources: tuple[SourceSpec, ...] = ()
     eval_batches: int | None = None
     starts_at: str = "run"  # where a switched-to config's stages count from: "run" or "switch"
+    shared_vocabulary: bool = False  # stores of different tokenizers may mix, on purpose
 
     @property
     def batch_is_scheduled(self) -> bool:
@@ -189,9 +190,12 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Pat
     _check_steps_fit(stages, batches, where, "" if "mix" in raw else "stages[{}].")
     feed = _feed(raw.get("feed", {}), where)
     eval_sources, eval_batches = _eval(raw.get("eval"), where, base_dir)
+    shared = raw.get("shared_vocabulary", False)
+    if not isinstance(shared, bool):
+        raise where.fail("shared_vocabulary", f"expected true or false, got {shared!r}")
     return DataConfig(
         seed, seq_len, batches, sources, stages, grad_accum, lanes, feed, origin,
-        eval_sources, eval_batches, starts_at,
+        eval_sources, eval_batches, starts_at, shared,
     )  # fmt: skip
 
 

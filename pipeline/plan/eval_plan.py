@@ -11,7 +11,7 @@ import dataclasses
 from pipeline.config import DataConfig, SourceSpec, StageSpec
 from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import Plan, check_one_vocabulary
 
 ALWAYS = WeightSchedule("constant", ((0, 1.0),))
 
@@ -47,8 +47,12 @@ def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
 
 
 def check_eval(config: DataConfig) -> None:
-    """Open every eval store of `config` and check that it fills at least one batch."""
+    """Open every eval store of `config`: it fills at least one batch, and its tokenizer is the
+    training sources' (or the config declares `shared_vocabulary`)."""
+    if not config.eval_sources:
+        return
+    train = config.open_stores()
     for source in config.eval_sources:
         plan, _ = eval_plan(config, source)
-        for store in plan.stores():
-            store.close()
+        stores = {**train, f"eval.sources.{source.name}": plan.stores()[0]}
+        check_one_vocabulary(config, stores)

@@ -150,6 +150,7 @@ class Plan:
     def from_config(cls, config: DataConfig) -> Plan:
         """A fresh run's plan, laid out now so every config error names the config file."""
         stores = config.open_stores()
+        check_one_vocabulary(config, stores)
         fingerprints = {name: store.fingerprint for name, store in stores.items()}
         plan = cls(Ledger.start(config, fingerprints), stores.values())
         plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, stores)
@@ -246,6 +247,30 @@ class Plan:
                 )
             self._stores[expected] = store
         return self._stores[expected]
+
+
+def check_one_vocabulary(config: DataConfig, stores: dict[str, TokenStore]) -> None:
+    """Refuse stores whose token ids mean different things, unless the config says it knows.
+
+    Ids of two tokenizers index different vocabularies, and a trainer would size the model by
+    the larger one; `shared_vocabulary: true` declares that they agree on purpose (e.g. one
+    model file saved twice with different bytes).
+    """
+    if config.shared_vocabulary:
+        return
+    first_name, first = next(iter(stores.items()))
+    for name, store in stores.items():
+        if store.tokenizer_identity != first.tokenizer_identity:
+            raise ConfigError(
+                f"{config.origin}: sources.{first_name} and sources.{name} were prepared with "
+                f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(store)}); prepare "
+                "them with one tokenizer, or set shared_vocabulary: true if their ids agree "
+                "on purpose"
+            )
+
+
+def _tokenizer(store: TokenStore) -> str:
+    return f"{store.manifest['tokenizer']['name']}, vocab {store.vocab_size}"
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -64,7 +64,7 @@ def check_manifest(manifest: Any, path: Path) -> None:
     _require(manifest.get("dtype") in DTYPES, path, "dtype", f"one of {', '.join(DTYPES)}")
     tokenizer = manifest.get("tokenizer")
     _require(isinstance(tokenizer, dict), path, "tokenizer", "an object")
-    for key in ("name", "spec"):
+    for key in ("name", "kind", "spec", "model_sha256"):
         _require(isinstance(tokenizer.get(key), str), path, f"tokenizer.{key}", "a string")
     for key in ("vocab_size", "eod_id"):
         _require(_count(tokenizer.get(key)), path, f"tokenizer.{key}", "an integer >= 0")
@@ -85,6 +85,17 @@ def check_manifest(manifest: Any, path: Path) -> None:
     for total, field in TOTALS:
         expected = sum(entry[field] for entry in shards)
         _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")
+
+
+def tokenizer_identity(tokenizer: dict[str, Any]) -> tuple[str, str, int, int]:
+    """What must agree for two stores' ids to mean the same tokens: kind, model file digest,
+    vocabulary size and end-of-document id (not the file's name or where it lived)."""
+    return (
+        tokenizer["kind"],
+        tokenizer["model_sha256"],
+        tokenizer["vocab_size"],
+        tokenizer["eod_id"],
+    )
 
 
 def _count(value: Any) -> bool:

@@ -86,6 +86,8 @@ def tokenize_document(tokenizer: Tokenizer, dtype: np.dtype, text: str) -> np.nd
 def tokenizer_record(tokenizer: Tokenizer) -> dict[str, Any]:
     return {
         "name": tokenizer.name,
+        "kind": tokenizer.kind,
+        "model_sha256": tokenizer.model_sha256,
         "spec": tokenizer.spec,
         "vocab_size": tokenizer.vocab_size,
         "eod_id": tokenizer.eod_id,

@@ -31,7 +31,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
-from pipeline.store.identity import check_manifest, sample_digest
+from pipeline.store.identity import check_manifest, sample_digest, tokenizer_identity
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.urls import is_url, load_npy, location, read_text
 
@@ -150,6 +150,11 @@ class TokenStore:
             "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in self.manifest["shards"]],
         }
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def tokenizer_identity(self) -> tuple[str, str, int, int]:
+        """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
+        return tokenizer_identity(self.manifest["tokenizer"])
 
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]

@@ -53,12 +53,16 @@ class Tokenizer(abc.ABC):
     Attributes:
       spec: what the user typed (``bytes``, ``sentencepiece:PATH``, ``hf:PATH``).
       name: identity recorded in a store manifest (kind, file basename, content hash).
+      kind: ``bytes``, ``sentencepiece`` or ``hf``.
+      model_sha256: SHA-256 of the model file (empty for ``bytes``, which has none).
       vocab_size: number of ids, including ``eod_id``; every id is in ``[0, vocab_size)``.
       eod_id: the end-of-document id that `prepare` appends after each document.
     """
 
     spec: str
     name: str
+    kind: str
+    model_sha256: str
     vocab_size: int
     eod_id: int
 
@@ -115,6 +119,8 @@ class BytesTokenizer(Tokenizer):
     def __init__(self) -> None:
         self.spec = "bytes"
         self.name = "bytes"
+        self.kind = "bytes"
+        self.model_sha256 = ""
         self.vocab_size = 257
         self.eod_id = 256
 
@@ -175,6 +181,8 @@ class SentencePieceTokenizer(Tokenizer):
             ) from None
         self.spec = spec
         self.name = _file_name("sentencepiece", path, data)
+        self.kind = "sentencepiece"
+        self.model_sha256 = hashlib.sha256(data).hexdigest()
         self._model = model
         pieces = int(model.get_piece_size())
         eos = int(model.eos_id())
@@ -211,6 +219,8 @@ class HFTokenizer(Tokenizer):
             ) from None
         self.spec = spec
         self.name = _file_name("hf", path, data)
+        self.kind = "hf"
+        self.model_sha256 = hashlib.sha256(data).hexdigest()
         self._model = model
         vocab = model.get_vocab(with_added_tokens=True)
         size = max(
