@@ -13,6 +13,7 @@ ArrayRecord writes local files only, so a shard is always written locally and th
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -165,19 +166,66 @@ def staging_dir(out: Path, shared: bool = False) -> Path:
     """A fresh hidden directory beside `out`, on the same filesystem so the rename is atomic.
 
     For a URL `out`: a local temporary directory, or with `shared` (writers on other machines)
-    a hidden prefix beside `out`; `commit` copies either into place.
+    a hidden prefix beside `out`; `commit` copies either into place. A local staging
+    directory's name carries this process's id, so the next `prepare` of the same `out` can
+    tell a leftover of a killed run (`clean_leftovers`) from the staging of a run still going.
     """
     if is_url(out):
         if shared:
             return out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
         return Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-"))
-    path = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    clean_leftovers(out)
+    path = out.parent / f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
 
 
+def clean_leftovers(out: Path) -> list[Path]:
+    """Remove what killed runs of `prepare --out OUT` left beside OUT; returns what it removed.
+
+    `.OUT.partial-PID-*`: a staging directory whose process (on this machine) is gone;
+    `.OUT.retired-*`: a replaced store that `--overwrite` was deleting when it was killed.
+    """
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*-*"):
+        kind, _, rest = path.name[len(out.name) + 2 :].partition("-")
+        owner = rest.split("-")[0]
+        dead = kind == "retired" or (kind == "partial" and not _running(owner))
+        if dead and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: str) -> bool:
+    if not pid.isdigit():
+        return False  # an older run's name (no pid): nothing can still be writing it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def check_destination(out: Path, overwrite: bool) -> None:
-    if out.exists() and not overwrite:
+    """Refuse, before any work, an `--out` that exists (without `overwrite`) or that is not a
+    directory (`overwrite` replaces directories only)."""
+    if is_url(out):  # a bucket prefix: it exists when it holds an object
+        if out.exists() and not overwrite:
+            raise PrepareError(f"{out}: output directory exists (pass --overwrite to replace it)")
+        return
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise PrepareError(
+            f"{out}: --out exists and is not a directory (--overwrite replaces only a store "
+            "directory); remove it or choose another --out"
+        )
+    if not overwrite:
         raise PrepareError(f"{out}: output directory exists (pass --overwrite to replace it)")
 
 
