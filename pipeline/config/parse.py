@@ -38,9 +38,10 @@ TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sour
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
-             "stats_window")  # fmt: skip
+             "stats_window", "verify")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
+VERIFY_POLICIES = ("off", "open", "background")
 EVAL_KEYS = ("sources", "batches")
 # Bounds that keep every size in memory and every lane position in int64 (documented in
 # docs/data-plan.md): a row is seq_len + 1 tokens, a step global_batch_size rows.
@@ -91,6 +92,7 @@ class FeedOptions:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (extra `metrics`)
     input_bound_share: float = 0.1  # a step is input-bound when next() took more of it
     stats_window: int = 100  # steps per input-bound warning window
+    verify: str = "off"  # the full checksum pass: off, open (before step 0) or background
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,14 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     share = raw.get("input_bound_share", 0.1)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
         raise where.fail("feed.input_bound_share", f"expected a number in [0, 1], got {share!r}")
+    verify = raw.get("verify", "off")
+    verify = "off" if verify is False else verify  # YAML 1.1 reads a bare `off` as false
+    if verify not in VERIFY_POLICIES:
+        raise where.fail(
+            "feed.verify", f"expected one of {', '.join(VERIFY_POLICIES)}, got {verify!r}"
+        )
     return FeedOptions(
+        verify=verify,
         prefetch=where.integer(
             raw.get("prefetch", 2), "feed.prefetch", minimum=1, maximum=MAX_THREADS
         ),

@@ -53,6 +53,7 @@ from pipeline.config import DataConfig
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
+from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
@@ -116,6 +117,8 @@ def _plan_on_every_process(config: DataConfig) -> Plan:
     plan, error = None, None
     try:
         plan = Plan.from_config(config)
+        if config.feed.verify == "open":
+            verify_share(plan)
     except PipelineError as failure:
         error = failure
     if jax.process_count() > 1:
@@ -191,6 +194,8 @@ class DataFeed:
         port = options.metrics_port if metrics_port is None else metrics_port
         if port is not None:
             self._serve_metrics(port)
+        background = self.config.feed.verify == "background"
+        self._verifier = BackgroundVerify(self._plan) if background else None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -251,6 +256,8 @@ class DataFeed:
         self._closed = True
         if self._metrics is not None:
             self._metrics.close()
+        if self._verifier is not None:
+            self._verifier.close()
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -266,6 +273,8 @@ class DataFeed:
 
     def __next__(self) -> dict[str, jax.Array]:
         self._ensure_open()
+        if self._verifier is not None:
+            self._verifier.check()
         entered = time.perf_counter()
         step = self._step
         self._fill()

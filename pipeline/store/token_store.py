@@ -20,7 +20,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate, chain
@@ -312,14 +312,16 @@ class TokenStore:
             )
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
-    def verify(self) -> None:
-        """The full pass: every file's checksum, then the manifest against every record.
+    def verify(self, shards: Iterable[int] | None = None) -> None:
+        """The full pass over `shards` (default: all): every file's checksum, then the manifest
+        against every record.
 
         Per shard: the shard's first-open checks, the SHA-256 of its three files, its record
         count, every record's length against the index (so the dtype too), and every token id
-        below the tokenizer's vocabulary size. Reads the whole store once.
+        below the tokenizer's vocabulary size. Reads those shards whole, once.
         """
-        for shard, entry in enumerate(self.manifest["shards"]):
+        for shard in range(self.num_shards) if shards is None else shards:
+            entry = self.manifest["shards"][self._check_shard(shard)]
             self._open_shard(shard)
             for key, checksum_key in CHECKSUMS:
                 path = self.path / entry[key]
