@@ -17,11 +17,14 @@ EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
 
 
 def write_synthetic_store(
-    path: Path, shards: list[list[int]], record_tokens: int = 2048
+    path: Path, shards: list[list[int]], record_tokens: int = 2048, first: int = 0
 ) -> TokenStore:
-    """A store whose shard i holds documents of lengths shards[i] (split into records)."""
+    """A store whose shard i holds documents of lengths shards[i] (split into records).
+
+    `first` shifts every token value: a store written with another `first` is a same-size twin
+    (same files sizes, other content)."""
     staging = staging_dir(Path(path))
-    position = 0
+    position = first
     infos = []
     for index, lengths in enumerate(shards):
         docs = []

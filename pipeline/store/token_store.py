@@ -386,10 +386,16 @@ class TokenStore:
             offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
             docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
             reader = self._readers[shard] or self._new_reader(shard)
+            lengths: dict[int, int] = {}
+
+            def read(record: int) -> bytes:
+                data = reader.read(record, record + 1)[0]
+                lengths[record] = len(data)
+                return data
 
             def sample_records() -> tuple[int, str]:
                 count = reader.num_records()
-                return count, sample_digest(count, lambda i: reader.read(i, i + 1)[0])
+                return count, sample_digest(count, read)
 
             try:  # transient faults are retried, as on every read
                 found, sample = self.retry.call(sample_records)
@@ -403,6 +409,15 @@ class TokenStore:
                     f"{file}: {found} records, the manifest says {entry['records']}; the shard "
                     "is not this store's: prepare the store again"
                 )
+            for record, size in lengths.items():
+                expected = int(offsets[record + 1] - offsets[record])
+                if size != expected * self.dtype.itemsize:
+                    _discard(reader)
+                    raise StoreError(
+                        f"{file}: record {record} holds {size} bytes, not the {expected} tokens "
+                        f"of {self.manifest['dtype']} the index and manifest say; prepare the "
+                        "store again"
+                    )
             if sample != entry["sample_sha256"]:
                 _discard(reader)
                 raise StoreError(
