@@ -1,0 +1,518 @@
+"""Fault injection: damage a copy of a real store, config or checkpoint, as an operator might.
+
+One test (or parametrized case) per defect an adversarial campaign found (issue 13, "Why" 1-9).
+Each asserts the one-line typed error naming what is at fault, or that batches are unchanged;
+none may end in a traceback. The randomized kill -9 test at the end is `multiprocess`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import tracemalloc
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+from jax.sharding import Mesh
+
+from pipeline.commands.cli import main
+from pipeline.config import load_config, parse_config
+from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
+from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan import data_state
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan
+from pipeline.store.identity import manifest_digest
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.token_store import MANIFEST, TokenStore
+from tests.feedstores import two_stage_config, two_stage_raw
+from tests.storegen import write_synthetic_store
+
+SHARDS = [[30, 50, 20], [40, 60], [25, 35, 45, 55]]
+
+
+def cli(capsys, *argv) -> tuple[int, str]:
+    """Run the CLI in-process; returns (exit code, stderr) and checks a failure is one line."""
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    if code:
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return code, err
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error)
+    assert "\n" not in text and "Traceback" not in text, text
+    return text
+
+
+def write_yaml(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def edit_manifest(store: Path, edit, redo_checksum: bool) -> None:
+    manifest = json.loads((store / MANIFEST).read_text())
+    edit(manifest)
+    if redo_checksum:
+        manifest["manifest_sha256"] = manifest_digest(manifest)
+    (store / MANIFEST).write_text(json.dumps(manifest))
+
+
+def synthetic(directory: Path, name: str = "store", **kwargs) -> Path:
+    write_synthetic_store(directory / name, SHARDS, record_tokens=16, **kwargs)
+    return directory / name
+
+
+def config_over(directory: Path, sources: dict[str, Path], **overrides) -> dict:
+    raw = {
+        "seed": 3,
+        "seq_len": 8,
+        "global_batch_size": 4,
+        "lanes": 2,
+        "sources": {name: {"path": str(path)} for name, path in sources.items()},
+        "mix": dict.fromkeys(sources, 1),
+    }
+    raw.update(overrides)
+    return raw
+
+
+# -- 1. an edited checkpoint data state ------------------------------------------------------
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:2]), ("data",))
+
+
+def save(mngr: ocp.CheckpointManager, step: int, feed: DataFeed) -> None:
+    model = {"w": jnp.arange(4.0) * step}
+    mngr.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(model), data=DataSave(feed))
+    )
+
+
+def manager(root: Path) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    return ocp.CheckpointManager(root / "ckpt", options=options)
+
+
+def switched_raw(root: Path) -> dict:
+    return two_stage_raw(root / "stores", stages=[{"name": "main", "mix": {"code": 1, "docs": 2}}])
+
+
+@pytest.fixture
+def switched_checkpoint(tmp_path) -> Path:
+    """A checkpoint directory whose step 6 holds a two-segment ledger (a switch at step 4)."""
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path) as mngr:
+        for _ in range(4):
+            next(feed)
+        save(mngr, 4, feed)
+    changed = parse_config(switched_raw(tmp_path), origin="changed.yaml")
+    with DataFeed(changed, mesh()) as feed, manager(tmp_path) as mngr:
+        mngr.restore(4, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        next(feed)
+        next(feed)
+        save(mngr, 6, feed)
+    return tmp_path
+
+
+def restore_edited(root: Path, edit, redo_digest: bool = True) -> LedgerError:
+    path = root / "ckpt" / "6" / "data" / FILENAME
+    state = json.loads(path.read_text())
+    edit(state)
+    state.pop("digest")
+    if redo_digest:
+        state["digest"] = data_state.digest_of(state)
+    path.write_text(json.dumps(state))
+    config = parse_config(switched_raw(root), origin="changed.yaml")
+    with DataFeed(config, mesh()) as feed, manager(root) as mngr:
+        with pytest.raises(LedgerError) as info:
+            mngr.restore(6, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert feed.step == 0  # nothing was adopted
+    return info.value
+
+
+def counters(state: dict, segment: int) -> dict:
+    return state["ledger"]["segments"][segment]["counters"]
+
+
+@pytest.mark.parametrize("delta", [5, 10**12])
+def test_an_edited_counter_of_a_later_segment_is_refused_with_a_diff(switched_checkpoint, delta):
+    def edit(state: dict) -> None:
+        counters(state, 1)["code"] += delta
+
+    error = restore_edited(switched_checkpoint, edit)
+    lines = str(error).splitlines()
+    assert "disagrees with what its ledger and checkpoint imply" in lines[0]
+    assert "restore an earlier checkpoint" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("  segments[1].counters.code: ")
+    assert "re-derived from segments[0] at step 4" in lines[1]
+
+
+def test_an_edited_counter_of_the_first_segment_is_refused(switched_checkpoint):
+    error = restore_edited(switched_checkpoint, lambda s: counters(s, 0).update(docs=5))
+    assert str(error).splitlines()[1] == "  segments[0].counters.docs: 5 recorded, 0 re-derived"
+
+
+@pytest.mark.parametrize("step", [11, 1])
+def test_an_edited_step_is_refused_against_the_checkpoint_step(switched_checkpoint, step):
+    error = restore_edited(switched_checkpoint, lambda s: s.update(step=step))
+    if step < 4:  # before the ledger's last segment: refused when the state is parsed
+        assert "before the ledger's last segment" in one_line(error)
+    else:
+        assert str(error).splitlines()[1] == (
+            f"  step: {step} recorded in checkpoint 6, which holds step 6 or 7"
+        )
+
+
+def test_an_edit_without_the_digest_is_named_as_damage(switched_checkpoint):
+    error = restore_edited(switched_checkpoint, lambda s: s.update(step=7), redo_digest=False)
+    assert "digest does not match its content: the file was damaged or edited" in one_line(error)
+
+
+def test_a_truncated_data_state_is_one_line_on_restore_and_in_the_cli(switched_checkpoint, capsys):
+    root = switched_checkpoint
+    path = root / "ckpt" / "6" / "data" / FILENAME
+    path.write_bytes(path.read_bytes()[:100])
+    raw = two_stage_raw(root / "stores")
+    feed = DataFeed(parse_config(raw, origin="a.yaml"), mesh())
+    with feed, manager(root) as mngr, pytest.raises(LedgerError, match=r"not JSON") as info:
+        mngr.restore(6, args=ocp.args.Composite(data=DataRestore(feed)))
+    assert "the file is truncated or damaged" in str(info.value)
+    assert str(path) in one_line(info.value)
+    config = write_yaml(root / "a.yaml", raw)
+    code, err = cli(capsys, "inspect", config, "--step", 1, "--ledger", root / "ckpt" / "6")
+    assert code == 2 and str(path) in err and "not JSON" in err
+
+
+# -- 2. verify-store and a manifest that lies ------------------------------------------------
+
+
+def test_an_edited_manifest_is_refused_when_the_store_opens(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    edit_manifest(store, lambda m: m["shards"][0].update(tokens=90), redo_checksum=False)
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and f"{store / MANIFEST}: the manifest's checksum" in err
+    with pytest.raises(StoreError, match="edited or damaged"):
+        TokenStore(store)
+
+
+def test_verify_store_checks_token_counts_against_the_shards(tmp_path, capsys):
+    store = synthetic(tmp_path)
+
+    def lower(m):
+        m["shards"][0]["tokens"] -= 10
+        m["num_tokens"] -= 10
+
+    edit_manifest(store, lower, redo_checksum=True)  # a careful edit: the checksum is redone
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and "shard-00000-of-00003.index.npy: spans tokens 0..100" in err
+    assert "the manifest says 0..90" in err
+    with pytest.raises(StoreError, match="spans tokens"):  # and so does the first read
+        TokenStore(store).read_tokens(0, 5)
+
+
+def test_verify_store_checks_the_dtype_against_the_records(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    edit_manifest(store, lambda m: m.update(dtype="uint16"), redo_checksum=True)
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and "record 0 holds 64 bytes, not the 16 tokens of uint16" in err
+
+
+# -- 3. same-size damage ---------------------------------------------------------------------
+
+
+def test_a_same_size_shard_of_a_twin_store_is_refused_not_served(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    twin = synthetic(tmp_path, "twin", first=1000)
+    victim = TokenStore(store).shard_file(1)
+    donor = TokenStore(twin).shard_file(1)
+    assert victim.stat().st_size == donor.stat().st_size  # the sizes cannot tell them apart
+    shutil.copyfile(donor, victim)
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    plan = Plan.from_config(load_config(config))  # opening checks sizes: they agree
+    with pytest.raises(StoreError) as info:
+        for step in range(40):
+            plan.batch(step)
+    assert one_line(info.value).startswith(f"{victim}: its sampled records do not match")
+    code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "d.npz")
+    assert code == 2 and str(victim) in err
+
+
+def test_an_edited_document_index_value_is_refused(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    docs = TokenStore(store).path / "shard-00002-of-00003.docs.npy"
+    values = np.load(docs)
+    values[2] += 3  # same file size, other document boundaries
+    np.save(docs, values)
+    with pytest.raises(StoreError) as info:
+        TokenStore(store).read_tokens(0, int(TokenStore(store).num_tokens))
+    assert one_line(info.value).startswith(f"{docs}: does not match its checksum")
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "d.npz")
+    assert code == 2 and f"{docs}: does not match its checksum" in err
+
+
+# -- 4. a store replaced under a running feed ------------------------------------------------
+
+
+def corpus(directory: Path, words: str, count: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (directory / f"doc{i:03d}.txt").write_text(f"{words} {i} " * (5 + i % 7))
+    return directory
+
+
+def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(tmp_path):
+    old = corpus(tmp_path / "old", "alpha", 60)
+    new = corpus(tmp_path / "new", "omega", 60)
+    out = tmp_path / "store"
+    prepare(PrepareOptions([str(old)], out, num_shards=8, progress=False))
+    config = parse_config(config_over(tmp_path, {"s": out}, lanes=1, global_batch_size=2), "r.yaml")
+    served = []
+    with DataFeed(config, mesh(), prefetch=1, threads=1) as feed:
+        served.append(np.asarray(next(feed)["inputs"]))
+        prepare(PrepareOptions([str(new)], out, num_shards=8, overwrite=True, progress=False))
+        with pytest.raises(FeedError) as info:
+            for _ in range(500):
+                served.append(np.asarray(next(feed)["inputs"]))
+    message = one_line(info.value)
+    assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in message
+    reference = tmp_path / "reference"  # the old store again: prepare is deterministic
+    prepare(PrepareOptions([str(old)], reference, num_shards=8, progress=False))
+    raw = config_over(tmp_path, {"s": reference}, lanes=1, global_batch_size=2)
+    expected = Plan.from_config(parse_config(raw, "r.yaml"))
+    for step, batch in enumerate(served):  # every batch served came from the old store
+        np.testing.assert_array_equal(batch, expected.batch(step)["inputs"])
+    assert len(served) >= 1
+
+
+# -- 5. duplicate YAML keys ------------------------------------------------------------------
+
+DUPLICATES = {
+    "seq_len": "seq_len: 8\nglobal_batch_size: 4\nseq_len: 16\n",
+    "path": "seq_len: 8\nglobal_batch_size: 4\nsources:\n  a: {path: x, path: y}\n",
+    "weight": "seq_len: 8\nglobal_batch_size: 4\nmix:\n  a: 1\n  b: 2\n  a: 3\n",
+    "point": "seq_len: 8\nglobal_batch_size: 4\nmix:\n  a: {linear: {0: 1, 10: 2, 0: 5}}\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DUPLICATES))
+def test_duplicate_keys_are_refused_with_their_lines(tmp_path, case):
+    path = tmp_path / "dup.yaml"
+    path.write_text(DUPLICATES[case])
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = one_line(info.value)
+    assert message.startswith(f"{path}:") and "duplicate key" in message
+    assert "(first at line" in message
+
+
+# -- 6. stores of different tokenizers -------------------------------------------------------
+
+
+def test_stores_of_different_tokenizers_do_not_mix_silently(tmp_path, hf_tokenizer_json, capsys):
+    text = corpus(tmp_path / "text", "mixed tokenizers", 30)
+    prepare(PrepareOptions([str(text)], tmp_path / "bytes", num_shards=2, progress=False))
+    spec = f"hf:{hf_tokenizer_json}"
+    options = PrepareOptions([str(text)], tmp_path / "hf", tokenizer=spec, progress=False)
+    prepare(options)
+    sources = {"a": tmp_path / "bytes", "b": tmp_path / "hf"}
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, sources))
+    code, err = cli(capsys, "stages", config)
+    assert code == 2 and "sources.a and sources.b were prepared with different tokenizers" in err
+    assert "(bytes, vocab 257 vs hf:tokenizer.json@" in err and "shared_vocabulary" in err
+    raw = config_over(tmp_path, sources, shared_vocabulary=True)
+    shared = write_yaml(tmp_path / "shared.yaml", raw)
+    assert Plan.from_config(load_config(shared)).batch(0)["inputs"].shape == (4, 8)
+
+
+# -- 7. schedules cost O(points) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("last", [3 * 10**8, 10**12])
+def test_a_far_schedule_point_costs_what_a_near_one_costs(tmp_path, last):
+    store = synthetic(tmp_path)
+    twin = synthetic(tmp_path, "twin", first=1000)
+    mix = {"a": {"linear": {0: 1, last: 0}}, "b": {"step": {0: 1, last: 3}}}
+    raw = config_over(tmp_path, {"a": store, "b": twin}, mix=mix)
+    tracemalloc.start()
+    try:
+        plan = Plan.from_config(parse_config(raw, "far.yaml"))
+        for step in (0, last // 2, last - 1, last, last + 10**6):
+            assert plan.batch(step)["inputs"].shape == (4, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, peak  # the plan holds O(points), not O(steps)
+
+
+# -- 8. one line instead of a traceback ------------------------------------------------------
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("seq_len: 8\n# café\n".encode("latin-1"))
+    code, err = cli(capsys, "stages", path)
+    assert code == 2 and f"{path}:2: not UTF-8 text" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ({"global_batch_size": 10**12}, "global_batch_size"),
+        ({"seq_len": 2**40}, "seq_len"),
+        ({"seed": 2**70}, "seed"),
+        ({"mix": {"s": {"step": {0: 1, 10**19: 2}}}}, "mix.s"),
+        ({"feed": {"threads": 10**9}}, "feed.threads"),
+    ],
+)
+def test_absurd_values_are_one_line(tmp_path, capsys, override, key):
+    store = synthetic(tmp_path)
+    config = write_yaml(tmp_path / "big.yaml", config_over(tmp_path, {"s": store}, **override))
+    code, err = cli(capsys, "stages", config)
+    assert code == 2 and f"{config}: {key}: " in err and "beyond" in err
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b[: len(b) // 2], lambda b: b[:10] + bytes(len(b) - 10), lambda b: b"garbage"],
+    ids=["truncated", "garbled-header", "not-npy"],
+)
+def test_a_damaged_index_is_one_line_naming_it(tmp_path, capsys, damage):
+    store = synthetic(tmp_path)
+    for index in store.glob("*.index.npy"):  # every shard's, so any read meets one
+        index.write_bytes(damage(index.read_bytes()))
+    named = f"{store}/shard-0000"
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    dump = ["dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz"]
+    for command in (["inspect", config, "--step", 0], dump):
+        code, err = cli(capsys, *command)
+        assert code == 2 and named in err and ".index.npy: " in err
+    with DataFeed(load_config(config), mesh()) as feed, pytest.raises(FeedError) as info:
+        for _ in range(40):
+            next(feed)
+    assert named in one_line(info.value) and ".index.npy: " in str(info.value)
+
+
+@pytest.mark.parametrize("redo", [False, True])
+def test_a_manifest_without_shards_is_one_line(tmp_path, capsys, redo):
+    store = synthetic(tmp_path)
+    edit_manifest(store, lambda m: m.pop("shards"), redo_checksum=redo)
+    code, err = cli(capsys, "verify-store", store)
+    expected = "manifest field 'shards' must be a non-empty list" if redo else "checksum"
+    assert code == 2 and f"{store / MANIFEST}: " in err and expected in err
+
+
+def test_verify_store_on_a_zeroed_shard_names_the_shard(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    shard = store / "shard-00000-of-00003.array_record"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and err.startswith(f"error: {shard}: ")
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz")
+    assert code == 2 and err.startswith(f"error: {shard}: ") and "[0, 0)" not in err
+
+
+def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, capsys):
+    text = corpus(tmp_path / "text", "hello", 3)
+    out = tmp_path / "notes.txt"
+    out.write_text("my notes")
+    code, err = cli(capsys, "prepare", text, "--out", out, "--overwrite", "--no-progress")
+    assert code == 2 and f"{out}: --out exists and is not a directory" in err
+    assert out.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "text"]
+
+
+# -- 9. smaller ones -------------------------------------------------------------------------
+
+
+def test_yaml_syntax_errors_name_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seq_len: 8\nsources:\n  a: {path: x\nmix: {a: 1}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = one_line(info.value)
+    assert message.startswith(f"{path}:4:4: not valid YAML: expected ',' or '}}'"), message
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "stages", "epochs"])
+def test_a_missing_or_too_small_eval_store_is_refused_by_every_command(tmp_path, capsys, command):
+    store = synthetic(tmp_path)
+    small = tmp_path / "small"
+    write_synthetic_store(small, [[5, 6]])
+    extra = {"inspect": ["--step", 0], "verify": ["--steps", "0:2"]}.get(command, [])
+    cases = ((tmp_path / "absent", "no such store directory"), (small, "do not fill one batch"))
+    for eval_path, expected in cases:
+        held = {"sources": {"held": {"path": str(eval_path)}}}
+        raw = config_over(tmp_path, {"s": store}, eval=held)
+        config = write_yaml(tmp_path / "data.yaml", raw)
+        code, err = cli(capsys, command, config, *extra)
+        assert code == 2 and "eval.sources.held" in err and expected in err
+
+
+def test_leftovers_of_killed_prepares_are_cleaned_by_the_next_one(tmp_path):
+    text = corpus(tmp_path / "text", "left over", 5)
+    out = tmp_path / "store"
+    retired = tmp_path / ".store.retired-0badf00d"
+    dead = tmp_path / ".store.partial-999999999-0badf00d"  # no such process
+    alive = tmp_path / f".store.partial-{os.getpid()}-0badf00d"  # a run still going
+    other = tmp_path / ".other.retired-0badf00d"  # another --out's
+    for path in (retired, dead, alive, other):
+        (path / "shard").mkdir(parents=True)
+    prepare(PrepareOptions([str(text)], out, num_shards=1, progress=False))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted(
+        [alive.name, other.name]
+    )
+
+
+def test_a_bad_manifest_dtype_is_blamed_on_the_manifest(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    edit_manifest(store, lambda m: m.update(dtype="float7"), redo_checksum=True)
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and f"{store / MANIFEST}: manifest field 'dtype'" in err
+
+
+# -- 7 (issue). randomized kill -9 against the plan, real processes -------------------------
+
+
+@pytest.mark.multiprocess
+def test_random_kills_never_change_a_trained_batch(tmp_path):
+    """kill -9 at random steps, some while an async save is in flight; every step trained,
+    replayed ones included, equals the plan's batch. The seed is printed on failure."""
+    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+
+    seed = int(os.environ.get("PIPELINE_TEST_SEED") or random.randrange(2**32))
+    rng = random.Random(seed)
+    total, every = 24, 3
+    raw = two_stage_raw(tmp_path / "stores")
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    # One kill while the async save of its step is in flight (steps k * every save), two more
+    # at any step (right after that step's save was started, when it has one).
+    in_save = rng.randrange(every, total - 2, every)
+    others = rng.sample([s for s in range(2, total - 2) if s != in_save], 2)
+    kills = sorted([(in_save, "save"), *((s, "step") for s in others)])
+    for kill_at, mode in [*kills, (None, "step")]:
+        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
+                "log": str(tmp_path / "run.jsonl"), "save_every": every,
+                "kill_at": kill_at, "kill_mode": mode}  # fmt: skip
+        codes = launch(tmp_path, raw, [task], 2, 2, timeout=180)
+        expected = [0, 0] if kill_at is None else [-signal.SIGKILL] * 2
+        assert codes == expected, (seed, kill_at, mode, worker_output(tmp_path))
+    entries = read_log(tmp_path / "run.jsonl")
+    assert {e["step"] for e in entries} == set(range(total)), seed
+    for entry in entries:
+        expected = reference_checksums(plan.batch(entry["step"]))
+        np.testing.assert_array_equal(entry["sums"], expected, err_msg=f"seed {seed}")
+    assert FIELDS  # the checksums cover every field (reference_checksums)
