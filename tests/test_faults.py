@@ -195,6 +195,19 @@ def test_a_truncated_data_state_is_one_line_on_restore_and_in_the_cli(switched_c
     assert code == 2 and str(path) in err and "not JSON" in err
 
 
+def test_the_cli_refuses_a_ledger_with_an_edited_counter(switched_checkpoint, capsys):
+    root = switched_checkpoint
+    raw = data_state.load_ledger(root / "ckpt" / "6").to_json()
+    raw["segments"][1]["counters"]["docs"] += 5  # counters are not in the segment fingerprint
+    path = root / "ledger.json"
+    path.write_text(json.dumps(raw))
+    config = write_yaml(root / "changed.yaml", switched_raw(root))
+    code = main(["inspect", str(config), "--step", "5", "--ledger", str(path)])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and lines[0].startswith(f"error: {path}: the data state disagrees")
+    assert lines[1].startswith("  segments[1].counters.docs: ") and len(lines) == 2
+
+
 # -- 2. verify-store and a manifest that lies ------------------------------------------------
 
 

@@ -145,7 +145,9 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     if ledger_path is None:
         return Plan.from_config(config)
     stores = config.open_stores()
-    return Plan(data_state.load_ledger(ledger_path), stores.values())
+    plan = Plan(data_state.load_ledger(ledger_path), stores.values())
+    data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
+    return plan
 
 
 def run_inspect(args: argparse.Namespace) -> int:

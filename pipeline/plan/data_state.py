@@ -142,8 +142,34 @@ def verify(state: DataState, plan: Plan, checkpoint_step: int | None = None) -> 
 
     `plan` must plan `state.ledger` (it opens past segments' stores as needed).
     """
+    differences = counter_differences(state.ledger, plan, state.origin)
+    if checkpoint_step is not None and state.step not in (checkpoint_step, checkpoint_step + 1):
+        differences.append(
+            f"step: {state.step} recorded in checkpoint {checkpoint_step}, which holds step "
+            f"{checkpoint_step} or {checkpoint_step + 1}"
+        )
+    refuse(differences, state.origin)
+
+
+def verify_ledger(ledger: Ledger, plan: Plan, origin: str) -> None:
+    """`verify` for a bare ledger (the CLI's `--ledger`): each segment's start counters."""
+    refuse(counter_differences(ledger, plan, origin), origin)
+
+
+def refuse(differences: list[str], origin: str) -> None:
+    """One `LedgerError` listing every difference, if there is any."""
+    if differences:
+        raise LedgerError(
+            f"{origin}: the data state disagrees with what its ledger and checkpoint "
+            "imply (edited?); restore an earlier checkpoint or the original file:\n  "
+            + "\n  ".join(differences)
+        )
+
+
+def counter_differences(ledger: Ledger, plan: Plan, origin: str) -> list[str]:
+    """One line per segment start counter that differs from what the plan re-derives."""
     differences = []
-    segments = state.ledger.segments
+    segments = ledger.segments
     for name, counter in segments[0].counters.items():
         if counter != 0:
             differences.append(f"segments[0].counters.{name}: {counter} recorded, 0 re-derived")
@@ -152,7 +178,7 @@ def verify(state: DataState, plan: Plan, checkpoint_step: int | None = None) -> 
         try:
             expected = plan.carried_counters(index - 1, segment.start_step, segment.fingerprints)
         except PipelineError as error:
-            log.warning("%s: segments[%d].counters not re-derived: %s", state.origin, index, error)
+            log.warning("%s: segments[%d].counters not re-derived: %s", origin, index, error)
             continue
         for name, counter in segment.counters.items():
             if counter != expected[name]:
@@ -161,14 +187,4 @@ def verify(state: DataState, plan: Plan, checkpoint_step: int | None = None) -> 
                     f"{expected[name]} re-derived from segments[{index - 1}] at step "
                     f"{segment.start_step}"
                 )
-    if checkpoint_step is not None and state.step not in (checkpoint_step, checkpoint_step + 1):
-        differences.append(
-            f"step: {state.step} recorded in checkpoint {checkpoint_step}, which holds step "
-            f"{checkpoint_step} or {checkpoint_step + 1}"
-        )
-    if differences:
-        raise LedgerError(
-            f"{state.origin}: the data state disagrees with what its ledger and checkpoint "
-            "imply (edited?); restore an earlier checkpoint or the original file:\n  "
-            + "\n  ".join(differences)
-        )
+    return differences

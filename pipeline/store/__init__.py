@@ -2,9 +2,10 @@
 
 `token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
 checksummed manifest) from a directory or a `gs://` URL, retrying transient faults (`retry`);
-`writer` writes one atomically; `prepare` and `prepare_beam` tokenize
-corpora (`corpora`) with a tokenizer (`tokenizers`) into stores, placing documents by a keyed
-hash (`doc_order`) so both runners write byte-identical stores; `summary` describes one.
+`identity` is what makes a store itself (the manifest's checksum, each shard's sampled records,
+the tokenizer's identity); `writer` writes one atomically; `prepare` and `prepare_beam`
+tokenize corpora (`corpora`) with a tokenizer (`tokenizers`) into stores, placing documents by
+a keyed hash (`doc_order`) so both runners write byte-identical stores; `summary` describes one.
 Nothing here imports JAX, Orbax or Grain.
 """
 
