@@ -11,6 +11,7 @@ import yaml
 
 from pipeline.commands.cli import main
 from pipeline.config import load_config
+from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import first_draw
@@ -171,13 +172,16 @@ def test_verify_fails_on_a_ledger_whose_counters_go_backwards(tmp_path, stores, 
     back = {k: max(0, v - 2) for k, v in plan.segment(0).counters_at(6).items()}
     path = tmp_path / "ledger.json"
     Ledger((first, Segment(6, first.config, first.fingerprints, back))).save(path)
-    code, out, _ = run(
+    code, _, err = run(
         capsys, "verify", config, "--ledger", path, "--steps", "0:9", "--process-count", 2,
         "--no-progress",
     )  # fmt: skip
-    assert code == 1
-    assert "FAILED" in out
-    assert any(line.startswith("violation: source a") for line in out.splitlines())
+    assert code == 2  # the CLI re-derives the counters and refuses the ledger before auditing
+    assert "segments[1].counters.a: " in err and "re-derived from segments[0] at step 6" in err
+    forged = Ledger((first, Segment(6, first.config, first.fingerprints, back)))
+    report = audit(Plan(forged, plan.stores()), 0, 9, [2], progress=False)  # the audit finds it
+    assert not report.ok
+    assert any(line.startswith("source a") for line in report.violations)
 
 
 def test_verify_refuses_an_incompatible_process_count(tmp_path, stores, capsys):
