@@ -350,6 +350,17 @@ def test_stores_of_different_tokenizers_do_not_mix_silently(tmp_path, hf_tokeniz
     assert Plan.from_config(load_config(shared)).batch(0)["inputs"].shape == (4, 8)
 
 
+def test_an_eval_store_of_another_tokenizer_is_refused(tmp_path, hf_tokenizer_json, capsys):
+    text = corpus(tmp_path / "text", "eval tokenizers", 30)
+    prepare(PrepareOptions([str(text)], tmp_path / "bytes", num_shards=2, progress=False))
+    spec = f"hf:{hf_tokenizer_json}"
+    prepare(PrepareOptions([str(text)], tmp_path / "hf", tokenizer=spec, progress=False))
+    held = {"sources": {"held": {"path": str(tmp_path / "hf")}}}
+    raw = config_over(tmp_path, {"a": tmp_path / "bytes"}, eval=held)
+    code, err = cli(capsys, "stages", write_yaml(tmp_path / "data.yaml", raw))
+    assert code == 2 and "sources.a and eval.sources.held were prepared with different" in err
+
+
 # -- 7. schedules cost O(points) -------------------------------------------------------------
 
 
@@ -368,6 +379,50 @@ def test_a_far_schedule_point_costs_what_a_near_one_costs(tmp_path, last):
     finally:
         tracemalloc.stop()
     assert peak < 64 * 2**20, peak  # the plan holds O(points), not O(steps)
+
+
+# -- the full checksum pass as a feed policy -----------------------------------------------
+
+
+def damage_an_unsampled_record(store: Path) -> Path:
+    """Flip a byte of record 1 of shard 2 (records 0, 4, 8 and 12 are the sampled ones)."""
+    shard = store / "shard-00002-of-00003.array_record"
+    reader = TokenStore(store)
+    start, stop = reader.record_offsets(2)[1:3]
+    tokens = reader.read_shard_tokens(2, int(start), int(stop)).tokens  # record 1's tokens
+    data = bytearray(shard.read_bytes())
+    where = bytes(data).index(tokens.tobytes())
+    data[where + 5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+@pytest.mark.parametrize("policy", ["open", "background"])
+def test_the_feed_verify_policy_finds_damage_the_identity_cannot(tmp_path, policy):
+    store = synthetic(tmp_path)
+    shard = damage_an_unsampled_record(store)
+    raw = config_over(tmp_path, {"s": store}, feed={"verify": policy})
+    TokenStore(store).record_offsets(2)  # the shard's identity checks pass: not sampled
+    if policy == "open":
+        with pytest.raises(StoreError) as info:
+            DataFeed(parse_config(raw, "v.yaml"), mesh()).close()
+        assert one_line(info.value).startswith(f"{shard}: content checksum does not match")
+        return
+    with DataFeed(parse_config(raw, "v.yaml"), mesh()) as feed:
+        feed._verifier._thread.join()  # let the pass finish, so the next step must see it
+        with pytest.raises(FeedError) as info:
+            next(feed)
+    message = one_line(info.value)
+    assert message.startswith(f"background store verification failed: {shard}: content")
+
+
+@pytest.mark.parametrize(("value", "policy"), [(False, "off"), ("off", "off"), ("open", "open")])
+def test_the_verify_policy_parses(tmp_path, value, policy):
+    raw = config_over(tmp_path, {"s": tmp_path / "s"}, feed={"verify": value})
+    assert parse_config(raw, "v.yaml").feed.verify == policy
+    raw["feed"]["verify"] = "always"
+    with pytest.raises(ConfigError, match=r"feed\.verify: expected one of off, open, background"):
+        parse_config(raw, "v.yaml")
 
 
 # -- 8. one line instead of a traceback ------------------------------------------------------

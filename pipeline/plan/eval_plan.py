@@ -32,8 +32,12 @@ def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
 
 
 def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
-    """(the eval set's plan, how many full batches it serves); refuses a store too small."""
+    """(the eval set's plan, how many full batches it serves); refuses a store too small or
+    one prepared with another tokenizer than the training sources (`check_one_vocabulary`)."""
     plan = Plan.from_config(eval_config(config, source))
+    named = {f"eval.sources.{source.name}": plan.stores()[0]}
+    train = {f"sources.{name}": store for name, store in config.open_stores().items()}
+    check_one_vocabulary(config, {**train, **named})
     windows = plan.segment(0).layouts[source.name].windows_per_lane
     available = windows // config.final_batch_size
     if available == 0:
@@ -47,12 +51,6 @@ def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
 
 
 def check_eval(config: DataConfig) -> None:
-    """Open every eval store of `config`: it fills at least one batch, and its tokenizer is the
-    training sources' (or the config declares `shared_vocabulary`)."""
-    if not config.eval_sources:
-        return
-    train = config.open_stores()
+    """Open every eval store of `config` and check it as `eval_plan` does."""
     for source in config.eval_sources:
-        plan, _ = eval_plan(config, source)
-        stores = {**train, f"eval.sources.{source.name}": plan.stores()[0]}
-        check_one_vocabulary(config, stores)
+        eval_plan(config, source)

@@ -150,7 +150,7 @@ class Plan:
     def from_config(cls, config: DataConfig) -> Plan:
         """A fresh run's plan, laid out now so every config error names the config file."""
         stores = config.open_stores()
-        check_one_vocabulary(config, stores)
+        check_one_vocabulary(config, {f"sources.{name}": s for name, s in stores.items()})
         fingerprints = {name: store.fingerprint for name, store in stores.items()}
         plan = cls(Ledger.start(config, fingerprints), stores.values())
         plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, stores)
@@ -250,7 +250,7 @@ class Plan:
 
 
 def check_one_vocabulary(config: DataConfig, stores: dict[str, TokenStore]) -> None:
-    """Refuse stores whose token ids mean different things, unless the config says it knows.
+    """Refuse stores (by config key) whose ids mean different things, unless the config says so.
 
     Ids of two tokenizers index different vocabularies, and a trainer would size the model by
     the larger one; `shared_vocabulary: true` declares that they agree on purpose (e.g. one
@@ -262,7 +262,7 @@ def check_one_vocabulary(config: DataConfig, stores: dict[str, TokenStore]) -> N
     for name, store in stores.items():
         if store.tokenizer_identity != first.tokenizer_identity:
             raise ConfigError(
-                f"{config.origin}: sources.{first_name} and sources.{name} were prepared with "
+                f"{config.origin}: {first_name} and {name} were prepared with "
                 f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(store)}); prepare "
                 "them with one tokenizer, or set shared_vocabulary: true if their ids agree "
                 "on purpose"
