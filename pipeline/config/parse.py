@@ -10,14 +10,18 @@
       docs: {path: ../data/python-docs}
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
-    feed: {prefetch: 2, threads: 4}         # runtime only: never changes the data
+    feed: {prefetch: 2, threads: 4, verify: "off"}  # runtime only: never changes the data
                                             # (+ provenance, metrics_port, input-bound
                                             # detection: docs/observability.md)
     eval:                        # optional held-out stores (prepare --eval-fraction)
       sources: {docs: {path: ../data/python-docs-eval}}
       batches: 4                 # per eval set; default: every full batch of the store
 
-Every message names the file and the key, echoes the value and says what is allowed.
+    shared_vocabulary: false     # true: stores of different tokenizers may mix, on purpose
+
+Every message names the file and the key, echoes the value and says what is allowed. The YAML
+is read strictly (`strict_yaml`: UTF-8, no duplicate key, errors with line and column), and
+sizes are bounded so that every step and position fits int64 (docs/data-plan.md).
 """
 
 from __future__ import annotations
