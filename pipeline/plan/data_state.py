@@ -49,6 +49,13 @@ class DataState:
     @classmethod
     def from_json(cls, raw: Any, origin: str) -> DataState:
         """Parse and check a state: its version, its digest, its step and its ledger."""
+        if (
+            isinstance(raw, dict)
+            and raw.get("version") == 1
+            and isinstance(raw.get("ledger"), dict)
+        ):
+            # pipeline 0.1 wrote it: its ledger's order version says why it cannot resume here
+            Ledger.from_json(raw["ledger"], origin=f"{origin}: ledger")
         if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
             found = raw.get("version") if isinstance(raw, dict) else type(raw).__name__
             raise LedgerError(
