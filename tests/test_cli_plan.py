@@ -11,6 +11,7 @@ import yaml
 
 from pipeline.commands.cli import main
 from pipeline.config import load_config
+from pipeline.plan import data_state
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.plan import Plan, host_rows
@@ -136,7 +137,7 @@ def test_dump_across_a_switch_indexes_sources_by_the_files_names(tmp_path, store
     code, _, _ = run(capsys, "dump", config, "--ledger", path, "--steps", "2:6", "--out", out)
     assert code == 0
     data = np.load(out)
-    switched = Plan(Ledger.load(path), plan.stores())
+    switched = Plan(data_state.load_ledger(path), plan.stores())
     assert data["source_names"].tolist() == ["a", "b"]
     for k, step in enumerate(range(2, 6)):
         draws = switched.draws(step)

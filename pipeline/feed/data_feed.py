@@ -184,6 +184,8 @@ class DataFeed:
         self._last: _Summary | None = None
         self._closed = False
         self._step = self._check_step(step)
+        background = self.config.feed.verify == "background"
+        self._verifier = BackgroundVerify(self._plan) if background else None
         options = self.config.feed
         self._stats = (
             Recorder(jax.process_index(), self.prefetch, options.input_bound_share,
@@ -194,8 +196,6 @@ class DataFeed:
         port = options.metrics_port if metrics_port is None else metrics_port
         if port is not None:
             self._serve_metrics(port)
-        background = self.config.feed.verify == "background"
-        self._verifier = BackgroundVerify(self._plan) if background else None
 
     # -- public API ------------------------------------------------------------------------
 
