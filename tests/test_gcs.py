@@ -141,11 +141,11 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
     prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
     shard = location(store) / "shard-00001-of-00002.array_record"
     shard.write_bytes(shard.read_bytes()[:-7])
-    with pytest.raises(StoreError, match=f"{shard}: content checksum does not match"):
+    with pytest.raises(StoreError, match=f"{shard}: "):  # its first use finds it, or the pass
         TokenStore(store, verify=True)
     shard.unlink()
     opened = TokenStore(store)  # opening reads the manifest only; the first read finds it
-    with pytest.raises(StoreError, match=f"{shard}: cannot read records 0..0"):
+    with pytest.raises(StoreError, match=f"{shard}: 0 records, the manifest says 25"):
         opened.read_shard_tokens(1, 0, 1)
 
 
@@ -177,7 +177,7 @@ def test_the_maxtext_adapter_reads_a_bucket_config_and_stores(tmp_path: Path, pr
         train.close()
     item = location(f"{prefix}/checkpoints/4/iter")  # MaxText's checkpoint item in the bucket
     (item / "process_0-of-1.json").write_text(text)
-    assert read_iter_state(str(item))["step"] == 4
+    assert read_iter_state(str(item)).step == 4
     resumed, _ = create_data_iterator(config, mesh)
     try:
         resumed.restore_from(str(item))
