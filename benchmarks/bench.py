@@ -387,9 +387,8 @@ def stats_overhead(plan, rows: np.ndarray, args: argparse.Namespace, bar) -> dic
 
 
 def run(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
     from pipeline.plan.plan import host_rows
+    from pipeline.progress import progress_bar
 
     store_path = resolve_store(args)
     plan = make_plan(store_path, args)
@@ -399,7 +398,7 @@ def run(args: argparse.Namespace) -> dict:
     phases = len(GRAIN_OPTIONS) + 4 * args.reps + 2 * len(RESUME_STEPS) * args.reps
     phases += 0 if args.no_scale else 2
     phases += args.reps  # feed statistics overhead
-    bar = tqdm(total=phases, desc="bench", disable=args.no_progress, leave=False)
+    bar = progress_bar(total=phases, desc="bench", unit=" phase", enabled=not args.no_progress)
 
     # Grain's read options: a short trial of each, keep the fastest.
     trials = {}

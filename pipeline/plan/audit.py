@@ -17,16 +17,15 @@ For every step in the range the audit computes the whole global batch and checks
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
 from pipeline.errors import ConfigError
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, host_rows
+from pipeline.progress import progress_bar
 
 MAX_VIOLATIONS = 1000
 
@@ -121,9 +120,7 @@ def audit(
                     f"{size} and {lanes} lanes; a process count must divide the batch (every "
                     "scheduled size) and divide or be divided by the lane count"
                 )
-    for step in tqdm(
-        range(start, stop), desc="verify", unit="step", disable=not progress, file=sys.stderr
-    ):
+    for step in progress_bar(range(start, stop), desc="verify", unit=" step", enabled=progress):
         draws = plan.draws(step)
         batch = plan.read(draws)
         seg = plan.segment(draws.segment)
