@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
+EXTRAS := dev,tokenizers,parquet,plot,train,beam,metrics
 
 .PHONY: setup test test-fast test-multiprocess demo lint format bench clean
 
@@ -11,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,beam,metrics]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 test: setup

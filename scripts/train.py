@@ -146,12 +146,15 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     import numpy as np
     import orbax.checkpoint as ocp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
     from pipeline.config import load_config
+    from pipeline.extras import require
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
     from pipeline.feed.eval_feed import eval_feeds
+
+    require("optax", "train", "scripts/train.py")  # tiny_lm's optimizer
+    from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
     primary = jax.process_index() == 0
     config = load_config(args.data_config)

@@ -21,7 +21,9 @@ DOCUMENTS = 3000
 
 def test_prepare_writes_one_summary_line_and_no_redraws_into_a_log(tmp_path):
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(DOCUMENTS)))
+    corpus.write_text(
+        "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(DOCUMENTS))
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "prepare", str(corpus), "--out", str(tmp_path / "s")],
         capture_output=True,

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import PrepareError
+from pipeline.extras import require
 from pipeline.store.corpora import Document, InputSpec, iter_documents
 from pipeline.store.doc_order import place
 from pipeline.store.prepare import (
@@ -53,13 +54,8 @@ from pipeline.store.writer import (
 )
 from pipeline.urls import location, remove_tree
 
-try:
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-except ImportError as error:  # an optional extra: say how to get it.
-    raise PrepareError(
-        f"--runner beam needs Apache Beam ({error}); install it with pip install 'pipeline[beam]'"
-    ) from None
+beam = require("apache_beam", "beam", "--runner beam")
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 __all__ = ["pipeline_flags", "prepare_beam", "units_of_work"]
 
