@@ -108,3 +108,14 @@ def test_bench_command_prints_the_table_and_both_pipelines_consume_the_same_toke
     overhead = result["stats_overhead"]
     assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
     assert "feed statistics: DataFeed step" in printed
+
+
+def test_bench_help_lists_the_benchmark_options_loaded_on_demand(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--help"])
+    assert stop.value.code == 0
+    assert "--synthetic-tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--no-such-option"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err

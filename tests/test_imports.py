@@ -72,3 +72,8 @@ def test_prepare_and_verify_store_run_without_jax_orbax_or_grain(tmp_path):
 
 def test_the_feed_still_loads_jax_lazily_through_the_package():
     assert "jax" in loaded_after("import pipeline\npipeline.DataFeed")
+
+
+def test_only_bench_loads_the_benchmark_file():
+    help_only = run_cli("--help") + "assert 'pipeline_bench' not in sys.modules\n"
+    assert loaded_after(help_only) == []
