@@ -180,8 +180,8 @@ class FormatLimit:
         from pipeline.store.token_store import READER_OPTIONS
 
         self.plan, self.rows, self.batched, self.step, self.tokens = plan, rows, batched, 0, 0
-        layout = next(iter(plan.segment(0).layouts.values()))
-        self.layout, self.store = layout, layout.store
+        layout = next(iter(plan.segment_plan(0).layouts.values()))
+        self.layout, self.store = layout, plan.store(layout.meta)
         self.readers = [
             ArrayRecordReader(str(self.store.shard_file(s)), READER_OPTIONS)
             for s in range(self.store.num_shards)

@@ -37,6 +37,7 @@ from pipeline.errors import (
 )
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows, micro_batch_rows
+from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 
@@ -63,6 +64,7 @@ __all__ = [
     "PrepareError",
     "PrepareOptions",
     "StoreError",
+    "StoreMeta",
     "TokenStore",
     "TokenizerError",
     "host_rows",

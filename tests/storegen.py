@@ -1,15 +1,19 @@
 """Synthetic token stores for plan tests: token value = position in the store's natural stream.
 
 With such a store every expectation is arithmetic: a window starting at stream offset `t` holds
-t, t+1, ..., and document boundaries are known from the lengths we chose.
+t, t+1, ..., and document boundaries are known from the lengths we chose. A test that only
+draws (which window of which epoch each row holds) needs no store at all: `synthetic_meta` is
+the metadata such a store would have, and a plan computes from metadata alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 
@@ -34,6 +38,13 @@ def write_synthetic_store(
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)
     return TokenStore(path)
+
+
+def synthetic_meta(path: Path, shards: list[list[int]]) -> StoreMeta:
+    """What `write_synthetic_store(path, shards)` would describe, without writing anything."""
+    fingerprint = hashlib.sha256(repr(shards).encode()).hexdigest()[:16]
+    tokens = np.array([sum(s) for s in shards], dtype=np.int64)
+    return StoreMeta(Path(path), fingerprint, tokens, np.dtype(np.uint32))
 
 
 def doc_starts(shards: list[list[int]]) -> np.ndarray:

@@ -28,11 +28,12 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(H
 def reference_batch(plan: Plan, step: int, rows=None) -> dict[str, np.ndarray]:
     """The pre-optimisation read: one `SourceLayout.read` per row, per-token scans."""
     draws = plan.draws(step, rows)
-    segment = plan.segment(draws.segment)
+    segment = plan.segment_plan(draws.segment_index)
     seq_len = segment.config.seq_len
+    layouts = [segment.layouts[draws.source_names[s]] for s in draws.source]
     windows = [
-        segment.layouts[draws.source_names[s]].read(int(e), int(t))
-        for s, e, t in zip(draws.source, draws.epoch, draws.start)
+        layout.read(plan.store(layout.meta), int(e), int(t))
+        for layout, e, t in zip(layouts, draws.epoch, draws.start)
     ]
     tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)
     starts = np.zeros((len(windows), seq_len + 1), dtype=bool)

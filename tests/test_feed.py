@@ -173,9 +173,10 @@ def test_close_joins_every_thread_and_is_idempotent(config):
 def test_a_reader_failure_surfaces_in_next_with_its_cause(config, damage):
     feed = DataFeed(config, mesh_of((2,), ("data",)), prefetch=2, threads=2)
     try:
-        for layout in feed.plan.segment(0).layouts.values():
-            for shard in range(layout.store.num_shards):
-                path = layout.store.shard_file(shard)
+        for layout in feed.plan.segment_plan(0).layouts.values():
+            store = feed.plan.store(layout.meta)
+            for shard in range(store.num_shards):
+                path = store.shard_file(shard)
                 if damage == "delete":
                     path.unlink()
                 else:

@@ -55,7 +55,7 @@ from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import DrawSummary, Plan
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -74,22 +74,9 @@ class _Geometry:
 
 
 @dataclass
-class _Summary:
-    """What a step's local rows drew: stages and, per source, the highest epoch."""
-
-    stages: set[tuple[int, str]]
-    epochs: dict[str, int]
-
-    def merge(self, other: _Summary) -> None:
-        self.stages |= other.stages
-        for name, epoch in other.epochs.items():
-            self.epochs[name] = max(epoch, self.epochs.get(name, -1))
-
-
-@dataclass
 class _Chunk:
     batch: dict[str, np.ndarray]  # the six fields and the provenance asked for
-    summary: _Summary
+    summary: DrawSummary
     read: ChunkRead | None  # None when the feed keeps no statistics
 
 
@@ -103,12 +90,7 @@ def _read_chunk(
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
-    stages = plan.segment(draws.segment).config.stages
-    summary = _Summary({(draws.segment, stages[int(i)].name) for i in np.unique(draws.stage)}, {})
-    for s in np.unique(draws.source):
-        epochs = draws.epoch[draws.source == s]
-        summary.epochs[draws.source_names[int(s)]] = int(epochs.max())
-    return _Chunk(batch, summary, ChunkRead.of(plan, draws, started) if measure else None)
+    return _Chunk(batch, draws.summary(), ChunkRead.of(plan, draws, started) if measure else None)
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
@@ -178,7 +160,7 @@ class DataFeed:
             self._geometry(size, self.config.seq_len)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque[tuple[int, list[Future]]] = collections.deque()
-        self._last: _Summary | None = None
+        self._last: DrawSummary | None = None
         self._closed = False
         self._step = self._check_step(step)
         options = self.config.feed
@@ -209,7 +191,7 @@ class DataFeed:
 
     def source_names(self, step: int | None = None) -> tuple[str, ...]:
         """What the `source` field of `step` (default: the next step) indexes."""
-        return self._plan.segment_at(self._step if step is None else step).config.source_names
+        return self._plan.segment_plan_at(self._step if step is None else step).config.source_names
 
     def stats(self) -> FeedStats:
         """A snapshot of what this process's feed served and how long it took."""
@@ -285,9 +267,9 @@ class DataFeed:
             ) from error
         self._step = step + 1
         self._fill()  # keep the readers busy while the device transfer runs
-        summary = _Summary(set(), {})
+        summary = DrawSummary()
         for chunk in chunks:
-            summary.merge(chunk.summary)
+            summary = summary.merge(chunk.summary)
         if self.log_events:
             self._log_events(step, summary)
         host = {
@@ -322,7 +304,7 @@ class DataFeed:
             )
 
     def _geometry_at(self, step: int) -> _Geometry:
-        segment = self._plan.segment_at(step)
+        segment = self._plan.segment_plan_at(step)
         return self._geometry(segment.batch_size(step), segment.config.seq_len)
 
     def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
@@ -403,12 +385,15 @@ class DataFeed:
             out[field] = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
         return out
 
-    def _log_events(self, step: int, summary: _Summary) -> None:
+    def _log_events(self, step: int, summary: DrawSummary) -> None:
         last, self._last = self._last, summary
         if last is None:
-            stages = ", ".join(name for _, name in sorted(summary.stages))
-            epochs = ", ".join(f"{n} epoch {e}" for n, e in sorted(summary.epochs.items()))
-            log.info("feed starts at step %d: stage %s; %s", step, stages, epochs)
+            log.info(
+                "feed starts at step %d: stage %s; epochs %s",
+                step,
+                summary.stage_label,
+                summary.epochs_label,
+            )
             return
         for _, name in sorted(summary.stages - last.stages):
             log.info("step %d: stage %s starts", step, name)

@@ -50,7 +50,7 @@ class EvalFeed:
     ) -> None:
         self.name = source.name
         plan = Plan.from_config(eval_config(config, source))
-        windows = plan.segment(0).layouts[source.name].windows_per_lane
+        windows = plan.segment_plan(0).layouts[source.name].windows_per_lane
         available = windows // config.final_batch_size
         if available == 0:
             raise ConfigError(

@@ -112,7 +112,7 @@ def audit(
     columns: list[list[np.ndarray]] = [[] for _ in range(7)]
     used_counts: set[int] = set()
     for step in range(start, stop) if counts else ():  # every count against every size, first
-        size, lanes = plan.batch_size(step), plan.segment_at(step).config.lanes
+        size, lanes = plan.batch_size(step), plan.segment_plan_at(step).config.lanes
         for count in counts:
             if not compatible(count, size, lanes):
                 raise ConfigError(
@@ -123,7 +123,7 @@ def audit(
     for step in progress_bar(range(start, stop), desc="verify", unit=" step", enabled=progress):
         draws = plan.draws(step)
         batch = plan.read(draws)
-        seg = plan.segment(draws.segment)
+        seg = plan.segment_plan(draws.segment_index)
         config = seg.config
         size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)

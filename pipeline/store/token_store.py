@@ -16,27 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import accumulate, chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
+from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import file_size, is_url, load_npy, location, read_text
+from pipeline.urls import file_size, is_url, load_npy, location
 
-FORMAT_NAME = "pipeline-token-store"
-FORMAT_VERSION = 2
-MANIFEST = "manifest.json"
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
 # "offloaded" index costs a second read per record, a second round trip on gs://. What bounds
@@ -98,14 +94,15 @@ class TokenStore:
         self._max_open = max_open_shards
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
-        self.manifest = _load_manifest(self.path)
-        self.dtype = np.dtype(self.manifest["dtype"])
+        self.manifest = load_manifest(self.path)
+        self.meta = StoreMeta.from_manifest(self.path, self.manifest)
+        self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         shards = self.manifest["shards"]
-        self.shard_tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
+        self.shard_tokens = self.meta.shard_tokens
         self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
-        self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_tokens)])
+        self.shard_starts = self.meta.shard_starts
         self._indexes: dict[str, list[np.ndarray | None]] = {
             key: [None] * len(shards) for key in ("index", "docs")
         }
@@ -117,25 +114,20 @@ class TokenStore:
 
     @property
     def num_shards(self) -> int:
-        return len(self.shard_tokens)
+        return self.meta.num_shards
 
     @property
     def num_tokens(self) -> int:
-        return int(self.manifest["num_tokens"])
+        return self.meta.num_tokens
 
     @property
     def num_documents(self) -> int:
         return int(self.manifest["num_documents"])
 
-    @cached_property
+    @property
     def fingerprint(self) -> str:
         """Identity of the content (not the location): equal stores have equal fingerprints."""
-        content = {
-            "tokenizer": self.manifest["tokenizer"]["name"],
-            "dtype": self.manifest["dtype"],
-            "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in self.manifest["shards"]],
-        }
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        return self.meta.fingerprint
 
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
@@ -441,33 +433,7 @@ def _default_max_open() -> int:
 def is_store(path: str | Path) -> bool:
     """Whether `path` is a complete store that this version of pipeline reads."""
     try:
-        _load_manifest(location(path))
+        load_manifest(location(path))
     except StoreError:
         return False
     return True
-
-
-def _load_manifest(path: Path) -> dict[str, Any]:
-    """The manifest, in one read when it exists (one request for a `gs://` store)."""
-    manifest_path = path / MANIFEST
-    try:
-        manifest = json.loads(read_text(str(manifest_path)))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
-        if not path.is_dir():
-            raise StoreError(
-                f"{path}: no such store directory (create it with `pipeline prepare`)"
-            ) from error
-        raise StoreError(
-            f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
-            "leaves one: run `pipeline prepare` again)"
-        ) from error
-    except (OSError, json.JSONDecodeError) as error:
-        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from error
-    if manifest.get("format") != FORMAT_NAME:
-        raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise StoreError(
-            f"{manifest_path}: format version {manifest.get('format_version')}, this "
-            f"version of pipeline reads {FORMAT_VERSION}"
-        )
-    return manifest

@@ -27,7 +27,8 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from pipeline.errors import PrepareError
-from pipeline.store.token_store import FORMAT_NAME, FORMAT_VERSION, MANIFEST, file_sha256
+from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST
+from pipeline.store.token_store import file_sha256
 from pipeline.urls import copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
