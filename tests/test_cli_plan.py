@@ -58,6 +58,8 @@ def test_inspect_shows_rows_sources_and_documents(tmp_path, stores, capsys):
     plan = Plan.from_config(load_config(config))
     draws = plan.draws(7, [0, 2, 3])
     lines = out.splitlines()
+    summary = draws.summary()
+    assert f"these rows: stage {summary.stage_label}; epochs {summary.epochs_label}" in lines
     row_lines = [line for line in lines if line.split() and line.split()[0] in {"0", "2", "3"}]
     assert [int(line.split()[0]) for line in row_lines] == [0, 2, 3]
     for line, i in zip(row_lines, range(3)):

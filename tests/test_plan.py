@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import DrawSummary, Plan, host_rows
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
@@ -185,3 +185,23 @@ def test_no_padding_and_exact_mixture_counts(setup, w0, w1):
                 share = position * w0 / (w0 + w1)
                 if row % rows_per_lane == rows_per_lane - 1:
                     assert abs(counts[draws.lane[row], 0] - share) <= 0.5 + 1e-9
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(0, 200), st.integers(1, 5))
+def test_a_step_summary_is_the_merge_of_its_row_chunks(setup, step, chunks):
+    stages = [{"name": "first", "steps": 3, "mix": {"s0": 1}}, {"name": "then", "mix": {"s1": 1}}]
+    plan = plan_of(setup, stages=stages)
+    draws = plan.draws(step)
+    whole = draws.summary()
+    merged = DrawSummary()
+    for rows in np.array_split(np.arange(setup["global_batch_size"]), chunks):
+        if rows.size:
+            merged = merged.merge(plan.draws(step, rows).summary())
+    assert merged == whole
+    names = [draws.source_names[s] for s in draws.source]
+    assert dict(whole.epochs) == {
+        name: max(int(e) for n, e in zip(names, draws.epoch) if n == name) for name in set(names)
+    }
+    assert whole.stage_label == ("first" if step < 3 else "then")
+    assert whole.epochs_label == " ".join(f"{n}={e}" for n, e in sorted(whole.epochs.items()))

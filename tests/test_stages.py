@@ -84,3 +84,11 @@ def test_a_linear_schedule_tracks_its_target_within_one_row_per_lane():
         assert abs(count - 4 * share) <= 1.0
         drawn, target = drawn + count, target + 4 * share
         assert abs(drawn - target) <= 0.5 + 1e-9
+
+
+def test_counters_stop_at_the_end_of_a_last_stage_that_ends():
+    stages = [{"name": "a", "steps": 4, "mix": {"s0": 1, "s1": 1}}]
+    segment = plan_of(setup(2, 3), stages=stages).segment_plan(0)
+    at_end = segment.counters_at(4)
+    assert sum(at_end.values()) == 4 * 3  # four steps of three rows per lane
+    assert segment.counters_at(5) == segment.counters_at(10**9) == at_end
