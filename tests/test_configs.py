@@ -62,7 +62,7 @@ def test_the_demo_switch_continues_the_curriculum_where_the_run_is(workdir):
     for step in range(100, 130):
         assert switched.draws(step).source.tolist() == uninterrupted.draws(step).source.tolist()
     main = stage_rows(switched)[-1]
-    assert (main.segment, main.name, main.joined_at) == (1, "main", 100)
+    assert (main.segment_index, main.name, main.joined_at) == (1, "main", 100)
     draws = switched.draws(100)
     assert 0 < int((draws.source == draws.source_names.index("docs")).sum()) < 16  # mid-ramp
     report = audit(switched, 90, 130, process_counts=[2])
