@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.errors import PrepareError, StoreError
 from pipeline.store.doc_order import Placement, place
+from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore, is_store
 
@@ -231,3 +232,21 @@ def test_document_placement_is_pinned() -> None:
         Placement(split="train", shard=6, order=9789340571358237163),
         Placement(split="eval", shard=3, order=5742358741697071248),
     ]
+
+
+def test_store_metadata_reads_the_manifest_alone(tmp_path):
+    out = _prepare_jsonl(tmp_path, [f"text {i} " * i for i in range(1, 30)], 3, seed=1)
+    store = TokenStore(out)
+    meta = StoreMeta.load(out)
+    assert (meta.fingerprint, meta.num_tokens, meta.num_shards) == (
+        store.fingerprint, store.num_tokens, store.num_shards
+    )  # fmt: skip
+    np.testing.assert_array_equal(meta.shard_starts, store.shard_starts)
+    store.close()
+    for shard in out.glob("shard-*"):
+        shard.unlink()  # planning needs none of them; reading does
+    assert StoreMeta.load(out).fingerprint == meta.fingerprint
+    with pytest.raises(StoreError, match="missing"):
+        TokenStore(out)
+    with pytest.raises(StoreError, match="not a token store"):
+        StoreMeta.load(tmp_path)
