@@ -111,6 +111,7 @@ def restore_state(
     ledger = Ledger.from_json(state.get("ledger"), origin=f"{origin}: ledger")
     reconciled = reconcile(Plan(ledger, feed.plan.stores()), feed.config, step, switch=switch)
     feed.adopt(reconciled, step)
+    feed.start_prefetch()  # read the first batch while Orbax restores the other items
     log.info(
         "restored the data state at step %d (%d ledger segment%s)",
         step,
