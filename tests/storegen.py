@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.plan.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
@@ -21,9 +22,10 @@ EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
 
 
 def write_synthetic_store(
-    path: Path, shards: list[list[int]], record_tokens: int = 2048
+    path: Path, shards: list[list[int]], record_tokens: int = 2048, flat: bool = True
 ) -> TokenStore:
-    """A store whose shard i holds documents of lengths shards[i] (split into records)."""
+    """A store whose shard i holds documents of lengths shards[i] (split into records), with
+    flat token sidecars unless `flat` is false."""
     staging = staging_dir(Path(path))
     position = 0
     infos = []
@@ -33,7 +35,7 @@ def write_synthetic_store(
             docs.append(np.arange(position, position + length, dtype=np.uint32))
             position += length
         dtype = np.dtype(np.uint32)
-        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens))
+        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens, flat))
     tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 2**32, "eod_id": EOD}
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)
@@ -45,6 +47,11 @@ def synthetic_meta(path: Path, shards: list[list[int]]) -> StoreMeta:
     fingerprint = hashlib.sha256(repr(shards).encode()).hexdigest()[:16]
     tokens = np.array([sum(s) for s in shards], dtype=np.int64)
     return StoreMeta(Path(path), fingerprint, tokens, np.dtype(np.uint32))
+
+
+def arrayrecord_only(plan: Plan) -> Plan:
+    """The same plan over stores that ignore the flat sidecars and read ArrayRecord records."""
+    return Plan(plan.ledger, [TokenStore(store.path, flat=False) for store in plan.stores()])
 
 
 def doc_starts(shards: list[list[int]]) -> np.ndarray:

@@ -3,7 +3,7 @@
 The bench's timings are never asserted; its table's structure and token accounting are. The
 batched read (`SourceLayout.read_into`, `TokenStore.read_pieces_into`, `batch.fields`) replaced
 a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
-the fast path must equal bit for bit.
+the fast path must equal bit for bit, through the flat sidecars and through ArrayRecord.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipeline.commands.cli import main
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
+from tests.storegen import arrayrecord_only
 from tests.test_plan import build, setups
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -61,18 +62,19 @@ def test_batched_read_equals_the_per_row_reference(setup, step, data):
         plan = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
         size = setup["global_batch_size"]
         rows = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))
+        records = arrayrecord_only(plan)
         for chosen in (None, rows):
-            fast = plan.batch(step, chosen)
             slow = reference_batch(plan, step, chosen)
-            for field, expected in slow.items():
-                assert fast[field].dtype == expected.dtype == np.int32, field
-                np.testing.assert_array_equal(fast[field], expected, err_msg=field)
+            for fast in (plan.batch(step, chosen), records.batch(step, chosen)):  # sidecar, not
+                for field, expected in slow.items():
+                    assert fast[field].dtype == expected.dtype == np.int32, field
+                    np.testing.assert_array_equal(fast[field], expected, err_msg=field)
 
 
 def test_batched_read_names_a_corrupt_record(tmp_path):
     plan = build(tmp_path, {"seed": 0, "seq_len": 8, "lanes": 1, "global_batch_size": 2,
                             "shards": [[[30, 30, 30], [40, 40]]]})  # fmt: skip
-    store = plan.stores()[0]
+    store = arrayrecord_only(plan).stores()[0]
     index = store.record_offsets(0)
     out = np.empty((1, 9), np.int32)
     store._indexes["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits

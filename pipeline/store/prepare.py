@@ -51,6 +51,7 @@ class PrepareOptions:
     workers: int = 1
     eval_fraction: float = 0.0
     record_tokens: int = DEFAULT_RECORD_TOKENS
+    flat_tokens: bool = True  # write the flat token sidecar the feed reads (token-store.md)
     eval_out: Path | None = None
     text_field: str = "text"
     tfds_data_dir: str | None = None
@@ -148,6 +149,7 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
                     _sorted_spill(path, dtype),
                     dtype,
                     options.record_tokens,
+                    options.flat_tokens,
                 )
                 for shard, path in enumerate(spills[split])
             ]

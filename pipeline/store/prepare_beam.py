@@ -172,6 +172,7 @@ class _WriteShard(beam.DoFn):
     def __init__(self, options: PrepareOptions, dtype: str, stagings: dict[str, Path]) -> None:
         self.num_shards = options.num_shards
         self.record_tokens = options.record_tokens
+        self.flat_tokens = options.flat_tokens
         self.dtype = np.dtype(dtype)
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
@@ -193,6 +194,7 @@ class _WriteShard(beam.DoFn):
             documents,
             self.dtype,
             self.record_tokens,
+            self.flat_tokens,
         )
         yield split, shard, info, empty
 

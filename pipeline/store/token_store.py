@@ -4,12 +4,18 @@ A store is a directory (see docs/token-store.md)::
 
     manifest.json                         format, tokenizer, dtype, counts, checksums
     shard-00000-of-00004.array_record     one record per document: its tokens, eod last
-    shard-00000-of-00004.index.npy        int64 prefix sums of document lengths (docs + 1)
+    shard-00000-of-00004.index.npy        int64 prefix sums of record lengths (records + 1)
+    shard-00000-of-00004.docs.npy         int64 prefix sums of document lengths (docs + 1)
+    shard-00000-of-00004.flat.bin         optional: the shard's tokens as one raw array
 
 The *stream* of a store is its shards' documents concatenated in shard order. The plan reads
 ranges of shards in other orders too, so the primitive is `read_shard_tokens`; `read_tokens`
 reads a range of the natural stream. Both return the positions where documents start, taken from
 the index (never inferred from token values: a tokenizer may emit the eod id inside a text).
+
+The plan's hot path, `read_pieces_into`, copies from the flat sidecar through a memory map when
+the manifest lists one (no per-record Python loop), and reads ArrayRecord records otherwise;
+both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
 """
 
 from __future__ import annotations
@@ -47,7 +53,14 @@ T = TypeVar("T")
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
 # (file key, checksum key) of every file of a shard listed in the manifest.
-CHECKSUMS = (("file", "sha256"), ("index", "index_sha256"), ("docs", "docs_sha256"))
+# A file whose key is absent from a shard's entry (the optional "flat") is not checked.
+CHECKSUMS = (
+    ("file", "sha256"),
+    ("index", "index_sha256"),
+    ("docs", "docs_sha256"),
+    ("flat", "flat_sha256"),
+)
+FLAT_SUFFIX = "flat.bin"
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,8 @@ class TokenStore:
     checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
     else `MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least recently
     read closed first), so host memory does not grow with the corpus; reads that fail
-    transiently are retried by `retry`.
+    transiently are retried by `retry`. `flat=False` ignores the flat sidecars and reads every
+    token through ArrayRecord (so does a cloud store: sidecars are memory-mapped local files).
     """
 
     def __init__(
@@ -84,6 +98,7 @@ class TokenStore:
         verify: bool = False,
         max_open_shards: int | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        flat: bool = True,
     ) -> None:
         if max_open_shards is None:
             max_open_shards = _default_max_open()
@@ -107,6 +122,8 @@ class TokenStore:
             key: [None] * len(shards) for key in ("index", "docs")
         }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
+        self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
+        self._flats: list[np.ndarray | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
         self._check_files()
         if verify:
@@ -210,10 +227,27 @@ class TokenStore:
                     f"{self.shard_file(shard)}: token range [{start}, {stop}) is not a non-empty "
                     f"range inside the shard (0..{size})"
                 )
-        offsets = self.record_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
-        docs = self.doc_offsets(shard).view(np.ndarray)
-        doc_first = np.searchsorted(docs, starts, side="left").tolist()
-        doc_last = np.searchsorted(docs, stops, side="left").tolist()
+        rows, cols = list(map(int, out_rows)), list(map(int, out_cols))
+        if self._use_flat[shard]:
+            flat = self._flat(shard)
+            for start, stop, row, col in zip(starts, stops, rows, cols):
+                out[row, col : col + stop - start] = flat[start:stop]
+        else:
+            self._copy_records(shard, starts, stops, out, rows, cols)
+        docs = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+        return _doc_positions(docs, starts, stops, rows, cols)
+
+    def _copy_records(
+        self,
+        shard: int,
+        starts: list[int],
+        stops: list[int],
+        out: np.ndarray,
+        rows: list[int],
+        cols: list[int],
+    ) -> None:
+        """`read_pieces_into`'s copy through ArrayRecord: each needed record read once."""
+        offsets = self.record_offsets(shard).view(np.ndarray)
         # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
         ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
         firsts = (ends[: len(starts)] - 1).tolist()
@@ -228,19 +262,7 @@ class TokenStore:
         where = dict(zip(needed, [0, *ends]))
         where_end = dict(zip(needed, ends))
         tokens = np.frombuffer(joined, dtype=np.uint8)
-        doc_rows: list[int] = []
-        doc_cols: list[int] = []
-        pieces = zip(
-            firsts,
-            lasts,
-            starts,
-            stops,
-            map(int, out_rows),
-            map(int, out_cols),
-            doc_first,
-            doc_last,
-        )
-        for first, last, start, stop, row, col, doc_lo, doc_hi in pieces:
+        for first, last, start, stop, row, col in zip(firsts, lasts, starts, stops, rows, cols):
             bounds = offsets[first : last + 1].tolist()
             held = where_end[last - 1] - where[first]
             if held != (bounds[-1] - bounds[0]) * itemsize:
@@ -252,10 +274,31 @@ class TokenStore:
             source = where[first] + (start - bounds[0]) * itemsize
             window = tokens[source : source + (stop - start) * itemsize].view(self.dtype)
             out[row, col : col + stop - start] = window
-            for doc in docs[doc_lo:doc_hi].tolist():
-                doc_rows.append(row)
-                doc_cols.append(doc - start + col)
-        return np.array(doc_rows, dtype=np.int64), np.array(doc_cols, dtype=np.int64)
+
+    def _flat(self, shard: int) -> np.ndarray:
+        """The shard's flat sidecar, memory-mapped on first use after a spot check: its first
+        and last records must equal ArrayRecord's (a sidecar of another store or an older
+        prepare is refused; `verify` checks every byte)."""
+        flat = self._flats[shard]
+        if flat is not None:
+            self._touch(shard)
+            return flat
+        offsets = self.record_offsets(shard)
+        probes = sorted({0, len(offsets) - 2})
+        records = self._read_record_list(shard, probes)  # touches the shard, retries, names it
+        path = self.path / self.manifest["shards"][shard]["flat"]
+        size = int(self.shard_tokens[shard])
+        flat = np.memmap(path, dtype=self.dtype, mode="r", shape=(size,)).view(np.ndarray)
+        for record, raw in zip(probes, records):
+            lo, hi = int(offsets[record]), int(offsets[record + 1])
+            if not np.array_equal(np.frombuffer(raw, self.dtype), flat[lo:hi]):
+                raise StoreError(
+                    f"{path}: tokens of record {record} differ from {self.shard_file(shard)}; "
+                    "the sidecar belongs to another store or was altered: prepare the store again"
+                )
+        with self._locks[shard]:
+            self._flats[shard] = flat
+        return flat
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of the store's natural stream (shards in order)."""
@@ -294,6 +337,8 @@ class TokenStore:
         """Check every shard's and index's content checksum against the manifest."""
         for entry in self.manifest["shards"]:
             for key, checksum_key in CHECKSUMS:
+                if key not in entry:
+                    continue
                 path = self.path / entry[key]
                 if file_sha256(path) != entry[checksum_key]:
                     raise StoreError(
@@ -304,6 +349,7 @@ class TokenStore:
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
         failures = []
+        self._flats = [None] * self.num_shards
         for shard, reader in enumerate(self._readers):
             if reader is not None:
                 with self._locks[shard]:
@@ -367,6 +413,7 @@ class TokenStore:
         """Forget the shard's reader and indexes (call with its lock held); a reader of a
         damaged or vanished file may fail to close, which changes nothing here."""
         reader, self._readers[shard] = self._readers[shard], None
+        self._flats[shard] = None  # a reader thread copying from it keeps its own reference
         for cache in self._indexes.values():
             cache[shard] = None
         if reader is not None:
@@ -419,6 +466,31 @@ class TokenStore:
                 index = self.path / entry[key]
                 if not index.is_file():
                     raise StoreError(f"{index}: index listed in the manifest is missing")
+            if "flat" in entry:
+                flat = self.path / entry["flat"]
+                size = entry["tokens"] * self.dtype.itemsize
+                if not flat.is_file() or flat.stat().st_size != size:
+                    raise StoreError(
+                        f"{flat}: flat token sidecar listed in the manifest is missing or not "
+                        f"{size} bytes; prepare the store again"
+                    )
+
+
+def _doc_positions(
+    docs: np.ndarray,
+    starts: list[int],
+    stops: list[int],
+    out_rows: Sequence[int],
+    out_cols: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) in the output of every document start in pieces [starts[i], stops[i]) of
+    a shard whose document offsets are `docs`, piece i going to (out_rows[i], out_cols[i])."""
+    first = np.searchsorted(docs, starts, side="left")
+    count = np.searchsorted(docs, stops, side="left") - first
+    piece = np.repeat(np.arange(len(starts)), count)
+    which = first[piece] + np.arange(piece.size) - np.repeat(np.cumsum(count) - count, count)
+    shift = np.asarray(out_cols, np.int64) - np.asarray(starts, np.int64)
+    return np.asarray(out_rows, np.int64)[piece], docs[which] + shift[piece]
 
 
 def _default_max_open() -> int:
