@@ -79,38 +79,62 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
     out = np.empty((1, 9), np.int32)
     store._indexes["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
     with pytest.raises(StoreError, match="corrupt"):
-        store.read_pieces_into(0, np.array([0]), np.array([9]), out, np.array([0]), np.array([0]))
+        store.read_pieces_into([0], [0], [9], out, [0], [0])
     with pytest.raises(StoreError, match="inside the shard"):
-        store.read_pieces_into(0, np.array([5]), np.array([500]), out, np.array([0]), np.array([0]))
+        store.read_pieces_into([0], [5], [500], out, [0], [0])
 
 
-def test_bench_command_prints_the_table_and_both_pipelines_consume_the_same_tokens(
+@pytest.mark.multiprocess  # about ten worker processes, each importing JAX and Grain
+def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batches(
     tmp_path, capsys
 ):
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
-        "--synthetic-doc-len", "60", "--rows", "4", "--seq-len", "64", "--steps", "2",
-        "--reps", "1", "--no-progress", "--json", str(out),
+        "--synthetic-doc-len", "60", "--rows", "8", "--seq-len", "64", "--steps", "2",
+        "--reps", "2", "--pace-ms", "1", "--grain-workers", "1", "--no-scale", "--no-progress",
+        "--json", str(out),
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
-    for label in ("ours: Plan.batch", "Grain packed", "format limit: ArrayRecord read(list)",
-                  "format limit: ArrayRecord read(i, i+1)", "copy limit", "ours / Grain =",
-                  "step 1,000,000", "Grain set_state", "| 2 |"):  # fmt: skip
+    for label in ("**ours: DataFeed -> global arrays**", "ours: MaxText create_data_iterator",
+                  "Grain ReadOptions(num_threads=0, prefetch_buffer_size=0)",
+                  "Grain + mp_prefetch(1 worker)", "limit: ArrayRecord read(i, i+1)",
+                  "DataFeed / Grain's best single process", "DataFeed / Grain's best mp_prefetch",
+                  "step 1,000,000,000", "Orbax restore"):  # fmt: skip
         assert label in printed, label
-    assert set(result["tokens_per_s"]) == {
-        "ours", "grain", "format_batched", "format_per_record", "copy"
-    }  # fmt: skip
-    consumed = result["tokens_consumed"]
-    assert consumed["ours"] == consumed["grain"] == 2 * 4 * 65  # steps x rows x (seq_len + 1)
-    assert set(result["resume_s"]["ours"]) == {"0", "1000", "1000000"}
-    assert [len(result["scale"][p]) for p in ("1", "2")] == [1, 2]
-    assert all(r["peak_rss_mb"] > 0 for runs in result["scale"].values() for r in runs)
-    overhead = result["stats_overhead"]
-    assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
-    assert "feed statistics: DataFeed step" in printed
+    contenders = result["contenders"]
+    assert {"feed", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0", "grain_t16_b500",
+            "grain_mp1", "format_per_record", "copy"} <= set(contenders)  # fmt: skip
+    for name, row in contenders.items():
+        assert row["tokens_per_s"] > 0 and row["next_ms_per_step"] > 0, name
+        assert row["cpu_s_per_mtok"] >= 0, name
+    # Each worker counts the tokens of the global arrays it built: 8 rows x 64 per step.
+    assert {row["tokens"] for row in contenders.values()} == {2 * 2 * 8 * 64}
+    restore = result["restore_s"]
+    assert set(restore["feed"]) == {"0", "1000", "1000000", "1000000000"}
+    assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
+
+
+def test_grain_contender_fields_restart_after_every_eod():
+    """Grain's packed rows get the six fields from eod positions, like a MaxText user's."""
+    from benchmarks.contenders import Fields
+
+    eod = 99
+    tokens = np.array([[5, eod, 7, 8, eod, 9, 4], [eod, 1, 2, 3, 4, 5, 6]], dtype=np.int32)
+    batch = Fields(eod)({"tokens": tokens})
+    np.testing.assert_array_equal(batch["inputs"], tokens[:, :-1])
+    np.testing.assert_array_equal(batch["targets"], tokens[:, 1:])
+    np.testing.assert_array_equal(
+        batch["inputs_segmentation"], [[1, 1, 2, 2, 2, 3], [1, 2, 2, 2, 2, 2]]
+    )
+    np.testing.assert_array_equal(
+        batch["inputs_position"], [[0, 1, 0, 1, 2, 0], [0, 0, 1, 2, 3, 4]]
+    )
+    np.testing.assert_array_equal(
+        batch["targets_segmentation"], [[1, 2, 2, 2, 3, 3], [2, 2, 2, 2, 2, 2]]
+    )
 
 
 def test_bench_help_lists_the_benchmark_options_loaded_on_demand(capsys):

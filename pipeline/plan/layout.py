@@ -106,8 +106,8 @@ class SourceLayout:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Windows at `starts` of `epochs` into rows `out_rows` of `out` [rows, seq_len + 1].
 
-        The batched `read`: a window's pieces (`pieces`) are found for all rows at once, and
-        each shard is read once for all the pieces in it. Returns (row, column) in `out` of
+        The batched `read`: a window's pieces (`pieces`) are found for all rows at once and
+        read with one `TokenStore.read_pieces_into` call. Returns (row, column) in `out` of
         every document start.
         """
         out_rows = np.asarray(out_rows, dtype=np.int64)
@@ -132,17 +132,7 @@ class SourceLayout:
             parts.append((order[piece], lo - bounds[piece], hi - bounds[piece], rows[window],
                           lo - start[window]))  # fmt: skip
         shard, lo, hi, rows, cols = (np.concatenate(column) for column in zip(*parts))
-        order = np.argsort(shard, kind="stable")  # group the pieces by shard, in one pass
-        shard, lo, hi, rows, cols = (
-            column[order].tolist() for column in (shard, lo, hi, rows, cols)
-        )
-        cuts = [i for i in range(1, len(shard)) if shard[i] != shard[i - 1]]
-        doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for a, b in zip([0, *cuts], [*cuts, len(shard)]):
-            r, c = store.read_pieces_into(shard[a], lo[a:b], hi[a:b], out, rows[a:b], cols[a:b])
-            doc_rows.append(r)
-            doc_cols.append(c)
-        return np.concatenate(doc_rows), np.concatenate(doc_cols)
+        return store.read_pieces_into(shard, lo, hi, out, rows, cols)
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return self._shard_starts(epoch)[0]

@@ -204,47 +204,78 @@ class TokenStore:
 
     def read_pieces_into(
         self,
-        shard: int,
+        shards: Sequence[int],
         lo: Sequence[int],
         hi: Sequence[int],
         out: np.ndarray,
         out_rows: Sequence[int],
         out_cols: Sequence[int],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy tokens [lo[i], hi[i]) of one shard into `out[out_rows[i], out_cols[i]:]` for all i.
+        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`.
 
-        The batched form of `read_shard_tokens` that the plan's hot path uses: the shard's lock is
-        taken once, every record the pieces overlap is read once, and tokens go straight into
-        the caller's buffer (cast to its dtype). Returns (row, column) in `out` of every
-        document start inside the pieces.
+        The batched form of `read_shard_tokens` that the plan's hot path uses, for all the
+        pieces of a batch at once: a shard with a flat sidecar is copied from its memory map
+        one slice per piece; otherwise the shard's lock is taken once and every record its
+        pieces overlap is read once. Tokens go straight into the caller's buffer (cast to its
+        dtype). Returns (row, column) in `out` of every document start inside the pieces.
         """
-        self._check_shard(shard)
-        starts, stops = list(map(int, lo)), list(map(int, hi))
-        size = int(self.shard_tokens[shard])
-        for start, stop in zip(starts, stops):
-            if not 0 <= start < stop <= size:
-                raise StoreError(
-                    f"{self.shard_file(shard)}: token range [{start}, {stop}) is not a non-empty "
-                    f"range inside the shard (0..{size})"
-                )
-        rows, cols = list(map(int, out_rows)), list(map(int, out_cols))
-        if self._use_flat[shard]:
-            flat = self._flat(shard)
-            for start, stop, row, col in zip(starts, stops, rows, cols):
-                out[row, col : col + stop - start] = flat[start:stop]
-        else:
-            self._copy_records(shard, starts, stops, out, rows, cols)
-        docs = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
-        return _doc_positions(docs, starts, stops, rows, cols)
+        shards, lo, hi = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (shards, lo, hi))
+        for shard in np.unique(shards).tolist():
+            self._check_shard(shard)
+        sizes = self.shard_tokens[shards]
+        bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
+        if bad.size:
+            i = int(bad[0])
+            raise StoreError(
+                f"{self.shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) is not a "
+                f"non-empty range inside the shard (0..{sizes[i]})"
+            )
+        rows = np.asarray(out_rows, dtype=np.int64).reshape(-1)
+        cols = np.asarray(out_cols, dtype=np.int64).reshape(-1)
+        pieces = list(zip(shards.tolist(), lo.tolist(), hi.tolist(), rows.tolist(), cols.tolist()))
+        by_record: dict[int, list[tuple[int, int, int, int]]] = {}
+        flats: dict[int, np.ndarray] = {}
+        for shard, start, stop, row, col in pieces:
+            if not self._use_flat[shard]:
+                by_record.setdefault(shard, []).append((start, stop, row, col))
+                continue
+            flat = flats.get(shard)
+            if flat is None:
+                flat = flats[shard] = self._flat(shard)
+            out[row, col : col + stop - start] = flat[start:stop]
+        for shard, group in by_record.items():
+            self._copy_records(shard, *map(list, zip(*group)), out)
+        return self._doc_positions(shards, lo, hi, rows, cols)
+
+    def _doc_positions(
+        self, shards: np.ndarray, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(row, column) in the output of every document start inside the pieces: one
+        vectorised pass per shard over its document index (no store-wide array, so memory
+        stays bounded by the open shards)."""
+        out_rows, out_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for shard in np.unique(shards).tolist():
+            mask = shards == shard
+            docs = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+            start, stop = lo[mask], hi[mask]
+            first = np.searchsorted(docs, start, side="left")
+            count = np.searchsorted(docs, stop, side="left") - first
+            piece = np.repeat(np.arange(start.size), count)
+            which = (
+                first[piece] + np.arange(piece.size) - np.repeat(np.cumsum(count) - count, count)
+            )
+            out_rows.append(rows[mask][piece])
+            out_cols.append(docs[which] + (cols[mask] - start)[piece])
+        return np.concatenate(out_rows), np.concatenate(out_cols)
 
     def _copy_records(
         self,
         shard: int,
         starts: list[int],
         stops: list[int],
-        out: np.ndarray,
         rows: list[int],
         cols: list[int],
+        out: np.ndarray,
     ) -> None:
         """`read_pieces_into`'s copy through ArrayRecord: each needed record read once."""
         offsets = self.record_offsets(shard).view(np.ndarray)
@@ -474,23 +505,6 @@ class TokenStore:
                         f"{flat}: flat token sidecar listed in the manifest is missing or not "
                         f"{size} bytes; prepare the store again"
                     )
-
-
-def _doc_positions(
-    docs: np.ndarray,
-    starts: list[int],
-    stops: list[int],
-    out_rows: Sequence[int],
-    out_cols: Sequence[int],
-) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) in the output of every document start in pieces [starts[i], stops[i]) of
-    a shard whose document offsets are `docs`, piece i going to (out_rows[i], out_cols[i])."""
-    first = np.searchsorted(docs, starts, side="left")
-    count = np.searchsorted(docs, stops, side="left") - first
-    piece = np.repeat(np.arange(len(starts)), count)
-    which = first[piece] + np.arange(piece.size) - np.repeat(np.cumsum(count) - count, count)
-    shift = np.asarray(out_cols, np.int64) - np.asarray(starts, np.int64)
-    return np.asarray(out_rows, np.int64)[piece], docs[which] + shift[piece]
 
 
 def _default_max_open() -> int:
