@@ -36,8 +36,10 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: setup
-	$(BIN)/python -m pipeline bench
+bench: setup  # the issue's stores: builtin python-code, a three-source mixture, synthetic
+	$(BIN)/python -m pipeline bench --store python-code
+	$(BIN)/python -m pipeline bench --store mixture --no-scale
+	$(BIN)/python -m pipeline bench --no-scale
 
 clean:
 	rm -rf $(VENV) data runs .pytest_cache

@@ -8,7 +8,8 @@
 On one store (or mixture) and one global batch (rows x seq_len tokens, packed, no padding),
 each contender runs in its own OS process with `--devices` simulated CPU devices
 (benchmarks/contenders.py). Rounds are interleaved (each round runs every contender in turn,
-the order rotated every round); figures are medians over rounds:
+for at least `--steps` batches and `--round-s` seconds, the order rotated every round);
+figures are medians over rounds:
 
 * ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row); the MaxText
   adapter's iterator (`create_data_iterator`); `Plan.batch` alone, through the flat sidecars
@@ -70,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
-    parser.add_argument("--steps", type=int, default=20, help="batches per round")
+    parser.add_argument("--steps", type=int, default=20, help="least batches per round")
+    parser.add_argument(
+        "--round-s", type=float, default=0.5, help="least seconds per contender per round"
+    )
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument(
         "--pace-ms",
@@ -269,7 +273,8 @@ def throughput(
         shift = rep % len(order)
         for name in order[shift:] + order[:shift]:
             worker = workers["host"] if name in HOST_ONLY else workers[name]
-            runs[name].append(worker.ask({"run": name, "steps": args.steps, "pace": 0.0}))
+            command = {"run": name, "steps": args.steps, "pace": 0.0, "seconds": args.round_s}
+            runs[name].append(worker.ask(command))
         bar.update()
     for name in order:  # the training thread's share, with the prefetch ahead
         worker = workers["host"] if name in HOST_ONLY else workers[name]
@@ -293,7 +298,8 @@ def summarise(runs: list[dict], paced: list[dict], host_only: bool) -> dict[str,
         "tokens": tokens,  # counted from the global arrays each run built
         "tokens_per_s": statistics.median(r["tokens"] / r["wall"] for r in runs),
         "cpu_s_per_mtok": cpu / tokens * 1e6,
-        "next_ms_per_step": statistics.median(p["next"] / 10 * 1e3 for p in paced),
+        "next_ms_per_step": statistics.median(p["next"] / p["steps"] * 1e3 for p in paced),
+        "next_cpu_ms_per_step": statistics.median(p["next_cpu"] / p["steps"] * 1e3 for p in paced),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
     }
 
@@ -408,6 +414,7 @@ def run(args: argparse.Namespace) -> dict:
         "lanes": args.lanes,
         "devices": args.devices,
         "steps": args.steps,
+        "round_s": args.round_s,
         "reps": args.reps,
         "pace_ms": args.pace_ms,
         "cores": os.cpu_count(),
@@ -455,20 +462,20 @@ def table(result: dict) -> str:
     lines = [
         f"store {result['store']}: {described}; global batch {result['rows']} x "
         f"{result['seq_len']} tokens, lanes {result['lanes']}, {result['devices']} simulated CPU "
-        f"devices, {result['cores']} cores; {result['reps']} interleaved rounds of "
-        f"{result['steps']} batches, medians; next() timed with a {result['pace_ms']:g} ms "
-        "simulated step",
+        f"devices, {result['cores']} cores; {result['reps']} interleaved rounds of at least "
+        f"{result['steps']} batches and {result['round_s']:g} s per contender, medians; next() "
+        f"timed with a {result['pace_ms']:g} ms simulated step",
         "",
         "| pipeline (one process) | tokens/s | DataFeed / this | CPU s per M tokens | "
-        "this / DataFeed CPU | next() ms per step |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "this / DataFeed CPU | next() ms per step | next() thread CPU ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in c.items():
         lines.append(
             f"| {label(name)} | {r['tokens_per_s']:,.0f} | "
-            f"{feed['tokens_per_s'] / r['tokens_per_s']:.2f} | {r['cpu_s_per_mtok']:.3f} | "
+            f"{feed['tokens_per_s'] / r['tokens_per_s']:.2f} | {r['cpu_s_per_mtok']:.4f} | "
             f"{r['cpu_s_per_mtok'] / feed['cpu_s_per_mtok']:.2f} | "
-            f"{r['next_ms_per_step']:.2f} |"
+            f"{r['next_ms_per_step']:.2f} | {r['next_cpu_ms_per_step']:.2f} |"
         )
     single, mp = c[result["grain_best_single"]], c.get(result["grain_best_mp"] or "")
     limit = max(c["format_per_record"]["tokens_per_s"], c["format_batched"]["tokens_per_s"])
@@ -523,7 +530,7 @@ def table(result: dict) -> str:
         for processes, r in result["scale"].items():
             lines.append(
                 f"| {processes} | {r['rows_per_process']} | "
-                f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.3f} | "
+                f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.4f} | "
                 f"{r['cpu_s_per_mtok_per_process'] / base:.2f} | {r['peak_rss_mb']:.0f} MB |"
             )
     return "\n".join(lines)

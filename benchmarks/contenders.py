@@ -6,11 +6,13 @@ The worker builds the contenders its spec names, takes one warm-up batch of each
 `{"ready": true}`. Then, one JSON command per stdin line, one JSON answer per stdout line
 (after PREFIX):
 
-* `{"run": NAME, "steps": n, "pace": s}`: n batches of contender NAME. With `pace` > 0 the
+* `{"run": NAME, "steps": n, "pace": s, "seconds": t}`: at least n batches of contender NAME,
+  and more until t seconds have passed (so fast contenders are timed as long). With `pace` > 0 the
   consumer sleeps s seconds after each batch (a training step the device is busy with), so
   a prefetching pipeline is ahead and the time inside `next()` is what the training thread
-  pays. Answers wall seconds, seconds inside `next()`, tokens, and the CPU seconds of this
-  process and all its children (Grain's `mp_prefetch` workers) at the start and the end.
+  pays. Answers wall seconds, seconds inside `next()` (wall, and CPU of the consumer
+  thread), tokens, and the CPU seconds of this process and all its children (Grain's
+  `mp_prefetch` workers) at the start and the end.
 * `{"restore": STEP}`: the documented restore path to the first global batch (ours: a fresh
   `DataFeed`, `CheckpointManager.restore` of a `DataRestore` item, `next()`; Grain: a fresh
   iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up.
@@ -329,7 +331,7 @@ class Grain:
         return self.to_global(next(self.iterator))
 
     def restore(self, step: int, directory: Path) -> dict[str, float]:
-        """A fresh iterator, `set_state` to step `step`, the first global batch.
+        """A fresh dataset and iterator, `set_state` to step `step`, the first global batch.
 
         Grain's state k batches in cannot be reached by iterating, so it is built from a real
         `get_state()` template: `next_index` = the documents k batches consume on average
@@ -343,7 +345,7 @@ class Grain:
         state["parent_state"]["next_index"] = round(step * self.spec["docs_per_batch"])
         state["remainder_slices"] = template["remainder_slices"]  # keep the tuples
         start = time.perf_counter()
-        iterator = iter(self.dataset)
+        iterator = iter(grain_dataset(self.spec))  # a restarted job builds its pipeline anew
         iterator.set_state(state)
         jax.block_until_ready(self.to_global(next(iterator)))
         return {"total": time.perf_counter() - start}
@@ -370,20 +372,29 @@ KINDS = {
 
 
 def run(
-    contender, steps: int, pace: float, tokens_per_step: int, processes: int
+    contender,
+    steps: int,
+    pace: float,
+    tokens_per_step: int,
+    processes: int,
+    seconds: float = 0.0,
 ) -> dict[str, float]:
+    """At least `steps` batches, and more until `seconds` have passed."""
     import jax
 
-    if hasattr(contender, "prepare"):
+    if hasattr(contender, "prepare"):  # its record lists are made before the clock starts
         contender.prepare(steps)
-    inside = 0.0
+        seconds = 0.0
+    inside = inside_cpu = 0.0
     cpu_start = cpu_seconds()
     start = time.perf_counter()
-    batch, tokens = None, 0
-    for _ in range(steps):
-        before = time.perf_counter()
+    batch, tokens, done = None, 0, 0
+    while done < steps or time.perf_counter() - start < seconds:
+        done += 1
+        before, before_cpu = time.perf_counter(), time.thread_time()
         batch = next(contender)
         inside += time.perf_counter() - before
+        inside_cpu += time.thread_time() - before_cpu
         # a process's share of the global arrays' tokens; the limits copy bytes, no fields
         tokens += tokens_per_step if batch is None else batch["inputs"].size // processes
         if pace:
@@ -391,8 +402,10 @@ def run(
     jax.block_until_ready(batch)
     wall = time.perf_counter() - start
     return {
+        "steps": done,
         "wall": wall,
         "next": inside,
+        "next_cpu": inside_cpu,
         "tokens": tokens,
         "cpu_start": cpu_start,
         "cpu_end": cpu_seconds(),
@@ -432,8 +445,8 @@ def main() -> None:
                 result = contender.restore(command["restore"], Path(tmp))
             else:
                 contender = contenders[command["run"]]
-                steps, pace = command["steps"], command["pace"]
-                result = run(contender, steps, pace, tokens_per_step, processes)
+                steps, pace, seconds = command["steps"], command["pace"], command.get("seconds", 0)
+                result = run(contender, steps, pace, tokens_per_step, processes, seconds)
             result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             answer(result)
     for contender in contenders.values():

@@ -92,8 +92,8 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
     code = main([
         "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
         "--synthetic-doc-len", "60", "--rows", "8", "--seq-len", "64", "--steps", "2",
-        "--reps", "2", "--pace-ms", "1", "--grain-workers", "1", "--no-scale", "--no-progress",
-        "--json", str(out),
+        "--reps", "2", "--round-s", "0", "--pace-ms", "1", "--grain-workers", "1", "--no-scale",
+        "--no-progress", "--json", str(out),
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
