@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "contenders.py"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeline-bench"
 RESTORE_STEPS = (0, 10**3, 10**6, 10**9)
+RESTORE_REPS = 3  # per step and contender, each after an untimed warm-up; median
+PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
 # (num_threads, prefetch_buffer_size): none, small, medium, Grain's default (16, 500)
 GRAIN_READ_OPTIONS = ((0, 0), (1, 16), (2, 64), (16, 500))
 # mp_prefetch workers read with this: each worker is a process, its own threads add little
@@ -73,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
     parser.add_argument("--steps", type=int, default=20, help="least batches per round")
     parser.add_argument(
-        "--round-s", type=float, default=0.5, help="least seconds per contender per round"
+        "--round-s", type=float, default=0.4, help="least seconds per contender per round"
     )
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument(
@@ -278,7 +280,7 @@ def throughput(
         bar.update()
     for name in order:  # the training thread's share, with the prefetch ahead
         worker = workers["host"] if name in HOST_ONLY else workers[name]
-        for _ in range(3):
+        for _ in range(PACED_RUNS):
             pace = args.pace_ms / 1e3
             paced[name].append(worker.ask({"run": name, "steps": 10, "pace": pace}))
     bar.update()
@@ -311,7 +313,7 @@ def restore_times(
     result: dict[str, dict] = {"feed": {}, grain_best: {}}
     for step in RESTORE_STEPS:
         samples: dict[str, list[dict]] = {name: [] for name in result}
-        for _ in range(args.reps):
+        for _ in range(RESTORE_REPS):
             for name in result:
                 samples[name].append(workers[name].ask({"restore": step, "name": name}))
         for name, times in samples.items():
@@ -479,6 +481,7 @@ def table(result: dict) -> str:
         )
     single, mp = c[result["grain_best_single"]], c.get(result["grain_best_mp"] or "")
     limit = max(c["format_per_record"]["tokens_per_s"], c["format_batched"]["tokens_per_s"])
+    limit_cpu = min(c["format_per_record"]["cpu_s_per_mtok"], c["format_batched"]["cpu_s_per_mtok"])
     lines += [
         "",
         f"DataFeed / Grain's best single process ({label(result['grain_best_single'])}): "
@@ -492,7 +495,8 @@ def table(result: dict) -> str:
             f"{mp['cpu_s_per_mtok'] / feed['cpu_s_per_mtok']:.1f}x less CPU per token"
         )
     lines.append(
-        f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%}; "
+        f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%} in "
+        f"tokens/s, {limit_cpu / c['plan']['cpu_s_per_mtok']:.0%} in CPU per token; "
         f"Plan.batch with the sidecar / through ArrayRecord: "
         f"{c['plan']['tokens_per_s'] / c['plan_arrayrecord']['tokens_per_s']:.1f}x"
     )

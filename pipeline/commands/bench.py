@@ -1,4 +1,4 @@
-"""`bench`: our host reading path against Grain's packed pipeline and the format/copy limits.
+"""`bench`: DataFeed -> global arrays (what users run) against Grain's best, and the limits.
 
 The measurements live in `benchmarks/bench.py` of the source checkout (they import Grain's
 packing and spawn worker processes, which the library itself never needs). This module only
@@ -17,10 +17,11 @@ from pipeline.errors import PipelineError
 
 BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
 DESCRIPTION = (
-    "Measure, interleaved and repeated (medians), on one store and batch shape: our "
-    "Plan.batch, Grain's packed ArrayRecord pipeline, ArrayRecord reading exactly the needed "
-    "records, a memory copy of the same bytes; resume time at steps 0, 10^3, 10^6; and ours in "
-    "1 and 2 processes. Prints a table with ratios."
+    "Measure, in interleaved rounds (medians), each contender in its own process over "
+    "simulated CPU devices: DataFeed -> global arrays, the MaxText iterator, Plan.batch, "
+    "Grain's packed pipeline with several ReadOptions and with mp_prefetch, and ArrayRecord/copy "
+    "limits; the restore path to the first global batch at steps 0 to 10^9; DataFeed in 1, 2 "
+    "and 4 processes. Prints tables with ratios."
 )
 
 
@@ -28,7 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     # '+' as the only prefix: every option (and --help) is passed through to the bench's parser
     b = commands.add_parser(
         "bench",
-        help="throughput and resume time: ours vs Grain vs ArrayRecord and copy limits",
+        help="tokens/s, CPU per token, next() time and restore time: ours vs Grain's best",
         description=DESCRIPTION,
         prefix_chars="+",
         add_help=False,
