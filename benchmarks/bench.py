@@ -11,7 +11,8 @@ each contender runs in its own OS process with `--devices` simulated CPU devices
 for at least `--steps` batches and `--round-s` seconds, the order rotated every round);
 figures are medians over rounds:
 
-* ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row); the MaxText
+* ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row; also with
+  `stats=False`, the A/B of the feed statistics' cost, docs/observability.md); the MaxText
   adapter's iterator (`create_data_iterator`); `Plan.batch` alone, through the flat sidecars
   and through ArrayRecord records (host work only, no devices);
 * Grain, what a MaxText user runs: ArrayRecordDataSource -> shuffle -> repeat -> [mix] ->
@@ -239,6 +240,7 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     """name -> (worker kind, Grain options) of every throughput contender, in table order."""
     table: dict[str, tuple[str, dict]] = {
         "feed": ("feed", {}),
+        "feed_nostats": ("feed_nostats", {}),
         "maxtext": ("maxtext", {}),
     }
     for threads, buffer in GRAIN_READ_OPTIONS:
@@ -369,6 +371,25 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
     return result
 
 
+def stats_call_seconds(config: dict, calls: int = 2000) -> float:
+    """What the feed's statistics add to a step, timed alone on a real step's draws: the
+    reader task's `ChunkRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
+    import time
+
+    from pipeline.config import parse_config
+    from pipeline.feed.stats import ChunkRead, Recorder
+    from pipeline.plan.plan import Plan
+
+    plan = Plan.from_config(parse_config(config, origin="bench"))
+    recorder = Recorder(0, prefetch=2, share=0.1, window=100, warn=False)
+    draws = plan.draws(0, np.arange(config["global_batch_size"]))  # one read per step
+    start = time.perf_counter()
+    for step in range(calls):
+        reads = [ChunkRead.of(plan, draws, time.perf_counter())]
+        recorder.served(step, reads, time.perf_counter(), time.perf_counter(), ready=2)
+    return (time.perf_counter() - start) / calls
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -398,6 +419,18 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             close_all(list(workers.values()))
         scaled = {} if args.no_scale else scale(base, args, Path(tmp), bar)
+    tokens_per_step = args.rows * args.seq_len
+    step_s = {
+        "with": tokens_per_step / results["feed"]["tokens_per_s"],
+        "without": tokens_per_step / results["feed_nostats"]["tokens_per_s"],
+    }
+    calls = stats_call_seconds(base["config"])
+    overhead = {
+        "step_s": step_s,
+        "ab_overhead": step_s["with"] / step_s["without"] - 1,
+        "stats_call_s": calls,
+        "call_overhead": calls / step_s["without"],
+    }
     bar.close()
     return {
         "store": args.store,
@@ -429,11 +462,13 @@ def run(args: argparse.Namespace) -> dict:
         ),
         "restore_s": restore,
         "scale": scaled,
+        "stats_overhead": overhead,
     }
 
 
 LABELS = {
     "feed": "**ours: DataFeed -> global arrays**",
+    "feed_nostats": "ours: DataFeed(stats=False)",
     "maxtext": "ours: MaxText create_data_iterator",
     "plan": "ours: Plan.batch, host only (flat sidecar)",
     "plan_arrayrecord": "ours: Plan.batch, host only (ArrayRecord records)",
@@ -537,6 +572,15 @@ def table(result: dict) -> str:
                 f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.4f} | "
                 f"{r['cpu_s_per_mtok_per_process'] / base:.2f} | {r['peak_rss_mb']:.0f} MB |"
             )
+    overhead = result["stats_overhead"]
+    lines += [
+        "",
+        f"feed statistics: DataFeed step {overhead['step_s']['with'] * 1e3:.2f} ms with, "
+        f"{overhead['step_s']['without'] * 1e3:.2f} ms without (interleaved rounds, medians: "
+        f"{overhead['ab_overhead']:+.1%}); the statistics' calls alone "
+        f"{overhead['stats_call_s'] * 1e6:.0f} us per step = {overhead['call_overhead']:.2%} "
+        "of a step",
+    ]
     return "\n".join(lines)
 
 

@@ -131,6 +131,18 @@ class Feed:
             mngr.close()
 
 
+class FeedWithoutStats(Feed):
+    """`DataFeed(config, mesh, stats=False)`: the A/B for the statistics' cost."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from pipeline.feed.data_feed import DataFeed
+
+        self.spec = spec
+        self.mesh = mesh(spec)
+        self.iterator = DataFeed(data_config(spec), self.mesh, stats=False)
+        self.managers: dict[int, Any] = {}
+
+
 class MaxText(Feed):
     """`pipeline.feed.maxtext.create_data_iterator(config, mesh)`, as MaxText calls it."""
 
@@ -358,6 +370,7 @@ class Grain:
 
 KINDS = {
     "feed": Feed,
+    "feed_nostats": FeedWithoutStats,
     "maxtext": MaxText,
     "plan": PlanBatch,
     "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),

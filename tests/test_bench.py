@@ -105,8 +105,9 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
                   "step 1,000,000,000", "Orbax restore"):  # fmt: skip
         assert label in printed, label
     contenders = result["contenders"]
-    assert {"feed", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0", "grain_t16_b500",
-            "grain_mp1", "format_per_record", "copy"} <= set(contenders)  # fmt: skip
+    expected = {"feed", "feed_nostats", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0",
+                "grain_t16_b500", "grain_mp1", "format_per_record", "copy"}  # fmt: skip
+    assert expected <= set(contenders)
     for name, row in contenders.items():
         assert row["tokens_per_s"] > 0 and row["next_ms_per_step"] > 0, name
         assert row["cpu_s_per_mtok"] >= 0, name
@@ -114,6 +115,9 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
     assert {row["tokens"] for row in contenders.values()} == {2 * 2 * 8 * 64}
     restore = result["restore_s"]
     assert set(restore["feed"]) == {"0", "1000", "1000000", "1000000000"}
+    overhead = result["stats_overhead"]
+    assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
+    assert "feed statistics: DataFeed step" in printed
     assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
 
 
