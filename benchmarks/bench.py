@@ -478,6 +478,11 @@ LABELS = {
 }
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (a run too short for the CPU clock's 10 ms ticks)."""
+    return a / b if b else float("nan")
+
+
 def label(name: str) -> str:
     if name in LABELS:
         return LABELS[name]
@@ -511,7 +516,7 @@ def table(result: dict) -> str:
         lines.append(
             f"| {label(name)} | {r['tokens_per_s']:,.0f} | "
             f"{feed['tokens_per_s'] / r['tokens_per_s']:.2f} | {r['cpu_s_per_mtok']:.4f} | "
-            f"{r['cpu_s_per_mtok'] / feed['cpu_s_per_mtok']:.2f} | "
+            f"{ratio(r['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.2f} | "
             f"{r['next_ms_per_step']:.2f} | {r['next_cpu_ms_per_step']:.2f} |"
         )
     single, mp = c[result["grain_best_single"]], c.get(result["grain_best_mp"] or "")
@@ -521,17 +526,17 @@ def table(result: dict) -> str:
         "",
         f"DataFeed / Grain's best single process ({label(result['grain_best_single'])}): "
         f"{feed['tokens_per_s'] / single['tokens_per_s']:.1f}x tokens/s, "
-        f"{single['cpu_s_per_mtok'] / feed['cpu_s_per_mtok']:.1f}x less CPU per token",
+        f"{ratio(single['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token",
     ]
     if mp:
         lines.append(
             f"DataFeed / Grain's best mp_prefetch ({label(result['grain_best_mp'])}): "
             f"{feed['tokens_per_s'] / mp['tokens_per_s']:.1f}x tokens/s, "
-            f"{mp['cpu_s_per_mtok'] / feed['cpu_s_per_mtok']:.1f}x less CPU per token"
+            f"{ratio(mp['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token"
         )
     lines.append(
         f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%} in "
-        f"tokens/s, {limit_cpu / c['plan']['cpu_s_per_mtok']:.0%} in CPU per token; "
+        f"tokens/s, {ratio(limit_cpu, c['plan']['cpu_s_per_mtok']):.0%} in CPU per token; "
         f"Plan.batch with the sidecar / through ArrayRecord: "
         f"{c['plan']['tokens_per_s'] / c['plan_arrayrecord']['tokens_per_s']:.1f}x"
     )
@@ -570,7 +575,7 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {processes} | {r['rows_per_process']} | "
                 f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.4f} | "
-                f"{r['cpu_s_per_mtok_per_process'] / base:.2f} | {r['peak_rss_mb']:.0f} MB |"
+                f"{ratio(r['cpu_s_per_mtok_per_process'], base):.2f} | {r['peak_rss_mb']:.0f} MB |"
             )
     overhead = result["stats_overhead"]
     lines += [

@@ -88,7 +88,8 @@ class _Geometry:
             shardings[field] = self.sharding if tokens else self.row_sharding
             shapes[field] = self.shape if tokens else self.shape[:-1]
             local[field] = values.reshape(self.local_shape if tokens else self.local_shape[:-1])
-        return jax.make_array_from_process_local_data(shardings, local, shapes)
+        arrays = jax.make_array_from_process_local_data(shardings, local, shapes)
+        return {field: arrays[field] for field in host}  # a pytree comes back key-sorted
 
 
 @dataclass
