@@ -394,8 +394,7 @@ def stats_call_seconds(config: dict, calls: int = 2000) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
+    from pipeline.progress import progress_bar
     from pipeline.store.token_store import TokenStore
 
     sources = resolve_sources(args)
@@ -407,7 +406,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     count = len(contender_table(args)) + 1
     phases = count + args.reps + 1 + len(RESTORE_STEPS) + (0 if args.no_scale else 3)
-    bar = tqdm(total=phases, desc="bench", disable=args.no_progress, leave=False)
+    bar = progress_bar(total=phases, desc="bench", unit=" phase", enabled=not args.no_progress)
     with tempfile.TemporaryDirectory() as tmp:
         base["tmp"] = tmp
         workers: dict[str, Worker] = {}

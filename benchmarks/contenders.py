@@ -208,13 +208,14 @@ class FormatLimit(PlanBatch):
 
         super().__init__(spec)
         self.batched = batched
-        self.layouts = self.plan.segment(0).layouts
+        self.layouts = self.plan.segment_plan(0).layouts
+        self.stores = {name: self.plan.store(layout.meta) for name, layout in self.layouts.items()}
         self.readers = {
             name: [
-                ArrayRecordReader(str(layout.store.shard_file(s)), READER_OPTIONS)
-                for s in range(layout.store.num_shards)
+                ArrayRecordReader(str(store.shard_file(s)), READER_OPTIONS)
+                for s in range(store.num_shards)
             ]
-            for name, layout in self.layouts.items()
+            for name, store in self.stores.items()
         }
         self.queue: list[list[tuple[Any, list[int]]]] = []
 
@@ -228,7 +229,7 @@ class FormatLimit(PlanBatch):
                 for shard, lo, hi in layout.pieces(
                     int(epoch), int(start), int(start) + layout.seq_len + 1
                 ):
-                    offsets = layout.store.record_offsets(shard)
+                    offsets = self.stores[name].record_offsets(shard)
                     first = int(np.searchsorted(offsets, lo, side="right")) - 1
                     last = int(np.searchsorted(offsets, hi, side="left"))
                     needed.setdefault((name, shard), set()).update(range(first, last))

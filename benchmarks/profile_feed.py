@@ -56,12 +56,14 @@ def main() -> None:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh) as feed:
         plan, geometry = feed.plan, feed._geometry_at(0)
-        host, _ = _read_chunk(plan, 0, geometry.rows)
+        host = _read_chunk(plan, 0, geometry.rows, (), False).batch
         parts = {
             "Plan.draws": lambda s: plan.draws(s, geometry.rows),
-            "Plan.read (draws + read + fields)": lambda s: _read_chunk(plan, s, geometry.rows)[0],
+            "Plan.read (draws + read + fields)": lambda s: (
+                _read_chunk(plan, s, geometry.rows, (), False).batch
+            ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
-            "the reader task (_read_step)": lambda s: _read_step(plan, s, geometry)[0],
+            "the reader task (_read_step)": lambda s: _read_step(plan, s, geometry, (), True).batch,
         }
         for name, call in parts.items():
             print(f"{name}: {cpu_ms(call, args.steps):.2f} ms CPU per step")
@@ -69,7 +71,7 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for step in range(1, args.steps + 1):
-            batch, _ = _read_step(plan, step, geometry)
+            batch = _read_step(plan, step, geometry, (), True).batch
         jax.block_until_ready(batch)
         profile.disable()
         print(f"\nthe reader task, {args.steps} steps:")
@@ -97,7 +99,7 @@ def main() -> None:
             geometry = feed._geometry_at(10**6)
             if fresh:
                 profile.enable()
-            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry)[0])
+            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True).batch)
             profile.disable()
     print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
