@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
+EXTRAS := dev,tokenizers,parquet,plot,train,beam,metrics
 
 .PHONY: setup test test-fast test-multiprocess demo lint format bench clean
 
@@ -11,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,beam,metrics]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 test: setup
@@ -34,8 +36,10 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: setup
-	$(BIN)/python -m pipeline bench
+bench: setup  # the issue's stores: builtin python-code, a three-source mixture, synthetic
+	$(BIN)/python -m pipeline bench --store python-code
+	$(BIN)/python -m pipeline bench --store mixture --no-scale
+	$(BIN)/python -m pipeline bench --no-scale
 
 clean:
 	rm -rf $(VENV) data runs .pytest_cache

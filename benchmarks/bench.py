@@ -1,52 +1,65 @@
-"""`pipeline bench`: our host reading path against Grain's packed pipeline and the hard limits.
+"""`pipeline bench`: the path users run (DataFeed -> global arrays) against Grain's best.
 
     python -m pipeline bench                       # synthetic uint32 store, ~700-token documents
     python -m pipeline bench --store python-code   # builtin:python-code, prepared once
+    python -m pipeline bench --store mixture       # python-code + python-tests + python-docs
     python benchmarks/bench.py --store /path/to/store --rows 32 --seq-len 2048
 
-On one store and one batch shape (rows x (seq_len + 1) tokens, packed, no padding), interleaved
-and repeated (medians), in one process each:
+On one store (or mixture) and one global batch (rows x seq_len tokens, packed, no padding),
+each contender runs in its own OS process with `--devices` simulated CPU devices
+(benchmarks/contenders.py). Rounds are interleaved (each round runs every contender in turn,
+for at least `--steps` batches and `--round-s` seconds, the order rotated every round);
+figures are medians over rounds:
 
-* ours: `Plan.batch(step, rows)`, the path the feed's reader threads run (no devices);
-* Grain: what a MaxText user runs today: `ArrayRecordDataSource` (records are our documents,
-  bytes -> tokens) -> `MapDataset.source().shuffle(seed).repeat()` -> `.map(decode)` ->
-  `.to_iter_dataset(ReadOptions)` -> `ConcatThenSplitIterDataset` (packing to seq_len + 1) ->
-  `.batch(rows)`, with the best of a few ReadOptions;
-* format limit: ArrayRecord reading exactly the records our batches need and nothing else,
-  batched (`read(list)` per shard) and per record (`read(i, i + 1)`); the faster is the limit;
-* copy limit: `np.copyto` of the same number of token bytes.
+* ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row; also with
+  `stats=False`, the A/B of the feed statistics' cost, docs/observability.md); the MaxText
+  adapter's iterator (`create_data_iterator`); `Plan.batch` alone, through the flat sidecars
+  and through ArrayRecord records (host work only, no devices);
+* Grain, what a MaxText user runs: ArrayRecordDataSource -> shuffle -> repeat -> [mix] ->
+  decode -> to_iter_dataset(ReadOptions) -> ConcatThenSplit -> batch -> the six fields ->
+  [mp_prefetch] -> `make_array_from_process_local_data`, for every ReadOptions in
+  GRAIN_READ_OPTIONS (num_threads=0 included) and for mp_prefetch with 1..cores workers;
+* limits (host only): ArrayRecord reading exactly the records our batches need, batched and
+  per record; `np.copyto` of the batch's bytes.
 
-Then resume (restore to first batch at steps 0, 10^3, 10^6) for ours (a fresh `Plan` from the
-ledger + `batch(step)`) and Grain (`set_state` on a fresh iterator: the state of step k is
-built from a real `get_state()` template with `parent_state.next_index` set to the documents k
-batches consume on average: Grain's iterator state is that index plus the packer's remainder),
-and scale: ours in 1 and 2 concurrent OS processes (each its half of the rows), with peak RSS.
-
-Last, the cost of the feed's statistics (`DataFeed.stats()`, docs/observability.md): the
-`DataFeed` to global arrays on one CPU device with and without them, interleaved (best of the
-repetitions), and the statistics' own calls per step (`ChunkRead.of` + `Recorder.served`) timed
-alone, as a share of the feed's step.
+Per contender: tokens/s; CPU seconds per million tokens (the worker process and its children,
+all the work it did from its first timed round to the end of its last, background prefetch
+included); the time the consumer thread spends inside `next()` per step when a simulated
+training step of `--pace-ms` keeps the prefetch ahead. Then the documented restore path to the
+first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
+setting), and ours in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
+(CPU per token per process).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import resource
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-RESUME_STEPS = (0, 10**3, 10**6)
-GRAIN_OPTIONS = ((1, 16), (2, 64), (16, 500))  # (num_threads, prefetch_buffer_size); last: default
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "contenders.py"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeline-bench"
+RESTORE_STEPS = (0, 10**3, 10**6, 10**9)
+RESTORE_REPS = 3  # per step and contender, each after an untimed warm-up; median
+PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
+# (num_threads, prefetch_buffer_size): none, small, medium, Grain's default (16, 500)
+GRAIN_READ_OPTIONS = ((0, 0), (1, 16), (2, 64), (16, 500))
+# mp_prefetch workers read with this: each worker is a process, its own threads add little
+GRAIN_MP_READ = (1, 16)
+PREFIX = "bench-answer "  # contenders.PREFIX: the worker's answer lines
+MIXTURE = {"python-code": 3, "python-tests": 2, "python-docs": 1}
+SCALE_PROCESSES = (1, 2, 4)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,18 +67,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--store",
         default="synthetic",
         help="synthetic (default: uint32 documents of ~700 tokens), python-code "
-        "(builtin:python-code, prepared once) or a token store directory",
+        "(builtin:python-code, prepared once), mixture (python-code, python-tests and "
+        "python-docs weighted 3:2:1) or a token store directory",
     )
-    parser.add_argument("--rows", type=int, default=32, help="rows per batch (one host)")
+    parser.add_argument("--rows", type=int, default=32, help="global batch rows")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--lanes", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=20, help="batches per timed repetition")
-    parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions (median)")
+    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
+    parser.add_argument("--steps", type=int, default=20, help="least batches per round")
+    parser.add_argument(
+        "--round-s", type=float, default=0.4, help="least seconds per contender per round"
+    )
+    parser.add_argument("--reps", type=int, default=5, help="interleaved rounds (median)")
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=30.0,
+        help="simulated training step for the next() timing (ms)",
+    )
+    parser.add_argument(
+        "--grain-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="mp_prefetch with 1..N workers (default: the cores)",
+    )
     parser.add_argument("--synthetic-tokens", type=int, default=32_000_000)
     parser.add_argument("--synthetic-doc-len", type=int, default=700, help="mean tokens/doc")
     parser.add_argument("--cache-dir", type=Path, default=CACHE, help="where stores are made")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--no-scale", action="store_true", help="skip the 1 vs 2 process runs")
+    parser.add_argument("--no-scale", action="store_true", help="skip the 1/2/4 process runs")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -100,450 +130,464 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 
 
-def resolve_store(args: argparse.Namespace) -> Path:
-    from pipeline.store.token_store import is_store
+def current(path: Path) -> bool:
+    """A store this version reads, with the flat sidecars it writes by default."""
+    from pipeline.store.token_store import TokenStore, is_store
 
+    return is_store(path) and all("flat" in s for s in TokenStore(path).manifest["shards"])
+
+
+def builtin_store(name: str, cache: Path) -> Path:
+    path = cache / name
+    if not current(path):
+        from pipeline.store.prepare import PrepareOptions, prepare
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prepare(PrepareOptions([f"builtin:{name}"], path, overwrite=True, progress=False))
+    return path
+
+
+def resolve_sources(args: argparse.Namespace) -> dict[str, tuple[Path, float]]:
+    """name -> (store, weight) of the benchmarked data."""
     if args.store == "synthetic":
         path = args.cache_dir / f"synthetic-{args.synthetic_tokens}-{args.synthetic_doc_len}"
-        if not is_store(path):
+        if not current(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             synthetic_store(path, args.synthetic_tokens, args.synthetic_doc_len)
-        return path
+        return {"corpus": (path, 1)}
     if args.store == "python-code":
-        path = args.cache_dir / "python-code"
-        if not is_store(path):
-            from pipeline.store.prepare import PrepareOptions, prepare
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            options = PrepareOptions(["builtin:python-code"], path, overwrite=True, progress=False)
-            prepare(options)
-        return path
-    return Path(args.store)
+        return {"code": (builtin_store("python-code", args.cache_dir), 1)}
+    if args.store == "mixture":
+        return {
+            name.split("-")[1]: (builtin_store(name, args.cache_dir), weight)
+            for name, weight in MIXTURE.items()
+        }
+    return {"corpus": (Path(args.store), 1)}
 
 
-def make_plan(store: Path, args: argparse.Namespace):
-    from pipeline.config import parse_config
-    from pipeline.plan.plan import Plan
-
-    raw = {
+def config_mapping(sources: dict[str, tuple[Path, float]], args: argparse.Namespace) -> dict:
+    return {
         "seed": 1,
         "seq_len": args.seq_len,
         "global_batch_size": args.rows,
         "lanes": args.lanes,
-        "sources": {"corpus": {"path": str(store.resolve())}},
-        "mix": {"corpus": 1},
+        "sources": {name: {"path": str(path.resolve())} for name, (path, _) in sources.items()},
+        "mix": {name: weight for name, (_, weight) in sources.items()},
     }
-    return Plan.from_config(parse_config(raw, origin="bench"))
 
 
-# -- contenders ----------------------------------------------------------------------------------
+def docs_per_batch(sources: dict[str, tuple[Path, float]], args: argparse.Namespace) -> float:
+    """Documents a batch of Grain's packed pipeline consumes on average (the mixture's mean)."""
+    from pipeline.store.token_store import TokenStore
+
+    total = sum(weight for _, weight in sources.values())
+    mean = sum(
+        weight / total * TokenStore(path).num_tokens / TokenStore(path).num_documents
+        for path, weight in sources.values()
+    )
+    return args.rows * (args.seq_len + 1) / mean
 
 
-class Ours:
-    """`Plan.batch` over consecutive steps of one host's rows."""
-
-    def __init__(self, plan, rows: np.ndarray) -> None:
-        self.plan, self.rows, self.step, self.tokens = plan, rows, 0, 0
-
-    def batches(self, n: int) -> None:
-        for _ in range(n):
-            batch = self.plan.batch(self.step, self.rows)
-            self.step += 1
-            self.tokens += batch["inputs"].size + len(self.rows)  # windows of seq_len + 1
+# -- workers -----------------------------------------------------------------------------------
 
 
-def grain_dataset(store, args: argparse.Namespace, threads: int, buffer: int):
-    import grain
-    from grain.experimental import ConcatThenSplitIterDataset
+class Worker:
+    """One contender process (benchmarks/contenders.py), driven one JSON line at a time."""
 
-    dtype = store.dtype
+    def __init__(self, spec: dict[str, Any], tmp: Path, devices: int, name: str) -> None:
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps(spec))
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
 
-    def decode(record: bytes) -> dict[str, np.ndarray]:
-        return {"tokens": np.frombuffer(record, dtype=dtype).astype(np.int32)}
+    def wait_ready(self) -> None:
+        self.receive()
 
-    files = [str(store.shard_file(s)) for s in range(store.num_shards)]
-    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer)
-    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files))
-    ds = ds.shuffle(seed=1).repeat().map(decode).to_iter_dataset(options)
-    ds = ConcatThenSplitIterDataset(ds, length_struct={"tokens": args.seq_len + 1})
-    return ds.batch(args.rows)
+    def send(self, command: dict[str, Any]) -> None:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
 
+    def receive(self) -> dict[str, Any]:
+        for line in self.process.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line.removeprefix(PREFIX))
+        code = self.process.wait(timeout=60)
+        raise RuntimeError(f"bench worker {self.name} exited with code {code}")
 
-class Grain:
-    def __init__(self, dataset) -> None:
-        self.dataset, self.iterator, self.tokens = dataset, iter(dataset), 0
-
-    def batches(self, n: int) -> None:
-        for _ in range(n):
-            self.tokens += next(self.iterator)["tokens"].size
-
-
-class FormatLimit:
-    """ArrayRecord reads of exactly the records `Ours` needs for the same steps, nothing else."""
-
-    def __init__(self, plan, rows: np.ndarray, batched: bool) -> None:
-        from array_record.python.array_record_module import ArrayRecordReader
-
-        from pipeline.store.token_store import READER_OPTIONS
-
-        self.plan, self.rows, self.batched, self.step, self.tokens = plan, rows, batched, 0, 0
-        layout = next(iter(plan.segment(0).layouts.values()))
-        self.layout, self.store = layout, layout.store
-        self.readers = [
-            ArrayRecordReader(str(self.store.shard_file(s)), READER_OPTIONS)
-            for s in range(self.store.num_shards)
-        ]
-
-    def records(self, step: int) -> dict[int, list[int]]:
-        draws = self.plan.draws(step, self.rows)
-        needed: dict[int, set[int]] = {}
-        for epoch, start in zip(draws.epoch.tolist(), draws.start.tolist()):
-            for shard, lo, hi in self.layout.pieces(epoch, start, start + self.layout.seq_len + 1):
-                offsets = self.store.record_offsets(shard)
-                first = int(np.searchsorted(offsets, lo, side="right")) - 1
-                last = int(np.searchsorted(offsets, hi, side="left"))
-                needed.setdefault(shard, set()).update(range(first, last))
-        return {shard: sorted(records) for shard, records in needed.items()}
-
-    def batches(self, n: int) -> float:
-        """Seconds spent reading (the record lists are computed outside the clock)."""
-        plans = [self.records(self.step + i) for i in range(n)]
-        self.step += n
-        start = time.perf_counter()
-        for needed in plans:
-            for shard, records in needed.items():
-                reader = self.readers[shard]
-                if self.batched:
-                    reader.read(records)
-                else:
-                    for record in records:
-                        reader.read(record, record + 1)
-        elapsed = time.perf_counter() - start
-        self.tokens += n * len(self.rows) * (self.layout.seq_len + 1)
-        return elapsed
+    def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        self.send(command)
+        return self.receive()
 
 
-class CopyLimit:
-    """np.copyto of as many token bytes as `n` batches hold, from one large buffer to another."""
-
-    def __init__(self, rows: int, width: int, itemsize: int, steps: int) -> None:
-        self.per_batch = rows * width
-        self.dtype = np.dtype(f"u{itemsize}")
-        self.src = np.ones(self.per_batch * steps, self.dtype)
-        self.dst = np.empty_like(self.src)
-        self.tokens = 0
-
-    def batches(self, n: int) -> float:
-        size = self.per_batch * n
-        if size > self.src.size:
-            self.src = np.ones(size, self.dtype)
-            self.dst = np.empty_like(self.src)
-        start = time.perf_counter()
-        np.copyto(self.dst[:size], self.src[:size])
-        elapsed = time.perf_counter() - start
-        self.tokens += size
-        return elapsed
+def close_all(workers: list[Worker]) -> None:
+    """Ask every worker to quit, then wait: the processes of a jax.distributed job shut down
+    together, so none may be waited for before all were asked."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                worker.send({"quit": True})
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
 
 
-def timed(batches: Callable[[int], float | None], n: int) -> float:
-    start = time.perf_counter()
-    inner = batches(n)
-    return inner if inner is not None else time.perf_counter() - start
-
-
-# -- resume ----------------------------------------------------------------------------------------
-
-
-def resume_ours(plan, rows: np.ndarray, step: int) -> float:
-    from pipeline.plan.ledger import Ledger
-    from pipeline.plan.plan import Plan
-
-    state = json.loads(json.dumps(plan.ledger.to_json()))  # what a checkpoint holds
-    start = time.perf_counter()
-    fresh = Plan(Ledger.from_json(state), plan.stores())
-    fresh.batch(step, rows)
-    return time.perf_counter() - start
-
-
-def grain_state_at(dataset, step: int, docs_per_batch: float) -> dict:
-    """The state of Grain's iterator k batches in, built from a real state's structure."""
-    template = iter(dataset).get_state()
-    state = json.loads(json.dumps(template))
-    state["parent_state"]["next_index"] = round(step * docs_per_batch)
-    state["remainder_slices"] = template["remainder_slices"]  # keep the tuples
-    return state
-
-
-def resume_grain(dataset, state: dict) -> float:
-    start = time.perf_counter()
-    iterator = iter(dataset)
-    iterator.set_state(state)
-    next(iterator)
-    return time.perf_counter() - start
-
-
-# -- scale -------------------------------------------------------------------------------------
-
-
-def scale_worker(args: argparse.Namespace) -> None:
-    from pipeline.plan.plan import host_rows
-
-    plan = make_plan(Path(args.worker_store), args)
-    rows = host_rows(args.rows, args.process_id, args.processes)
-    ours = Ours(plan, rows)
-    ours.batches(1)
-    start = time.perf_counter()
-    ours.batches(args.steps * args.reps)
-    elapsed = time.perf_counter() - start
-    tokens = args.steps * args.reps * len(rows) * (args.seq_len + 1)
-    result = {
-        "tokens_per_s": tokens / elapsed,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
+    """name -> (worker kind, Grain options) of every throughput contender, in table order."""
+    table: dict[str, tuple[str, dict]] = {
+        "feed": ("feed", {}),
+        "feed_nostats": ("feed_nostats", {}),
+        "maxtext": ("maxtext", {}),
     }
-    Path(args.worker_out).write_text(json.dumps(result))
+    for threads, buffer in GRAIN_READ_OPTIONS:
+        options = {"threads": threads, "buffer": buffer, "workers": 0}
+        table[f"grain_t{threads}_b{buffer}"] = ("grain", options)
+    for workers in range(1, args.grain_workers + 1):
+        threads, buffer = GRAIN_MP_READ
+        options = {"threads": threads, "buffer": buffer, "workers": workers}
+        table[f"grain_mp{workers}"] = ("grain", options)
+    return table
 
 
-def run_scale(store: Path, args: argparse.Namespace, processes: int) -> list[dict]:
-    common = ["--rows", str(args.rows), "--seq-len", str(args.seq_len),
-              "--lanes", str(args.lanes), "--steps", str(args.steps), "--reps", str(args.reps),
-              "--worker-store", str(store), "--processes", str(processes)]  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp) / f"{i}.json" for i in range(processes)]
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    *common,
-                    "--process-id",
-                    str(i),
-                    "--worker-out",
-                    str(outs[i]),
-                ]
+HOST_ONLY = ("plan", "plan_arrayrecord", "format_per_record", "format_batched", "copy")
+
+
+def throughput(
+    base: dict, args: argparse.Namespace, tmp: Path, bar
+) -> tuple[dict[str, dict], dict[str, Worker]]:
+    """Interleaved rounds over every contender; returns per-contender medians and the workers
+    (kept open for the restore timings)."""
+    workers: dict[str, Worker] = {}
+    for name, (kind, grain) in contender_table(args).items():
+        spec = dict(base, contenders={name: kind}, grain=grain)
+        workers[name] = Worker(spec, tmp, args.devices, name)
+    host = dict(base, contenders={name: name for name in HOST_ONLY})
+    workers["host"] = Worker(host, tmp, 1, "host")
+    for worker in workers.values():
+        worker.wait_ready()
+        bar.update()
+    order = [name for name in workers if name != "host"] + list(HOST_ONLY)
+    runs: dict[str, list[dict]] = {name: [] for name in order}
+    paced: dict[str, list[dict]] = {name: [] for name in order}
+    for rep in range(args.reps):
+        shift = rep % len(order)
+        for name in order[shift:] + order[:shift]:
+            worker = workers["host"] if name in HOST_ONLY else workers[name]
+            command = {"run": name, "steps": args.steps, "pace": 0.0, "seconds": args.round_s}
+            runs[name].append(worker.ask(command))
+        bar.update()
+    for name in order:  # the training thread's share, with the prefetch ahead
+        worker = workers["host"] if name in HOST_ONLY else workers[name]
+        for _ in range(PACED_RUNS):
+            pace = args.pace_ms / 1e3
+            paced[name].append(worker.ask({"run": name, "steps": 10, "pace": pace}))
+    bar.update()
+    return {name: summarise(runs[name], paced[name], name in HOST_ONLY) for name in order}, workers
+
+
+def summarise(runs: list[dict], paced: list[dict], host_only: bool) -> dict[str, float]:
+    """Medians over rounds; CPU from the first round's start to the last round's end for a
+    worker of one contender (its background work between rounds included), per run for the
+    host-only rows, which share a worker and have no background work."""
+    tokens = sum(r["tokens"] for r in runs)
+    if host_only:
+        cpu = sum(r["cpu_end"] - r["cpu_start"] for r in runs)
+    else:
+        cpu = runs[-1]["cpu_end"] - runs[0]["cpu_start"]
+    return {
+        "tokens": tokens,  # counted from the global arrays each run built
+        "tokens_per_s": statistics.median(r["tokens"] / r["wall"] for r in runs),
+        "cpu_s_per_mtok": cpu / tokens * 1e6,
+        "next_ms_per_step": statistics.median(p["next"] / p["steps"] * 1e3 for p in paced),
+        "next_cpu_ms_per_step": statistics.median(p["next_cpu"] / p["steps"] * 1e3 for p in paced),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+    }
+
+
+def restore_times(
+    workers: dict[str, Worker], grain_best: str, args: argparse.Namespace, bar
+) -> dict[str, dict]:
+    """Median restore-to-first-global-batch per step, interleaved ours / Grain."""
+    result: dict[str, dict] = {"feed": {}, grain_best: {}}
+    for step in RESTORE_STEPS:
+        samples: dict[str, list[dict]] = {name: [] for name in result}
+        for _ in range(RESTORE_REPS):
+            for name in result:
+                samples[name].append(workers[name].ask({"restore": step, "name": name}))
+        for name, times in samples.items():
+            result[name][str(step)] = {
+                key: statistics.median(t[key] for t in times) for key in times[0]
+            }
+        bar.update()
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dict]:
+    """DataFeed in 1, 2, 4 localhost processes on the same global batch (devices split)."""
+    result = {}
+    for processes in SCALE_PROCESSES:
+        if args.devices % processes or args.rows % args.devices:
+            continue
+        port = free_port()
+        workers = [
+            Worker(
+                dict(
+                    base, contenders={"feed": "feed"}, processes=processes, process_id=i, port=port
+                ),
+                tmp,
+                args.devices // processes,
+                f"scale{processes}-{i}",
             )
             for i in range(processes)
         ]
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"scale workers failed with exit codes {codes}")
-        return [json.loads(out.read_text()) for out in outs]
+        try:
+            for worker in workers:
+                worker.wait_ready()
+            steps = args.steps * args.reps
+            for worker in workers:
+                worker.send({"run": "feed", "steps": steps, "pace": 0.0})
+            runs = [worker.receive() for worker in workers]
+        finally:
+            close_all(workers)
+        result[str(processes)] = {
+            "tokens_per_s_per_process": statistics.mean(r["tokens"] / r["wall"] for r in runs),
+            "cpu_s_per_mtok_per_process": statistics.mean(
+                (r["cpu_end"] - r["cpu_start"]) / r["tokens"] * 1e6 for r in runs
+            ),
+            "rows_per_process": args.rows // processes,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        }
+        bar.update()
+    return result
 
 
-# -- feed statistics overhead -----------------------------------------------------------------
+def stats_call_seconds(config: dict, calls: int = 2000) -> float:
+    """What the feed's statistics add to a step, timed alone on a real step's draws: the
+    reader task's `ChunkRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
+    import time
 
-
-class Feed:
-    """`DataFeed` to a global array per field on one CPU device, with or without statistics."""
-
-    def __init__(self, plan, stats: bool) -> None:
-        import jax
-        from jax.sharding import Mesh
-
-        from pipeline.feed.data_feed import DataFeed
-
-        mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-        self.feed = DataFeed(plan, mesh, log_events=False, stats=stats)
-        self.tokens = 0
-
-    def batches(self, n: int) -> None:
-        import jax
-
-        for _ in range(n):
-            batch = next(self.feed)
-            self.tokens += batch["inputs"].size
-        jax.block_until_ready(batch)
-
-
-def stats_call_seconds(plan, rows: np.ndarray, calls: int = 2000) -> float:
-    """What the statistics add to one step, timed alone on a real step's draws."""
+    from pipeline.config import parse_config
     from pipeline.feed.stats import ChunkRead, Recorder
+    from pipeline.plan.plan import Plan
 
+    plan = Plan.from_config(parse_config(config, origin="bench"))
     recorder = Recorder(0, prefetch=2, share=0.1, window=100, warn=False)
-    parts = np.array_split(rows, min(plan.config.feed.threads, len(rows)))  # the feed's chunks
-    chunks = [plan.draws(0, part) for part in parts]
+    draws = plan.draws(0, np.arange(config["global_batch_size"]))  # one read per step
     start = time.perf_counter()
     for step in range(calls):
-        reads = [ChunkRead.of(plan, draws, time.perf_counter()) for draws in chunks]
+        reads = [ChunkRead.of(plan, draws, time.perf_counter())]
         recorder.served(step, reads, time.perf_counter(), time.perf_counter(), ready=2)
     return (time.perf_counter() - start) / calls
-
-
-def stats_overhead(plan, rows: np.ndarray, args: argparse.Namespace, bar) -> dict:
-    feeds = {"with": Feed(plan, stats=True), "without": Feed(plan, stats=False)}
-    for feed in feeds.values():
-        feed.batches(2)  # start the readers, compile nothing twice
-    seconds: dict[str, list[float]] = {name: [] for name in feeds}
-    for rep in range(args.reps):
-        for name in sorted(feeds, reverse=rep % 2 == 1):  # alternate which goes first
-            seconds[name].append(timed(feeds[name].batches, args.steps))
-        bar.update()
-    for feed in feeds.values():
-        feed.feed.close()
-    # best of the repetitions: a busy machine only ever adds time, to either side
-    step = {name: min(times) / args.steps for name, times in seconds.items()}
-    calls = stats_call_seconds(plan, rows)
-    return {
-        "step_s": step,
-        "ab_overhead": step["with"] / step["without"] - 1,
-        "stats_call_s": calls,
-        "call_overhead": calls / step["without"],
-    }
 
 
 # -- the run ---------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
+    from pipeline.progress import progress_bar
+    from pipeline.store.token_store import TokenStore
 
-    from pipeline.plan.plan import host_rows
-
-    store_path = resolve_store(args)
-    plan = make_plan(store_path, args)
-    store = plan.stores()[0]
-    rows = host_rows(args.rows, 0, 1)
-    width = args.seq_len + 1
-    phases = len(GRAIN_OPTIONS) + 4 * args.reps + 2 * len(RESUME_STEPS) * args.reps
-    phases += 0 if args.no_scale else 2
-    phases += args.reps  # feed statistics overhead
-    bar = tqdm(total=phases, desc="bench", disable=args.no_progress, leave=False)
-
-    # Grain's read options: a short trial of each, keep the fastest.
-    trials = {}
-    trial_batches = max(2, args.steps // 4)
-    for threads, buffer in GRAIN_OPTIONS:
-        trial = Grain(grain_dataset(store, args, threads, buffer))
-        trial.batches(1)
-        trials[(threads, buffer)] = timed(trial.batches, trial_batches)
-        bar.update()
-    best = min(trials, key=trials.get)
-
-    contenders = {
-        "ours": Ours(plan, rows),
-        "grain": Grain(grain_dataset(store, args, *best)),
-        "format_batched": FormatLimit(plan, rows, batched=True),
-        "format_per_record": FormatLimit(plan, rows, batched=False),
+    sources = resolve_sources(args)
+    stores = {name: TokenStore(path) for name, (path, _) in sources.items()}
+    base = {
+        "config": config_mapping(sources, args),
+        "itemsize_dtype": next(iter(stores.values())).dtype.name,
+        "docs_per_batch": docs_per_batch(sources, args),
     }
-    copy = CopyLimit(args.rows, width, store.dtype.itemsize, args.steps)
-    for contender in contenders.values():
-        contender.batches(1)  # open files, start threads
-    for contender in contenders.values():
-        contender.tokens = 0
-    seconds: dict[str, list[float]] = {name: [] for name in [*contenders, "copy"]}
-    for _ in range(args.reps):
-        for name, contender in contenders.items():
-            seconds[name].append(timed(contender.batches, args.steps))
-            bar.update()
-        seconds["copy"].append(copy.batches(args.steps))
-    tokens_per_rep = args.steps * args.rows * width
-    median = {name: statistics.median(times) for name, times in seconds.items()}
-    throughput = {name: tokens_per_rep / s for name, s in median.items()}
-
-    # Resume: ours and Grain interleaved, per step.
-    docs_per_batch = args.rows * width / (store.num_tokens / store.num_documents)
-    grain_ds = contenders["grain"].dataset
-    resume: dict[str, dict[int, float]] = {"ours": {}, "grain": {}}
-    for step in RESUME_STEPS:
-        state = grain_state_at(grain_ds, step, docs_per_batch)
-        times: dict[str, list[float]] = {"ours": [], "grain": []}
-        for _ in range(args.reps):
-            times["ours"].append(resume_ours(plan, rows, step))
-            bar.update()
-            times["grain"].append(resume_grain(grain_ds, state))
-            bar.update()
-        for name in times:
-            resume[name][step] = statistics.median(times[name])
-
-    scale = {}
-    if not args.no_scale:
-        for processes in (1, 2):
-            scale[processes] = run_scale(store_path, args, processes)
-            bar.update()
-    overhead = stats_overhead(plan, rows, args, bar)
+    count = len(contender_table(args)) + 1
+    phases = count + args.reps + 1 + len(RESTORE_STEPS) + (0 if args.no_scale else 3)
+    bar = progress_bar(total=phases, desc="bench", unit=" phase", enabled=not args.no_progress)
+    with tempfile.TemporaryDirectory() as tmp:
+        base["tmp"] = tmp
+        workers: dict[str, Worker] = {}
+        try:
+            results, workers = throughput(base, args, Path(tmp), bar)
+            single = [n for n in results if n.startswith("grain_t")]
+            grain_best = max(single, key=lambda n: results[n]["tokens_per_s"])
+            restore = restore_times(workers, grain_best, args, bar)
+        finally:
+            close_all(list(workers.values()))
+        scaled = {} if args.no_scale else scale(base, args, Path(tmp), bar)
+    tokens_per_step = args.rows * args.seq_len
+    step_s = {
+        "with": tokens_per_step / results["feed"]["tokens_per_s"],
+        "without": tokens_per_step / results["feed_nostats"]["tokens_per_s"],
+    }
+    calls = stats_call_seconds(base["config"])
+    overhead = {
+        "step_s": step_s,
+        "ab_overhead": step_s["with"] / step_s["without"] - 1,
+        "stats_call_s": calls,
+        "call_overhead": calls / step_s["without"],
+    }
     bar.close()
-
     return {
-        "store": str(store_path),
-        "store_tokens": store.num_tokens,
-        "store_documents": store.num_documents,
-        "dtype": store.dtype.name,
+        "store": args.store,
+        "sources": {
+            name: {
+                "path": str(path),
+                "weight": weight,
+                "tokens": stores[name].num_tokens,
+                "documents": stores[name].num_documents,
+                "dtype": stores[name].dtype.name,
+            }
+            for name, (path, weight) in sources.items()
+        },
         "rows": args.rows,
         "seq_len": args.seq_len,
         "lanes": args.lanes,
+        "devices": args.devices,
         "steps": args.steps,
+        "round_s": args.round_s,
         "reps": args.reps,
-        "grain_options_tokens_per_s": {
-            f"{t}:{b}": trial_batches * args.rows * width / s for (t, b), s in trials.items()
-        },
-        "grain_best": list(best),
-        "tokens_per_s": throughput,
-        "tokens_consumed": {
-            name: c.tokens for name, c in contenders.items() if name in ("ours", "grain")
-        },
-        "resume_s": {name: {str(k): v for k, v in steps.items()} for name, steps in resume.items()},
-        "scale": {str(k): v for k, v in scale.items()},
+        "pace_ms": args.pace_ms,
+        "cores": os.cpu_count(),
+        "contenders": results,
+        "grain_best_single": grain_best,
+        "grain_best_mp": max(
+            (n for n in results if n.startswith("grain_mp")),
+            key=lambda n: results[n]["tokens_per_s"],
+            default=None,
+        ),
+        "restore_s": restore,
+        "scale": scaled,
         "stats_overhead": overhead,
     }
 
 
+LABELS = {
+    "feed": "**ours: DataFeed -> global arrays**",
+    "feed_nostats": "ours: DataFeed(stats=False)",
+    "maxtext": "ours: MaxText create_data_iterator",
+    "plan": "ours: Plan.batch, host only (flat sidecar)",
+    "plan_arrayrecord": "ours: Plan.batch, host only (ArrayRecord records)",
+    "format_per_record": "limit: ArrayRecord read(i, i+1) of the needed records",
+    "format_batched": "limit: ArrayRecord read(list) of the needed records",
+    "copy": "limit: np.copyto of the batch's token bytes",
+}
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (a run too short for the CPU clock's 10 ms ticks)."""
+    return a / b if b else float("nan")
+
+
+def label(name: str) -> str:
+    if name in LABELS:
+        return LABELS[name]
+    if name.startswith("grain_mp"):
+        workers = name.removeprefix("grain_mp")
+        return f"Grain + mp_prefetch({workers} worker{'s' if workers != '1' else ''})"
+    threads, buffer = name.removeprefix("grain_t").split("_b")
+    return f"Grain ReadOptions(num_threads={threads}, prefetch_buffer_size={buffer})"
+
+
 def table(result: dict) -> str:
-    tps = result["tokens_per_s"]
-    width = result["seq_len"] + 1
-    limit_name = max(("format_batched", "format_per_record"), key=lambda n: tps[n])
+    c = result["contenders"]
+    feed = c["feed"]
+    described = ", ".join(
+        f"{name} {s['tokens']:,} {s['dtype']} tokens / {s['documents']:,} docs"
+        + (f" (weight {s['weight']})" if len(result["sources"]) > 1 else "")
+        for name, s in result["sources"].items()
+    )
     lines = [
-        f"store {result['store']} ({result['store_tokens']:,} {result['dtype']} tokens, "
-        f"{result['store_documents']:,} documents, "
-        f"{result['store_tokens'] / result['store_documents']:.0f} tokens/document); batch "
-        f"{result['rows']} x {width} tokens, lanes {result['lanes']}; {result['reps']} "
-        f"interleaved repetitions of {result['steps']} batches, medians",
+        f"store {result['store']}: {described}; global batch {result['rows']} x "
+        f"{result['seq_len']} tokens, lanes {result['lanes']}, {result['devices']} simulated CPU "
+        f"devices, {result['cores']} cores; {result['reps']} interleaved rounds of at least "
+        f"{result['steps']} batches and {result['round_s']:g} s per contender, medians; next() "
+        f"timed with a {result['pace_ms']:g} ms simulated step",
         "",
-        "| pipeline (one process) | rows/s | tokens/s | ours / this |",
-        "| --- | ---: | ---: | ---: |",
+        "| pipeline (one process) | tokens/s | DataFeed / this | CPU s per M tokens | "
+        "this / DataFeed CPU | next() ms per step | next() thread CPU ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    names = {
-        "ours": "ours: Plan.batch",
-        "grain": "Grain packed (ReadOptions threads={}, buffer={})".format(*result["grain_best"]),
-        "format_batched": "format limit: ArrayRecord read(list) per shard",
-        "format_per_record": "format limit: ArrayRecord read(i, i+1) per record",
-        "copy": "copy limit: np.copyto of the token bytes",
-    }
-    for name, label in names.items():
-        ratio = tps["ours"] / tps[name]
-        lines.append(f"| {label} | {tps[name] / width:,.0f} | {tps[name]:,.0f} | {ratio:.2f} |")
+    for name, r in c.items():
+        lines.append(
+            f"| {label(name)} | {r['tokens_per_s']:,.0f} | "
+            f"{feed['tokens_per_s'] / r['tokens_per_s']:.2f} | {r['cpu_s_per_mtok']:.4f} | "
+            f"{ratio(r['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.2f} | "
+            f"{r['next_ms_per_step']:.2f} | {r['next_cpu_ms_per_step']:.2f} |"
+        )
+    single, mp = c[result["grain_best_single"]], c.get(result["grain_best_mp"] or "")
+    limit = max(c["format_per_record"]["tokens_per_s"], c["format_batched"]["tokens_per_s"])
+    limit_cpu = min(c["format_per_record"]["cpu_s_per_mtok"], c["format_batched"]["cpu_s_per_mtok"])
     lines += [
         "",
-        f"ours / Grain = {tps['ours'] / tps['grain']:.1f}x; ours / format limit "
-        f"({limit_name}) = {tps['ours'] / tps[limit_name]:.0%}; ours / copy limit = "
-        f"{tps['ours'] / tps['copy']:.1%}",
-        f"tokens consumed in the timed repetitions: ours {result['tokens_consumed']['ours']:,}, "
-        f"Grain {result['tokens_consumed']['grain']:,}",
+        f"DataFeed / Grain's best single process ({label(result['grain_best_single'])}): "
+        f"{feed['tokens_per_s'] / single['tokens_per_s']:.1f}x tokens/s, "
+        f"{ratio(single['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token",
+    ]
+    if mp:
+        lines.append(
+            f"DataFeed / Grain's best mp_prefetch ({label(result['grain_best_mp'])}): "
+            f"{feed['tokens_per_s'] / mp['tokens_per_s']:.1f}x tokens/s, "
+            f"{ratio(mp['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token"
+        )
+    lines.append(
+        f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%} in "
+        f"tokens/s, {ratio(limit_cpu, c['plan']['cpu_s_per_mtok']):.0%} in CPU per token; "
+        f"Plan.batch with the sidecar / through ArrayRecord: "
+        f"{c['plan']['tokens_per_s'] / c['plan_arrayrecord']['tokens_per_s']:.1f}x"
+    )
+    restore = result["restore_s"]
+    steps = list(restore["feed"])
+    lines += [
         "",
-        "| resume: restore to first batch | " + " | ".join(
-            f"step {int(s):,}" for s in result["resume_s"]["ours"]) + " | step 10^6 / step 0 |",
-        "| --- |" + " ---: |" * (len(result["resume_s"]["ours"]) + 1),
-    ]  # fmt: skip
-    for name, label in (("ours", "ours (Plan from ledger + batch)"), ("grain", "Grain set_state")):
-        times = result["resume_s"][name]
-        cells = " | ".join(f"{t * 1e3:.1f} ms" for t in times.values())
-        ratio = times[str(10**6)] / times["0"]
-        lines.append(f"| {label} | {cells} | {ratio:.2f} |")
+        "| restore to the first global batch | "
+        + " | ".join(f"step {int(s):,}" for s in steps)
+        + " | last / first |",
+        "| --- |" + " ---: |" * (len(steps) + 1),
+    ]
+    names = {
+        "feed": "ours: DataFeed + CheckpointManager.restore(DataRestore) + next()",
+        result["grain_best_single"]: "Grain: iterator + set_state + next() + global arrays",
+    }
+    for name, text in names.items():
+        totals = [restore[name][s]["total"] for s in steps]
+        cells = " | ".join(f"{t * 1e3:.1f} ms" for t in totals)
+        lines.append(f"| {text} | {cells} | {totals[-1] / totals[0]:.2f} |")
+    first = restore["feed"][steps[0]]
+    lines.append(
+        f"ours at step 0: DataFeed(config, mesh) {first['construct'] * 1e3:.1f} ms, "
+        f"Orbax restore {first['orbax_restore'] * 1e3:.1f} ms, first next() "
+        f"{first['first_next'] * 1e3:.1f} ms"
+    )
     if result["scale"]:
+        base = result["scale"]["1"]["cpu_s_per_mtok_per_process"]
         lines += [
             "",
-            "| ours, processes | tokens/s per process | total tokens/s | peak RSS per process |",
-            "| ---: | ---: | ---: | ---: |",
+            "| DataFeed, processes | rows per process | tokens/s per process | "
+            "CPU s per M tokens per process | vs 1 process | peak RSS per process |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for processes, runs in result["scale"].items():
-            per = [r["tokens_per_s"] for r in runs]
-            rss = max(r["peak_rss_mb"] for r in runs)
+        for processes, r in result["scale"].items():
             lines.append(
-                f"| {processes} | {statistics.mean(per):,.0f} | {sum(per):,.0f} | {rss:.0f} MB |"
+                f"| {processes} | {r['rows_per_process']} | "
+                f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.4f} | "
+                f"{ratio(r['cpu_s_per_mtok_per_process'], base):.2f} | {r['peak_rss_mb']:.0f} MB |"
             )
     overhead = result["stats_overhead"]
     lines += [
         "",
         f"feed statistics: DataFeed step {overhead['step_s']['with'] * 1e3:.2f} ms with, "
-        f"{overhead['step_s']['without'] * 1e3:.2f} ms without (interleaved A/B, best of reps: "
+        f"{overhead['step_s']['without'] * 1e3:.2f} ms without (interleaved rounds, medians: "
         f"{overhead['ab_overhead']:+.1%}); the statistics' calls alone "
         f"{overhead['stats_call_s'] * 1e6:.0f} us per step = {overhead['call_overhead']:.2%} "
         "of a step",
@@ -554,15 +598,7 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    parser.add_argument("--worker-store", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
-    parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker_out:
-        scale_worker(args)
-        return 0
-    return report(args)
+    return report(parser.parse_args(argv))
 
 
 def report(args: argparse.Namespace) -> int:
@@ -574,5 +610,5 @@ def report(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(ROOT))
     sys.exit(main())

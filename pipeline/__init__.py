@@ -6,14 +6,16 @@ The packages are the layers, top to bottom; imports point down only::
        |
     feed/      JAX and Orbax: global jax.Arrays with prefetch, the checkpoint item,
        |       the Grain view of host rows, the MaxText adapter, statistics and metrics
-    plan/      pure data order: layout (epochs, lanes, windows) -> mixing/stages (which
-       |       source) -> plan (ledger, step, row) -> batch fields; ledger, resume, reports
+    plan/      pure data order, from store metadata alone: layout (epochs, lanes, windows)
+       |       -> mixing/stages (which source) -> plan (ledger, step, row) -> batch fields;
+       |       ledger, resume, reports
     config/    YAML -> a validated DataConfig (schedules included)
-    store/     token stores: the reader, the writer, prepare (local and Beam), tokenizers
-       |
-    errors, keys, urls   typed exceptions, the keyed hash, and gs:// URLs kept apart from
-                         local paths (before a Path mangles them) and read through
-                         etils.epath, which every layer shares
+    store/     token stores: the reader and their metadata, the writer, prepare (local and
+       |       Beam), tokenizers
+    errors, keys, urls, extras, progress
+               what every layer shares: typed exceptions, the keyed hash, gs:// URLs kept
+               apart from local paths (before a Path mangles them) and read through
+               etils.epath, optional imports that name the extra to install, progress bars
 
 Only `feed/` imports JAX, Orbax or Grain; its names below load on first use, so the config,
 store and plan layers (and `pipeline --help`, `prepare`, `verify-store`) start without them.
@@ -29,6 +31,7 @@ from pipeline.errors import (
     ConfigError,
     FeedError,
     LedgerError,
+    MissingExtraError,
     PipelineError,
     PrepareError,
     StoreError,
@@ -36,6 +39,7 @@ from pipeline.errors import (
 )
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows, micro_batch_rows
+from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 
@@ -56,11 +60,13 @@ __all__ = [
     "FeedError",
     "Ledger",
     "LedgerError",
+    "MissingExtraError",
     "PipelineError",
     "Plan",
     "PrepareError",
     "PrepareOptions",
     "StoreError",
+    "StoreMeta",
     "TokenStore",
     "TokenizerError",
     "host_rows",

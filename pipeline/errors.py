@@ -33,5 +33,9 @@ class LedgerError(PipelineError):
     """A ledger or checkpointed data state does not fit the run or the config."""
 
 
+class MissingExtraError(PipelineError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
 class FeedError(PipelineError):
     """The JAX feed cannot serve the requested mesh, sharding or step."""

@@ -116,7 +116,7 @@ def check_against_uninterrupted(ledger: Ledger) -> None:
     replayed = len(seen) - len({r["step"] for r in seen})
     for record in seen:
         step = record["step"]
-        config = plan.segment_at(step).config
+        config = plan.segment_plan_at(step).config
         expected = checksum(plan.batch(step)["inputs"])
         if record["checksum"] != expected:
             raise SystemExit(f"demo: step {step} trained on a different batch than planned")

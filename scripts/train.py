@@ -146,12 +146,15 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     import numpy as np
     import orbax.checkpoint as ocp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
     from pipeline.config import load_config
+    from pipeline.extras import require
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
     from pipeline.feed.eval_feed import eval_feeds
+
+    require("optax", "train", "scripts/train.py")  # tiny_lm's optimizer
+    from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
     primary = jax.process_index() == 0
     config = load_config(args.data_config)
@@ -239,20 +242,15 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
 def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> dict:
     """The per-step log record: stage, epochs per source, loss, total_weights, tokens/s."""
     draws = feed.plan.draws(step)
-    stages = feed.plan.segment(draws.segment).config.stages
-    config = feed.plan.segment(draws.segment).config
-    epochs = {
-        name: int(draws.epoch[draws.source == i].max())
-        for i, name in enumerate(draws.source_names)
-        if (draws.source == i).any()
-    }
+    summary = draws.summary()
+    config = feed.plan.segment_plan(draws.segment_index).config
     return {
         "step": step,
-        "stage": "+".join(sorted({stages[int(s)].name for s in draws.stage})),
+        "stage": summary.stage_label,
         "loss": loss,
         "total_weights": int(metrics["total_weights"]),
         "tokens_per_s": len(draws.rows) * config.seq_len / seconds,
-        "epochs": epochs,
+        "epochs": dict(summary.epochs),
         "checksum": int(metrics["checksum"]),
     }
 

@@ -18,17 +18,18 @@ SHARDS = {
 }
 
 
-def write_stores(directory: Path) -> dict[str, Path]:
+def write_stores(directory: Path, flat: bool = True) -> dict[str, Path]:
     paths = {}
     for name, shards in SHARDS.items():
         paths[name] = Path(directory) / name
         if not paths[name].exists():
-            write_synthetic_store(paths[name], shards)
+            write_synthetic_store(paths[name], shards, flat=flat)
     return paths
 
 
-def two_stage_raw(directory: Path, **overrides: Any) -> dict[str, Any]:
-    paths = write_stores(directory)
+def two_stage_raw(directory: Path, *, flat: bool = True, **overrides: Any) -> dict[str, Any]:
+    """The config's mapping; `flat=False` writes the stores without flat token sidecars."""
+    paths = write_stores(directory, flat)
     raw = {
         "seed": 7,
         "seq_len": 8,
@@ -44,5 +45,5 @@ def two_stage_raw(directory: Path, **overrides: Any) -> dict[str, Any]:
     return raw
 
 
-def two_stage_config(directory: Path, **overrides: Any) -> DataConfig:
-    return parse_config(two_stage_raw(directory, **overrides), origin="feed-test.yaml")
+def two_stage_config(directory: Path, *, flat: bool = True, **overrides: Any) -> DataConfig:
+    return parse_config(two_stage_raw(directory, flat=flat, **overrides), origin="feed-test.yaml")

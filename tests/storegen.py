@@ -1,25 +1,43 @@
 """Synthetic token stores for plan tests: token value = position in the store's natural stream.
 
 With such a store every expectation is arithmetic: a window starting at stream offset `t` holds
-t, t+1, ..., and document boundaries are known from the lengths we chose.
+t, t+1, ..., and document boundaries are known from the lengths we chose. A test that only
+draws (which window of which epoch each row holds) needs no store at all: `synthetic_meta` is
+the metadata such a store would have, and a plan computes from metadata alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.plan.plan import Plan
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 
 EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
+TOKENIZER = {  # the manifest's tokenizer entry of every synthetic store
+    "name": "synthetic",
+    "kind": "synthetic",
+    "model_sha256": "",
+    "spec": "synthetic",
+    "vocab_size": 2**32,
+    "eod_id": EOD,
+}
 
 
 def write_synthetic_store(
-    path: Path, shards: list[list[int]], record_tokens: int = 2048, first: int = 0
+    path: Path,
+    shards: list[list[int]],
+    record_tokens: int = 2048,
+    first: int = 0,
+    flat: bool = True,
 ) -> TokenStore:
-    """A store whose shard i holds documents of lengths shards[i] (split into records).
+    """A store whose shard i holds documents of lengths shards[i] (split into records), with
+    flat token sidecars unless `flat` is false.
 
     `first` shifts every token value: a store written with another `first` is a same-size twin
     (same files sizes, other content)."""
@@ -32,18 +50,22 @@ def write_synthetic_store(
             docs.append(np.arange(position, position + length, dtype=np.uint32))
             position += length
         dtype = np.dtype(np.uint32)
-        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens))
-    tokenizer = {
-        "name": "synthetic",
-        "kind": "synthetic",
-        "model_sha256": "",
-        "spec": "synthetic",
-        "vocab_size": 2**32,
-        "eod_id": EOD,
-    }
-    write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
+        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens, flat))
+    write_manifest(staging, infos, TOKENIZER, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)
     return TokenStore(path)
+
+
+def synthetic_meta(path: Path, shards: list[list[int]]) -> StoreMeta:
+    """What `write_synthetic_store(path, shards)` would describe, without writing anything."""
+    fingerprint = hashlib.sha256(repr(shards).encode()).hexdigest()[:16]
+    tokens = np.array([sum(s) for s in shards], dtype=np.int64)
+    return StoreMeta(Path(path), fingerprint, tokens, np.dtype(np.uint32), TOKENIZER)
+
+
+def arrayrecord_only(plan: Plan) -> Plan:
+    """The same plan over stores that ignore the flat sidecars and read ArrayRecord records."""
+    return Plan(plan.ledger, [TokenStore(store.path, flat=False) for store in plan.stores()])
 
 
 def doc_starts(shards: list[list[int]]) -> np.ndarray:

@@ -43,8 +43,8 @@ def test_a_real_plan_passes_with_complete_epochs_and_all_host_counts(tmp_path):
     assert report.process_counts == (1, 2, 4)
     assert report.hosts_checked == 7
     assert report.rows_checked == 80
-    windows = plan.segment(0).layouts["s0"].windows_per_lane
-    drawn = plan.segment(0).counters_at(20)["s0"]  # s0 draws 0..drawn-1 in each lane
+    windows = plan.segment_plan(0).layouts["s0"].windows_per_lane
+    drawn = plan.segment_plan(0).counters_at(20)["s0"]  # s0 draws 0..drawn-1 in each lane
     assert drawn >= 3 * windows
     assert report.epochs_completed["s0"] == (drawn - 1) // windows
     assert report.epochs_completed["s1"] >= 1
@@ -79,7 +79,7 @@ def tampered(plan: Plan, switch_step: int, counters: dict[str, int]) -> Plan:
 
 def test_counters_going_backwards_repeat_windows_and_fail(tmp_path):
     plan = make_plan(tmp_path)
-    seg = plan.segment(0)
+    seg = plan.segment_plan(0)
     windows = seg.layouts["s0"].windows_per_lane
     # at step 30, rewind every source by a few draws: those windows come again in their epoch
     back = {k: max(0, v - 3) for k, v in seg.counters_at(30).items()}
@@ -97,7 +97,7 @@ def test_counters_going_backwards_repeat_windows_and_fail(tmp_path):
 
 def test_counters_jumping_forward_leave_an_epoch_incomplete_and_fail(tmp_path):
     plan = make_plan(tmp_path)
-    seg = plan.segment(0)
+    seg = plan.segment_plan(0)
     ahead = dict(seg.counters_at(4))
     ahead["s0"] += 3  # skips 3 windows of the current epoch
     report = audit(tampered(plan, 4, ahead), 0, 20, process_counts=[])

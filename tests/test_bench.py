@@ -3,7 +3,7 @@
 The bench's timings are never asserted; its table's structure and token accounting are. The
 batched read (`SourceLayout.read_into`, `TokenStore.read_pieces_into`, `batch.fields`) replaced
 a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
-the fast path must equal bit for bit.
+the fast path must equal bit for bit, through the flat sidecars and through ArrayRecord.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipeline.commands.cli import main
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
+from tests.storegen import arrayrecord_only
 from tests.test_plan import build, setups
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -28,11 +29,12 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(H
 def reference_batch(plan: Plan, step: int, rows=None) -> dict[str, np.ndarray]:
     """The pre-optimisation read: one `SourceLayout.read` per row, per-token scans."""
     draws = plan.draws(step, rows)
-    segment = plan.segment(draws.segment)
+    segment = plan.segment_plan(draws.segment_index)
     seq_len = segment.config.seq_len
+    layouts = [segment.layouts[draws.source_names[s]] for s in draws.source]
     windows = [
-        segment.layouts[draws.source_names[s]].read(int(e), int(t))
-        for s, e, t in zip(draws.source, draws.epoch, draws.start)
+        layout.read(plan.store(layout.meta), int(e), int(t))
+        for layout, e, t in zip(layouts, draws.epoch, draws.start)
     ]
     tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)
     starts = np.zeros((len(windows), seq_len + 1), dtype=bool)
@@ -60,51 +62,91 @@ def test_batched_read_equals_the_per_row_reference(setup, step, data):
         plan = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
         size = setup["global_batch_size"]
         rows = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))
+        records = arrayrecord_only(plan)
         for chosen in (None, rows):
-            fast = plan.batch(step, chosen)
             slow = reference_batch(plan, step, chosen)
-            for field, expected in slow.items():
-                assert fast[field].dtype == expected.dtype == np.int32, field
-                np.testing.assert_array_equal(fast[field], expected, err_msg=field)
+            for fast in (plan.batch(step, chosen), records.batch(step, chosen)):  # sidecar, not
+                for field, expected in slow.items():
+                    assert fast[field].dtype == expected.dtype == np.int32, field
+                    np.testing.assert_array_equal(fast[field], expected, err_msg=field)
 
 
 def test_batched_read_names_a_corrupt_record(tmp_path):
     plan = build(tmp_path, {"seed": 0, "seq_len": 8, "lanes": 1, "global_batch_size": 2,
                             "shards": [[[30, 30, 30], [40, 40]]]})  # fmt: skip
-    store = plan.stores()[0]
+    store = arrayrecord_only(plan).stores()[0]
     index = store.record_offsets(0)
     out = np.empty((1, 9), np.int32)
     store._indexes["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
     with pytest.raises(StoreError, match="corrupt"):
-        store.read_pieces_into(0, np.array([0]), np.array([9]), out, np.array([0]), np.array([0]))
+        store.read_pieces_into([0], [0], [9], out, [0], [0])
     with pytest.raises(StoreError, match="inside the shard"):
-        store.read_pieces_into(0, np.array([5]), np.array([500]), out, np.array([0]), np.array([0]))
+        store.read_pieces_into([0], [5], [500], out, [0], [0])
 
 
-def test_bench_command_prints_the_table_and_both_pipelines_consume_the_same_tokens(
+@pytest.mark.multiprocess  # about ten worker processes, each importing JAX and Grain
+def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batches(
     tmp_path, capsys
 ):
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
-        "--synthetic-doc-len", "60", "--rows", "4", "--seq-len", "64", "--steps", "2",
-        "--reps", "1", "--no-progress", "--json", str(out),
+        "--synthetic-doc-len", "60", "--rows", "8", "--seq-len", "64", "--steps", "2",
+        "--reps", "2", "--round-s", "0", "--pace-ms", "1", "--grain-workers", "1", "--no-scale",
+        "--no-progress", "--json", str(out),
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
-    for label in ("ours: Plan.batch", "Grain packed", "format limit: ArrayRecord read(list)",
-                  "format limit: ArrayRecord read(i, i+1)", "copy limit", "ours / Grain =",
-                  "step 1,000,000", "Grain set_state", "| 2 |"):  # fmt: skip
+    for label in ("**ours: DataFeed -> global arrays**", "ours: MaxText create_data_iterator",
+                  "Grain ReadOptions(num_threads=0, prefetch_buffer_size=0)",
+                  "Grain + mp_prefetch(1 worker)", "limit: ArrayRecord read(i, i+1)",
+                  "DataFeed / Grain's best single process", "DataFeed / Grain's best mp_prefetch",
+                  "step 1,000,000,000", "Orbax restore"):  # fmt: skip
         assert label in printed, label
-    assert set(result["tokens_per_s"]) == {
-        "ours", "grain", "format_batched", "format_per_record", "copy"
-    }  # fmt: skip
-    consumed = result["tokens_consumed"]
-    assert consumed["ours"] == consumed["grain"] == 2 * 4 * 65  # steps x rows x (seq_len + 1)
-    assert set(result["resume_s"]["ours"]) == {"0", "1000", "1000000"}
-    assert [len(result["scale"][p]) for p in ("1", "2")] == [1, 2]
-    assert all(r["peak_rss_mb"] > 0 for runs in result["scale"].values() for r in runs)
+    contenders = result["contenders"]
+    expected = {"feed", "feed_nostats", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0",
+                "grain_t16_b500", "grain_mp1", "format_per_record", "copy"}  # fmt: skip
+    assert expected <= set(contenders)
+    for name, row in contenders.items():
+        assert row["tokens_per_s"] > 0 and row["next_ms_per_step"] > 0, name
+        assert row["cpu_s_per_mtok"] >= 0, name
+    # Each worker counts the tokens of the global arrays it built: 8 rows x 64 per step.
+    assert {row["tokens"] for row in contenders.values()} == {2 * 2 * 8 * 64}
+    restore = result["restore_s"]
+    assert set(restore["feed"]) == {"0", "1000", "1000000", "1000000000"}
     overhead = result["stats_overhead"]
     assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
     assert "feed statistics: DataFeed step" in printed
+    assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
+
+
+def test_grain_contender_fields_restart_after_every_eod():
+    """Grain's packed rows get the six fields from eod positions, like a MaxText user's."""
+    from benchmarks.contenders import Fields
+
+    eod = 99
+    tokens = np.array([[5, eod, 7, 8, eod, 9, 4], [eod, 1, 2, 3, 4, 5, 6]], dtype=np.int32)
+    batch = Fields(eod)({"tokens": tokens})
+    np.testing.assert_array_equal(batch["inputs"], tokens[:, :-1])
+    np.testing.assert_array_equal(batch["targets"], tokens[:, 1:])
+    np.testing.assert_array_equal(
+        batch["inputs_segmentation"], [[1, 1, 2, 2, 2, 3], [1, 2, 2, 2, 2, 2]]
+    )
+    np.testing.assert_array_equal(
+        batch["inputs_position"], [[0, 1, 0, 1, 2, 0], [0, 0, 1, 2, 3, 4]]
+    )
+    np.testing.assert_array_equal(
+        batch["targets_segmentation"], [[1, 2, 2, 2, 3, 3], [2, 2, 2, 2, 2, 2]]
+    )
+
+
+def test_bench_help_lists_the_benchmark_options_loaded_on_demand(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--help"])
+    assert stop.value.code == 0
+    assert "--synthetic-tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--no-such-option"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err

@@ -105,7 +105,7 @@ def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
         ledger = Ledger.from_json(restored["data"]["ledger"])
         assert [s.start_step for s in ledger.segments] == [0, 4]
         assert feed.ledger == ledger
-        carried = old.segment(0).counters_at(4)
+        carried = old.segment_plan(0).counters_at(4)
         assert ledger.segments[1].counters == carried
         after = Plan(ledger)
         for step in (0, 3):  # the past is unchanged

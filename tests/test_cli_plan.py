@@ -60,6 +60,8 @@ def test_inspect_shows_rows_sources_and_documents(tmp_path, stores, capsys):
     plan = Plan.from_config(load_config(config))
     draws = plan.draws(7, [0, 2, 3])
     lines = out.splitlines()
+    summary = draws.summary()
+    assert f"these rows: stage {summary.stage_label}; epochs {summary.epochs_label}" in lines
     row_lines = [line for line in lines if line.split() and line.split()[0] in {"0", "2", "3"}]
     assert [int(line.split()[0]) for line in row_lines] == [0, 2, 3]
     for line, i in zip(row_lines, range(3)):
@@ -71,11 +73,11 @@ def test_inspect_shows_rows_sources_and_documents(tmp_path, stores, capsys):
         assert int(fields[6]) == draws.window[i]
     assert "shard-0000" in out and ".array_record" in out and "tokens" in out
     # the synthetic store's tokens are stream positions: the preview shows them as ids
-    layout = plan.segment(0).layouts[draws.source_names[draws.source[0]]]
+    layout = plan.segment_plan(0).layouts[draws.source_names[draws.source[0]]]
     shard, lo, hi = layout.pieces(
         int(draws.epoch[0]), int(draws.start[0]), int(draws.start[0]) + 9
     )[0]
-    first_token = int(layout.store.read_shard_tokens(shard, lo, hi).tokens[0])
+    first_token = int(plan.store(layout.meta).read_shard_tokens(shard, lo, hi).tokens[0])
     assert f"'{first_token} " in out
 
 
@@ -130,7 +132,7 @@ def test_dump_across_a_switch_indexes_sources_by_the_files_names(tmp_path, store
     first = plan.ledger.segments[0]
     only_b = dict(first.config, sources={"b": first.config["sources"]["b"]},
                   stages=[{"name": "only-b", "steps": None, "mix": {"b": 1}}])  # fmt: skip
-    counters = {"b": plan.segment(0).counters_at(4)["b"]}
+    counters = {"b": plan.segment_plan(0).counters_at(4)["b"]}
     path = tmp_path / "ledger.json"
     Ledger((first, Segment(4, only_b, {"b": first.fingerprints["b"]}, counters))).save(path)
     out = tmp_path / "dump.npz"
@@ -170,7 +172,7 @@ def test_verify_fails_on_a_ledger_whose_counters_go_backwards(tmp_path, stores, 
     config = write_config(tmp_path, stores)
     plan = Plan.from_config(load_config(config))
     first = plan.ledger.segments[0]
-    back = {k: max(0, v - 2) for k, v in plan.segment(0).counters_at(6).items()}
+    back = {k: max(0, v - 2) for k, v in plan.segment_plan(0).counters_at(6).items()}
     path = tmp_path / "ledger.json"
     Ledger((first, Segment(6, first.config, first.fingerprints, back))).save(path)
     code, _, err = run(
@@ -196,7 +198,7 @@ def test_epochs_bisection_matches_a_linear_scan(tmp_path, stores, capsys):
     code, out, _ = run(capsys, "epochs", config, "--count", 2)
     assert code == 0
     plan = Plan.from_config(load_config(config))
-    seg = plan.segment(0)
+    seg = plan.segment_plan(0)
     windows = {name: seg.layouts[name].windows_per_lane for name in SHARDS}
     found: dict[str, dict[int, tuple[int, int]]] = {name: {} for name in SHARDS}
     step = 0
@@ -221,12 +223,12 @@ def test_epochs_of_a_rare_source_at_huge_steps_take_log_time(tmp_path, stores, c
     code, _, _ = run(capsys, "epochs", config, "--count", 1)
     assert code == 0 and time.perf_counter() - start < 5
     plan = Plan.from_config(load_config(config))
-    windows = plan.segment(0).layouts["b"].windows_per_lane
+    windows = plan.segment_plan(0).layouts["b"].windows_per_lane
     step, row = first_draw(plan, 0, "b", windows)
     assert step > 10**9
     draws = plan.draws(step, np.arange(4))
     assert draws.source_names[draws.source[row]] == "b" and draws.counter[row] == windows
-    assert plan.segment(0).counters_at(step)["b"] == windows  # not drawn before that step
+    assert plan.segment_plan(0).counters_at(step)["b"] == windows  # not drawn before that step
 
 
 def test_stages_shows_boundaries_of_an_epochized_stage(tmp_path, stores, capsys):
@@ -239,7 +241,7 @@ def test_stages_shows_boundaries_of_an_epochized_stage(tmp_path, stores, capsys)
     code, out, _ = run(capsys, "stages", config)
     assert code == 0
     plan = Plan.from_config(load_config(config))
-    table = plan.segment(0).table
+    table = plan.segment_plan(0).table
     epo = table.stages[1]
     assert epo.start == 12
     last = epo.end - 1
@@ -256,7 +258,7 @@ def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys):
     first = plan.ledger.segments[0]
     changed = dict(first.config, stages=[{"name": "only-a", "mix": {"a": 1}}])
     path = tmp_path / "ledger.json"
-    counters = plan.segment(0).counters_at(20)
+    counters = plan.segment_plan(0).counters_at(20)
     Ledger((first, Segment(20, changed, first.fingerprints, counters))).save(path)
     code, out, _ = run(capsys, "stages", config, "--ledger", path)
     assert code == 0

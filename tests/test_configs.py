@@ -42,7 +42,7 @@ def test_batch_ramp_grows_the_batch_and_keeps_epochs_exact(workdir):
     assert [plan.batch_size(step) for step in (0, 19, 20, 59, 60, 10**6)] == [8, 8, 16, 16, 32, 32]
     rows = {row.name: row for row in stage_rows(plan)}
     assert (rows["warmup"].end_step, rows["docs-epoch"].start_step) == (29, 30)  # 30 steps
-    docs = plan.segment(0).layouts["docs"].windows_per_lane
+    docs = plan.segment_plan(0).layouts["docs"].windows_per_lane
     drawn = 0
     for step in range(30, rows["docs-epoch"].end_step + 1):
         draws = plan.draws(step)
@@ -62,7 +62,7 @@ def test_the_demo_switch_continues_the_curriculum_where_the_run_is(workdir):
     for step in range(100, 130):
         assert switched.draws(step).source.tolist() == uninterrupted.draws(step).source.tolist()
     main = stage_rows(switched)[-1]
-    assert (main.segment, main.name, main.joined_at) == (1, "main", 100)
+    assert (main.segment_index, main.name, main.joined_at) == (1, "main", 100)
     draws = switched.draws(100)
     assert 0 < int((draws.source == draws.source_names.index("docs")).sum()) < 16  # mid-ramp
     report = audit(switched, 90, 130, process_counts=[2])
@@ -100,9 +100,9 @@ def test_seeds01_switch_to_the_task_dataset_repeats_no_window(workdir):
     ledger = reconcile(main, task, switch, switch=True)
     assert [s.start_step for s in ledger.segments] == [0, switch]
     carried = ledger.segments[1].counters["docs"]
-    assert carried == main.segment(0).counters_at(switch)["docs"] > 0
+    assert carried == main.segment_plan(0).counters_at(switch)["docs"] > 0
     switched = Plan(ledger)
-    windows = switched.segment(1).layouts["docs"].windows_per_lane
+    windows = switched.segment_plan(1).layouts["docs"].windows_per_lane
     # across the switch and through more than one whole docs epoch afterwards
     stop = switch + -(-2 * windows // task.rows_per_lane)
     report = audit(switched, 0, stop, process_counts=[])

@@ -72,13 +72,13 @@ def digest(batch: dict[str, np.ndarray]) -> str:
 
 
 def test_shard_orders_are_pinned(plan):
-    layouts = plan.segment(0).layouts
+    layouts = plan.segment_plan(0).layouts
     got = {(s, e): layouts[s].shard_order(e).tolist() for s, e in SHARD_ORDERS}
     assert got == SHARD_ORDERS
 
 
 def test_window_orders_are_pinned(plan, small_domain):
-    layouts = plan.segment(0).layouts
+    layouts = plan.segment_plan(0).layouts
     got = {}
     for source, epoch, lane in WINDOW_ORDERS:
         w = layouts[source].windows_per_lane

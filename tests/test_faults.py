@@ -220,14 +220,14 @@ def test_an_edited_manifest_is_refused_when_the_store_opens(tmp_path, capsys):
         TokenStore(store)
 
 
+def lower_shard_tokens(manifest: dict) -> None:
+    manifest["shards"][0]["tokens"] -= 10
+    manifest["num_tokens"] -= 10
+
+
 def test_verify_store_checks_token_counts_against_the_shards(tmp_path, capsys):
-    store = synthetic(tmp_path)
-
-    def lower(m):
-        m["shards"][0]["tokens"] -= 10
-        m["num_tokens"] -= 10
-
-    edit_manifest(store, lower, redo_checksum=True)  # a careful edit: the checksum is redone
+    store = synthetic(tmp_path, flat=False)  # no sidecar, whose size would give it away first
+    edit_manifest(store, lower_shard_tokens, redo_checksum=True)  # the checksum is redone
     code, err = cli(capsys, "verify-store", store)
     assert code == 2 and "shard-00000-of-00003.index.npy: spans tokens 0..100" in err
     assert "the manifest says 0..90" in err
@@ -236,10 +236,21 @@ def test_verify_store_checks_token_counts_against_the_shards(tmp_path, capsys):
 
 
 def test_verify_store_checks_the_dtype_against_the_records(tmp_path, capsys):
-    store = synthetic(tmp_path)
+    store = synthetic(tmp_path, flat=False)  # no sidecar, whose size would give it away first
     edit_manifest(store, lambda m: m.update(dtype="uint16"), redo_checksum=True)
     code, err = cli(capsys, "verify-store", store)
     assert code == 2 and "record 0 holds 64 bytes, not the 16 tokens of uint16" in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "size"), [(lower_shard_tokens, 360), (lambda m: m.update(dtype="uint16"), 200)]
+)
+def test_open_checks_counts_and_dtype_against_the_flat_sidecar(tmp_path, capsys, edit, size):
+    store = synthetic(tmp_path)
+    edit_manifest(store, edit, redo_checksum=True)
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and "shard-00000-of-00003.flat.bin: flat token sidecar" in err
+    assert f"not {size} bytes" in err
 
 
 # -- 3. same-size damage ---------------------------------------------------------------------

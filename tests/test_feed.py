@@ -16,6 +16,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, micro_batch_rows
 from tests.feedstores import two_stage_config
+from tests.storegen import arrayrecord_only
 
 
 def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
@@ -63,6 +64,19 @@ def test_batches_equal_the_plan_on_any_mesh(config, shape, names, axes):
             for field in FIELDS:
                 assert batch[field].shape == (8, 8)
                 assert batch[field].sharding == NamedSharding(mesh, PartitionSpec(axes, None))
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_batches_equal_the_arrayrecord_plan_with_and_without_sidecars(tmp_path, flat):
+    """The feed's stores with flat sidecars (or without) give the batches ArrayRecord gives."""
+    expected = arrayrecord_only(Plan.from_config(two_stage_config(tmp_path / "reference")))
+    config = two_stage_config(tmp_path / "feed", flat=flat)
+    with DataFeed(config, mesh_of((4, 2), ("data", "fsdp")), ("data", "fsdp")) as feed:
+        assert all(
+            ("flat" in s) == flat for st in feed.plan.stores() for s in st.manifest["shards"]
+        )
+        for step in range(14):
+            assert_batch(next(feed), expected.batch(step))
 
 
 def test_grad_accum_adds_a_micro_batch_axis(tmp_path):
@@ -173,9 +187,10 @@ def test_close_joins_every_thread_and_is_idempotent(config):
 def test_a_reader_failure_surfaces_in_next_with_its_cause(config, damage):
     feed = DataFeed(config, mesh_of((2,), ("data",)), prefetch=2, threads=2)
     try:
-        for layout in feed.plan.segment(0).layouts.values():
-            for shard in range(layout.store.num_shards):
-                path = layout.store.shard_file(shard)
+        for layout in feed.plan.segment_plan(0).layouts.values():
+            store = feed.plan.store(layout.meta)
+            for shard in range(store.num_shards):
+                path = store.shard_file(shard)
                 if damage == "delete":
                     path.unlink()
                 else:

@@ -120,7 +120,7 @@ def test_a_store_without_its_manifest_never_opens(prefix, corpus, monkeypatch):
     store = f"{prefix}/web"
     with pytest.raises(OSError, match="connection reset"):
         prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
-    assert len(list(location(store).iterdir())) == 6  # every shard file, no manifest
+    assert len(list(location(store).iterdir())) == 8  # every shard file (4 per shard), no manifest
     assert not is_store(store)
     with pytest.raises(StoreError, match=r"manifest\.json is missing"):
         TokenStore(store)
@@ -133,7 +133,7 @@ def test_overwrite_replaces_a_bucket_store(prefix, corpus):
         prepare(PrepareOptions([corpus], store, num_shards=2, progress=False))
     prepare(PrepareOptions([corpus], store, num_shards=2, progress=False, overwrite=True))
     assert TokenStore(str(store), verify=True).num_shards == 2
-    assert len(list(store.iterdir())) == 1 + 2 * 3
+    assert len(list(store.iterdir())) == 1 + 2 * 4  # the manifest, 4 files per shard
 
 
 def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):

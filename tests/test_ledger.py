@@ -72,8 +72,8 @@ def test_a_declared_switch_carries_counters_and_keeps_the_past_reproducible(stor
     ledger = reconcile(before, new, step=switch_step, switch=True)
     assert [s.start_step for s in ledger.segments] == [0, switch_step]
     assert ledger.segments[1].counters == {
-        "main": before.segment(0).counters_at(switch_step)["main"],
-        "task": before.segment(0).counters_at(switch_step)["task"],
+        "main": before.segment_plan(0).counters_at(switch_step)["main"],
+        "task": before.segment_plan(0).counters_at(switch_step)["task"],
         "extra": 0,
     }
     after = Plan(Ledger.from_json(json.loads(json.dumps(ledger.to_json()))))
@@ -88,7 +88,7 @@ def test_a_declared_switch_carries_counters_and_keeps_the_past_reproducible(stor
         ):
             drawn[(draws.source_names[name_index], int(lane), int(epoch), int(window))] += 1
     assert max(drawn.values()) == 1, "a window repeated within its epoch across the switch"
-    task_windows = after.segment(1).layouts["task"].windows_per_lane
+    task_windows = after.segment_plan(1).layouts["task"].windows_per_lane
     completed = [k for k in drawn if k[0] == "task" and k[1] == 0 and k[2] == 0]
     assert len(completed) == task_windows  # the task epoch begun before the switch completed
 

@@ -299,7 +299,7 @@ def test_eval_iterator_repeats_after_reset(tmp_path, mesh):
     expected_plan = Plan.from_config(eval_config(data, data.eval_sources[0]))
     train, evals = create_data_iterator(maxtext_config(path), mesh)
     try:
-        windows = expected_plan.segment(0).layouts["heldout"].windows_per_lane
+        windows = expected_plan.segment_plan(0).layouts["heldout"].windows_per_lane
         assert evals is not None and evals.name == "heldout"
         assert evals.batches == windows // 8 >= 2
         first = [host(batch) for batch in evals]
@@ -326,7 +326,7 @@ def test_eval_batch_follows_eval_per_device_batch_size(tmp_path, mesh):
     data = load_config(path)
     windows = (
         Plan.from_config(eval_config(data, data.eval_sources[0]))
-        .segment(0)
+        .segment_plan(0)
         .layouts["heldout"]
         .windows_per_lane
     )

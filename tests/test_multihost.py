@@ -24,6 +24,7 @@ from pipeline.config import parse_config
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from tests.feedstores import two_stage_raw
+from tests.storegen import arrayrecord_only
 
 pytestmark = pytest.mark.multiprocess
 
@@ -82,14 +83,17 @@ def reference_checksums(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("processes", "devices", "meshes"),
+    ("processes", "devices", "meshes", "flat"),
     [
-        (2, 2, [([4], ["data"], ["data"]), ([2, 2], ["data", "fsdp"], ["data", "fsdp"])]),
-        (4, 1, [([4], ["data"], ["data"]), ([2, 2], ["fsdp", "data"], ["data", "fsdp"])]),
+        (2, 2, [([4], ["data"], ["data"]), ([2, 2], ["data", "fsdp"], ["data", "fsdp"])], True),
+        (2, 2, [([4], ["data"], ["data"])], False),
+        (4, 1, [([4], ["data"], ["data"]), ([2, 2], ["fsdp", "data"], ["data", "fsdp"])], True),
     ],
 )
-def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, devices, meshes):
-    raw = two_stage_raw(tmp_path / "stores")
+def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, devices, meshes, flat):
+    """Every field of several steps equals ArrayRecord's plan, with stores with flat sidecars
+    (the feed's fast path) and without."""
+    raw = two_stage_raw(tmp_path / "stores", flat=flat)
     tasks = [
         {
             "kind": "checksums",
@@ -104,7 +108,7 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
     tasks.append({"kind": "disagree", "odd_one": processes - 1})
     codes = launch(tmp_path, raw, tasks, processes, devices)
     assert codes == [0] * processes, worker_output(tmp_path)
-    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    plan = arrayrecord_only(Plan.from_config(parse_config(raw, origin="multihost.yaml")))
     for i in range(len(meshes)):
         result = np.load(tmp_path / f"mesh{i}.npz")
         for step in STEPS:

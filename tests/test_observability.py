@@ -90,10 +90,10 @@ def test_stats_count_what_the_plan_drew(tmp_path):
     assert stats.steps == 20 and stats.step == 23 and stats.prefetch == 3
     assert stats.rows == {n: int((drawn == i).sum()) for i, n in enumerate(names)}
     assert stats.tokens == {n: rows * 8 for n, rows in stats.rows.items()}
-    layouts = plan.segment(0).layouts
-    width = {n: layouts[n].store.dtype.itemsize for n in names}
+    layouts = plan.segment_plan(0).layouts
+    width = {n: layouts[n].meta.dtype.itemsize for n in names}
     assert stats.bytes_read == {n: rows * 9 * width[n] for n, rows in stats.rows.items()}
-    counters = plan.segment(0).counters_at(23)
+    counters = plan.segment_plan(0).counters_at(23)
     assert stats.ledger_rows == {n: c * 2 for n, c in counters.items()}  # 2 lanes
     assert stats.epochs == {n: c // layouts[n].windows_per_lane for n, c in counters.items()}
     assert stats.epochs["docs"] >= 2  # the range crossed rollovers
@@ -112,7 +112,7 @@ def test_a_feed_without_stats_says_so(tmp_path):
 
 
 def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
-    segment = Plan.from_config(two_stage_config(tmp_path)).segment(0)
+    segment = Plan.from_config(two_stage_config(tmp_path)).segment_plan(0)
 
     def chunk(started: float, finished: float) -> ChunkRead:  # 3 code rows, 1 docs row
         return ChunkRead(segment, np.array([3, 1]), started, finished)

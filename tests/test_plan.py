@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import parse_config
-from pipeline.plan.plan import Plan, host_rows
-from tests.storegen import doc_starts, write_synthetic_store
+from pipeline.config import DataConfig, parse_config
+from pipeline.plan.plan import DrawSummary, Plan, host_rows
+from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -34,27 +34,54 @@ def setups(draw, sources=1):
     }
 
 
-def build(directory: Path, setup: dict, mix: dict | None = None, stages=None) -> Plan:
+def config_of(directory: Path, setup: dict, mix: dict | None = None, stages=None) -> DataConfig:
+    """The data config of `setup`, its source sN's store at directory/sN."""
     names = [f"s{i}" for i in range(len(setup["shards"]))]
-    for name, shards in zip(names, setup["shards"]):
-        write_synthetic_store(directory / name, shards, setup.get("record_tokens", 2048))
     raw = {k: setup[k] for k in ("seed", "seq_len", "lanes", "global_batch_size")}
     raw["sources"] = {name: {"path": str(directory / name)} for name in names}
     if stages is not None:
         raw["stages"] = stages
     else:
         raw["mix"] = mix or dict.fromkeys(names, 1)
-    return Plan.from_config(parse_config(raw, origin="test.yaml"))
+    return parse_config(raw, origin="test.yaml")
+
+
+def build(directory: Path, setup: dict, mix: dict | None = None, stages=None) -> Plan:
+    """The plan of `setup` over real stores written to `directory`."""
+    for i, shards in enumerate(setup["shards"]):
+        write_synthetic_store(directory / f"s{i}", shards, setup.get("record_tokens", 2048))
+    return Plan.from_config(config_of(directory, setup, mix, stages))
+
+
+def plan_of(setup: dict, mix: dict | None = None, stages=None) -> Plan:
+    """The plan of `setup` from store metadata alone: draws only, nothing written or read."""
+    config = config_of(Path("/nonexistent"), setup, mix, stages)
+    metas = {
+        s.name: synthetic_meta(s.path, setup["shards"][int(s.name[1:])]) for s in config.sources
+    }
+    return Plan.from_config(config, metas)
 
 
 def epoch_stream(plan: Plan, name: str, epoch: int) -> np.ndarray:
-    layout = plan.segment(0).layouts[name]
-    store = layout.store
-    parts = [
-        np.arange(store.shard_starts[s], store.shard_starts[s + 1])
-        for s in layout.shard_order(epoch)
-    ]
-    return np.concatenate(parts)
+    layout = plan.segment_plan(0).layouts[name]
+    starts = layout.meta.shard_starts
+    return np.concatenate([np.arange(starts[s], starts[s + 1]) for s in layout.shard_order(epoch)])
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(0, 60))
+def test_store_metadata_alone_gives_the_plan_of_the_written_stores(setup, step):
+    with tempfile.TemporaryDirectory() as tmp:
+        written = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
+        planned = plan_of(setup, mix={"s0": 2, "s1": 1})
+        for got, want in ((planned.draws(s), written.draws(s)) for s in (step, 10**9 + step)):
+            for name in ("lane", "stage", "source", "counter", "epoch", "window", "start"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+        for name in ("s0", "s1"):
+            meta = planned.segment_plan(0).layouts[name].meta
+            assert not meta.path.exists()
+            want = written.segment_plan(0).layouts[name].meta
+            np.testing.assert_array_equal(meta.shard_tokens, want.shard_tokens)
 
 
 @SETTINGS
@@ -92,7 +119,7 @@ def test_hosts_together_produce_the_single_host_batch(setup, data):
 def test_every_window_is_used_exactly_once_per_epoch_per_lane(setup):
     with tempfile.TemporaryDirectory() as tmp:
         plan = build(Path(tmp), setup)
-        layout = plan.segment(0).layouts["s0"]
+        layout = plan.segment_plan(0).layouts["s0"]
         windows = layout.windows_per_lane
         seq_len = setup["seq_len"]
         rows_per_lane = setup["global_batch_size"] // setup["lanes"]
@@ -158,3 +185,23 @@ def test_no_padding_and_exact_mixture_counts(setup, w0, w1):
                 share = position * w0 / (w0 + w1)
                 if row % rows_per_lane == rows_per_lane - 1:
                     assert abs(counts[draws.lane[row], 0] - share) <= 0.5 + 1e-9
+
+
+@SETTINGS
+@given(setups(sources=2), st.integers(0, 200), st.integers(1, 5))
+def test_a_step_summary_is_the_merge_of_its_row_chunks(setup, step, chunks):
+    stages = [{"name": "first", "steps": 3, "mix": {"s0": 1}}, {"name": "then", "mix": {"s1": 1}}]
+    plan = plan_of(setup, stages=stages)
+    draws = plan.draws(step)
+    whole = draws.summary()
+    merged = DrawSummary()
+    for rows in np.array_split(np.arange(setup["global_batch_size"]), chunks):
+        if rows.size:
+            merged = merged.merge(plan.draws(step, rows).summary())
+    assert merged == whole
+    names = [draws.source_names[s] for s in draws.source]
+    assert dict(whole.epochs) == {
+        name: max(int(e) for n, e in zip(names, draws.epoch) if n == name) for name in set(names)
+    }
+    assert whole.stage_label == ("first" if step < 3 else "then")
+    assert whole.epochs_label == " ".join(f"{n}={e}" for n, e in sorted(whole.epochs.items()))

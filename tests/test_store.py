@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.errors import PrepareError, StoreError
 from pipeline.store.doc_order import Placement, place
+from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore, is_store
 
@@ -231,3 +232,96 @@ def test_document_placement_is_pinned() -> None:
         Placement(split="train", shard=6, order=9789340571358237163),
         Placement(split="eval", shard=3, order=5742358741697071248),
     ]
+
+
+def test_store_metadata_reads_the_manifest_alone(tmp_path):
+    out = _prepare_jsonl(tmp_path, [f"text {i} " * i for i in range(1, 30)], 3, seed=1)
+    store = TokenStore(out)
+    meta = StoreMeta.load(out)
+    assert (meta.fingerprint, meta.num_tokens, meta.num_shards) == (
+        store.fingerprint, store.num_tokens, store.num_shards
+    )  # fmt: skip
+    np.testing.assert_array_equal(meta.shard_starts, store.shard_starts)
+    store.close()
+    for shard in out.glob("shard-*"):
+        shard.unlink()  # planning needs none of them; reading does
+    assert StoreMeta.load(out).fingerprint == meta.fingerprint
+    with pytest.raises(StoreError, match="missing"):
+        TokenStore(out)
+    with pytest.raises(StoreError, match="not a token store"):
+        StoreMeta.load(tmp_path)
+
+
+def test_flat_sidecar_reads_equal_arrayrecord_reads(tmp_path: Path) -> None:
+    """The feed's copy path: pieces through the sidecar and through ArrayRecord are equal."""
+    texts = [f"doc {i} " + "x" * (i * 7 % 90) for i in range(80)]
+    path = _prepare_jsonl(tmp_path, texts, num_shards=3, seed=2, record_tokens=5)
+    flat, records = TokenStore(path), TokenStore(path, flat=False)
+    assert all("flat" in entry for entry in flat.manifest["shards"])
+    rng = np.random.default_rng(0)
+    for shard in range(3):
+        size = int(flat.shard_tokens[shard])
+        lo = rng.integers(0, size - 1, 12)
+        hi = np.minimum(lo + rng.integers(1, 40, 12), size)
+        rows, cols = np.arange(12), rng.integers(0, 5, 12)
+        outs, docs = [], []
+        for store in (flat, records):
+            out = np.full((12, 50), -1, np.int32)
+            docs.append(store.read_pieces_into(np.full(12, shard), lo, hi, out, rows, cols))
+            outs.append(out)
+        np.testing.assert_array_equal(outs[0], outs[1])
+        for a, b in zip(*docs):
+            np.testing.assert_array_equal(a, b)
+        for i in range(12):  # and both equal the per-range reader
+            span = records.read_shard_tokens(shard, int(lo[i]), int(hi[i]))
+            np.testing.assert_array_equal(
+                outs[0][i, cols[i] : cols[i] + hi[i] - lo[i]], span.tokens
+            )
+
+
+def test_a_store_without_sidecars_reads_through_arrayrecord(tmp_path: Path) -> None:
+    texts = ["alpha beta", "gamma", "delta epsilon zeta"]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "store"
+    prepare(PrepareOptions([str(corpus)], out, num_shards=2, flat_tokens=False, progress=False))
+    store = TokenStore(out, verify=True)
+    assert not any("flat" in entry for entry in store.manifest["shards"])
+    assert not list(out.glob("*.flat.bin"))
+    tokens = np.full((1, store.num_tokens), -1, np.int32)
+    starts = [0, int(store.shard_tokens[0])]
+    for shard in range(2):
+        size = int(store.shard_tokens[shard])
+        store.read_pieces_into([shard], [0], [size], tokens, [0], [starts[shard]])
+    expected = np.concatenate([d for shard in _expected_shards(texts, 2, 0) for d in shard])
+    np.testing.assert_array_equal(tokens[0], expected)
+
+
+def test_a_stale_missing_or_altered_sidecar_is_refused_by_name(tmp_path: Path) -> None:
+    path = _prepare_jsonl(tmp_path, [f"text number {i}" for i in range(30)], 2, seed=0)
+    entry = TokenStore(path).manifest["shards"][0]
+    sidecar = path / entry["flat"]
+    data = sidecar.read_bytes()
+    out = np.empty((1, 4), np.int32)
+
+    sidecar.write_bytes(data[:-2])
+    with pytest.raises(StoreError, match=f"{sidecar}: flat token sidecar .* missing or not"):
+        TokenStore(path)
+    sidecar.unlink()
+    with pytest.raises(StoreError, match=f"{sidecar}: flat token sidecar .* missing or not"):
+        TokenStore(path)
+
+    # Same size, other tokens (another store's or an older prepare's): the spot check at
+    # first use compares the first and last records with ArrayRecord's.
+    sidecar.write_bytes(data[2:] + data[:2])
+    with pytest.raises(StoreError, match=f"{sidecar}: tokens of record 0 differ"):
+        TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
+    TokenStore(path, flat=False).read_pieces_into([0], [0], [4], out, [0], [0])  # still readable
+
+    # A change in the middle passes the spot check; the full checksum finds it.
+    altered = bytearray(data)
+    altered[len(altered) // 2] ^= 0xFF
+    sidecar.write_bytes(bytes(altered))
+    TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
+    with pytest.raises(StoreError, match=f"{sidecar}: content checksum does not match"):
+        TokenStore(path, verify=True)

@@ -14,7 +14,8 @@ Usage: tpu/install.sh [--env-file FILE] [options] [--dry-run] [-- EXTRA_GCLOUD_F
 Install the project on all workers, in REMOTE_DIR (default: ~/pipeline), then run there
 `tpu/worker.sh setup`: uv (pip --user), a venv REMOTE_DIR/.venv with a pinned Python (uv
 downloads it when the image lacks it), the project with its [tpu] extra (gcsfs, so that
-Orbax and the trainer reach gs://) and jax[tpu]==JAX_VERSION. With --gcsfuse-bucket it also
+Orbax and the trainer reach gs://) and [train] extra (the trainer's optax) and
+jax[tpu]==JAX_VERSION. With --gcsfuse-bucket it also
 mounts the bucket read-only (`tpu/worker.sh mount`, MaxText's gcsfuse cache flags).
 
   copy (default): the committed tree of the local checkout (uncommitted changes are NOT sent)

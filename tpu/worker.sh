@@ -3,7 +3,7 @@
 # from the project directory that tpu/install.sh filled; one subcommand per job:
 #
 #   setup --python VERSION --jax VERSION   uv, a pinned Python in .venv, the project's [tpu]
-#                                          extra and jax[tpu]==VERSION
+#                                          and [train] extras and jax[tpu]==VERSION
 #   mount BUCKET MOUNT_POINT               gcsfuse read-only mount with MaxText's cache flags
 #   preflight                              refuse while a trainer runs, clear stale TPU holders,
 #                                          fail unless this worker sees its TPU chips
@@ -72,7 +72,7 @@ setup() {
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet --upgrade uv
   fi
   uv venv --quiet --allow-existing --python "$python" .venv
-  uv pip install --quiet --python .venv/bin/python -e '.[tpu]' "jax[tpu]==$jax"
+  uv pip install --quiet --python .venv/bin/python -e '.[tpu,train]' "jax[tpu]==$jax"
   # Versions only: touching the devices here would hold the TPU.
   .venv/bin/python -c 'import sys, jax, pipeline
 print("installed on", sys.argv[1], "python", sys.version.split()[0], "jax", jax.__version__)' "$host"

@@ -22,6 +22,7 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import check_eval
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
+from pipeline.plan.sources import open_stores
 from pipeline.store.summary import decode_preview
 from pipeline.urls import location
 
@@ -144,27 +145,27 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     check_eval(config)
     if ledger_path is None:
         return Plan.from_config(config)
-    stores = config.open_stores()
-    plan = Plan(data_state.load_ledger(ledger_path), stores.values())
+    plan = Plan(data_state.load_ledger(ledger_path), open_stores(config).values())
     data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
     return plan
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     plan = load_plan(args.config, args.ledger)
-    config = plan.segment_at(args.step).config
+    config = plan.segment_plan_at(args.step).config
     batch = plan.batch_size(args.step)
     rows = list(range(batch)) if args.rows is None else args.rows
     bad = [r for r in rows if r >= batch]
     if bad:
         raise ConfigError(f"--rows: row {bad[0]} is outside the batch (rows 0..{batch - 1})")
     draws = plan.draws(args.step, rows)
-    seg = plan.segment(draws.segment)
-    stage_names = [stage.spec.name for stage in seg.table.stages]
+    seg = plan.segment_plan(draws.segment_index)
+    summary = draws.summary()
     print(
-        f"step {args.step}: ledger segment {draws.segment} (from step {seg.segment.start_step}), "
-        f"{batch} rows x seq_len {config.seq_len}, {config.lanes} lanes of "
-        f"{batch // config.lanes} rows"
+        f"step {args.step}: ledger segment {draws.segment_index} (from step "
+        f"{seg.segment.start_step}), {batch} rows x seq_len {config.seq_len}, {config.lanes} "
+        f"lanes of {batch // config.lanes} rows\n"
+        f"these rows: stage {summary.stage_label}; epochs {summary.epochs_label}"
     )
     header = f"{'row':>5} {'lane':>4}  {'stage':<14} {'source':<10} {'epoch':>5} "
     header += f"{'counter':>9} {'window':>7}  documents"
@@ -173,10 +174,10 @@ def run_inspect(args: argparse.Namespace) -> int:
     for i, row in enumerate(rows):
         name = draws.source_names[draws.source[i]]
         layout = seg.layouts[name]
-        store = layout.store
+        store = plan.store(layout.meta)
         epoch, start = int(draws.epoch[i]), int(draws.start[i])
         print(
-            f"{row:>5} {int(draws.lane[i]):>4}  {stage_names[draws.stage[i]]:<14} {name:<10} "
+            f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} {name:<10} "
             f"{epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
             f"stream tokens {start:,}..{start + config.seq_len + 1:,}"
         )
@@ -211,7 +212,7 @@ def run_dump(args: argparse.Namespace) -> int:
         )
     rows = host_rows(sizes.pop(), args.process_index, args.process_count)
     segments = range(plan.ledger.segment_index(first), plan.ledger.segment_index(stop - 1) + 1)
-    names = sorted({n for i in segments for n in plan.segment(i).config.source_names})
+    names = sorted({n for i in segments for n in plan.segment_plan(i).config.source_names})
     stacked: dict[str, list[np.ndarray]] = {name: [] for name in (*FIELDS, *PROVENANCE)}
     for step in range(first, stop):
         draws = plan.draws(step, rows)
@@ -263,7 +264,7 @@ def run_epochs(args: argparse.Namespace) -> int:
             if where is not None and where[1]:
                 starts[-1] += f" r{where[1]}"
         print(
-            f"{f'{info.segment:>7}  ' if many else ''}{info.name:<10} "
+            f"{f'{info.segment_index:>7}  ' if many else ''}{info.name:<10} "
             f"{info.windows_per_lane:>12,} {info.lanes:>5} {info.tokens_per_epoch:>14,} "
             f"{info.store_tokens:>14,}  {'; '.join(starts)}"
         )
@@ -277,7 +278,7 @@ def run_stages(args: argparse.Namespace) -> int:
         f"{'seg':>3} {'stage':<14} {'start step':>12} {'end step':>16}  {'kind':<11} mix / epochs"
     )
     for index, segment in enumerate(plan.ledger.segments):
-        seg = plan.segment(index)
+        seg = plan.segment_plan(index)
         config = seg.config
         anchoring = ""
         if index:
@@ -291,7 +292,7 @@ def run_stages(args: argparse.Namespace) -> int:
             "counters at start "
             + ", ".join(f"{k}={v:,}" for k, v in sorted(segment.counters.items()))
         )
-        for row in (r for r in rows if r.segment == index):
+        for row in (r for r in rows if r.segment_index == index):
             start = f"{row.start_step:,}" + (f" r{row.start_row}" if row.start_row else "")
             if row.joined_at is not None:
                 start = f"{row.joined_at:,} ({start})"

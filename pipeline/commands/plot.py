@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.extras import require
 from pipeline.plan.plan import Plan
 from pipeline.plan.report import rollovers_between, stage_rows, target_shares
 
@@ -18,8 +19,7 @@ MAX_POINTS = 1500  # steps sampled for the realised share over long ranges
 
 
 def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plot", "pipeline plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

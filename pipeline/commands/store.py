@@ -37,6 +37,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="split longer documents into records of at most this many tokens (default "
         f"{DEFAULT_RECORD_TOKENS}), so a window reads about what it needs",
     )
+    p.add_argument(
+        "--no-flat-tokens",
+        action="store_true",
+        help="do not write the flat token sidecar per shard (the feed then reads ArrayRecord "
+        "records, slower; the sidecar doubles the disk space)",
+    )
     p.add_argument("--seed", type=int, default=0, help="document order shuffle seed")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     p.add_argument("--eval-fraction", type=float, default=0.0, help="held-out document share")
@@ -70,6 +76,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         num_shards=args.num_shards,
         record_tokens=args.record_tokens,
+        flat_tokens=not args.no_flat_tokens,
         seed=args.seed,
         workers=args.workers,
         eval_fraction=args.eval_fraction,

@@ -33,8 +33,7 @@ from typing import Any
 
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
-from pipeline.errors import ConfigError, StoreError
-from pipeline.store.token_store import TokenStore
+from pipeline.errors import ConfigError
 from pipeline.urls import is_url, location
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
@@ -148,16 +147,6 @@ class DataConfig:
 
     def source(self, name: str) -> SourceSpec:
         return next(s for s in self.sources if s.name == name)
-
-    def open_stores(self) -> dict[str, TokenStore]:
-        """Open every source's store; a bad one is named by its config key."""
-        stores = {}
-        for spec in self.sources:
-            try:
-                stores[spec.name] = TokenStore(spec.path)
-            except StoreError as error:
-                raise ConfigError(f"{self.origin}: sources.{spec.name}.path: {error}") from error
-        return stores
 
 
 def load_config(path: str | Path) -> DataConfig:

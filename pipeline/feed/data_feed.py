@@ -17,9 +17,12 @@ each local device's slice of the global array, and the process reads exactly the
 rows (no host reads a row that none of its devices holds). Any mesh layout and any batch axes
 work, including meshes where devices also replicate the batch over a model axis.
 
-Reading and host assembly run ahead in a thread pool: at most `prefetch` steps are in flight,
-each split into up to `threads` row chunks. The device transfer happens in the consumer's
-thread, in `next()`. The rows of a step are a pure function of (ledger, step, row), so the
+Reading, host assembly and the device transfer run ahead in a thread pool: at most `prefetch`
+steps are in flight, each one task (the pool's `threads` work on different steps). A task reads
+the step's local rows with one `Plan.read` and transfers every field with one
+`jax.make_array_from_process_local_data` call, so `next()` in the training thread only hands
+over arrays that are already on the devices (prefetched batches occupy device memory, as with
+any device prefetch). The rows of a step are a pure function of (ledger, step, row), so the
 result never depends on depth, threads, timing or restart history; `seek` only moves the step.
 
 Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
@@ -56,7 +59,7 @@ from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import DrawSummary, Plan
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -70,27 +73,30 @@ class _Geometry:
 
     shape: tuple[int, ...]
     sharding: NamedSharding
+    row_sharding: NamedSharding  # of per-row provenance fields: no sequence axis
     rows: np.ndarray  # sorted global rows this process reads
-    devices: tuple[tuple[jax.Device, np.ndarray], ...]  # device -> positions in `rows`, shaped
+    local_shape: tuple[int, ...]  # the process's block of a field, rows in `rows` order
 
+    def to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """The global arrays of the process's rows: one transfer call for all fields.
 
-@dataclass
-class _Summary:
-    """What a step's local rows drew: stages and, per source, the highest epoch."""
-
-    stages: set[tuple[int, str]]
-    epochs: dict[str, int]
-
-    def merge(self, other: _Summary) -> None:
-        self.stages |= other.stages
-        for name, epoch in other.epochs.items():
-            self.epochs[name] = max(epoch, self.epochs.get(name, -1))
+        `make_array_from_process_local_data` maps the process's sorted row blocks onto its
+        devices' slices itself, so no per-device copy is made here.
+        """
+        shardings, local, shapes = {}, {}, {}
+        for field, values in host.items():
+            tokens = field in FIELDS  # else per-row provenance: no sequence axis
+            shardings[field] = self.sharding if tokens else self.row_sharding
+            shapes[field] = self.shape if tokens else self.shape[:-1]
+            local[field] = values.reshape(self.local_shape if tokens else self.local_shape[:-1])
+        arrays = jax.make_array_from_process_local_data(shardings, local, shapes)
+        return {field: arrays[field] for field in host}  # a pytree comes back key-sorted
 
 
 @dataclass
 class _Chunk:
-    batch: dict[str, np.ndarray]  # the six fields and the provenance asked for
-    summary: _Summary
+    batch: dict[str, Any]  # the six fields and the provenance asked for (host, then global)
+    summary: DrawSummary
     read: ChunkRead | None  # None when the feed keeps no statistics
 
 
@@ -104,12 +110,15 @@ def _read_chunk(
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
-    stages = plan.segment(draws.segment).config.stages
-    summary = _Summary({(draws.segment, stages[int(i)].name) for i in np.unique(draws.stage)}, {})
-    for s in np.unique(draws.source):
-        epochs = draws.epoch[draws.source == s]
-        summary.epochs[draws.source_names[int(s)]] = int(epochs.max())
-    return _Chunk(batch, summary, ChunkRead.of(plan, draws, started) if measure else None)
+    return _Chunk(batch, draws.summary(), ChunkRead.of(plan, draws, started) if measure else None)
+
+
+def _read_step(
+    plan: Plan, step: int, geometry: _Geometry, provenance: tuple[str, ...], measure: bool
+) -> _Chunk:
+    """A reader thread's task: one step's local rows, read and transferred to the devices."""
+    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure)
+    return _Chunk(geometry.to_global(chunk.batch), chunk.summary, chunk.read)
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
@@ -180,8 +189,8 @@ class DataFeed:
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
             self._geometry(size, self.config.seq_len)
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: collections.deque[tuple[int, list[Future]]] = collections.deque()
-        self._last: _Summary | None = None
+        self._pending: collections.deque[tuple[int, Future]] = collections.deque()
+        self._last: DrawSummary | None = None
         self._closed = False
         self._step = self._check_step(step)
         background = self.config.feed.verify == "background"
@@ -214,7 +223,7 @@ class DataFeed:
 
     def source_names(self, step: int | None = None) -> tuple[str, ...]:
         """What the `source` field of `step` (default: the next step) indexes."""
-        return self._plan.segment_at(self._step if step is None else step).config.source_names
+        return self._plan.segment_plan_at(self._step if step is None else step).config.source_names
 
     def stats(self) -> FeedStats:
         """A snapshot of what this process's feed served and how long it took."""
@@ -238,6 +247,15 @@ class DataFeed:
         self._last = None
         if self._stats is not None:
             self._stats.restart()
+
+    def start_prefetch(self) -> None:
+        """Start reading the next `prefetch` steps now rather than at the first `next()`.
+
+        A restore calls it as soon as the data state is adopted, so the first batch is being
+        read while the checkpoint manager restores the rest of the checkpoint.
+        """
+        self._ensure_open()
+        self._fill()
 
     def state(self) -> dict[str, Any]:
         """The whole data state, small and JSON-able: the next step and the ledger."""
@@ -278,12 +296,12 @@ class DataFeed:
         entered = time.perf_counter()
         step = self._step
         self._fill()
-        ready = sum(all(f.done() for f in futures) for _, futures in self._pending)
-        queued, futures = self._pending.popleft()
+        ready = sum(future.done() for _, future in self._pending)
+        queued, future = self._pending.popleft()
         if queued != step:  # cannot happen: seek clears the queue
             raise FeedError(f"internal: prefetched step {queued}, expected {step}")
         try:
-            chunks = [future.result() for future in futures]
+            chunk = future.result()
         except PipelineError as error:
             self._drop_pending()
             raise FeedError(f"step {step}: cannot read the batch: {error}") from error
@@ -293,20 +311,12 @@ class DataFeed:
                 f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
             ) from error
         self._step = step + 1
-        self._fill()  # keep the readers busy while the device transfer runs
-        summary = _Summary(set(), {})
-        for chunk in chunks:
-            summary.merge(chunk.summary)
+        self._fill()
         if self.log_events:
-            self._log_events(step, summary)
-        host = {
-            field: np.concatenate([c.batch[field] for c in chunks])
-            for field in (*FIELDS, *self.provenance)
-        }
-        batch = self._to_device(step, host)
+            self._log_events(step, chunk.summary)
         if self._stats is not None:
-            self._stats.served(step, [c.read for c in chunks], entered, time.perf_counter(), ready)
-        return batch
+            self._stats.served(step, [chunk.read], entered, time.perf_counter(), ready)
+        return chunk.batch
 
     def __enter__(self) -> DataFeed:
         return self
@@ -331,7 +341,7 @@ class DataFeed:
             )
 
     def _geometry_at(self, step: int) -> _Geometry:
-        segment = self._plan.segment_at(step)
+        segment = self._plan.segment_plan_at(step)
         return self._geometry(segment.batch_size(step), segment.config.seq_len)
 
     def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
@@ -363,12 +373,15 @@ class DataFeed:
         # Row r of the step is row r % micro of micro-batch r // micro (`micro_batch_rows`).
         all_rows = np.arange(global_batch_size).reshape(accum, micro)
         per_device = []
-        for device, index in sharding.addressable_devices_indices_map(shape).items():
+        for index in sharding.addressable_devices_indices_map(shape).values():
             rows = all_rows.reshape(-1)[index[0]] if accum == 1 else all_rows[index[:2]]
-            per_device.append((device, rows))
-        local = np.unique(np.concatenate([rows.reshape(-1) for _, rows in per_device]))
-        devices = tuple((device, np.searchsorted(local, rows)) for device, rows in per_device)
-        geometry = _Geometry(shape, sharding, local, devices)
+            per_device.append(rows.reshape(-1))
+        local = np.unique(np.concatenate(per_device))
+        # Every device holds the same slice of each micro-batch, so the sorted local rows are
+        # `accum` equal groups, one per micro-batch.
+        local_shape = (len(local), seq_len) if accum == 1 else (accum, len(local) // accum, seq_len)
+        row_sharding = NamedSharding(self.mesh, PartitionSpec(*spec[:-1]))
+        geometry = _Geometry(shape, sharding, row_sharding, local, local_shape)
         self._geometries[key] = geometry
         return geometry
 
@@ -379,45 +392,30 @@ class DataFeed:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pipeline-feed")
         queued = self._pending[-1][0] + 1 if self._pending else self._step
         while len(self._pending) < self.prefetch:
-            rows = self._geometry_at(queued).rows  # also builds the segment in this thread
-            chunks = np.array_split(rows, min(self.threads, len(rows)))
-            futures = [
-                self._pool.submit(
-                    _read_chunk, self._plan, queued, c, self.provenance, self._stats is not None
-                )
-                for c in chunks
-            ]
-            self._pending.append((queued, futures))
+            geometry = self._geometry_at(queued)  # also builds the segment in this thread
+            measure = self._stats is not None
+            future = self._pool.submit(
+                _read_step, self._plan, queued, geometry, self.provenance, measure
+            )
+            self._pending.append((queued, future))
             queued += 1
 
     def _drop_pending(self) -> None:
         while self._pending:
-            _, futures = self._pending.popleft()
-            for future in futures:
-                future.cancel()
+            _, future = self._pending.popleft()
+            future.cancel()
 
-    # -- output ------------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------
 
-    def _to_device(self, step: int, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        geometry = self._geometry_at(step)
-        out = {}
-        for field, values in host.items():
-            shape, sharding = geometry.shape, geometry.sharding
-            if field not in FIELDS:  # per-row provenance: no sequence axis
-                shape = shape[:-1]
-                sharding = NamedSharding(self.mesh, PartitionSpec(*sharding.spec[:-1]))
-            arrays = [
-                jax.device_put(values[positions], device) for device, positions in geometry.devices
-            ]
-            out[field] = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
-        return out
-
-    def _log_events(self, step: int, summary: _Summary) -> None:
+    def _log_events(self, step: int, summary: DrawSummary) -> None:
         last, self._last = self._last, summary
         if last is None:
-            stages = ", ".join(name for _, name in sorted(summary.stages))
-            epochs = ", ".join(f"{n} epoch {e}" for n, e in sorted(summary.epochs.items()))
-            log.info("feed starts at step %d: stage %s; %s", step, stages, epochs)
+            log.info(
+                "feed starts at step %d: stage %s; epochs %s",
+                step,
+                summary.stage_label,
+                summary.epochs_label,
+            )
             return
         for _, name in sorted(summary.stages - last.stages):
             log.info("step %d: stage %s starts", step, name)

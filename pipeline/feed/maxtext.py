@@ -100,7 +100,8 @@ class LocalIterator:
         restore_state(self._feed, parsed, switch=self.switch)
 
     def start_prefetch(self) -> None:
-        """Called by Grain's handler after `set_state`; the feed prefetches on `next()`."""
+        """Called by Grain's handler after `set_state`; `set_state` has already started it."""
+        self._feed.start_prefetch()
 
     def __iter__(self) -> LocalIterator:
         return self

@@ -45,6 +45,7 @@ def restore_state(
     data_state.verify(state, plan, checkpoint_step)
     reconciled = reconcile(plan, feed.config, state.step, switch=switch)
     feed.adopt(reconciled, state.step)
+    feed.start_prefetch()  # read the first batch while Orbax restores the other items
     log.info(
         "restored the data state at step %d (%d ledger segment%s)",
         state.step,

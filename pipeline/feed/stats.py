@@ -44,7 +44,7 @@ class ChunkRead:
     @classmethod
     def of(cls, plan: Plan, draws: Draws, started: float) -> ChunkRead:
         rows = np.bincount(draws.source, minlength=len(draws.source_names))
-        return cls(plan.segment(draws.segment), rows, started, time.perf_counter())
+        return cls(plan.segment_plan(draws.segment_index), rows, started, time.perf_counter())
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class Recorder:
                     self._rows[name] += rows
                     self._tokens[name] += rows * length
                     self._bytes[name] += (
-                        rows * (length + 1) * segment.layouts[name].store.dtype.itemsize
+                        rows * (length + 1) * segment.layouts[name].meta.dtype.itemsize
                     )
             self._read.append(read)
             self._wait.append(wait)
@@ -143,7 +143,7 @@ class Recorder:
             rows, tokens, size = dict(self._rows), dict(self._tokens), dict(self._bytes)
             read, wait, sums = list(self._read), list(self._wait), list(self._sums)
             steps, bound, ready = self._steps, self._bound, self._ready
-        segment = plan.segment_at(step)
+        segment = plan.segment_plan_at(step)
         config = segment.config
         counters = segment.counters_at(step)  # windows per lane, carried across switches
         return FeedStats(

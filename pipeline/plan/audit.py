@@ -17,16 +17,15 @@ For every step in the range the audit computes the whole global batch and checks
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
 from pipeline.errors import ConfigError
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, host_rows
+from pipeline.progress import progress_bar
 
 MAX_VIOLATIONS = 1000
 
@@ -113,7 +112,7 @@ def audit(
     columns: list[list[np.ndarray]] = [[] for _ in range(7)]
     used_counts: set[int] = set()
     for step in range(start, stop) if counts else ():  # every count against every size, first
-        size, lanes = plan.batch_size(step), plan.segment_at(step).config.lanes
+        size, lanes = plan.batch_size(step), plan.segment_plan_at(step).config.lanes
         for count in counts:
             if not compatible(count, size, lanes):
                 raise ConfigError(
@@ -121,12 +120,10 @@ def audit(
                     f"{size} and {lanes} lanes; a process count must divide the batch (every "
                     "scheduled size) and divide or be divided by the lane count"
                 )
-    for step in tqdm(
-        range(start, stop), desc="verify", unit="step", disable=not progress, file=sys.stderr
-    ):
+    for step in progress_bar(range(start, stop), desc="verify", unit=" step", enabled=progress):
         draws = plan.draws(step)
         batch = plan.read(draws)
-        seg = plan.segment(draws.segment)
+        seg = plan.segment_plan(draws.segment_index)
         config = seg.config
         size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)

@@ -12,6 +12,7 @@ from pipeline.config import DataConfig, SourceSpec, StageSpec
 from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError
 from pipeline.plan.plan import Plan, check_one_vocabulary
+from pipeline.plan.sources import load_metas
 
 ALWAYS = WeightSchedule("constant", ((0, 1.0),))
 
@@ -31,14 +32,18 @@ def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
     )
 
 
-def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
+def eval_plan(
+    config: DataConfig, source: SourceSpec, *, open_store: bool = True
+) -> tuple[Plan, int]:
     """(the eval set's plan, how many full batches it serves); refuses a store too small or
-    one prepared with another tokenizer than the training sources (`check_one_vocabulary`)."""
-    plan = Plan.from_config(eval_config(config, source))
-    named = {f"eval.sources.{source.name}": plan.stores()[0]}
-    train = {f"sources.{name}": store for name, store in config.open_stores().items()}
-    check_one_vocabulary(config, {**train, **named})
-    windows = plan.segment(0).layouts[source.name].windows_per_lane
+    one prepared with another tokenizer than the training sources (`check_one_vocabulary`).
+    Reads manifests only, and opens the eval store (its files checked) if `open_store`."""
+    settings = eval_config(config, source)
+    meta = load_metas(settings)[source.name]
+    train = {f"sources.{name}": m for name, m in load_metas(config).items()}
+    check_one_vocabulary(config, {**train, f"eval.sources.{source.name}": meta})
+    plan = Plan.from_config(settings, None if open_store else {source.name: meta})
+    windows = plan.segment_plan(0).layouts[source.name].windows_per_lane
     available = windows // config.final_batch_size
     if available == 0:
         raise ConfigError(
@@ -51,6 +56,6 @@ def eval_plan(config: DataConfig, source: SourceSpec) -> tuple[Plan, int]:
 
 
 def check_eval(config: DataConfig) -> None:
-    """Open every eval store of `config` and check it as `eval_plan` does."""
+    """Check every eval store of `config` as `eval_plan` does, from its manifest alone."""
     for source in config.eval_sources:
-        eval_plan(config, source)
+        eval_plan(config, source, open_store=False)

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.permutation import ROUNDS, permutation, permute, round_keys
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenSpan, TokenStore
 
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
@@ -30,18 +31,21 @@ SMALL_DOMAIN = 1 << 16
 
 
 class SourceLayout:
-    def __init__(self, name: str, store: TokenStore, seed: int, seq_len: int, lanes: int) -> None:
+    """One source's epochs, lanes and windows, from its store's metadata alone; reading a window
+    takes the open store (`read`, `read_into`)."""
+
+    def __init__(self, name: str, meta: StoreMeta, seed: int, seq_len: int, lanes: int) -> None:
         self.name = name
-        self.store = store
+        self.meta = meta
         self.seed = seed
         self.seq_len = seq_len
         self.lanes = lanes
-        self.lane_tokens = store.num_tokens // lanes
+        self.lane_tokens = meta.num_tokens // lanes
         self.windows_per_lane = (self.lane_tokens - 1) // seq_len
         if self.windows_per_lane < 1:
             raise ConfigError(
                 f"sources.{name}: seq_len {seq_len} needs at least {seq_len + 1} tokens per lane, "
-                f"but {store.path} has {store.num_tokens} tokens for {lanes} lanes "
+                f"but {meta.path} has {meta.num_tokens} tokens for {lanes} lanes "
                 "(use a smaller seq_len or fewer lanes)"
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
@@ -80,11 +84,11 @@ class SourceLayout:
             position += 1
         return out
 
-    def read(self, epoch: int, start: int) -> TokenSpan:
-        """The window of `seq_len + 1` tokens at `start` of the epoch stream."""
+    def read(self, store: TokenStore, epoch: int, start: int) -> TokenSpan:
+        """The window of `seq_len + 1` tokens at `start` of the epoch stream, from `store`."""
         spans, offset, doc_starts = [], 0, []
         for shard, lo, hi in self.pieces(epoch, start, start + self.seq_len + 1):
-            span = self.store.read_shard_tokens(shard, lo, hi)
+            span = store.read_shard_tokens(shard, lo, hi)
             spans.append(span.tokens)
             doc_starts.append(span.doc_starts + offset)
             offset += hi - lo
@@ -93,12 +97,17 @@ class SourceLayout:
         return TokenSpan(np.concatenate(spans), np.concatenate(doc_starts))
 
     def read_into(
-        self, out: np.ndarray, out_rows: np.ndarray, epochs: np.ndarray, starts: np.ndarray
+        self,
+        store: TokenStore,
+        out: np.ndarray,
+        out_rows: np.ndarray,
+        epochs: np.ndarray,
+        starts: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Windows at `starts` of `epochs` into rows `out_rows` of `out` [rows, seq_len + 1].
 
-        The batched `read`: a window's pieces (`pieces`) are found for all rows at once, and
-        each shard is read once for all the pieces in it. Returns (row, column) in `out` of
+        The batched `read`: a window's pieces (`pieces`) are found for all rows at once and
+        read with one `TokenStore.read_pieces_into` call. Returns (row, column) in `out` of
         every document start.
         """
         out_rows = np.asarray(out_rows, dtype=np.int64)
@@ -123,27 +132,15 @@ class SourceLayout:
             parts.append((order[piece], lo - bounds[piece], hi - bounds[piece], rows[window],
                           lo - start[window]))  # fmt: skip
         shard, lo, hi, rows, cols = (np.concatenate(column) for column in zip(*parts))
-        order = np.argsort(shard, kind="stable")  # group the pieces by shard, in one pass
-        shard, lo, hi, rows, cols = (
-            column[order].tolist() for column in (shard, lo, hi, rows, cols)
-        )
-        cuts = [i for i in range(1, len(shard)) if shard[i] != shard[i - 1]]
-        doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for a, b in zip([0, *cuts], [*cuts, len(shard)]):
-            r, c = self.store.read_pieces_into(
-                shard[a], lo[a:b], hi[a:b], out, rows[a:b], cols[a:b]
-            )
-            doc_rows.append(r)
-            doc_cols.append(c)
-        return np.concatenate(doc_rows), np.concatenate(doc_cols)
+        return store.read_pieces_into(shard, lo, hi, out, rows, cols)
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return self._shard_starts(epoch)[0]
 
     def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         keys = round_keys(self.seed, "shard-order", self.name, epoch)
-        order = permutation(self.store.num_shards, keys)
-        starts = np.concatenate([[0], np.cumsum(self.store.shard_tokens[order])])
+        order = permutation(self.meta.num_shards, keys)
+        starts = np.concatenate([[0], np.cumsum(self.meta.shard_tokens[order])])
         return order, starts
 
     def _lane_keys(self, epoch: int, lane: int) -> np.ndarray:

@@ -3,6 +3,8 @@
 Index vocabulary, used everywhere in this package:
 
     step            optimizer step, counted from the start of the run (0, 1, ...)
+    segment         a ledger `Segment` (a config in force from its start step); its index
+                    in the ledger is a `segment_index`, and its plan a `SegmentPlan`
     micro-batch     one of `grad_accum` consecutive slices of a step's rows
     row             index of a row in the step's global batch, 0 .. global_batch_size - 1
                     (the batch of that step, when `global_batch_size` is a schedule)
@@ -17,14 +19,19 @@ Index vocabulary, used everywhere in this package:
     epoch, window   counter // windows_per_lane, and the window's index in the lane's epoch
                     order (a keyed bijection of counter % windows_per_lane)
     token start     where the window starts in the source's epoch stream (layout.py)
+    schedule start  the lane position of a stage's step 0 (its first row's step; stages.py)
+
+A config's `origin` is only ever its file label, for messages.
 
 Nothing here holds iterator state: resuming is calling `batch(step, rows)` with another step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -35,8 +42,35 @@ from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout
 from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.sources import open_stores
 from pipeline.plan.stages import StageTable
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
+
+
+@dataclass(frozen=True)
+class DrawSummary:
+    """Which stages and source epochs some rows of a step drew: what the feed's log, the
+    trainer's log and `inspect` report. Summaries of a step's row chunks `merge`."""
+
+    stages: frozenset[tuple[int, str]] = frozenset()  # (ledger segment index, stage name)
+    epochs: Mapping[str, int] = field(default_factory=dict)  # source -> highest epoch drawn
+
+    def merge(self, other: DrawSummary) -> DrawSummary:
+        epochs = dict(self.epochs)
+        for name, epoch in other.epochs.items():
+            epochs[name] = max(epoch, epochs.get(name, -1))
+        return DrawSummary(self.stages | other.stages, epochs)
+
+    @property
+    def stage_label(self) -> str:
+        """The stage names, joined by '+' when the rows straddle a stage boundary."""
+        return "+".join(sorted({name for _, name in self.stages}))
+
+    @property
+    def epochs_label(self) -> str:
+        """`name=epoch` per source, by name."""
+        return " ".join(f"{name}={epoch}" for name, epoch in sorted(self.epochs.items()))
 
 
 @dataclass(frozen=True)
@@ -45,9 +79,10 @@ class Draws:
 
     step: int
     rows: np.ndarray
-    segment: int
+    segment_index: int  # the ledger segment that decides the step
     lane: np.ndarray
-    stage: np.ndarray
+    stage: np.ndarray  # index into `stage_names`
+    stage_names: tuple[str, ...]
     source: np.ndarray  # index into `source_names`
     source_names: tuple[str, ...]
     counter: np.ndarray
@@ -60,6 +95,14 @@ class Draws:
         extra fields carry them (`feed.provenance`, `pipeline dump`)."""
         return {name: getattr(self, name) for name in names}
 
+    def summary(self) -> DrawSummary:
+        stages = {(self.segment_index, self.stage_names[s]) for s in np.unique(self.stage)}
+        epochs = {
+            self.source_names[s]: int(self.epoch[self.source == s].max())
+            for s in np.unique(self.source).tolist()
+        }
+        return DrawSummary(frozenset(stages), epochs)
+
 
 class SegmentPlan:
     """The plan of one ledger segment: its config, source layouts and stage table.
@@ -69,17 +112,18 @@ class SegmentPlan:
     config would. Counters are the run's: the table is offset so that at the segment's start
     each source's counter is the one the ledger carried, and counts on from there (a table
     anchored before the start holds meaningless counters before it, which nothing reads).
-    The layout is a pure function of the segment's entry in the ledger and its stores.
+    The layout is a pure function of the segment's entry in the ledger and its stores'
+    metadata (`StoreMeta`): no shard file is opened.
     """
 
-    def __init__(self, segment: Segment, config: DataConfig, stores: dict[str, TokenStore]):
+    def __init__(self, segment: Segment, config: DataConfig, metas: Mapping[str, StoreMeta]):
         self.segment = segment
         self.config = config
         self.anchor = segment.stages_from
         self.clock = StepClock(config.batch_sizes, config.lanes)
         try:
             self.layouts = {
-                name: SourceLayout(name, stores[name], config.seed, config.seq_len, config.lanes)
+                name: SourceLayout(name, metas[name], config.seed, config.seq_len, config.lanes)
                 for name in config.source_names
             }
         except ConfigError as error:
@@ -122,8 +166,12 @@ class SegmentPlan:
         return lane, self.position_of(step) + in_lane
 
     def counters_at(self, step: int) -> dict[str, int]:
-        """Each source's counter at the first row of `step`."""
-        counters = self.table.counters(self.position_of(step))
+        """Each source's counter before the first row of `step` (past a last stage that ends:
+        the counters at its end)."""
+        position = self.position_of(step)
+        if self.table.end is not None:
+            position = min(position, self.table.end)
+        counters = self.table.counters(position)
         return {name: int(c) for name, c in zip(self.config.source_names, counters)}
 
     def end_step(self) -> int | None:
@@ -139,46 +187,66 @@ class SegmentPlan:
 
 
 class Plan:
-    """The plan of a whole run (all ledger segments)."""
+    """The plan of a whole run (all ledger segments).
 
-    def __init__(self, ledger: Ledger, stores: Iterable[TokenStore] = ()) -> None:
+    `stores` are open `TokenStore`s or only their `StoreMeta`: metadata is enough to compute
+    draws; `read` opens a store the plan was given only the metadata of on first use.
+    """
+
+    def __init__(self, ledger: Ledger, stores: Iterable[TokenStore | StoreMeta] = ()) -> None:
         self.ledger = ledger
-        self._stores = {store.fingerprint: store for store in stores}
+        self._metas: dict[str, StoreMeta] = {}
+        self._stores: dict[str, TokenStore] = {}
+        self._opening = threading.Lock()
+        for store in stores:
+            self._metas[store.fingerprint] = _meta(store)
+            if isinstance(store, TokenStore):
+                self._stores[store.fingerprint] = store
         self._segments: dict[int, SegmentPlan] = {}
 
     @classmethod
-    def from_config(cls, config: DataConfig) -> Plan:
-        """A fresh run's plan, laid out now so every config error names the config file."""
-        stores = config.open_stores()
-        check_one_vocabulary(config, {f"sources.{name}": s for name, s in stores.items()})
-        fingerprints = {name: store.fingerprint for name, store in stores.items()}
+    def from_config(
+        cls, config: DataConfig, stores: Mapping[str, TokenStore | StoreMeta] | None = None
+    ) -> Plan:
+        """A fresh run's plan, laid out now so every config error names the config file.
+
+        `stores` by source name (default: each source's store, opened); metadata alone
+        (`StoreMeta`) plans without touching a shard file. Stores of different tokenizers are
+        refused here (`check_one_vocabulary`).
+        """
+        stores = open_stores(config) if stores is None else stores
+        metas = {name: _meta(store) for name, store in stores.items()}
+        check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
+        fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
         plan = cls(Ledger.start(config, fingerprints), stores.values())
-        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, stores)
+        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas)
         return plan
 
     @property
     def config(self) -> DataConfig:
         """The config of the last segment (the one a running job follows)."""
-        return self.segment(len(self.ledger.segments) - 1).config
+        return self.segment_plan(len(self.ledger.segments) - 1).config
 
-    def segment(self, index: int) -> SegmentPlan:
+    def segment_plan(self, index: int) -> SegmentPlan:
+        """The plan of ledger segment `index`."""
         if index not in self._segments:
             segment = self.ledger.segments[index]
             where = f"ledger segment {index} (from step {segment.start_step})"
             config = segment.parsed(where)
-            stores = {
-                name: self._store(segment, name, config.source(name).path, where)
+            metas = {
+                name: self._known(segment, name, config.source(name).path, where)
                 for name in config.source_names
             }
-            self._segments[index] = SegmentPlan(segment, config, stores)
+            self._segments[index] = SegmentPlan(segment, config, metas)
         return self._segments[index]
 
-    def segment_at(self, step: int) -> SegmentPlan:
-        return self.segment(self.ledger.segment_index(step))
+    def segment_plan_at(self, step: int) -> SegmentPlan:
+        """The plan of the ledger segment that decides `step`."""
+        return self.segment_plan(self.ledger.segment_index(step))
 
     def batch_size(self, step: int) -> int:
         """Rows of the global batch of `step` (the config's batch schedule at that step)."""
-        return self.segment_at(step).batch_size(step)
+        return self.segment_plan_at(step).batch_size(step)
 
     def carried_counters(
         self, index: int, step: int, fingerprints: dict[str, str]
@@ -190,7 +258,7 @@ class Plan:
         source starts at 0. `resume.reconcile` writes them, `data_state.verify` re-derives them.
         """
         previous = self.ledger.segments[index]
-        before = self.segment(index).counters_at(step)
+        before = self.segment_plan(index).counters_at(step)
         return {
             name: before[name] if previous.fingerprints.get(name) == fingerprint else 0
             for name, fingerprint in fingerprints.items()
@@ -198,7 +266,7 @@ class Plan:
 
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
         index = self.ledger.segment_index(step)
-        plan = self.segment(index)
+        plan = self.segment_plan(index)
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
@@ -211,19 +279,23 @@ class Plan:
             epoch[mask], window[mask], start[mask] = layout.epoch_and_window(
                 counter[mask], lane[mask]
             )
+        stages = tuple(stage.spec.name for stage in plan.table.stages)
         names = plan.config.source_names
-        return Draws(step, rows, index, lane, stage, source, names, counter, epoch, window, start)
+        return Draws(
+            step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start
+        )
 
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
         """The six fields of the drawn rows: each source's windows are read in one batch per
         shard straight into one [rows, seq_len + 1] buffer (`SourceLayout.read_into`)."""
-        plan = self.segment(draws.segment)
+        plan = self.segment_plan(draws.segment_index)
         tokens = np.empty((len(draws.rows), plan.config.seq_len + 1), dtype=np.int32)
         doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for s in np.unique(draws.source).tolist():
             rows = np.flatnonzero(draws.source == s)
             layout = plan.layouts[draws.source_names[s]]
-            r, c = layout.read_into(tokens, rows, draws.epoch[rows], draws.start[rows])
+            store = self.store(layout.meta)
+            r, c = layout.read_into(store, tokens, rows, draws.epoch[rows], draws.start[rows])
             doc_rows.append(r)
             doc_cols.append(c)
         return fields(tokens, np.concatenate(doc_rows), np.concatenate(doc_cols))
@@ -232,45 +304,67 @@ class Plan:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
         return self.read(self.draws(step, rows))
 
+    def store(self, meta: StoreMeta) -> TokenStore:
+        """The open store of `meta`'s content, opened at `meta.path` on first use."""
+        store = self._stores.get(meta.fingerprint)
+        if store is None:
+            with self._opening:  # reader threads of one step may ask at once: open it once
+                store = self._stores.get(meta.fingerprint)
+                if store is None:
+                    store = _open(meta.path, meta.fingerprint, f"store {meta.path}")
+                    self._stores[meta.fingerprint] = store
+        return store
+
     def stores(self) -> list[TokenStore]:
-        """The stores opened so far (to hand to a plan of a restored ledger)."""
+        """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
         return list(self._stores.values())
 
-    def _store(self, segment: Segment, name: str, path, where: str) -> TokenStore:
+    def _known(self, segment: Segment, name: str, path: Path, where: str) -> StoreMeta:
+        """The metadata of a segment's source: given, or its store opened (files checked)."""
         expected = segment.fingerprints[name]
-        if expected not in self._stores:
-            store = TokenStore(path)
-            if store.fingerprint != expected:
-                raise LedgerError(
-                    f"{where}: sources.{name}: the store at {path} has content fingerprint "
-                    f"{store.fingerprint}, the ledger recorded {expected} (a different store)"
-                )
+        if expected not in self._metas:
+            store = _open(path, expected, f"{where}: sources.{name}")
             self._stores[expected] = store
-        return self._stores[expected]
+            self._metas[expected] = store.meta
+        return self._metas[expected]
 
 
-def check_one_vocabulary(config: DataConfig, stores: dict[str, TokenStore]) -> None:
+def _meta(store: TokenStore | StoreMeta) -> StoreMeta:
+    return store.meta if isinstance(store, TokenStore) else store
+
+
+def _open(path: Path, fingerprint: str, where: str) -> TokenStore:
+    store = TokenStore(path)
+    if store.fingerprint != fingerprint:
+        raise LedgerError(
+            f"{where}: the store at {path} has content fingerprint {store.fingerprint}, the "
+            f"ledger recorded {fingerprint} (a different store)"
+        )
+    return store
+
+
+def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:
     """Refuse stores (by config key) whose ids mean different things, unless the config says so.
 
     Ids of two tokenizers index different vocabularies, and a trainer would size the model by
     the larger one; `shared_vocabulary: true` declares that they agree on purpose (e.g. one
-    model file saved twice with different bytes).
+    model file saved twice with different bytes). Reads the stores' manifests only.
     """
     if config.shared_vocabulary:
         return
     first_name, first = next(iter(stores.items()))
-    for name, store in stores.items():
-        if store.tokenizer_identity != first.tokenizer_identity:
+    for name, meta in stores.items():
+        if meta.tokenizer_identity != first.tokenizer_identity:
             raise ConfigError(
                 f"{config.origin}: {first_name} and {name} were prepared with "
-                f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(store)}); prepare "
+                f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(meta)}); prepare "
                 "them with one tokenizer, or set shared_vocabulary: true if their ids agree "
                 "on purpose"
             )
 
 
-def _tokenizer(store: TokenStore) -> str:
-    return f"{store.manifest['tokenizer']['name']}, vocab {store.vocab_size}"
+def _tokenizer(meta: StoreMeta) -> str:
+    return f"{meta.tokenizer['name']}, vocab {meta.tokenizer['vocab_size']}"
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

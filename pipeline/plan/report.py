@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.plan.plan import Plan, SegmentPlan
-from pipeline.plan.stages import StageLayout, StageTable
+from pipeline.plan.stages import StageLayout
 
 SEARCH_LIMIT = 10**15  # steps: past this a source counts as never reaching a counter
 
@@ -21,7 +21,7 @@ SEARCH_LIMIT = 10**15  # steps: past this a source counts as never reaching a co
 class StageRow:
     """One stage of one ledger segment in absolute steps."""
 
-    segment: int
+    segment_index: int
     index: int
     name: str
     start_step: int
@@ -39,7 +39,7 @@ def segment_stop(plan: Plan, index: int) -> int | None:
     segments = plan.ledger.segments
     if index + 1 < len(segments):
         return segments[index + 1].start_step
-    return plan.segment(index).end_step()
+    return plan.segment_plan(index).end_step()
 
 
 def stage_rows(plan: Plan) -> list[StageRow]:
@@ -51,7 +51,7 @@ def stage_rows(plan: Plan) -> list[StageRow]:
     """
     out = []
     for index, segment in enumerate(plan.ledger.segments):
-        seg = plan.segment(index)
+        seg = plan.segment_plan(index)
         superseded = segment_stop(plan, index) if index + 1 < len(plan.ledger.segments) else None
         first = seg.position_of(segment.start_step)
         for k, stage in enumerate(seg.table.stages):
@@ -112,27 +112,17 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def counters_at(seg: SegmentPlan, step: int) -> np.ndarray:
-    """Every source's per-lane counter before the first row of `step` (clamped to the end)."""
-    table = seg.table
-    position = seg.position_of(step)
-    if table.end is not None and position >= table.end:
-        return StageTable._counters_in(table.stages[-1], np.array([table.end]))[0]
-    return table.counters(position)
-
-
 def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, int] | None:
     """(step, row inside lane 0) of draw number `counter` of source `name` in segment `index`.
 
     None if the segment never reaches it. Bisection over the segment's steps: O(log steps).
     """
-    seg = plan.segment(index)
-    column = seg.config.source_names.index(name)
+    seg = plan.segment_plan(index)
     lo = seg.segment.start_step
     stop = segment_stop(plan, index)
 
     def value(step: int) -> int:
-        return int(counters_at(seg, step)[column])
+        return seg.counters_at(step)[name]
 
     if value(lo) > counter:
         return None  # drawn before this segment began
@@ -164,7 +154,7 @@ def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, in
 @dataclass(frozen=True)
 class EpochInfo:
     name: str
-    segment: int
+    segment_index: int
     windows_per_lane: int
     lanes: int
     seq_len: int
@@ -185,13 +175,11 @@ def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
     """
     out = []
     for index in range(len(plan.ledger.segments)):
-        seg = plan.segment(index)
+        seg = plan.segment_plan(index)
         for name in seg.config.source_names:
             layout = seg.layouts[name]
             windows = layout.windows_per_lane
-            start = int(
-                counters_at(seg, seg.segment.start_step)[seg.config.source_names.index(name)]
-            )
+            start = seg.counters_at(seg.segment.start_step)[name]
             first_epoch = start // windows + 1
             rollovers = [
                 (epoch, first_draw(plan, index, name, epoch * windows))
@@ -204,7 +192,7 @@ def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
                     windows,
                     seg.config.lanes,
                     seg.config.seq_len,
-                    layout.store.num_tokens,
+                    layout.meta.num_tokens,
                     rollovers,
                 )
             )
@@ -219,11 +207,11 @@ def rollovers_between(plan: Plan, start: int, stop: int, limit: int = 500) -> di
         lo, hi = max(start, segment.start_step), stop if seg_stop is None else min(stop, seg_stop)
         if lo >= hi:
             continue
-        seg = plan.segment(index)
-        for column, name in enumerate(seg.config.source_names):
+        seg = plan.segment_plan(index)
+        for name in seg.config.source_names:
             windows = seg.layouts[name].windows_per_lane
-            first = int(counters_at(seg, lo)[column])
-            last = int(counters_at(seg, hi)[column])  # counter before step hi
+            first = seg.counters_at(lo)[name]
+            last = seg.counters_at(hi)[name]  # counter before step hi
             epoch = max(1, -(-first // windows))  # epoch 0 beginning is no rollover
             steps = out.setdefault(name, [])
             while epoch * windows < last and len(steps) < limit:
@@ -240,7 +228,7 @@ def target_shares(plan: Plan, steps: np.ndarray) -> dict[str, np.ndarray]:
     steps = np.asarray(steps, dtype=np.int64)
     for i, step in enumerate(steps):
         index = plan.ledger.segment_index(int(step))
-        seg = plan.segment(index)
+        seg = plan.segment_plan(index)
         rows_per_lane = seg.rows_per_lane(int(step))
         positions = seg.position_of(int(step)) + np.arange(rows_per_lane)
         stages = seg.table.stage_index(positions)

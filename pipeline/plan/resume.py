@@ -26,6 +26,7 @@ from pipeline.plan.ledger import (
     fingerprint_of,
 )
 from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.sources import load_metas
 
 log = logging.getLogger("pipeline")
 
@@ -34,8 +35,8 @@ FIXED_IN_A_RUN = ("lanes", "seed", "seq_len")
 
 def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -> Ledger:
     """The ledger to continue with at `step` under `config` (see module docstring)."""
-    stores = config.open_stores()
-    fingerprints = {name: store.fingerprint for name, store in stores.items()}
+    metas = load_metas(config)
+    fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
     mapping = config_mapping(config)
     order = data_order(mapping, fingerprints)
     ledger = plan.ledger
@@ -67,7 +68,7 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
         counters = dict.fromkeys(config.source_names, 0)
     anchor = 0 if config.starts_at == "run" else step
     segment = Segment(step, mapping, fingerprints, counters, anchor)
-    SegmentPlan(segment, config, stores)  # lays the switch out now: a config error names the file
+    SegmentPlan(segment, config, metas)  # lays the switch out now: a config error names the file
     switched = Ledger(kept).append(segment)
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
     log.info(

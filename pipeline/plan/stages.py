@@ -33,7 +33,7 @@ class StageLayout:
     end: int | None  # one past the last, None if open-ended
     sources: tuple[int, ...]  # indices into the segment's source list
     mixture: Mixture
-    origin: int  # position of the stage's step 0 (start rounded down to a step)
+    schedule_start: int  # lane position of the stage's step 0 (start rounded down to a step)
     counters_at_start: np.ndarray  # [num sources of the segment]
     first_step: int  # the step that holds the stage's first row (anchor-relative)
 
@@ -46,7 +46,7 @@ class StageTable:
         windows_per_lane: dict[str, int],
         clock: StepClock,
         counters: np.ndarray,
-        origin: str = "<config>",
+        where: str = "<config>",
     ) -> None:
         self.source_names = source_names
         self.clock = clock
@@ -56,17 +56,16 @@ class StageTable:
         for index, spec in enumerate(stages):
             sources = tuple(source_names.index(name) for name in spec.source_names)
             first_step = int(clock.step_of(start))
-            stage_origin = int(clock.position(first_step))
+            schedule_start = int(clock.position(first_step))
             if spec.epochs is not None:
                 draws = np.array([reps * windows_per_lane[n] for n, reps in spec.epochs], float)
                 mixture = Mixture(np.zeros((0, len(sources))), draws, 1)
                 end: int | None = start + int(draws.sum())
             else:
-                where = f"{origin}: stages[{index}]"
-                mixture = _scheduled_mixture(spec, clock, first_step, where)
+                mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: stages[{index}]")
                 end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
             layout = StageLayout(
-                spec, start, end, sources, mixture, stage_origin, counters, first_step
+                spec, start, end, sources, mixture, schedule_start, counters, first_step
             )
             self.stages.append(layout)
             if end is None:
@@ -98,22 +97,26 @@ class StageTable:
         for index in np.unique(stage):
             layout = self.stages[index]
             mask = stage == index
-            local = layout.mixture.sources(positions[mask] - layout.origin)
-            offsets = layout.mixture.counts(np.array([layout.start - layout.origin]))[0]
+            local = layout.mixture.sources(positions[mask] - layout.schedule_start)
+            offsets = layout.mixture.counts(np.array([layout.start - layout.schedule_start]))[0]
             chosen = np.asarray(layout.sources)[local[0]]
             source[mask] = chosen
             counter[mask] = layout.counters_at_start[chosen] + local[1] - offsets[local[0]]
         return stage, source, counter
 
     def counters(self, position: int) -> np.ndarray:
-        """Every source's counter before `position` (what a ledger carries across a switch)."""
-        layout = self.stages[int(self.stage_index(np.array([position]))[0])]
+        """Every source's counter before `position` (what a ledger carries across a switch);
+        `position` may be `end`: the counters after the last stage."""
+        if position == self.end:
+            layout = self.stages[-1]
+        else:
+            layout = self.stages[int(self.stage_index(np.array([position]))[0])]
         return self._counters_in(layout, np.array([position]))[0]
 
     @staticmethod
     def _counters_in(layout: StageLayout, positions: np.ndarray) -> np.ndarray:
-        counts = layout.mixture.counts(positions - layout.origin)
-        offsets = layout.mixture.counts(np.array([layout.start - layout.origin]))
+        counts = layout.mixture.counts(positions - layout.schedule_start)
+        offsets = layout.mixture.counts(np.array([layout.start - layout.schedule_start]))
         out = np.repeat(layout.counters_at_start[None, :], len(positions), axis=0)
         out[:, list(layout.sources)] += counts - offsets
         return out

@@ -2,13 +2,15 @@
 
 `token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
 checksummed manifest) from a directory or a `gs://` URL, retrying transient faults (`retry`);
-`identity` is what makes a store itself (the manifest's checksum, each shard's sampled records,
-the tokenizer's identity); `writer` writes one atomically; `prepare` and `prepare_beam`
-tokenize corpora (`corpora`) with a tokenizer (`tokenizers`) into stores, placing documents by
-a keyed hash (`doc_order`) so both runners write byte-identical stores; `summary` describes one.
-Nothing here imports JAX, Orbax or Grain.
+`meta` is what planning needs of a store (shard sizes, content fingerprint, tokenizer identity),
+read from its manifest alone; `identity` is what makes a store itself (the manifest's checksum,
+each shard's sampled records, the tokenizer's identity); `writer` writes one atomically;
+`prepare` and `prepare_beam` tokenize corpora (`corpora`) with a tokenizer (`tokenizers`) into
+stores, placing documents by a keyed hash (`doc_order`) so both runners write byte-identical
+stores; `summary` describes one. Nothing here imports JAX, Orbax or Grain.
 """
 
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 
-__all__ = ["TokenStore"]
+__all__ = ["StoreMeta", "TokenStore"]

@@ -43,9 +43,11 @@ import re
 import sysconfig
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 from pipeline.errors import PrepareError
+from pipeline.extras import require
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -443,8 +445,12 @@ def _iter_jsonl(path: str, key: str, field: str) -> Iterator[Document]:
             yield Document(f"{key}:{number}", text)
 
 
+def _parquet(path: str) -> ModuleType:
+    return require("pyarrow.parquet", "parquet", f"{path}: reading Parquet")
+
+
 def _parquet_columns(path: str) -> list[str]:
-    import pyarrow.parquet as pq
+    pq = _parquet(path)
 
     try:
         return list(pq.ParquetFile(path).schema_arrow.names)
@@ -456,7 +462,7 @@ def _parquet_columns(path: str) -> list[str]:
 
 
 def _iter_parquet(path: str, key: str, field: str) -> Iterator[Document]:
-    import pyarrow.parquet as pq
+    pq = _parquet(path)
 
     columns = _parquet_columns(path)
     if field not in columns:

@@ -8,8 +8,9 @@ what every reader re-derives:
 * `sample_sha256` per shard: a digest of a few records at fixed positions (`sample_records`),
   checked when a shard is first opened. A same-size shard of another store (a twin prepared
   with another seed or from other text) cannot pass it without reading as the same records.
-* `check_manifest`: the shape of a manifest (every field present with the right type), so a
-  damaged manifest is one line naming the manifest and the field, never a traceback.
+* `check_manifest`: the shape of a manifest (every field present with the right type, the flat
+  token sidecar's `flat`/`flat_sha256` optional but both or neither), so a damaged manifest
+  is one line naming the manifest and the field, never a traceback.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def check_manifest(manifest: Any, path: Path) -> None:
             _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
         for name in ("file", "index", "docs"):
             _require(Path(entry[name]).name == entry[name], path, f"{key}.{name}", "a file name")
+        if "flat" in entry or "flat_sha256" in entry:  # the optional flat token sidecar
+            for name in ("flat", "flat_sha256"):
+                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
+            _require(Path(entry["flat"]).name == entry["flat"], path, f"{key}.flat", "a file name")
     for total, field in TOTALS:
         expected = sum(entry[field] for entry in shards)
         _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
-from tqdm import tqdm
 
 from pipeline.errors import PrepareError
+from pipeline.progress import progress_bar
 from pipeline.store.corpora import Document, InputSpec, iter_documents, resolve_inputs
 from pipeline.store.doc_order import EVAL, TRAIN, place
 from pipeline.store.tokenizers import Tokenizer, load_tokenizer
@@ -51,6 +51,7 @@ class PrepareOptions:
     workers: int = 1
     eval_fraction: float = 0.0
     record_tokens: int = DEFAULT_RECORD_TOKENS
+    flat_tokens: bool = True  # write the flat token sidecar the feed reads (token-store.md)
     eval_out: Path | None = None
     text_field: str = "text"
     tfds_data_dir: str | None = None
@@ -150,6 +151,7 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
                     _sorted_spill(path, dtype),
                     dtype,
                     options.record_tokens,
+                    options.flat_tokens,
                 )
                 for shard, path in enumerate(spills[split])
             ]
@@ -178,7 +180,7 @@ def _tokenize_and_spill(
     documents = _all_documents(specs)
     encode = partial(_encode, tokenizer, dtype, options.seed, options.num_shards)
     encode_with_eval = partial(encode, options.eval_fraction)
-    bar = tqdm(desc="prepare", unit=" doc", disable=not options.progress, dynamic_ncols=True)
+    bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
     with _mapper(options.workers) as imap:
         try:
             for key, placement, tokens in imap(encode_with_eval, documents):
@@ -193,8 +195,9 @@ def _tokenize_and_spill(
                 handle.write(tokens.tobytes())
                 tokens_total += len(tokens)
                 bar.update(1)
-                bar.set_postfix_str(
-                    f"{tokens_total / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s"
+                bar.set_postfix_str(  # drawn with the bar's next redraw, not one per document
+                    f"{tokens_total / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s",
+                    refresh=False,
                 )
         finally:
             for handle in handles.values():

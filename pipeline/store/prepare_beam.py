@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import PrepareError
+from pipeline.extras import require
 from pipeline.store.corpora import Document, InputSpec, iter_documents
 from pipeline.store.doc_order import place
 from pipeline.store.prepare import (
@@ -53,13 +54,8 @@ from pipeline.store.writer import (
 )
 from pipeline.urls import location, remove_tree
 
-try:
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-except ImportError as error:  # an optional extra: say how to get it.
-    raise PrepareError(
-        f"--runner beam needs Apache Beam ({error}); install it with pip install 'pipeline[beam]'"
-    ) from None
+beam = require("apache_beam", "beam", "--runner beam")
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 __all__ = ["pipeline_flags", "prepare_beam", "units_of_work"]
 
@@ -176,6 +172,7 @@ class _WriteShard(beam.DoFn):
     def __init__(self, options: PrepareOptions, dtype: str, stagings: dict[str, Path]) -> None:
         self.num_shards = options.num_shards
         self.record_tokens = options.record_tokens
+        self.flat_tokens = options.flat_tokens
         self.dtype = np.dtype(dtype)
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
@@ -197,6 +194,7 @@ class _WriteShard(beam.DoFn):
             documents,
             self.dtype,
             self.record_tokens,
+            self.flat_tokens,
         )
         yield split, shard, info, empty
 

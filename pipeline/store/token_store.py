@@ -4,40 +4,42 @@ A store is a directory (see docs/token-store.md)::
 
     manifest.json                         format, tokenizer, dtype, counts, checksums
     shard-00000-of-00004.array_record     one record per document: its tokens, eod last
-    shard-00000-of-00004.index.npy        int64 prefix sums of document lengths (docs + 1)
+    shard-00000-of-00004.index.npy        int64 prefix sums of record lengths (records + 1)
+    shard-00000-of-00004.docs.npy         int64 prefix sums of document lengths (docs + 1)
+    shard-00000-of-00004.flat.bin         optional: the shard's tokens as one raw array
 
 The *stream* of a store is its shards' documents concatenated in shard order. The plan reads
 ranges of shards in other orders too, so the primitive is `read_shard_tokens`; `read_tokens`
 reads a range of the natural stream. Both return the positions where documents start, taken from
 the index (never inferred from token values: a tokenizer may emit the eod id inside a text).
+
+The plan's hot path, `read_pieces_into`, copies from the flat sidecar through a memory map when
+the manifest lists one (no per-record Python loop), and reads ArrayRecord records otherwise;
+both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import accumulate, chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
-from pipeline.store.identity import check_manifest, sample_digest, tokenizer_identity
+from pipeline.store.identity import sample_digest
+from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import is_url, load_npy, location, read_text
+from pipeline.urls import is_url, load_npy, location
 
-FORMAT_NAME = "pipeline-token-store"
-FORMAT_VERSION = 3
-MANIFEST = "manifest.json"
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
 # "offloaded" index costs a second read per record, a second round trip on gs://. What bounds
@@ -52,7 +54,14 @@ T = TypeVar("T")
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
 # (file key, checksum key) of every file of a shard listed in the manifest.
-CHECKSUMS = (("file", "sha256"), ("index", "index_sha256"), ("docs", "docs_sha256"))
+# A file whose key is absent from a shard's entry (the optional "flat") is not checked.
+CHECKSUMS = (
+    ("file", "sha256"),
+    ("index", "index_sha256"),
+    ("docs", "docs_sha256"),
+    ("flat", "flat_sha256"),
+)
+FLAT_SUFFIX = "flat.bin"
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _file_identity(path: Path) -> tuple[int, int, int, int]:
+FileIdentity = tuple[int, int, int, int]
+
+
+def _file_identity(path: Path) -> FileIdentity:
     """What changes when a file is replaced or rewritten: device, inode, size, mtime."""
     stat = path.stat()
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -90,7 +102,8 @@ class TokenStore:
     checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
     else `MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least recently
     read closed first), so host memory does not grow with the corpus; reads that fail
-    transiently are retried by `retry`.
+    transiently are retried by `retry`. `flat=False` ignores the flat sidecars and reads every
+    token through ArrayRecord (so does a cloud store: sidecars are memory-mapped local files).
     """
 
     def __init__(
@@ -100,6 +113,7 @@ class TokenStore:
         verify: bool = False,
         max_open_shards: int | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        flat: bool = True,
     ) -> None:
         if max_open_shards is None:
             max_open_shards = _default_max_open()
@@ -110,19 +124,22 @@ class TokenStore:
         self._max_open = max_open_shards
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
-        self.manifest = _load_manifest(self.path)
+        self.manifest = load_manifest(self.path)
         self._manifest_identity = _identity_or_none(self.path / MANIFEST)
-        self.dtype = np.dtype(self.manifest["dtype"])
+        self.meta = StoreMeta.from_manifest(self.path, self.manifest)
+        self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         shards = self.manifest["shards"]
-        self.shard_tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
+        self.shard_tokens = self.meta.shard_tokens
         self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
-        self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_tokens)])
+        self.shard_starts = self.meta.shard_starts
         self._indexes: dict[str, list[np.ndarray | None]] = {
             key: [None] * len(shards) for key in ("index", "docs")
         }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
+        self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
+        self._flats: list[np.ndarray | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
         self._opened = [False] * len(shards)
         self._file_identities = self._check_files()
@@ -131,30 +148,25 @@ class TokenStore:
 
     @property
     def num_shards(self) -> int:
-        return len(self.shard_tokens)
+        return self.meta.num_shards
 
     @property
     def num_tokens(self) -> int:
-        return int(self.manifest["num_tokens"])
+        return self.meta.num_tokens
 
     @property
     def num_documents(self) -> int:
         return int(self.manifest["num_documents"])
 
-    @cached_property
+    @property
     def fingerprint(self) -> str:
         """Identity of the content (not the location): equal stores have equal fingerprints."""
-        content = {
-            "tokenizer": self.manifest["tokenizer"]["name"],
-            "dtype": self.manifest["dtype"],
-            "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in self.manifest["shards"]],
-        }
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        return self.meta.fingerprint
 
     @property
     def tokenizer_identity(self) -> tuple[str, str, int, int]:
         """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
-        return tokenizer_identity(self.manifest["tokenizer"])
+        return self.meta.tokenizer_identity
 
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
@@ -209,33 +221,81 @@ class TokenStore:
 
     def read_pieces_into(
         self,
-        shard: int,
+        shards: Sequence[int],
         lo: Sequence[int],
         hi: Sequence[int],
         out: np.ndarray,
         out_rows: Sequence[int],
         out_cols: Sequence[int],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy tokens [lo[i], hi[i]) of one shard into `out[out_rows[i], out_cols[i]:]` for all i.
+        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`.
 
-        The batched form of `read_shard_tokens` that the plan's hot path uses: the shard's lock is
-        taken once, every record the pieces overlap is read once, and tokens go straight into
-        the caller's buffer (cast to its dtype). Returns (row, column) in `out` of every
-        document start inside the pieces.
+        The batched form of `read_shard_tokens` that the plan's hot path uses, for all the
+        pieces of a batch at once: a shard with a flat sidecar is copied from its memory map
+        one slice per piece; otherwise the shard's lock is taken once and every record its
+        pieces overlap is read once. Tokens go straight into the caller's buffer (cast to its
+        dtype). Returns (row, column) in `out` of every document start inside the pieces.
         """
-        self._check_shard(shard)
-        starts, stops = list(map(int, lo)), list(map(int, hi))
-        size = int(self.shard_tokens[shard])
-        for start, stop in zip(starts, stops):
-            if not 0 <= start < stop <= size:
-                raise StoreError(
-                    f"{self.shard_file(shard)}: token range [{start}, {stop}) is not a non-empty "
-                    f"range inside the shard (0..{size})"
-                )
-        offsets = self.record_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
-        docs = self.doc_offsets(shard).view(np.ndarray)
-        doc_first = np.searchsorted(docs, starts, side="left").tolist()
-        doc_last = np.searchsorted(docs, stops, side="left").tolist()
+        shards, lo, hi = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (shards, lo, hi))
+        for shard in np.unique(shards).tolist():
+            self._check_shard(shard)
+        sizes = self.shard_tokens[shards]
+        bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
+        if bad.size:
+            i = int(bad[0])
+            raise StoreError(
+                f"{self.shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) is not a "
+                f"non-empty range inside the shard (0..{sizes[i]})"
+            )
+        rows = np.asarray(out_rows, dtype=np.int64).reshape(-1)
+        cols = np.asarray(out_cols, dtype=np.int64).reshape(-1)
+        pieces = list(zip(shards.tolist(), lo.tolist(), hi.tolist(), rows.tolist(), cols.tolist()))
+        by_record: dict[int, list[tuple[int, int, int, int]]] = {}
+        flats: dict[int, np.ndarray] = {}
+        for shard, start, stop, row, col in pieces:
+            if not self._use_flat[shard]:
+                by_record.setdefault(shard, []).append((start, stop, row, col))
+                continue
+            flat = flats.get(shard)
+            if flat is None:
+                flat = flats[shard] = self._flat(shard)
+            out[row, col : col + stop - start] = flat[start:stop]
+        for shard, group in by_record.items():
+            self._copy_records(shard, *map(list, zip(*group)), out)
+        return self._doc_positions(shards, lo, hi, rows, cols)
+
+    def _doc_positions(
+        self, shards: np.ndarray, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(row, column) in the output of every document start inside the pieces: one
+        vectorised pass per shard over its document index (no store-wide array, so memory
+        stays bounded by the open shards)."""
+        out_rows, out_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for shard in np.unique(shards).tolist():
+            mask = shards == shard
+            docs = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
+            start, stop = lo[mask], hi[mask]
+            first = np.searchsorted(docs, start, side="left")
+            count = np.searchsorted(docs, stop, side="left") - first
+            piece = np.repeat(np.arange(start.size), count)
+            which = (
+                first[piece] + np.arange(piece.size) - np.repeat(np.cumsum(count) - count, count)
+            )
+            out_rows.append(rows[mask][piece])
+            out_cols.append(docs[which] + (cols[mask] - start)[piece])
+        return np.concatenate(out_rows), np.concatenate(out_cols)
+
+    def _copy_records(
+        self,
+        shard: int,
+        starts: list[int],
+        stops: list[int],
+        rows: list[int],
+        cols: list[int],
+        out: np.ndarray,
+    ) -> None:
+        """`read_pieces_into`'s copy through ArrayRecord: each needed record read once."""
+        offsets = self.record_offsets(shard).view(np.ndarray)
         # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
         ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
         firsts = (ends[: len(starts)] - 1).tolist()
@@ -250,19 +310,7 @@ class TokenStore:
         where = dict(zip(needed, [0, *ends]))
         where_end = dict(zip(needed, ends))
         tokens = np.frombuffer(joined, dtype=np.uint8)
-        doc_rows: list[int] = []
-        doc_cols: list[int] = []
-        pieces = zip(
-            firsts,
-            lasts,
-            starts,
-            stops,
-            map(int, out_rows),
-            map(int, out_cols),
-            doc_first,
-            doc_last,
-        )
-        for first, last, start, stop, row, col, doc_lo, doc_hi in pieces:
+        for first, last, start, stop, row, col in zip(firsts, lasts, starts, stops, rows, cols):
             bounds = offsets[first : last + 1].tolist()
             held = where_end[last - 1] - where[first]
             if held != (bounds[-1] - bounds[0]) * itemsize:
@@ -274,10 +322,36 @@ class TokenStore:
             source = where[first] + (start - bounds[0]) * itemsize
             window = tokens[source : source + (stop - start) * itemsize].view(self.dtype)
             out[row, col : col + stop - start] = window
-            for doc in docs[doc_lo:doc_hi].tolist():
-                doc_rows.append(row)
-                doc_cols.append(doc - start + col)
-        return np.array(doc_rows, dtype=np.int64), np.array(doc_cols, dtype=np.int64)
+
+    def _flat(self, shard: int) -> np.ndarray:
+        """The shard's flat sidecar, memory-mapped on first use after a spot check: its first
+        and last records must equal ArrayRecord's (a sidecar of another store or an older
+        prepare is refused; `verify` checks every byte)."""
+        flat = self._flats[shard]
+        if flat is not None:
+            self._touch(shard)
+            return flat
+        offsets = self.record_offsets(shard)
+        probes = sorted({0, len(offsets) - 2})
+        records = self._read_record_list(shard, probes)  # touches the shard, retries, names it
+        path = self.path / self.manifest["shards"][shard]["flat"]
+        if _identity_or_none(path) != self._file_identities[shard].get("flat"):
+            raise StoreError(
+                f"{path}: the flat token sidecar was replaced or changed after the store was "
+                "opened; restart the job, or prepare the store again"
+            )
+        size = int(self.shard_tokens[shard])
+        flat = np.memmap(path, dtype=self.dtype, mode="r", shape=(size,)).view(np.ndarray)
+        for record, raw in zip(probes, records):
+            lo, hi = int(offsets[record]), int(offsets[record + 1])
+            if not np.array_equal(np.frombuffer(raw, self.dtype), flat[lo:hi]):
+                raise StoreError(
+                    f"{path}: tokens of record {record} differ from {self.shard_file(shard)}; "
+                    "the sidecar belongs to another store or was altered: prepare the store again"
+                )
+        with self._locks[shard]:
+            self._flats[shard] = flat
+        return flat
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of the store's natural stream (shards in order)."""
@@ -324,6 +398,8 @@ class TokenStore:
             entry = self.manifest["shards"][self._check_shard(shard)]
             self._open_shard(shard)
             for key, checksum_key in CHECKSUMS:
+                if key not in entry:
+                    continue
                 path = self.path / entry[key]
                 if _sha256_of(path) != entry[checksum_key]:
                     raise StoreError(
@@ -378,7 +454,7 @@ class TokenStore:
                     f"{manifest}: the store was replaced or changed after it was opened (by "
                     "`prepare --overwrite`?); restart the job to read the new store"
                 )
-            if _identity_or_none(file) != self._file_identities[shard]:
+            if _identity_or_none(file) != self._file_identities[shard].get("file"):
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
@@ -458,6 +534,7 @@ class TokenStore:
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
         failures = []
+        self._flats = [None] * self.num_shards
         for shard, reader in enumerate(self._readers):
             if reader is not None:
                 with self._locks[shard]:
@@ -524,6 +601,7 @@ class TokenStore:
         damaged or vanished file may fail to close, which changes nothing here."""
         reader, self._readers[shard] = self._readers[shard], None
         self._opened[shard] = False  # reopening checks the shard again
+        self._flats[shard] = None  # a reader thread copying from it keeps its own reference
         for cache in self._indexes.values():
             cache[shard] = None
         if reader is not None:
@@ -568,27 +646,37 @@ class TokenStore:
             f"{records[0]}..{records[-1]}",
         )
 
-    def _check_files(self) -> list[tuple[int, int, int, int] | None]:
-        """Every listed file exists and every shard has the manifest's size; their identities
-        (none for a cloud store, whose open reads the manifest only: see the class docstring)."""
+    def _check_files(self) -> list[dict[str, FileIdentity]]:
+        """Every listed file exists, every shard and flat sidecar has the manifest's size; the
+        identities of each shard's data file and sidecar, by manifest key (none for a cloud
+        store, whose open reads the manifest only: see the class docstring)."""
         if is_url(self.path):
-            return [None] * self.num_shards
+            return [{} for _ in range(self.num_shards)]
         identities = []
         for entry in self.manifest["shards"]:
             path = self.path / entry["file"]
             if not path.is_file():
                 raise StoreError(f"{path}: shard listed in the manifest is missing")
-            identity = _file_identity(path)
-            if identity[2] != entry["bytes"]:
+            identity = {"file": _file_identity(path)}
+            if identity["file"][2] != entry["bytes"]:
                 raise StoreError(
-                    f"{path}: {identity[2]} bytes, the manifest says {entry['bytes']}; "
+                    f"{path}: {identity['file'][2]} bytes, the manifest says {entry['bytes']}; "
                     "the shard is truncated or altered: prepare the store again"
                 )
-            identities.append(identity)
             for key in ("index", "docs"):
                 index = self.path / entry[key]
                 if not index.is_file():
                     raise StoreError(f"{index}: index listed in the manifest is missing")
+            if "flat" in entry:
+                flat = self.path / entry["flat"]
+                size = entry["tokens"] * self.dtype.itemsize
+                identity["flat"] = _identity_or_none(flat)
+                if identity["flat"] is None or identity["flat"][2] != size:
+                    raise StoreError(
+                        f"{flat}: flat token sidecar listed in the manifest is missing or not "
+                        f"{size} bytes; prepare the store again"
+                    )
+            identities.append(identity)
         return identities
 
 
@@ -604,37 +692,10 @@ def _default_max_open() -> int:
 def is_store(path: str | Path) -> bool:
     """Whether `path` is a complete store that this version of pipeline reads."""
     try:
-        _load_manifest(location(path))
+        load_manifest(location(path))
     except StoreError:
         return False
     return True
-
-
-def _load_manifest(path: Path) -> dict[str, Any]:
-    """The manifest, in one read when it exists (one request for a `gs://` store)."""
-    manifest_path = path / MANIFEST
-    try:
-        manifest = json.loads(read_text(str(manifest_path)))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
-        if not path.is_dir():
-            raise StoreError(
-                f"{path}: no such store directory (create it with `pipeline prepare`)"
-            ) from error
-        raise StoreError(
-            f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
-            "leaves one: run `pipeline prepare` again)"
-        ) from error
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise StoreError(
-            f"{manifest_path}: format version {manifest.get('format_version')}, this "
-            f"version of pipeline reads {FORMAT_VERSION}: prepare the store again"
-        )
-    check_manifest(manifest, manifest_path)
-    return manifest
 
 
 def _discard(reader: ArrayRecordReader) -> None:
@@ -643,7 +704,7 @@ def _discard(reader: ArrayRecordReader) -> None:
         reader.close()
 
 
-def _identity_or_none(path: Path) -> tuple[int, int, int, int] | None:
+def _identity_or_none(path: Path) -> FileIdentity | None:
     """A local file's identity; None for a missing file, and for a cloud object (whose store
     is not watched for replacement: see docs/token-store.md)."""
     if is_url(path):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import TokenizerError
+from pipeline.extras import require
 
 __all__ = [
     "EOD_TEXT",
@@ -168,8 +169,7 @@ class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece model; eod is the model's ``</s>`` when it has one, else a new last id."""
 
     def __init__(self, spec: str, path: str) -> None:
-        import sentencepiece
-
+        sentencepiece = require("sentencepiece", "tokenizers", f"tokenizer {spec!r}")
         data = _read_model_file(spec, path, "sentencepiece:PATH/TO/MODEL.model")
         try:
             model = sentencepiece.SentencePieceProcessor(model_proto=data)
@@ -206,8 +206,7 @@ class HFTokenizer(Tokenizer):
     """
 
     def __init__(self, spec: str, path: str) -> None:
-        import tokenizers
-
+        tokenizers = require("tokenizers", "tokenizers", f"tokenizer {spec!r}")
         data = _read_model_file(spec, path, "hf:PATH/TO/tokenizer.json")
         try:
             model = tokenizers.Tokenizer.from_str(data.decode("utf-8"))

@@ -29,13 +29,8 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from pipeline.errors import PrepareError
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
-from pipeline.store.token_store import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST,
-    READER_OPTIONS,
-    file_sha256,
-)
+from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST
+from pipeline.store.token_store import FLAT_SUFFIX, READER_OPTIONS, file_sha256
 from pipeline.urls import copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
@@ -58,6 +53,8 @@ class ShardInfo:
     index_sha256: str
     docs_sha256: str
     sample_sha256: str
+    flat: str | None = None  # the optional flat token sidecar (docs/token-store.md)
+    flat_sha256: str | None = None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -76,14 +73,21 @@ def write_shard(
     documents: Iterable[np.ndarray],
     dtype: np.dtype,
     record_tokens: int = DEFAULT_RECORD_TOKENS,
+    flat: bool = True,
 ) -> ShardInfo:
-    """Write one shard (documents already end with eod) and its record and document indexes."""
+    """Write one shard (documents already end with eod) and its record and document indexes,
+    and with `flat` the same tokens once more as one raw array: the sidecar the feed reads."""
     if not is_url(directory):
-        return _write_local_shard(directory, shard, num_shards, documents, dtype, record_tokens)
+        return _write_local_shard(
+            directory, shard, num_shards, documents, dtype, record_tokens, flat
+        )
     with tempfile.TemporaryDirectory(prefix="pipeline-shard-") as local:
-        info = _write_local_shard(Path(local), shard, num_shards, documents, dtype, record_tokens)
-        for name in (info.file, info.index, info.docs):
-            copy_file(Path(local) / name, directory / name)
+        info = _write_local_shard(
+            Path(local), shard, num_shards, documents, dtype, record_tokens, flat
+        )
+        for name in (info.file, info.index, info.docs, info.flat):
+            if name is not None:
+                copy_file(Path(local) / name, directory / name)
     return info
 
 
@@ -94,13 +98,16 @@ def _write_local_shard(
     documents: Iterable[np.ndarray],
     dtype: np.dtype,
     record_tokens: int,
+    flat: bool,
 ) -> ShardInfo:
     name = shard_name(shard, num_shards)
     data_path = directory / f"{name}.array_record"
     index_path = directory / f"{name}.index.npy"
     docs_path = directory / f"{name}.docs.npy"
+    flat_path = directory / f"{name}.{FLAT_SUFFIX}"
     record_lengths, doc_lengths = [], []
     writer = ArrayRecordWriter(str(data_path), WRITER_OPTIONS)
+    sidecar = open(flat_path, "wb") if flat else None  # noqa: SIM115 (closed below)
     try:
         for document in documents:
             tokens = np.ascontiguousarray(document, dtype=dtype)
@@ -108,9 +115,13 @@ def _write_local_shard(
                 chunk = tokens[start : start + record_tokens]
                 writer.write(chunk.tobytes())
                 record_lengths.append(len(chunk))
+            if sidecar is not None:
+                sidecar.write(tokens.tobytes())
             doc_lengths.append(len(tokens))
     finally:
         writer.close()
+        if sidecar is not None:
+            sidecar.close()
     np.save(index_path, _prefix_sums(record_lengths))
     np.save(docs_path, _prefix_sums(doc_lengths))
     reader = ArrayRecordReader(str(data_path), READER_OPTIONS)
@@ -118,6 +129,7 @@ def _write_local_shard(
         sample = sample_digest(len(record_lengths), lambda i: reader.read(i, i + 1)[0])
     finally:
         reader.close()
+    sidecar_info = {"flat": flat_path.name, "flat_sha256": file_sha256(flat_path)} if flat else {}
     return ShardInfo(
         file=data_path.name,
         index=index_path.name,
@@ -130,6 +142,7 @@ def _write_local_shard(
         index_sha256=file_sha256(index_path),
         docs_sha256=file_sha256(docs_path),
         sample_sha256=sample,
+        **sidecar_info,
     )
 
 
@@ -155,11 +168,16 @@ def write_manifest(
         "num_documents": sum(s.documents for s in shards),
         "num_records": sum(s.records for s in shards),
         "num_tokens": sum(s.tokens for s in shards),
-        "shards": [asdict(s) for s in shards],
+        "shards": [_entry(s) for s in shards],
         "created": created,
     }
     manifest[MANIFEST_CHECKSUM] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _entry(shard: ShardInfo) -> dict[str, Any]:
+    """A shard's manifest entry; optional files that were not written are not listed."""
+    return {key: value for key, value in asdict(shard).items() if value is not None}
 
 
 def staging_dir(out: Path, shared: bool = False) -> Path:

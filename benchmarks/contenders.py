@@ -1,0 +1,479 @@
+"""The worker side of `pipeline bench`: contenders in their own OS process, driven by stdin.
+
+    python benchmarks/contenders.py SPEC.json     # started by benchmarks/bench.py
+
+The worker builds the contenders its spec names, takes one warm-up batch of each and prints
+`{"ready": true}`. Then, one JSON command per stdin line, one JSON answer per stdout line
+(after PREFIX):
+
+* `{"run": NAME, "steps": n, "pace": s, "seconds": t}`: at least n batches of contender NAME,
+  and more until t seconds have passed (so fast contenders are timed as long). With `pace` > 0 the
+  consumer sleeps s seconds after each batch (a training step the device is busy with), so
+  a prefetching pipeline is ahead and the time inside `next()` is what the training thread
+  pays. Answers wall seconds, seconds inside `next()` (wall, and CPU of the consumer
+  thread), tokens, and the CPU seconds of this process and all its children (Grain's
+  `mp_prefetch` workers) at the start and the end.
+* `{"restore": STEP}`: the documented restore path to the first global batch (ours: a fresh
+  `DataFeed`, `CheckpointManager.restore` of a `DataRestore` item, `next()`; Grain: a fresh
+  iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up.
+* `{"quit": true}`.
+
+A spec with `processes` > 1 joins a localhost `jax.distributed` job first (the scale rows).
+Every contender ends where a trainer starts: the six MaxText fields as global `jax.Array`s over
+the process's simulated CPU devices (except the host-only rows: `Plan.batch` and the limits).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import psutil
+
+PREFIX = "bench-answer "
+FIELD_NAMES = (
+    "inputs",
+    "targets",
+    "inputs_segmentation",
+    "targets_segmentation",
+    "inputs_position",
+    "targets_position",
+)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of its children, live or exited."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += child_times.user + child_times.system
+    return total
+
+
+# -- the data: one config for ours, the same stores and weights for Grain ------------------------
+
+
+def data_config(spec: dict[str, Any]):
+    from pipeline.config import parse_config
+
+    return parse_config(spec["config"], origin="bench.yaml")
+
+
+def mesh(spec: dict[str, Any]):
+    import jax
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()), ("data",))
+
+
+# -- ours ---------------------------------------------------------------------------------------
+
+
+class Feed:
+    """`DataFeed(config, mesh)` with its defaults: what a JAX user writes."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from pipeline.feed.data_feed import DataFeed
+
+        self.spec = spec
+        self.mesh = mesh(spec)
+        self.iterator = DataFeed(data_config(spec), self.mesh)
+        self.managers: dict[int, Any] = {}
+
+    def __next__(self):
+        return next(self.iterator)
+
+    def restore(self, step: int, directory: Path) -> dict[str, float]:
+        """Seconds of: a fresh DataFeed, Orbax's restore of its data item, the first batch."""
+        import jax
+        import orbax.checkpoint as ocp
+
+        from pipeline.feed.checkpoint import DataRestore, DataSave
+        from pipeline.feed.data_feed import DataFeed
+
+        config = data_config(self.spec)
+        if step not in self.managers:  # the trainer's manager, made once (untimed)
+            mngr = ocp.CheckpointManager(directory / f"ours-{step}")
+            with DataFeed(config, self.mesh, step=step) as feed:
+                mngr.save(step, args=ocp.args.Composite(data=DataSave(feed)))
+            mngr.wait_until_finished()
+            self.managers[step] = mngr
+        mngr = self.managers[step]
+        times = {}
+        start = time.perf_counter()
+        feed = DataFeed(config, self.mesh)
+        times["construct"] = time.perf_counter() - start
+        mngr.restore(step, args=ocp.args.Composite(data=DataRestore(feed)))
+        times["orbax_restore"] = time.perf_counter() - start - times["construct"]
+        jax.block_until_ready(next(feed))
+        times["total"] = time.perf_counter() - start
+        times["first_next"] = times["total"] - times["construct"] - times["orbax_restore"]
+        if feed.step != step + 1:
+            raise RuntimeError(f"restored feed is at step {feed.step}, expected {step + 1}")
+        feed.close()
+        return times
+
+    def close(self) -> None:
+        self.iterator.close()
+        for mngr in self.managers.values():
+            mngr.close()
+
+
+class FeedWithoutStats(Feed):
+    """`DataFeed(config, mesh, stats=False)`: the A/B for the statistics' cost."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from pipeline.feed.data_feed import DataFeed
+
+        self.spec = spec
+        self.mesh = mesh(spec)
+        self.iterator = DataFeed(data_config(spec), self.mesh, stats=False)
+        self.managers: dict[int, Any] = {}
+
+
+class MaxText(Feed):
+    """`pipeline.feed.maxtext.create_data_iterator(config, mesh)`, as MaxText calls it."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import yaml
+
+        from pipeline.feed.maxtext import create_data_iterator
+
+        self.spec = spec
+        self.mesh = mesh(spec)
+        self.managers = {}
+        path = Path(spec["tmp"]) / "maxtext-data.yaml"
+        path.write_text(yaml.safe_dump(spec["config"]))
+        devices = self.mesh.devices.size
+        config = SimpleNamespace(
+            dataset_type="grain",
+            per_device_batch_size=spec["config"]["global_batch_size"] / devices,
+            max_target_length=spec["config"]["seq_len"],
+            data_sharding=[["data"]],
+            steps=10**9,
+            eval_interval=-1,
+            eval_per_device_batch_size=0.0,
+            expansion_factor_real_data=-1,
+            gradient_accumulation_steps=1,
+            enable_data_shuffling=True,
+            pipeline_data_config=str(path),
+        )
+        self.iterator, _ = create_data_iterator(config, self.mesh)
+
+
+class PlanBatch:
+    """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord)."""
+
+    def __init__(self, spec: dict[str, Any], flat: bool = True) -> None:
+        from pipeline.plan.plan import Plan
+        from pipeline.store.token_store import TokenStore
+
+        plan = Plan.from_config(data_config(spec))
+        if not flat:
+            plan = Plan(plan.ledger, [TokenStore(s.path, flat=False) for s in plan.stores()])
+        self.plan, self.step = plan, 0
+        self.rows = np.arange(spec["config"]["global_batch_size"])
+
+    def __next__(self):
+        batch = self.plan.batch(self.step, self.rows)
+        self.step += 1
+        return batch
+
+    def close(self) -> None:
+        for store in self.plan.stores():
+            store.close()
+
+
+class FormatLimit(PlanBatch):
+    """ArrayRecord reads of exactly the records `Plan.batch` needs for the same steps, and
+    nothing else: one `read(list)` per shard (batched) or one `read(i, i + 1)` per record.
+    The record lists are computed before the clock starts (`prepare`)."""
+
+    def __init__(self, spec: dict[str, Any], batched: bool) -> None:
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        from pipeline.store.token_store import READER_OPTIONS
+
+        super().__init__(spec)
+        self.batched = batched
+        self.layouts = self.plan.segment_plan(0).layouts
+        self.stores = {name: self.plan.store(layout.meta) for name, layout in self.layouts.items()}
+        self.readers = {
+            name: [
+                ArrayRecordReader(str(store.shard_file(s)), READER_OPTIONS)
+                for s in range(store.num_shards)
+            ]
+            for name, store in self.stores.items()
+        }
+        self.queue: list[list[tuple[Any, list[int]]]] = []
+
+    def prepare(self, steps: int) -> None:
+        for _ in range(steps):
+            draws = self.plan.draws(self.step + len(self.queue), self.rows)
+            needed: dict[tuple[str, int], set[int]] = {}
+            for s, epoch, start in zip(draws.source, draws.epoch, draws.start):
+                name = draws.source_names[int(s)]
+                layout = self.layouts[name]
+                for shard, lo, hi in layout.pieces(
+                    int(epoch), int(start), int(start) + layout.seq_len + 1
+                ):
+                    offsets = self.stores[name].record_offsets(shard)
+                    first = int(np.searchsorted(offsets, lo, side="right")) - 1
+                    last = int(np.searchsorted(offsets, hi, side="left"))
+                    needed.setdefault((name, shard), set()).update(range(first, last))
+            self.queue.append(
+                [(self.readers[n][shard], sorted(r)) for (n, shard), r in needed.items()]
+            )
+
+    def __next__(self):
+        for reader, records in self.queue.pop(0):
+            if self.batched:
+                reader.read(records)
+            else:
+                for record in records:
+                    reader.read(record, record + 1)
+        self.step += 1
+
+
+class CopyLimit:
+    """`np.copyto` of as many token bytes as a batch holds, between two buffers."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        size = spec["config"]["global_batch_size"] * (spec["config"]["seq_len"] + 1)
+        self.src = np.ones(size, np.dtype(spec["itemsize_dtype"]))
+        self.dst = np.empty_like(self.src)
+
+    def __next__(self):
+        np.copyto(self.dst, self.src)
+
+    def close(self) -> None:
+        pass
+
+
+# -- Grain --------------------------------------------------------------------------------------
+
+
+class Decode:
+    """Record bytes -> int32 tokens (a class, so that `mp_prefetch` workers can unpickle it)."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, record: bytes) -> dict[str, np.ndarray]:
+        return {"tokens": np.frombuffer(record, dtype=self.dtype).astype(np.int32)}
+
+
+class Fields:
+    """Packed [rows, seq_len + 1] tokens -> the six MaxText fields; a document starts after
+    every eod (what a MaxText user derives from eod-separated packing), built by the same
+    `pipeline.plan.batch.fields` our rows use, so both sides do the same host work here."""
+
+    def __init__(self, eod: int) -> None:
+        self.eod = eod
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from pipeline.plan.batch import fields
+
+        tokens = batch["tokens"]
+        rows, cols = np.nonzero(tokens[:, :-1] == self.eod)
+        return fields(tokens, rows, cols + 1)
+
+
+def grain_dataset(spec: dict[str, Any]):
+    """ArrayRecordDataSource per store -> shuffle -> repeat -> [mix] -> decode ->
+    to_iter_dataset(ReadOptions) -> ConcatThenSplit -> batch -> fields [-> mp_prefetch]."""
+    import grain
+    from grain.experimental import ConcatThenSplitIterDataset
+
+    from pipeline.store.token_store import TokenStore
+
+    parts, weights = [], []
+    for name, source in sorted(spec["config"]["sources"].items()):
+        store = TokenStore(source["path"])
+        files = [str(store.shard_file(s)) for s in range(store.num_shards)]
+        ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files))
+        parts.append(ds.shuffle(seed=1).repeat().map(Decode(store.dtype.name)))
+        weights.append(spec["config"]["mix"][name])
+        eod = store.eod_id
+    ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
+    options = spec["grain"]
+    read = grain.ReadOptions(num_threads=options["threads"], prefetch_buffer_size=options["buffer"])
+    seq_len, rows = spec["config"]["seq_len"], spec["config"]["global_batch_size"]
+    it = ConcatThenSplitIterDataset(ds.to_iter_dataset(read), length_struct={"tokens": seq_len + 1})
+    it = it.batch(rows).map(Fields(eod))
+    if options["workers"]:
+        from absl import flags
+
+        flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; no absl app here
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=options["workers"]))
+    return it
+
+
+class Grain:
+    """Grain's packed pipeline, then the same global arrays as ours (one call for six fields)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        self.spec = spec
+        self.dataset = grain_dataset(spec)
+        self.iterator = iter(self.dataset)
+        sharding = NamedSharding(mesh(spec), PartitionSpec("data", None))
+        shape = (spec["config"]["global_batch_size"], spec["config"]["seq_len"])
+        self.shardings = dict.fromkeys(FIELD_NAMES, sharding)
+        self.shapes = dict.fromkeys(FIELD_NAMES, shape)
+
+    def to_global(self, batch: dict[str, np.ndarray]):
+        import jax
+
+        return jax.make_array_from_process_local_data(self.shardings, batch, self.shapes)
+
+    def __next__(self):
+        return self.to_global(next(self.iterator))
+
+    def restore(self, step: int, directory: Path) -> dict[str, float]:
+        """A fresh dataset and iterator, `set_state` to step `step`, the first global batch.
+
+        Grain's state k batches in cannot be reached by iterating, so it is built from a real
+        `get_state()` template: `next_index` = the documents k batches consume on average
+        (k * rows * (seq_len + 1) / mean document length), an empty packing remainder. That
+        is a valid state at a packing boundary, so `set_state` replays nothing.
+        """
+        import jax
+
+        template = iter(self.dataset).get_state()
+        state = json.loads(json.dumps(template))
+        state["parent_state"]["next_index"] = round(step * self.spec["docs_per_batch"])
+        state["remainder_slices"] = template["remainder_slices"]  # keep the tuples
+        start = time.perf_counter()
+        iterator = iter(grain_dataset(self.spec))  # a restarted job builds its pipeline anew
+        iterator.set_state(state)
+        jax.block_until_ready(self.to_global(next(iterator)))
+        return {"total": time.perf_counter() - start}
+
+    def close(self) -> None:
+        close = getattr(self.iterator, "close", None)
+        if close is not None:
+            close()
+
+
+KINDS = {
+    "feed": Feed,
+    "feed_nostats": FeedWithoutStats,
+    "maxtext": MaxText,
+    "plan": PlanBatch,
+    "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),
+    "format_per_record": lambda spec: FormatLimit(spec, batched=False),
+    "format_batched": lambda spec: FormatLimit(spec, batched=True),
+    "copy": CopyLimit,
+    "grain": Grain,
+}
+
+
+# -- the worker loop ----------------------------------------------------------------------------
+
+
+def run(
+    contender,
+    steps: int,
+    pace: float,
+    tokens_per_step: int,
+    processes: int,
+    seconds: float = 0.0,
+) -> dict[str, float]:
+    """At least `steps` batches, and more until `seconds` have passed. A limit contender's
+    record lists are made in batches of `steps` with the clock (wall and CPU) paused."""
+    import jax
+
+    inside = inside_cpu = paused = paused_cpu = 0.0
+    cpu_start = cpu_seconds()
+    start = time.perf_counter()
+    batch, tokens, done = None, 0, 0
+    while done < steps or time.perf_counter() - start - paused < seconds:
+        if getattr(contender, "queue", None) == []:
+            before, before_cpu = time.perf_counter(), cpu_seconds()
+            contender.prepare(steps)
+            paused += time.perf_counter() - before
+            paused_cpu += cpu_seconds() - before_cpu
+        done += 1
+        before, before_cpu = time.perf_counter(), time.thread_time()
+        batch = next(contender)
+        inside += time.perf_counter() - before
+        inside_cpu += time.thread_time() - before_cpu
+        # a process's share of the global arrays' tokens; the limits copy bytes, no fields
+        tokens += tokens_per_step if batch is None else batch["inputs"].size // processes
+        if pace:
+            time.sleep(pace)
+    jax.block_until_ready(batch)
+    wall = time.perf_counter() - start - paused
+    return {
+        "steps": done,
+        "wall": wall,
+        "next": inside,
+        "next_cpu": inside_cpu,
+        "tokens": tokens,
+        "cpu_start": cpu_start,
+        "cpu_end": cpu_seconds() - paused_cpu,
+    }
+
+
+def answer(value: dict[str, Any]) -> None:
+    """One answer line; libraries may print other lines to stdout, the driver skips them."""
+    print(PREFIX + json.dumps(value), flush=True)
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("processes", 1) > 1:
+        import jax
+
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{spec['port']}",
+            num_processes=spec["processes"],
+            process_id=spec["process_id"],
+            initialization_timeout=120,
+        )
+    contenders = {name: KINDS[kind](spec) for name, kind in spec["contenders"].items()}
+    processes = spec.get("processes", 1)
+    tokens_per_step = spec["config"]["global_batch_size"] // processes * spec["config"]["seq_len"]
+    for contender in contenders.values():
+        run(contender, 1, 0.0, tokens_per_step, processes)  # open files, start threads
+    answer({"ready": True})
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in sys.stdin:
+            command = json.loads(line)
+            if "quit" in command:
+                break
+            if "restore" in command:
+                contender = contenders[command["name"]]
+                contender.restore(command["restore"], Path(tmp))  # warm: files, caches
+                result = contender.restore(command["restore"], Path(tmp))
+            else:
+                contender = contenders[command["run"]]
+                steps, pace, seconds = command["steps"], command["pace"], command.get("seconds", 0)
+                result = run(contender, steps, pace, tokens_per_step, processes, seconds)
+            result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            answer(result)
+    for contender in contenders.values():
+        contender.close()
+    if spec.get("processes", 1) > 1:
+        import jax
+
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    main()

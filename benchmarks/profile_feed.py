@@ -1,0 +1,109 @@
+"""Profile one DataFeed step: the reader thread's task and the training thread's `next()`.
+
+    JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
+        python benchmarks/profile_feed.py --store python-code [--steps 200] [--top 14]
+
+Same store, config and mesh as `pipeline bench` (8 simulated devices, 32 x 2048). First the
+task a reader thread runs per step (`_read_step`: `Plan.read` of the process's rows and one
+`make_array_from_process_local_data` call) is run in the main thread under cProfile, so the
+profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step between
+calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
+includes the profiler's overhead); then the first step of fresh feeds (what a restore waits
+for once Orbax is done). First it prints CPU ms per step of the parts, without the profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench  # benchmarks/bench.py, beside this file
+
+
+def cpu_ms(call, steps: int) -> float:
+    import jax
+
+    call(0)
+    start = time.process_time()
+    for step in range(1, steps + 1):
+        out = call(step)
+    jax.block_until_ready(out)
+    return (time.process_time() - start) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench.add_arguments(parser)
+    parser.add_argument("--top", type=int, default=14, help="profile rows to print")
+    args = parser.parse_args()
+    args.steps = max(args.steps, 200)
+
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from pipeline.config import parse_config
+    from pipeline.feed.data_feed import DataFeed, _read_chunk, _read_step
+
+    config = parse_config(bench.config_mapping(bench.resolve_sources(args), args), origin="bench")
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    with DataFeed(config, mesh) as feed:
+        plan, geometry = feed.plan, feed._geometry_at(0)
+        host = _read_chunk(plan, 0, geometry.rows, (), False).batch
+        parts = {
+            "Plan.draws": lambda s: plan.draws(s, geometry.rows),
+            "Plan.read (draws + read + fields)": lambda s: (
+                _read_chunk(plan, s, geometry.rows, (), False).batch
+            ),
+            "one transfer of the six fields": lambda s: geometry.to_global(host),
+            "the reader task (_read_step)": lambda s: _read_step(plan, s, geometry, (), True).batch,
+        }
+        for name, call in parts.items():
+            print(f"{name}: {cpu_ms(call, args.steps):.2f} ms CPU per step")
+
+        profile = cProfile.Profile()
+        profile.enable()
+        for step in range(1, args.steps + 1):
+            batch = _read_step(plan, step, geometry, (), True).batch
+        jax.block_until_ready(batch)
+        profile.disable()
+        print(f"\nthe reader task, {args.steps} steps:")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+        jax.block_until_ready(next(feed))
+        profile = cProfile.Profile()
+        inside = 0.0
+        for _ in range(args.steps):
+            time.sleep(args.pace_ms / 1e3)
+            start = time.thread_time()
+            profile.enable()
+            batch = next(feed)
+            profile.disable()
+            inside += time.thread_time() - start
+        jax.block_until_ready(batch)
+        per_step = inside / args.steps * 1e3
+        print(f"the training thread's next(), {args.steps} steps, {per_step:.3f} ms thread CPU")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+    # What a restore waits for after Orbax: the first step of a fresh feed (fresh stores).
+    profile = cProfile.Profile()
+    for fresh in range(5):
+        with DataFeed(config, mesh) as feed:
+            geometry = feed._geometry_at(10**6)
+            if fresh:
+                profile.enable()
+            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True).batch)
+            profile.disable()
+    print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()

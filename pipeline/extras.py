@@ -1,0 +1,30 @@
+"""Optional dependencies: import one, or stop with one line naming the extra that installs it.
+
+The core install (`pip install pipeline`) reads, plans and feeds; what only some users need is an
+extra (pyproject.toml): `tokenizers` (SentencePiece, Hugging Face), `parquet`, `plot`, `train`
+(the reference trainer), `beam`. `make setup` installs them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from pipeline.errors import MissingExtraError
+
+
+def require(module: str, extra: str, needed_for: str) -> ModuleType:
+    """`import module`, or a `MissingExtraError` naming `extra` if its package is absent.
+
+    Only the absence of the package itself becomes that error; an import failing inside an
+    installed package is a real fault and keeps its traceback.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        top = module.partition(".")[0]
+        if error.name is None or error.name.partition(".")[0] != top:
+            raise
+        raise MissingExtraError(
+            f"{needed_for} needs {top}, which is not installed: pip install 'pipeline[{extra}]'"
+        ) from None

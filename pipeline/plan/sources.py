@@ -1,0 +1,38 @@
+"""A config's sources as stores: opened to read, or only their metadata to plan.
+
+A store that cannot be opened is named by its config key (`FILE: sources.NAME.path: ...`), so a
+wrong path in a data config reads as a config error, before any step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pipeline.config import DataConfig
+from pipeline.errors import ConfigError, StoreError
+from pipeline.store.meta import StoreMeta
+from pipeline.store.token_store import TokenStore
+
+T = TypeVar("T")
+
+
+def open_stores(config: DataConfig) -> dict[str, TokenStore]:
+    """Every source's store, opened (its files checked), by source name."""
+    return _each_source(config, TokenStore)
+
+
+def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
+    """Every source's store metadata (its manifest alone), by source name."""
+    return _each_source(config, StoreMeta.load)
+
+
+def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
+    out = {}
+    for spec in config.sources:
+        try:
+            out[spec.name] = load(spec.path)
+        except StoreError as error:
+            raise ConfigError(f"{config.origin}: sources.{spec.name}.path: {error}") from error
+    return out

@@ -1,0 +1,104 @@
+"""What the plan needs of a token store, from its manifest alone: shard sizes and content identity.
+
+A data plan (which window of which epoch every row holds) depends on a store only through its
+shard token counts and, for the ledger, its content fingerprint. `StoreMeta` carries exactly
+that, so a plan can be computed, inspected and tested without opening shard files; reading
+tokens takes an open `TokenStore` (token_store.py), whose `meta` this is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.store.identity import check_manifest, tokenizer_identity
+from pipeline.urls import location, read_text
+
+FORMAT_NAME = "pipeline-token-store"
+FORMAT_VERSION = 3
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True, eq=False)
+class StoreMeta:
+    """A store's location, content fingerprint, tokens per shard (in shard order), token
+    dtype and tokenizer (whose identity says whether two stores' ids mean the same tokens)."""
+
+    path: Path  # an etils.epath.Path for a gs:// store
+    fingerprint: str
+    shard_tokens: np.ndarray  # int64 [num_shards]
+    dtype: np.dtype
+    tokenizer: dict[str, Any]  # the manifest's tokenizer entry
+
+    @classmethod
+    def from_manifest(cls, path: Path, manifest: dict[str, Any]) -> StoreMeta:
+        shards = manifest["shards"]
+        content = {
+            "tokenizer": manifest["tokenizer"]["name"],
+            "dtype": manifest["dtype"],
+            "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in shards],
+        }
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
+        tokenizer = manifest["tokenizer"]
+        return cls(path, digest, tokens, np.dtype(manifest["dtype"]), tokenizer)
+
+    @classmethod
+    def load(cls, path: str | Path) -> StoreMeta:
+        """The metadata of the store at `path` (a directory or a `gs://` URL), reading its
+        manifest only."""
+        path = location(path)
+        return cls.from_manifest(path, load_manifest(path))
+
+    @property
+    def tokenizer_identity(self) -> tuple[str, str, int, int]:
+        """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
+        return tokenizer_identity(self.tokenizer)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.shard_tokens.sum())
+
+    @cached_property
+    def shard_starts(self) -> np.ndarray:
+        """Where each shard starts in the natural stream, and the total (num_shards + 1)."""
+        return np.concatenate([[0], np.cumsum(self.shard_tokens)])
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """The manifest, in one read when it exists (one request for a `gs://` store), checked to
+    be one this version reads and to be its own (`identity.check_manifest`)."""
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(read_text(str(manifest_path)))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
+        if not path.is_dir():
+            raise StoreError(
+                f"{path}: no such store directory (create it with `pipeline prepare`)"
+            ) from error
+        raise StoreError(
+            f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
+            "leaves one: run `pipeline prepare` again)"
+        ) from error
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise StoreError(
+            f"{manifest_path}: format version {manifest.get('format_version')}, this "
+            f"version of pipeline reads {FORMAT_VERSION}: prepare the store again"
+        )
+    check_manifest(manifest, manifest_path)
+    return manifest
