@@ -321,6 +321,19 @@ def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(t
     assert len(served) >= 1
 
 
+def test_a_flat_sidecar_replaced_after_open_is_refused_at_its_first_use(tmp_path):
+    store = TokenStore(synthetic(tmp_path))
+    flat = store.path / store.manifest["shards"][0]["flat"]
+    content = flat.read_bytes()
+    flat.unlink()
+    flat.write_bytes(content)  # the same bytes in another file: still not the one opened
+    out = np.zeros((1, 5), np.uint32)
+    with pytest.raises(StoreError) as info:
+        store.read_pieces_into([0], [0], [5], out, [0], [0])
+    assert one_line(info.value).startswith(f"{flat}: the flat token sidecar was replaced")
+    np.testing.assert_array_equal(TokenStore(store.path).read_tokens(0, 5).tokens, np.arange(5))
+
+
 # -- 5. duplicate YAML keys ------------------------------------------------------------------
 
 DUPLICATES = {
