@@ -74,7 +74,9 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
         if not path.exists():
             raise LedgerError(f"{path}: the checkpoint has no data state")
         state = super().restore(directory)
-        return restore_state(args.feed, state, switch=args.switch, origin=str(path))
+        return restore_state(
+            args.feed, state, switch=args.switch, switch_flag=args.switch_flag, origin=str(path)
+        )
 
 
 @ocp.args.register_with_handler(DataCheckpointHandler, for_save=True)
@@ -92,14 +94,24 @@ class DataSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(DataCheckpointHandler, for_restore=True)
 @dataclasses.dataclass
 class DataRestore(ocp.args.CheckpointArgs):
-    """Restore the data state into `feed`; `switch=True` declares a data config change."""
+    """Restore the data state into `feed`; `switch=True` declares a data config change.
+
+    `switch_flag` is what the refusal of an undeclared change tells the user to set: a trainer
+    passes the name of its own flag (e.g. `--switch-data`).
+    """
 
     feed: DataFeed
     switch: bool = False
+    switch_flag: str = "DataRestore(..., switch=True)"
 
 
 def restore_state(
-    feed: DataFeed, state: Any, *, switch: bool = False, origin: str = "<data state>"
+    feed: DataFeed,
+    state: Any,
+    *,
+    switch: bool = False,
+    switch_flag: str = "restore_state(..., switch=True)",
+    origin: str = "<data state>",
 ) -> dict[str, Any]:
     """Check `state` (as `DataSave` wrote it) on every process, reconcile it, seek `feed`."""
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -109,7 +121,8 @@ def restore_state(
         raise LedgerError(f"{origin}: 'step' must be an integer >= 0, got {step!r}")
     _check_processes_agree(state, feed, origin)
     ledger = Ledger.from_json(state.get("ledger"), origin=f"{origin}: ledger")
-    reconciled = reconcile(Plan(ledger, feed.plan.stores()), feed.config, step, switch=switch)
+    plan = Plan(ledger, feed.plan.stores())
+    reconciled = reconcile(plan, feed.config, step, switch=switch, switch_flag=switch_flag)
     feed.adopt(reconciled, step)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items
     log.info(
@@ -146,7 +159,9 @@ def restore_or_start(
         if path.is_dir() and path.name.split("_")[-1] == str(step)
     )
     if has_data:
-        mngr.restore(step, args=ocp.args.Composite(data=DataRestore(feed, switch=switch)))
+        flag = "restore_or_start(..., switch=True)"
+        data = DataRestore(feed, switch=switch, switch_flag=flag)
+        mngr.restore(step, args=ocp.args.Composite(data=data))
         return feed.step
     if data_step is None:
         raise LedgerError(

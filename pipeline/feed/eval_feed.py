@@ -63,6 +63,10 @@ class EvalFeed:
         )
         self._feed = DataFeed(plan, mesh, batch_axes, log_events=False)  # same batches each time
 
+    @property
+    def plan(self) -> Plan:
+        return self._feed.plan
+
     def reset(self) -> None:
         self._feed.seek(0)
 

@@ -26,6 +26,7 @@ The config keys read, and the checks made before any step runs, are listed in do
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 from collections.abc import Iterator
@@ -35,19 +36,20 @@ import jax
 from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, load_config
+from pipeline.config.maxtext_keys import DATA_CONFIG, DATA_SWITCH, EVAL_SOURCE, MaxTextKey
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed.checkpoint import STATE_VERSION, restore_state
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import EvalFeed
+from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
 
-CONFIG_KEY = "pipeline_data_config"
-"""MaxText config key naming the data config YAML (or set the environment variable below)."""
-CONFIG_ENV = "PIPELINE_DATA_CONFIG"
-SWITCH_KEY = "pipeline_data_switch"
-"""MaxText config key: true declares a data config change on restore (see docs/mixtures.md)."""
-EVAL_SOURCE_KEY = "pipeline_eval_source"
-"""MaxText config key naming the eval source to serve (default: the first, by name)."""
+CONFIG_KEY = DATA_CONFIG.name
+CONFIG_ENV = DATA_CONFIG.env
+SWITCH_KEY = DATA_SWITCH.name
+EVAL_SOURCE_KEY = EVAL_SOURCE.name
+SWITCH_FLAG = f"{DATA_SWITCH.name}=true (or {DATA_SWITCH.env}=true)"
+"""How a MaxText user declares a data switch: what the refusal of an undeclared one names."""
 
 _MISSING = object()
 
@@ -60,6 +62,26 @@ def _get(config: Any, key: str, default: Any = _MISSING) -> Any:
         if default is _MISSING:
             raise ConfigError(f"MaxText config: missing key '{key}'") from None
         return default
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the user wrote it: an enum member (pydantic's `DatasetType.GRAIN`)
+    becomes its value (`grain`), so comparisons and messages use the spelling of the key."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def setting(config: Any, key: MaxTextKey) -> str | bool:
+    """A key of ours from MaxText's config, else from its environment variable.
+
+    A key MaxText does not declare (no `pipeline maxtext install`) reads as unset, so the
+    variable alone works; for the switch, either one set to true declares it.
+    """
+    value = _plain(_get(config, key.name, None))
+    if key.type is bool:
+        if isinstance(value, str):
+            value = value.strip().lower() not in ("", "0", "false", "no", "off")
+        return bool(value) or bool(key.parse_env())
+    return str(value) if value else key.parse_env()
 
 
 # -- the checkpointed state ------------------------------------------------------------------
@@ -99,7 +121,9 @@ class LocalIterator:
                 state = json.loads(state)
             except json.JSONDecodeError as error:
                 raise LedgerError(f"{origin}: not JSON: {error}") from error
-        restore_state(self._feed, dict(state), switch=self.switch, origin=origin)
+        restore_state(
+            self._feed, dict(state), switch=self.switch, switch_flag=SWITCH_FLAG, origin=origin
+        )
 
     def start_prefetch(self) -> None:
         """Called by Grain's handler after `set_state`; `set_state` has already started it."""
@@ -203,22 +227,32 @@ def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIt
     batch = global_batch_size(config, mesh)
     check_data_config(config, data, batch)
     _check_all_rows_trained(config, mesh, batch)
-    switch = bool(_get(config, SWITCH_KEY, False))
+    switch = bool(setting(config, DATA_SWITCH))
     train = TrainIterator(DataFeed(data, mesh, axes), switch=switch)
+    evaluation = None
     try:
-        return train, _eval_iterator(config, data, mesh, axes, batch)
+        evaluation = _eval_iterator(config, data, mesh, axes, batch)
+        stores = train.feed.plan.stores() + (evaluation.feed.plan.stores() if evaluation else [])
+        check_vocab_size(config, stores)
+        return train, evaluation
     except BaseException:
-        train.close()
+        close_all(train, evaluation)
         raise
+
+
+def close_all(*iterators: TrainIterator | EvalIterator | None) -> None:
+    for iterator in iterators:
+        if iterator is not None:
+            iterator.close()
 
 
 def is_enabled(config: Any) -> bool:
     """Whether the MaxText config (or the environment) names a pipeline data config."""
-    return bool(_get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, ""))
+    return bool(setting(config, DATA_CONFIG))
 
 
 def data_config_path(config: Any) -> str:
-    path = _get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, "")
+    path = setting(config, DATA_CONFIG)
     if not path:
         raise ConfigError(
             f"MaxText config: '{CONFIG_KEY}' is not set; give the path of the pipeline's data "
@@ -312,13 +346,31 @@ def check_data_config(config: Any, data: DataConfig, batch: int) -> None:
             f"gradient_accumulation_steps={data.grad_accum} in MaxText, which splits each "
             "[global_batch, seq_len] batch into micro-batches itself"
         )
-    dataset_type = _get(config, "dataset_type", "grain")
+    dataset_type = _plain(_get(config, "dataset_type", "grain"))
     if dataset_type != "grain":
         raise ConfigError(
-            f"MaxText config: dataset_type {dataset_type!r}: set dataset_type=grain with "
+            f"MaxText config: dataset_type {dataset_type}: set dataset_type=grain with "
             f"{CONFIG_KEY}; MaxText saves the data iterator's state (its 'iter' checkpoint "
             "item) only for grain, and without it a resumed run would restart the data"
         )
+
+
+def check_vocab_size(config: Any, stores: list[TokenStore]) -> None:
+    """MaxText's `vocab_size` must hold every token id of every store it is fed.
+
+    An embedding lookup of an id past the table does not fail under JAX (it clamps or returns
+    garbage), so a small `vocab_size` would train silently on wrong tokens.
+    """
+    vocab = int(_get(config, "vocab_size", 0)) or None
+    if vocab is None:
+        return
+    for store in sorted(stores, key=lambda store: -store.vocab_size):
+        if store.vocab_size > vocab:
+            raise ConfigError(
+                f"MaxText config: vocab_size {vocab} is smaller than the vocabulary of the "
+                f"store {store.path} ({store.vocab_size} ids); set vocab_size={store.vocab_size} "
+                "or more"
+            )
 
 
 def _check_all_rows_trained(config: Any, mesh: Mesh, batch: int) -> None:
@@ -345,12 +397,12 @@ def _eval_iterator(
             "data config has no 'eval:' section; add one (eval: {sources: {NAME: {path: "
             "EVAL_STORE}}}) or set eval_interval=-1"
         )
-    wanted = _get(config, EVAL_SOURCE_KEY, "") or data.eval_sources[0].name
+    wanted = setting(config, EVAL_SOURCE) or data.eval_sources[0].name
     names = [source.name for source in data.eval_sources]
     if wanted not in names:
         raise ConfigError(
-            f"MaxText config: {EVAL_SOURCE_KEY} {wanted!r} is not an eval source of "
-            f"{data.origin} (eval sources: {', '.join(names)})"
+            f"MaxText config: {EVAL_SOURCE_KEY} {wanted!r} ({EVAL_SOURCE.env}) is not an eval "
+            f"source of {data.origin} (eval sources: {', '.join(names)})"
         )
     source = data.eval_sources[names.index(wanted)]
     batch = eval_batch_size(config, mesh, train_batch)
