@@ -222,6 +222,36 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
         read_iter_state(tmp_path)
 
 
+def test_maxtext_takes_its_shared_state_path_for_our_iterator(data_yaml, mesh, tmp_path):
+    """MaxText writes an ElasticIterator's state once, as process_0.json, from process 0, and
+    every process of a later run, however many, reads it back (grain_utility's handler)."""
+    from grain.experimental import ElasticIterator
+
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        assert isinstance(train.local_iterator, ElasticIterator)  # MaxText's dispatch test
+        for _ in range(6):
+            next(train)
+        item = tmp_path / "iter"
+        item.mkdir()
+        (item / "process_0.json").write_text(json.dumps(train.local_iterator.get_state(), indent=4))
+        expected = host(next(train))
+    finally:
+        train.close()
+    for restore in ("set_state", "restore_from"):
+        resumed, _ = create_data_iterator(config, mesh)
+        try:
+            if restore == "set_state":  # what MaxText's handler does with the file
+                resumed.local_iterator.set_state(json.loads((item / "process_0.json").read_text()))
+            else:
+                resumed.restore_from(item)
+            assert resumed.step == 6
+            assert_same(next(resumed), expected)
+        finally:
+            resumed.close()
+
+
 def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path, monkeypatch):
     monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
     config = maxtext_config(data_yaml, eval_interval=-1)

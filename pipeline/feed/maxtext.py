@@ -136,6 +136,27 @@ class LocalIterator:
         return next(self._feed)
 
 
+def _restore_on_any_process_count() -> None:
+    """Make MaxText checkpoint `local_iterator` as one state shared by every host.
+
+    MaxText (since mid-2026) saves and restores a Grain `ElasticIterator` as a single
+    `process_0.json`, written by process 0 and read by every process whatever their number now,
+    because its state is global. Ours is too (the step and the ledger), so `LocalIterator` is
+    registered as a virtual subclass (`abc` registration: no Grain code is inherited), and
+    MaxText's own `isinstance` dispatch takes that path: a restore with a different host count
+    needs no change to MaxText. Older MaxText versions never ask, and write one file per
+    process, which `read_iter_state` reads too.
+    """
+    try:
+        from grain.experimental import ElasticIterator
+    except ImportError:  # a Grain without it: MaxText of that age has no elastic path either
+        return
+    ElasticIterator.register(LocalIterator)
+
+
+_restore_on_any_process_count()
+
+
 class TrainIterator:
     """`next()` gives step `feed.step`'s global batch; `local_iterator` carries the state."""
 
@@ -200,16 +221,19 @@ def read_iter_state(directory: str | os.PathLike) -> dict[str, Any]:
     """The data state in a MaxText `iter` item directory, from any process's file.
 
     Every process saves the same state, so one file is enough whatever the number of processes
-    now: process 0's file, else the lowest-numbered one.
+    now: `process_0.json` (MaxText's shared-state layout), else process 0's
+    `process_0-of-<n>.json`, else the lowest-numbered one.
     """
     path = location(directory)  # a local directory or a gs:// checkpoint
-    files = []
+    files = [(-1, path / "process_0.json")] if (path / "process_0.json").is_file() else []
     for file in path.glob("process_*-of-*.json"):
         index = file.name[len("process_") :].split("-of-")[0]
         if index.isdigit():
             files.append((int(index), file))
     if not files:
-        raise LedgerError(f"{path}: no process_<i>-of-<n>.json file (not a MaxText 'iter' item)")
+        raise LedgerError(
+            f"{path}: no process_0.json or process_<i>-of-<n>.json file (not a MaxText 'iter' item)"
+        )
     file = min(files)[1]
     try:
         return json.loads(file.read_text())
