@@ -1,6 +1,7 @@
 """MaxText's data iterators, served by this pipeline: a drop-in `create_data_iterator`.
 
-    # MaxText input_pipeline_interface.create_data_iterator, first lines (docs/maxtext.md):
+    # MaxText input_pipeline_interface.create_data_iterator, first lines (added by
+    # `pipeline maxtext install`, docs/maxtext.md):
     from pipeline import maxtext as pipeline_maxtext
     if pipeline_maxtext.is_enabled(config):
         return pipeline_maxtext.create_data_iterator(config, mesh)
@@ -14,13 +15,15 @@ HyperParameters, or anything with the same attribute names) and MaxText's mesh a
   `NamedSharding(mesh, P(batch_axes, None))` where `batch_axes` are the axes of
   `config.data_sharding` (e.g. `[['data', 'stage', 'fsdp', ...]]`) that the mesh has: the same
   sharding MaxText's own iterators produce.
-* `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores
-  (`GrainCheckpointHandler`, one `process_<i>-of-<n>.json` per process). Its `get_state()` is
-  the pipeline's data state, the next step and the ledger, the same on every process, and its
-  `set_state(state)` runs `pipeline.feed.checkpoint.restore_state` (check, reconcile, seek).
+* `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores.
+  Its `get_state()` is the pipeline's data state, the next step and the ledger, the same on
+  every process, so MaxText may store it once (its shared-state path for Grain's
+  `ElasticIterator`, which this class registers with) or once per process; `set_state(state)`
+  runs `pipeline.feed.checkpoint.restore_state` (check, reconcile, seek).
 * The eval iterator serves an EvalFeed: the same batches after every `reset()`.
 
-The config keys read, and the checks made before any step runs, are listed in docs/maxtext.md.
+Our keys (`pipeline.config.maxtext_keys`) are read from MaxText's config, else from their
+environment variables. The checks made before any step runs are listed in docs/maxtext.md.
 """
 
 from __future__ import annotations
