@@ -9,10 +9,12 @@
    with --no-deps, as docs/maxtext.md tells users to.
 3. Runs `pipeline maxtext install` on the installed maxtext package (twice: idempotent).
 4. Trains a tiny model 20 steps (checkpoints every 5), 1 process x 4 CPU devices: the
-   reference. Then, comparing every logged loss bit for bit with the reference:
-   kill -9 after checkpoint 10 and resume; 2 processes x 2 devices for 10 steps, then resume
-   in 1 process x 4 devices (elastic 2 -> 1, no file edits); and from checkpoint 10 a changed
-   data config, refused without the switch and recorded in the ledger with it.
+   reference. Kills it with -9 after checkpoint 10 and resumes: every logged loss equals the
+   reference's bit for bit. Elastic 2 -> 1 (no file edits): 2 processes x 2 devices for 10
+   steps, then 1 process x 4 devices, with learning_rate=0 so that each loss fingerprints its
+   batch (the train step rounds differently across process counts): every loss within 1e-5 of
+   a 1-process run's. From checkpoint 10, a changed data config: refused without the switch,
+   recorded in the ledger with it.
 
 Prints a transcript (also written to WORK/transcript.txt); exits 1 on the first failure.
 """
@@ -184,7 +186,9 @@ class MaxText:
             tail = logs[0].read_text().strip().splitlines()[-15:]
             raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
         else:
-            self.say(f"== {name}: {what}, to step {steps} {' '.join(extra)} ({took})")
+            self.say(
+                f"== {name}: {what}, to step {steps}{''.join(' ' + x for x in extra)} ({took})"
+            )
         return [log.read_text() for log in logs]
 
     def losses(self, name: str) -> dict[int, float]:
@@ -198,16 +202,30 @@ class MaxText:
         return out
 
 
-def same_losses(say: Transcript, mt: MaxText, name: str, reference: dict[int, float]) -> None:
+def same_losses(
+    say: Transcript, mt: MaxText, name: str, reference: dict[int, float], tolerance: float = 0.0
+) -> None:
+    """Every step's loss equals the reference's: bit for bit, or within a relative `tolerance`
+    where the process count differs (a cross-process sum on the CPU rounds differently: the
+    losses of step 0, before any restore, already differ in the 7th digit)."""
     got = mt.losses(name)
     if sorted(got) != list(range(STEPS)):
         raise Failed(f"{name}: logged steps {sorted(got)}, expected 0..{STEPS - 1}")
-    differ = [s for s in got if got[s] != reference[s]]
-    if differ:
-        s = differ[0]
-        raise Failed(f"{name}: step {s} loss {got[s]!r} != reference {reference[s]!r}")
-    say(f"   {name}: all {STEPS} losses equal the reference bit for bit "
-        f"(step 0 {got[0]!r}, step {STEPS - 1} {got[STEPS - 1]!r})")  # fmt: skip
+    error = {s: abs(got[s] - reference[s]) / abs(reference[s]) for s in got}
+    worst = max(error, key=error.get)
+    if error[worst] > tolerance:
+        raise Failed(f"{name}: step {worst} loss {got[worst]!r} != reference {reference[worst]!r}")
+    if tolerance == 0.0:
+        say(f"   {name}: all {STEPS} losses equal the reference bit for bit "
+            f"(step 0 {got[0]!r}, step {STEPS - 1} {got[STEPS - 1]!r})")  # fmt: skip
+    else:
+        same = sum(got[s] == reference[s] for s in got)
+        shift = min(abs(reference[s + 1] - reference[s]) / reference[s] for s in range(STEPS - 1))
+        say(f"   {name}: all {STEPS} losses within {error[worst]:.1e} (relative) of the "
+            f"reference, {same} bit for bit (the next step's batch would differ by "
+            f">= {shift:.1e})")  # fmt: skip
+        if shift <= 10 * tolerance:
+            raise Failed(f"{name}: the losses cannot tell batches apart (steps differ by {shift})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
             raise Failed("resume: the data state was not restored")
         same_losses(say, mt, "resume", reference)
 
-        mt.train("elastic", data, SWITCH_AT, processes=2)
+        # Across process counts the train step itself rounds differently, and the optimizer
+        # amplifies that; with learning_rate=0 each loss is a fingerprint of its batch alone.
+        frozen = "learning_rate=0"
+        mt.train("frozen", data, STEPS, frozen)
+        mt.train("elastic", data, SWITCH_AT, frozen, processes=2)
         iter_files = sorted(p.name for p in (work / "out/elastic/checkpoints/9/iter").iterdir())
         say(f"   elastic: checkpoint 9 iter/ holds {', '.join(iter_files)}")
-        mt.train("elastic", data, STEPS)
-        same_losses(say, mt, "elastic", reference)
+        mt.train("elastic", data, STEPS, frozen)
+        same_losses(say, mt, "elastic", mt.losses("frozen"), tolerance=1e-5)
 
         shutil.copytree(work / "out/reference/checkpoints" / str(SWITCH_AT),
                         work / "out/switch/checkpoints" / str(SWITCH_AT))  # fmt: skip
@@ -259,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         line = next((x for x in refused.splitlines() if flag in x), None)
         if line is None:
             raise Failed(f"switch: the refusal does not say '{flag}'")
-        say(f"   {line.strip()[:160]}")
+        say(f"   {line.strip()}")
         mt.train("switch", switched, STEPS, "pipeline_data_switch=true")
         state = json.loads((work / f"out/switch/checkpoints/{STEPS - 1}/iter/process_0.json")
                            .read_text())  # fmt: skip
