@@ -42,6 +42,7 @@ MODEL = [  # a tiny decoder: what matters is the data path, bit for bit
     "per_device_batch_size=2", "attention=dot_product", "dtype=float32",
 ]  # fmt: skip
 CPU = ["hardware=cpu", "enable_goodput_recording=false", "monitor_goodput=false"]
+GLOO_TIMEOUT = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 DATA = "seed: 5\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
 
 
@@ -147,8 +148,15 @@ class MaxText:
         processes: int = 1,
         kill_after: int | None = None,
         expect_failure: bool = False,
+        retry: bool = True,
     ) -> list[str]:
-        """Run to the end (or kill -9 once checkpoint `kill_after` exists); the logs."""
+        """Run to the end (or kill -9 once checkpoint `kill_after` exists); the logs.
+
+        MaxText stops a run with exit code 0 when a checkpoint fails, so a run that did not
+        log its last step fails here. One cause is not ours: on an oversubscribed CPU, one
+        process may reach the first cross-process collective (the first checkpoint) more than
+        Gloo's fixed 30 s after the other; that launch is retried once, from scratch.
+        """
         started = time.monotonic()
         devices = 4 // processes
         procs, logs = [], []
@@ -185,17 +193,28 @@ class MaxText:
         elif any(codes):
             tail = logs[0].read_text().strip().splitlines()[-15:]
             raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
+        elif steps - 1 not in self.losses(name, launch):
+            text = logs[0].read_text()
+            if processes > 1 and GLOO_TIMEOUT in text and retry:
+                self.say(f"== {name}: {what}: {GLOO_TIMEOUT} ({took}), once more")
+                for path in [*logs, *(log.with_suffix(".jsonl") for log in logs)]:
+                    path.unlink(missing_ok=True)
+                shutil.rmtree(self.work / "out" / name, ignore_errors=True)
+                return self.train(name, data, steps, *extra, processes=processes, retry=False)
+            stopped = next((x for x in text.splitlines() if "Training stopped" in x), "")
+            raise Failed(f"{name}: exited 0 before step {steps - 1} ({logs[0]}) {stopped}")
         else:
             self.say(
                 f"== {name}: {what}, to step {steps}{''.join(' ' + x for x in extra)} ({took})"
             )
         return [log.read_text() for log in logs]
 
-    def losses(self, name: str) -> dict[int, float]:
-        """step -> loss over every metrics file of run `name` (MaxText writes one per launch
-        here: its own file is rewritten by a step-0 record and shared by processes)."""
+    def losses(self, name: str, launch: int | str = "*") -> dict[int, float]:
+        """step -> loss over the metrics files of run `name`, in launch order (MaxText writes
+        one per launch here: its own file is rewritten by a step-0 record and shared by
+        processes)."""
         out: dict[int, float] = {}
-        for path in sorted(self.work.glob(f"{name}-*-p0.jsonl")):
+        for path in sorted(self.work.glob(f"{name}-{launch}-p0.jsonl")):
             for line in path.read_text().splitlines():
                 record = json.loads(line)
                 out[int(record["step"])] = record["learning/loss"]

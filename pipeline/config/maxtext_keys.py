@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from pipeline.errors import ConfigError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
+
+
+def parse_bool(raw: str, where: str) -> bool:
+    """`true`/`false` as a shell or MaxText's command line spells them (also 1/0, yes/no)."""
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"{where}={raw!r}: expected true or false")
 
 
 @dataclass(frozen=True)
@@ -31,15 +39,7 @@ class MaxTextKey:
         raw = os.environ.get(self.env, "")
         if self.type is str:
             return raw or self.default
-        if raw.strip().lower() in _TRUE:
-            return True
-        if raw.strip().lower() in _FALSE:
-            return False
-        raise ConfigError(f"environment variable {self.env}={raw!r}: expected true or false")
-
-    def shown(self, value: Any) -> str:
-        """How a value is spelled on MaxText's command line (`true`, not `True`)."""
-        return str(value).lower() if isinstance(value, bool) else str(value)
+        return parse_bool(raw, f"environment variable {self.env}")
 
 
 DATA_CONFIG = MaxTextKey(

@@ -39,7 +39,13 @@ import jax
 from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, load_config
-from pipeline.config.maxtext_keys import DATA_CONFIG, DATA_SWITCH, EVAL_SOURCE, MaxTextKey
+from pipeline.config.maxtext_keys import (
+    DATA_CONFIG,
+    DATA_SWITCH,
+    EVAL_SOURCE,
+    MaxTextKey,
+    parse_bool,
+)
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed.checkpoint import STATE_VERSION, restore_state
 from pipeline.feed.data_feed import DataFeed
@@ -82,7 +88,7 @@ def setting(config: Any, key: MaxTextKey) -> str | bool:
     value = _plain(_get(config, key.name, None))
     if key.type is bool:
         if isinstance(value, str):
-            value = value.strip().lower() not in ("", "0", "false", "no", "off")
+            value = parse_bool(value, f"MaxText config: {key.name}")
         return bool(value) or bool(key.parse_env())
     return str(value) if value else key.parse_env()
 
