@@ -190,10 +190,7 @@ class MaxText:
             if not any(codes):
                 raise Failed(f"{name}: expected a refusal, but it ran ({logs[0]})")
             self.say(f"== {name}: {what}: refused as expected ({took})")
-        elif any(codes):
-            tail = logs[0].read_text().strip().splitlines()[-15:]
-            raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
-        elif steps - 1 not in self.losses(name, launch):
+        elif any(codes) or steps - 1 not in self.losses(name, launch):
             text = logs[0].read_text()
             if processes > 1 and GLOO_TIMEOUT in text and retry:
                 self.say(f"== {name}: {what}: {GLOO_TIMEOUT} ({took}), once more")
@@ -201,6 +198,9 @@ class MaxText:
                     path.unlink(missing_ok=True)
                 shutil.rmtree(self.work / "out" / name, ignore_errors=True)
                 return self.train(name, data, steps, *extra, processes=processes, retry=False)
+            if any(codes):
+                tail = text.strip().splitlines()[-15:]
+                raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
             stopped = next((x for x in text.splitlines() if "Training stopped" in x), "")
             raise Failed(f"{name}: exited 0 before step {steps - 1} ({logs[0]}) {stopped}")
         else:
