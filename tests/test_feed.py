@@ -244,7 +244,7 @@ def test_sources_join_and_leave_when_their_share_starts_and_stops(tmp_path, capl
     ]
     config = two_stage_config(tmp_path, stages=stages)
     plan = Plan.from_config(config)
-    docs = plan.segment(0).config.source_names.index("docs")
+    docs = config.source_names.index("docs")
     skipped = [s for s in range(5, 15) if not (plan.draws(s).source == docs).any()]
     assert skipped, "docs must be absent from some steps of 'rare' for this test to bite"
     with (
