@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
 EXTRAS := dev,tokenizers,parquet,plot,train,beam,metrics
 
-.PHONY: setup test test-fast test-multiprocess demo lint format bench clean
+.PHONY: setup test test-fast test-multiprocess test-maxtext demo lint format bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,11 @@ test-fast: setup
 test-multiprocess: setup
 	$(BIN)/python -m pytest -q -m multiprocess
 
+# Opt-in, not part of `make test`: MaxText's real trainer in its own Python 3.12 venv
+# (.venv-maxtext), with `pipeline maxtext install`, kill -9 + resume, elastic 2 -> 1 and a switch.
+test-maxtext:
+	$(PYTHON) scripts/test_maxtext.py
+
 demo: setup
 	$(BIN)/python scripts/demo.py
 
@@ -42,4 +47,4 @@ bench: setup  # the issue's stores: builtin python-code, a three-source mixture,
 	$(BIN)/python -m pipeline bench --no-scale
 
 clean:
-	rm -rf $(VENV) data runs .pytest_cache
+	rm -rf $(VENV) .venv-maxtext data runs .pytest_cache

@@ -37,15 +37,9 @@ from typing import Any
 import numpy as np
 import psutil
 
+from pipeline.plan.batch import FIELDS
+
 PREFIX = "bench-answer "
-FIELD_NAMES = (
-    "inputs",
-    "targets",
-    "inputs_segmentation",
-    "targets_segmentation",
-    "inputs_position",
-    "targets_position",
-)
 
 
 def cpu_seconds() -> float:
@@ -332,8 +326,8 @@ class Grain:
         self.iterator = iter(self.dataset)
         sharding = NamedSharding(mesh(spec), PartitionSpec("data", None))
         shape = (spec["config"]["global_batch_size"], spec["config"]["seq_len"])
-        self.shardings = dict.fromkeys(FIELD_NAMES, sharding)
-        self.shapes = dict.fromkeys(FIELD_NAMES, shape)
+        self.shardings = dict.fromkeys(FIELDS, sharding)
+        self.shapes = dict.fromkeys(FIELDS, shape)
 
     def to_global(self, batch: dict[str, np.ndarray]):
         import jax

@@ -39,3 +39,7 @@ class MissingExtraError(PipelineError):
 
 class FeedError(PipelineError):
     """The JAX feed cannot serve the requested mesh, sharding or step."""
+
+
+class InstallError(PipelineError):
+    """`pipeline maxtext install` cannot find where MaxText's code needs the change."""

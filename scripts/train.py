@@ -176,7 +176,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             manager.latest_step(),
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract),
-                data=DataRestore(feed, switch=args.switch_data),
+                data=DataRestore(feed, switch=args.switch_data, switch_flag="--switch-data"),
             ),
         )
         state = restored.state

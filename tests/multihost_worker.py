@@ -17,6 +17,9 @@ and a list of tasks:
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
   (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
   at that step, either after logging it ("step") or right after starting a save ("save").
+* {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
+  of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
+  shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at `steps`.
 
 Run with JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count=K.
 """
@@ -158,6 +161,27 @@ def train(spec: dict, config, task: dict) -> None:
         mngr.wait_until_finished()
 
 
+def maxtext(task: dict) -> None:
+    import grain.python as grain
+
+    from pipeline.feed.maxtext import create_data_iterator
+    from tests.test_maxtext import maxtext_config
+
+    devices = np.array(jax.devices()).reshape(2, -1)
+    config = maxtext_config(Path(task["data_yaml"]), eval_interval=-1)
+    train, _ = create_data_iterator(config, Mesh(devices, ("data", "fsdp")))
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    handlers = {"iter": grain.PyGrainCheckpointHandler()}
+    try:
+        with ocp.CheckpointManager(task["ckpt"], options=options, item_handlers=handlers) as mngr:
+            for _ in range(task["steps"]):
+                next(train)
+            save = grain.PyGrainCheckpointSave(train.local_iterator)
+            mngr.save(task["steps"], args=ocp.args.Composite(iter=save))
+    finally:
+        train.close()
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     process_id = int(sys.argv[2])
@@ -176,6 +200,8 @@ def main() -> None:
             open_feed(spec, task, out)
         elif task["kind"] == "disagree":
             disagree(config, task, out)
+        elif task["kind"] == "maxtext":
+            maxtext(task)
         else:
             train(spec, config, task)
     multihost_utils.sync_global_devices("done")

@@ -86,7 +86,7 @@ def test_a_changed_config_is_refused_with_a_diff(tmp_path):
     with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
         with pytest.raises(LedgerError, match="stages") as info:
             mngr.restore(1, args=ocp.args.Composite(data=DataRestore(feed)))
-        assert "--switch-data" in str(info.value)
+        assert "with DataRestore(..., switch=True) to switch at step 1" in str(info.value)
         assert feed.step == 0  # untouched
         assert len(feed.ledger.segments) == 1
 

@@ -95,7 +95,7 @@ def test_seeds01_switch_to_the_task_dataset_repeats_no_window(workdir):
     main = Plan.from_config(load_config(workdir / "seeds01-main.yaml"))
     task = load_config(workdir / "seeds01-task.yaml")
     switch = 30
-    with pytest.raises(Exception, match="--switch-data"):
+    with pytest.raises(Exception, match=r"reconcile\(\.\.\., switch=True\)"):
         reconcile(main, task, switch)
     ledger = reconcile(main, task, switch, switch=True)
     assert [s.start_step for s in ledger.segments] == [0, switch]

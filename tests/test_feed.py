@@ -234,3 +234,29 @@ def test_events_are_logged_once(config, caplog):
     assert lines[0].startswith("feed starts at step 0: stage warmup")
     assert lines.count("step 10: stage main starts") == 1
     assert any("starts epoch 1" in line for line in lines)
+
+
+def test_sources_join_and_leave_when_their_share_starts_and_stops(tmp_path, caplog):
+    stages = [
+        {"name": "ramp", "steps": 5, "mix": {"code": 1, "docs": {"linear": {0: 0, 5: 1}}}},
+        {"name": "rare", "steps": 10, "mix": {"code": 15, "docs": 1}},
+        {"name": "code", "mix": {"code": 1}},
+    ]
+    config = two_stage_config(tmp_path, stages=stages)
+    plan = Plan.from_config(config)
+    docs = config.source_names.index("docs")
+    skipped = [s for s in range(5, 15) if not (plan.draws(s).source == docs).any()]
+    assert skipped, "docs must be absent from some steps of 'rare' for this test to bite"
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline"),
+        DataFeed(config, mesh_of((2,), ("data",))) as feed,
+    ):
+        for _ in range(20):
+            next(feed)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline"]
+    changes = [line for line in lines if "joins" in line or "leaves" in line]
+    assert changes == [
+        "step 1: source docs joins the mixture",
+        "step 15: source docs leaves the mixture",
+    ]
+    assert any("source code starts epoch" in line for line in lines)

@@ -53,7 +53,8 @@ def test_an_undeclared_change_is_refused_with_a_readable_diff(stores):
         reconcile(plan, config(stores, global_batch_size=8), step=10)
     message = str(error.value)
     assert message.startswith("run.yaml: the data config differs")
-    assert "--switch-data" in message
+    assert "declare the switch with reconcile(..., switch=True)" in message
+    assert "--switch-data" not in message  # a library call has no trainer flag
     assert "global_batch_size: 4 -> 8" in message
 
 

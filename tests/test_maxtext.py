@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from pathlib import Path
@@ -28,8 +29,17 @@ from pipeline.feed.maxtext import (
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import eval_config
 from pipeline.plan.plan import Plan
+from pipeline.store.prepare import PrepareOptions, prepare
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store
+
+
+class DatasetType(str, enum.Enum):
+    """As MaxText's pydantic config (configs/types.py) types `dataset_type`."""
+
+    SYNTHETIC = "synthetic"
+    GRAIN = "grain"
+
 
 MAXTEXT_DATA_SHARDING = [
     ["data", "stage", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert", "autoregressive"]
@@ -212,7 +222,38 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
         read_iter_state(tmp_path)
 
 
-def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path):
+def test_maxtext_takes_its_shared_state_path_for_our_iterator(data_yaml, mesh, tmp_path):
+    """MaxText writes an ElasticIterator's state once, as process_0.json, from process 0, and
+    every process of a later run, however many, reads it back (grain_utility's handler)."""
+    from grain.experimental import ElasticIterator
+
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        assert isinstance(train.local_iterator, ElasticIterator)  # MaxText's dispatch test
+        for _ in range(6):
+            next(train)
+        item = tmp_path / "iter"
+        item.mkdir()
+        (item / "process_0.json").write_text(json.dumps(train.local_iterator.get_state(), indent=4))
+        expected = host(next(train))
+    finally:
+        train.close()
+    for restore in ("set_state", "restore_from"):
+        resumed, _ = create_data_iterator(config, mesh)
+        try:
+            if restore == "set_state":  # what MaxText's handler does with the file
+                resumed.local_iterator.set_state(json.loads((item / "process_0.json").read_text()))
+            else:
+                resumed.restore_from(item)
+            assert resumed.step == 6
+            assert_same(next(resumed), expected)
+        finally:
+            resumed.close()
+
+
+def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
     config = maxtext_config(data_yaml, eval_interval=-1)
     train, _ = create_data_iterator(config, mesh)
     try:
@@ -225,7 +266,8 @@ def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path):
     changed = write_data_yaml(tmp_path, "changed.yaml", stages=stages)
     refused, _ = create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
     try:
-        with pytest.raises(LedgerError):
+        flag = "declare the switch with pipeline_data_switch=true (or PIPELINE_DATA_SWITCH=true)"
+        with pytest.raises(LedgerError, match=re.escape(flag)):
             refused.local_iterator.set_state(state)
     finally:
         refused.close()
@@ -238,6 +280,16 @@ def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path):
         next(switched)
     finally:
         switched.close()
+    monkeypatch.setenv("PIPELINE_DATA_SWITCH", "true")  # the variable, for an undeclared key
+    by_env, _ = create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
+    try:
+        by_env.local_iterator.set_state(state)
+        assert len(by_env.local_iterator.get_state()["ledger"]["segments"]) == 2
+    finally:
+        by_env.close()
+    monkeypatch.setenv("PIPELINE_DATA_SWITCH", "maybe")
+    with pytest.raises(ConfigError, match="PIPELINE_DATA_SWITCH='maybe': expected true or false"):
+        create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
 
 
 def test_mismatched_seq_len_or_batch_names_both_values(data_yaml, mesh):
@@ -261,19 +313,67 @@ def test_a_batch_schedule_is_refused_with_one_line(tmp_path, mesh):
     ("overrides", "message"),
     [
         ({"expansion_factor_real_data": 2, "per_device_batch_size": 1.0}, "trains on 4"),
-        ({"dataset_type": "tfds"}, "dataset_type 'tfds'"),
+        ({"dataset_type": "tfds"}, "dataset_type tfds: set dataset_type=grain"),
         ({"data_sharding": [["data"], ["fsdp"]]}, "shards 2 dimensions"),
         ({"data_sharding": [["model"]]}, "names none of the mesh axes"),
         ({"pipeline_data_config": ""}, "pipeline_data_config"),
-        ({"pipeline_eval_source": "nope"}, "'nope' is not an eval source"),
+        ({"pipeline_eval_source": "nope"}, "'nope' (PIPELINE_EVAL_SOURCE) is not an eval source"),
+        ({"dataset_type": DatasetType.SYNTHETIC}, "dataset_type synthetic: set dataset_type=grain"),
     ],
 )
 def test_bad_maxtext_settings_are_refused_before_any_step(
     data_yaml, mesh, overrides, message, monkeypatch
 ):
     monkeypatch.delenv("PIPELINE_DATA_CONFIG", raising=False)
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
         create_data_iterator(maxtext_config(data_yaml, **overrides), mesh)
+    assert "DatasetType" not in str(error.value)
+
+
+def test_every_key_has_an_environment_variable(data_yaml, mesh, monkeypatch):
+    """A MaxText that does not declare our keys reads them from the variables alone."""
+    monkeypatch.setenv("PIPELINE_DATA_CONFIG", str(data_yaml))
+    monkeypatch.setenv("PIPELINE_EVAL_SOURCE", "heldout")
+    config = maxtext_config(data_yaml)
+    del config.keys["pipeline_data_config"]
+    assert is_enabled(config)
+    train, evals = create_data_iterator(config, mesh)
+    assert evals is not None and evals.name == "heldout"
+    close(train, evals)
+    monkeypatch.setenv("PIPELINE_EVAL_SOURCE", "nope")
+    with pytest.raises(ConfigError, match=r"'nope' \(PIPELINE_EVAL_SOURCE\) is not an eval source"):
+        create_data_iterator(config, mesh)
+
+
+def test_pydantic_enum_dataset_type_is_accepted(data_yaml, mesh):
+    train, evals = create_data_iterator(
+        maxtext_config(data_yaml, dataset_type=DatasetType.GRAIN), mesh
+    )
+    close(train, evals)
+
+
+def test_a_vocab_size_below_a_stores_vocabulary_is_refused(tmp_path, mesh):
+    text = tmp_path / "corpus"
+    text.mkdir()
+    (text / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    prepare(PrepareOptions([str(text)], tmp_path / "bytes", num_shards=1, progress=False))
+    raw = {
+        "seed": 1,
+        "seq_len": 8,
+        "global_batch_size": 8,
+        "sources": {"text": {"path": str(tmp_path / "bytes")}},
+        "mix": {"text": 1},
+    }
+    path = tmp_path / "bytes.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as error:
+        create_data_iterator(maxtext_config(path, eval_interval=-1, vocab_size=128), mesh)
+    assert str(error.value) == (
+        f"MaxText config: vocab_size 128 is smaller than the vocabulary of the store "
+        f"{tmp_path / 'bytes'} (257 ids); set vocab_size=257 or more"
+    )
+    train, _ = create_data_iterator(maxtext_config(path, eval_interval=-1, vocab_size=257), mesh)
+    train.close()
 
 
 def test_data_config_grad_accum_is_left_to_maxtext(tmp_path, mesh):

@@ -215,3 +215,38 @@ def test_crashes_and_host_count_changes_do_not_change_a_single_batch(tmp_path, b
     assert {e["procs"] for e in entries} == {4, 2, 1}
     for entry in entries:  # every step, including the replayed ones, equals the reference
         assert (entry["sums"], entry["w"]) == reference[entry["step"]], entry
+
+
+def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
+    """2 -> 1 processes through real Orbax and Grain's per-process handler: every process's
+    file holds the same state, and `restore_from` takes any of them (the --elastic path)."""
+    from jax.sharding import Mesh
+
+    from pipeline.feed.maxtext import create_data_iterator, read_iter_state
+    from tests.test_maxtext import maxtext_config, write_data_yaml
+
+    data_yaml = write_data_yaml(tmp_path)
+    raw = two_stage_raw(tmp_path)
+    task = {"kind": "maxtext", "data_yaml": str(data_yaml), "ckpt": str(tmp_path / "ckpt"),
+            "steps": 13}  # fmt: skip
+    assert launch(tmp_path, raw, [task], 2, 2) == [0, 0], worker_output(tmp_path)
+    item = tmp_path / "ckpt" / "13" / "iter"
+    files = sorted(p.name for p in item.glob("process_*"))
+    assert files == ["process_0-of-2.json", "process_1-of-2.json"]
+    texts = {(item / name).read_text() for name in files}
+    assert len(texts) == 1  # the same state in every process's file
+    assert read_iter_state(item)["step"] == 13
+
+    import jax
+
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+    train, _ = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    try:
+        train.restore_from(item)
+        plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+        for step in (13, 14):
+            batch = next(train)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(step)[field])
+    finally:
+        train.close()

@@ -22,8 +22,9 @@ def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train")
     prepare(PrepareOptions(["builtin:python-docs"], root / "docs", num_shards=2, progress=False))
     base = "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: docs}\n"
-    (root / "data.yaml").write_text(base + "mix: {docs: 1}\n")
-    (root / "bigger.yaml").write_text(base.replace("8\n", "16\n", 1) + "mix: {docs: 1}\n")
+    rare = "  rare: {path: docs}\nmix: {docs: 15, rare: 1}\n"  # absent from most steps
+    (root / "data.yaml").write_text(base + rare)
+    (root / "bigger.yaml").write_text(base.replace("8\n", "16\n", 1) + rare)
     (root / "two.yaml").write_text(base + "  again: {path: docs}\nmix: {docs: 3, again: 1}\n")
     return root
 
@@ -68,10 +69,12 @@ def test_the_trainer_learns_resumes_and_switches(run_dir):
     assert all(r["total_weights"] == 8 * 64 for r in seen)
     assert sum(r["loss"] for r in seen[-3:]) / 3 < seen[0]["loss"] - 0.5
     assert "step 19 | stage main | loss" in first.stderr
+    assert "joins" not in first.stderr  # rare is in the mixture from step 0, drawn or not
 
     refused = train(run_dir, "bigger.yaml", 30, "--resume")
     assert refused.returncode == 2
     assert "global_batch_size: 8 -> 16" in refused.stderr
+    assert "declare the switch with --switch-data to switch at step 20" in refused.stderr
     assert "Traceback" not in refused.stderr
 
     switched = train(run_dir, "bigger.yaml", 30, "--resume", "--switch-data")

@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline.commands import bench, plan, store
+from pipeline.commands import bench, maxtext, plan, store
 from pipeline.errors import PipelineError
 
-COMMAND_MODULES = (store, plan, bench)
+COMMAND_MODULES = (store, plan, bench, maxtext)
 
 
 def build_parser() -> argparse.ArgumentParser:

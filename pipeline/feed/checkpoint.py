@@ -67,7 +67,13 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
             raise LedgerError(f"{path}: the checkpoint has no data state")
         state = data_state.parse(path.read_bytes(), str(path))
         step = _checkpoint_step(directory)
-        restored = restore_state(args.feed, state, switch=args.switch, checkpoint_step=step)
+        restored = restore_state(
+            args.feed,
+            state,
+            switch=args.switch,
+            switch_flag=args.switch_flag,
+            checkpoint_step=step,
+        )
         return restored.to_json()
 
 
@@ -86,10 +92,15 @@ class DataSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(DataCheckpointHandler, for_restore=True)
 @dataclasses.dataclass
 class DataRestore(ocp.args.CheckpointArgs):
-    """Restore the data state into `feed`; `switch=True` declares a data config change."""
+    """Restore the data state into `feed`; `switch=True` declares a data config change.
+
+    `switch_flag` is what the refusal of an undeclared change tells the user to set: a trainer
+    passes the name of its own flag (e.g. `--switch-data`).
+    """
 
     feed: DataFeed
     switch: bool = False
+    switch_flag: str = "DataRestore(..., switch=True)"
 
 
 def restore_or_start(
@@ -117,7 +128,9 @@ def restore_or_start(
         if path.is_dir() and path.name.split("_")[-1] == str(step)
     )
     if has_data:
-        mngr.restore(step, args=ocp.args.Composite(data=DataRestore(feed, switch=switch)))
+        flag = "restore_or_start(..., switch=True)"
+        data = DataRestore(feed, switch=switch, switch_flag=flag)
+        mngr.restore(step, args=ocp.args.Composite(data=data))
         return feed.step
     if data_step is None:
         raise LedgerError(

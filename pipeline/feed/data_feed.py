@@ -60,6 +60,7 @@ from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawSummary, Plan
+from pipeline.plan.report import target_shares
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -190,7 +191,9 @@ class DataFeed:
             self._geometry(size, self.config.seq_len)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque[tuple[int, Future]] = collections.deque()
-        self._last: DrawSummary | None = None
+        self._last: DrawSummary | None = None  # the previous step's (None: just started)
+        self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
+        self._mixed: set[str] = set()  # sources with a share of the previous step's mixture
         self._closed = False
         self._step = self._check_step(step)
         background = self.config.feed.verify == "background"
@@ -408,7 +411,15 @@ class DataFeed:
     # -- events ------------------------------------------------------------------------------
 
     def _log_events(self, step: int, summary: DrawSummary) -> None:
+        """Stage starts, epoch rollovers, and sources joining or leaving the mixture.
+
+        A source joins or leaves when its scheduled share starts or stops, not when a step
+        happens to draw none of its rows (a small weight skips steps); an epoch rollover is
+        the first draw of a higher epoch than any drawn before.
+        """
         last, self._last = self._last, summary
+        mixed = {name for name, share in target_shares(self._plan, [step]).items() if share[0]}
+        previous, self._mixed = self._mixed, mixed
         if last is None:
             log.info(
                 "feed starts at step %d: stage %s; epochs %s",
@@ -416,14 +427,18 @@ class DataFeed:
                 summary.stage_label,
                 summary.epochs_label,
             )
+            self._epochs = dict(summary.epochs)
             return
         for _, name in sorted(summary.stages - last.stages):
             log.info("step %d: stage %s starts", step, name)
+        for name in sorted(mixed - previous):
+            log.info("step %d: source %s joins the mixture", step, name)
+        for name in sorted(previous - mixed):
+            log.info("step %d: source %s leaves the mixture", step, name)
         for name, epoch in sorted(summary.epochs.items()):
-            if epoch > last.epochs.get(name, -1) and name in last.epochs:
+            if epoch > self._epochs.get(name, epoch):
                 log.info("step %d: source %s starts epoch %d", step, name, epoch)
-            elif name not in last.epochs:
-                log.info("step %d: source %s joins (epoch %d)", step, name, epoch)
+            self._epochs[name] = max(epoch, self._epochs.get(name, epoch))
 
     def _serve_metrics(self, port: int) -> None:
         from pipeline.feed.metrics import serve

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan.eval_plan import eval_plan
+from pipeline.plan.plan import Plan
 
 
 class EvalFeed:
@@ -32,6 +33,10 @@ class EvalFeed:
         self.name = source.name
         plan, self.batches = eval_plan(config, source)
         self._feed = DataFeed(plan, mesh, batch_axes, log_events=False)  # same batches each time
+
+    @property
+    def plan(self) -> Plan:
+        return self._feed.plan
 
     def reset(self) -> None:
         self._feed.seek(0)

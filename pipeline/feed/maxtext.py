@@ -1,6 +1,7 @@
 """MaxText's data iterators, served by this pipeline: a drop-in `create_data_iterator`.
 
-    # MaxText input_pipeline_interface.create_data_iterator, first lines (docs/maxtext.md):
+    # MaxText input_pipeline_interface.create_data_iterator, first lines (added by
+    # `pipeline maxtext install`, docs/maxtext.md):
     from pipeline import maxtext as pipeline_maxtext
     if pipeline_maxtext.is_enabled(config):
         return pipeline_maxtext.create_data_iterator(config, mesh)
@@ -14,18 +15,22 @@ HyperParameters, or anything with the same attribute names) and MaxText's mesh a
   `NamedSharding(mesh, P(batch_axes, None))` where `batch_axes` are the axes of
   `config.data_sharding` (e.g. `[['data', 'stage', 'fsdp', ...]]`) that the mesh has: the same
   sharding MaxText's own iterators produce.
-* `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores
-  (`GrainCheckpointHandler`, one `process_<i>-of-<n>.json` per process). Its `get_state()` is
-  the pipeline's data state (`pipeline.plan.data_state`), the same on every process, and its
-  `set_state(state)` runs `pipeline.feed.restore.restore_state` (check, reconcile, seek).
+* `train_iterator.local_iterator` is what MaxText's `iter` checkpoint item saves and restores.
+  Its `get_state()` is the pipeline's data state (`pipeline.plan.data_state`: the next step,
+  the ledger and a digest), the same on every process, so MaxText may store it once (its
+  shared-state path for Grain's `ElasticIterator`, which this class registers with) or once per
+  process; `set_state(state)` runs `pipeline.feed.restore.restore_state` (check, reconcile,
+  seek).
 * The eval iterator serves an EvalFeed: the same batches after every `reset()`.
 
-The config keys read, and the checks made before any step runs, are listed in docs/maxtext.md.
+Our keys (`pipeline.config.maxtext_keys`) are read from MaxText's config, else from their
+environment variables. The checks made before any step runs are listed in docs/maxtext.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 from collections.abc import Iterator
@@ -35,20 +40,27 @@ import jax
 from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, load_config
+from pipeline.config.maxtext_keys import (
+    DATA_CONFIG,
+    DATA_SWITCH,
+    EVAL_SOURCE,
+    MaxTextKey,
+    parse_bool,
+)
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import EvalFeed
 from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan import data_state
+from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
 
-CONFIG_KEY = "pipeline_data_config"
-"""MaxText config key naming the data config YAML (or set the environment variable below)."""
-CONFIG_ENV = "PIPELINE_DATA_CONFIG"
-SWITCH_KEY = "pipeline_data_switch"
-"""MaxText config key: true declares a data config change on restore (see docs/mixtures.md)."""
-EVAL_SOURCE_KEY = "pipeline_eval_source"
-"""MaxText config key naming the eval source to serve (default: the first, by name)."""
+CONFIG_KEY = DATA_CONFIG.name
+CONFIG_ENV = DATA_CONFIG.env
+SWITCH_KEY = DATA_SWITCH.name
+EVAL_SOURCE_KEY = EVAL_SOURCE.name
+SWITCH_FLAG = f"{DATA_SWITCH.name}=true (or {DATA_SWITCH.env}=true)"
+"""How a MaxText user declares a data switch: what the refusal of an undeclared one names."""
 
 _MISSING = object()
 
@@ -61,6 +73,26 @@ def _get(config: Any, key: str, default: Any = _MISSING) -> Any:
         if default is _MISSING:
             raise ConfigError(f"MaxText config: missing key '{key}'") from None
         return default
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the user wrote it: an enum member (pydantic's `DatasetType.GRAIN`)
+    becomes its value (`grain`), so comparisons and messages use the spelling of the key."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def setting(config: Any, key: MaxTextKey) -> str | bool:
+    """A key of ours from MaxText's config, else from its environment variable.
+
+    A key MaxText does not declare (no `pipeline maxtext install`) reads as unset, so the
+    variable alone works; for the switch, either one set to true declares it.
+    """
+    value = _plain(_get(config, key.name, None))
+    if key.type is bool:
+        if isinstance(value, str):
+            value = parse_bool(value, f"MaxText config: {key.name}")
+        return bool(value) or bool(key.parse_env())
+    return str(value) if value else key.parse_env()
 
 
 # -- the checkpointed state ------------------------------------------------------------------
@@ -97,7 +129,7 @@ class LocalIterator:
             parsed = data_state.parse(state, origin)
         else:
             parsed = data_state.DataState.from_json(dict(state), origin)
-        restore_state(self._feed, parsed, switch=self.switch)
+        restore_state(self._feed, parsed, switch=self.switch, switch_flag=SWITCH_FLAG)
 
     def start_prefetch(self) -> None:
         """Called by Grain's handler after `set_state`; `set_state` has already started it."""
@@ -108,6 +140,27 @@ class LocalIterator:
 
     def __next__(self) -> dict[str, jax.Array]:
         return next(self._feed)
+
+
+def _restore_on_any_process_count() -> None:
+    """Make MaxText checkpoint `local_iterator` as one state shared by every host.
+
+    MaxText (since mid-2026) saves and restores a Grain `ElasticIterator` as a single
+    `process_0.json`, written by process 0 and read by every process whatever their number now,
+    because its state is global. Ours is too (the step and the ledger), so `LocalIterator` is
+    registered as a virtual subclass (`abc` registration: no Grain code is inherited), and
+    MaxText's own `isinstance` dispatch takes that path: a restore with a different host count
+    needs no change to MaxText. Older MaxText versions never ask, and write one file per
+    process, which `read_iter_state` reads too.
+    """
+    try:
+        from grain.experimental import ElasticIterator
+    except ImportError:  # a Grain without it: MaxText of that age has no elastic path either
+        return
+    ElasticIterator.register(LocalIterator)
+
+
+_restore_on_any_process_count()
 
 
 class TrainIterator:
@@ -127,8 +180,13 @@ class TrainIterator:
         step = location(directory).parent.name
         checkpoint_step = int(step) if step.isdigit() else None
         state = read_iter_state(directory)
-        switch = self.local_iterator.switch
-        restore_state(self.feed, state, switch=switch, checkpoint_step=checkpoint_step)
+        restore_state(
+            self.feed,
+            state,
+            switch=self.local_iterator.switch,
+            switch_flag=SWITCH_FLAG,
+            checkpoint_step=checkpoint_step,
+        )
 
     def close(self) -> None:
         self.feed.close()
@@ -179,16 +237,19 @@ def read_iter_state(directory: str | os.PathLike) -> data_state.DataState:
     """The data state in a MaxText `iter` item directory, from any process's file.
 
     Every process saves the same state, so one file is enough whatever the number of processes
-    now: process 0's file, else the lowest-numbered one.
+    now: `process_0.json` (MaxText's shared-state layout), else process 0's
+    `process_0-of-<n>.json`, else the lowest-numbered one.
     """
     path = location(directory)  # a local directory or a gs:// checkpoint
-    files = []
+    files = [(-1, path / "process_0.json")] if (path / "process_0.json").is_file() else []
     for file in path.glob("process_*-of-*.json"):
         index = file.name[len("process_") :].split("-of-")[0]
         if index.isdigit():
             files.append((int(index), file))
     if not files:
-        raise LedgerError(f"{path}: no process_<i>-of-<n>.json file (not a MaxText 'iter' item)")
+        raise LedgerError(
+            f"{path}: no process_0.json or process_<i>-of-<n>.json file (not a MaxText 'iter' item)"
+        )
     return data_state.load(min(files)[1])
 
 
@@ -202,22 +263,32 @@ def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIt
     batch = global_batch_size(config, mesh)
     check_data_config(config, data, batch)
     _check_all_rows_trained(config, mesh, batch)
-    switch = bool(_get(config, SWITCH_KEY, False))
+    switch = bool(setting(config, DATA_SWITCH))
     train = TrainIterator(DataFeed(data, mesh, axes), switch=switch)
+    evaluation = None
     try:
-        return train, _eval_iterator(config, data, mesh, axes, batch)
+        evaluation = _eval_iterator(config, data, mesh, axes, batch)
+        stores = train.feed.plan.stores() + (evaluation.feed.plan.stores() if evaluation else [])
+        check_vocab_size(config, stores)
+        return train, evaluation
     except BaseException:
-        train.close()
+        close_all(train, evaluation)
         raise
+
+
+def close_all(*iterators: TrainIterator | EvalIterator | None) -> None:
+    for iterator in iterators:
+        if iterator is not None:
+            iterator.close()
 
 
 def is_enabled(config: Any) -> bool:
     """Whether the MaxText config (or the environment) names a pipeline data config."""
-    return bool(_get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, ""))
+    return bool(setting(config, DATA_CONFIG))
 
 
 def data_config_path(config: Any) -> str:
-    path = _get(config, CONFIG_KEY, "") or os.environ.get(CONFIG_ENV, "")
+    path = setting(config, DATA_CONFIG)
     if not path:
         raise ConfigError(
             f"MaxText config: '{CONFIG_KEY}' is not set; give the path of the pipeline's data "
@@ -311,13 +382,31 @@ def check_data_config(config: Any, data: DataConfig, batch: int) -> None:
             f"gradient_accumulation_steps={data.grad_accum} in MaxText, which splits each "
             "[global_batch, seq_len] batch into micro-batches itself"
         )
-    dataset_type = _get(config, "dataset_type", "grain")
+    dataset_type = _plain(_get(config, "dataset_type", "grain"))
     if dataset_type != "grain":
         raise ConfigError(
-            f"MaxText config: dataset_type {dataset_type!r}: set dataset_type=grain with "
+            f"MaxText config: dataset_type {dataset_type}: set dataset_type=grain with "
             f"{CONFIG_KEY}; MaxText saves the data iterator's state (its 'iter' checkpoint "
             "item) only for grain, and without it a resumed run would restart the data"
         )
+
+
+def check_vocab_size(config: Any, stores: list[TokenStore]) -> None:
+    """MaxText's `vocab_size` must hold every token id of every store it is fed.
+
+    An embedding lookup of an id past the table does not fail under JAX (it clamps or returns
+    garbage), so a small `vocab_size` would train silently on wrong tokens.
+    """
+    vocab = int(_get(config, "vocab_size", 0)) or None
+    if vocab is None:
+        return
+    for store in sorted(stores, key=lambda store: -store.vocab_size):
+        if store.vocab_size > vocab:
+            raise ConfigError(
+                f"MaxText config: vocab_size {vocab} is smaller than the vocabulary of the "
+                f"store {store.path} ({store.vocab_size} ids); set vocab_size={store.vocab_size} "
+                "or more"
+            )
 
 
 def _check_all_rows_trained(config: Any, mesh: Mesh, batch: int) -> None:
@@ -344,12 +433,12 @@ def _eval_iterator(
             "data config has no 'eval:' section; add one (eval: {sources: {NAME: {path: "
             "EVAL_STORE}}}) or set eval_interval=-1"
         )
-    wanted = _get(config, EVAL_SOURCE_KEY, "") or data.eval_sources[0].name
+    wanted = setting(config, EVAL_SOURCE) or data.eval_sources[0].name
     names = [source.name for source in data.eval_sources]
     if wanted not in names:
         raise ConfigError(
-            f"MaxText config: {EVAL_SOURCE_KEY} {wanted!r} is not an eval source of "
-            f"{data.origin} (eval sources: {', '.join(names)})"
+            f"MaxText config: {EVAL_SOURCE_KEY} {wanted!r} ({EVAL_SOURCE.env}) is not an eval "
+            f"source of {data.origin} (eval sources: {', '.join(names)})"
         )
     source = data.eval_sources[names.index(wanted)]
     batch = eval_batch_size(config, mesh, train_batch)

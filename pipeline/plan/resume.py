@@ -33,8 +33,18 @@ log = logging.getLogger("pipeline")
 FIXED_IN_A_RUN = ("lanes", "seed", "seq_len")
 
 
-def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -> Ledger:
-    """The ledger to continue with at `step` under `config` (see module docstring)."""
+def reconcile(
+    plan: Plan,
+    config: DataConfig,
+    step: int,
+    switch: bool = False,
+    switch_flag: str = "reconcile(..., switch=True)",
+) -> Ledger:
+    """The ledger to continue with at `step` under `config` (see module docstring).
+
+    `switch_flag` is how the caller's user declares a switch (a trainer flag, a MaxText key, a
+    library argument): the refusal names it, so the fix it gives is the one that works there.
+    """
     metas = load_metas(config)
     fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
     mapping = config_mapping(config)
@@ -47,8 +57,9 @@ def reconcile(plan: Plan, config: DataConfig, step: int, switch: bool = False) -
     if not switch:
         raise LedgerError(
             f"{config.origin}: the data config differs from the checkpoint's (ledger segment "
-            f"{len(ledger.segments) - 1}, since step {last.start_step}); pass --switch-data to "
-            f"switch at step {step}, or restore the original config:\n  " + "\n  ".join(diff)
+            f"{len(ledger.segments) - 1}, since step {last.start_step}); declare the switch "
+            f"with {switch_flag} to switch at step {step}, or restore the original config:\n  "
+            + "\n  ".join(diff)
         )
     for key in FIXED_IN_A_RUN:
         if mapping[key] != last.config[key]:

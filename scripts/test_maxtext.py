@@ -1,0 +1,319 @@
+"""`make test-maxtext`: the adapter inside MaxText's real trainer, on the CPU, opt-in.
+
+    python3 scripts/test_maxtext.py [--work runs/maxtext-test] [--python PYTHON3.12]
+
+1. Finds a Python >= 3.12 (MaxText's syntax needs it): --python, $MAXTEXT_PYTHON,
+   python3.12 or python3.13 on PATH, or a pyenv version. Stops with one line if there is none.
+2. Creates `.venv-maxtext` with the pinned `maxtext` package and the dependencies its trainer
+   imports (tests/maxtext_real/requirements.txt, jax/grain/orbax as ours), and this package
+   with --no-deps, as docs/maxtext.md tells users to.
+3. Runs `pipeline maxtext install` on the installed maxtext package (twice: idempotent).
+4. Trains a tiny model 20 steps (checkpoints every 5), 1 process x 4 CPU devices: the
+   reference. Kills it with -9 after checkpoint 10 and resumes: every logged loss equals the
+   reference's bit for bit. Elastic 2 -> 1 (no file edits): 2 processes x 2 devices for 10
+   steps, then 1 process x 4 devices, with learning_rate=0 so that each loss fingerprints its
+   batch (the train step rounds differently across process counts): every loss within 1e-5 of
+   a 1-process run's. From checkpoint 10, a changed data config: refused without the switch,
+   recorded in the ledger with it.
+
+Prints a transcript (also written to WORK/transcript.txt); exits 1 on the first failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-maxtext"
+REQUIREMENTS = ROOT / "tests" / "maxtext_real" / "requirements.txt"
+STEPS, PERIOD, SWITCH_AT = 20, 5, 10
+MODEL = [  # a tiny decoder: what matters is the data path, bit for bit
+    "base_emb_dim=64", "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128",
+    "base_num_decoder_layers=2", "head_dim=32", "vocab_size=257", "max_target_length=64",
+    "per_device_batch_size=2", "attention=dot_product", "dtype=float32",
+]  # fmt: skip
+CPU = ["hardware=cpu", "enable_goodput_recording=false", "monitor_goodput=false"]
+GLOO_TIMEOUT = "Gloo context initialization failed: DEADLINE_EXCEEDED"
+DATA = "seed: 5\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
+
+
+class Failed(Exception):
+    pass
+
+
+class Transcript:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("w")
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self._file.write(line + "\n")
+        self._file.flush()
+
+
+def find_python(given: str | None) -> str:
+    candidates = [given, os.environ.get("MAXTEXT_PYTHON"), "python3.12", "python3.13"]
+    root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    candidates += sorted(glob.glob(f"{root}/versions/3.1[2-9]*/bin/python3"))
+    for candidate in filter(None, candidates):
+        try:
+            done = subprocess.run(
+                [candidate, "-c", "import sys, venv; print(sys.version_info >= (3, 12))"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip() == "True":
+            return candidate
+    raise Failed(
+        "make test-maxtext needs python3.12 (or newer) with venv: MaxText's source uses "
+        "Python 3.12 syntax; install one (e.g. Debian's python3.12 package or pyenv) or set "
+        "MAXTEXT_PYTHON=/path/to/python3.12"
+    )
+
+
+def ensure_venv(python: str, say: Transcript) -> Path:
+    stamp = VENV / ".installed"
+    inputs = [REQUIREMENTS, ROOT / "pyproject.toml"]
+    if stamp.exists() and all(p.stat().st_mtime <= stamp.stat().st_mtime for p in inputs):
+        return VENV / "bin" / "python"
+    started = time.monotonic()
+    shutil.rmtree(VENV, ignore_errors=True)
+    run([python, "-m", "venv", str(VENV)])
+    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    run([*pip, "--upgrade", "pip"])
+    run([*pip, "-r", str(REQUIREMENTS)])
+    run([*pip, "--no-deps", "-e", str(ROOT)])  # MaxText's jax/grain/orbax pins stay
+    stamp.touch()
+    say(f"== .venv-maxtext created in {time.monotonic() - started:.0f} s ({python})")
+    return VENV / "bin" / "python"
+
+
+def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+        raise Failed(f"{' '.join(command[:4])} ... exited {done.returncode}:\n" + "\n".join(tail))
+    return done
+
+
+class MaxText:
+    """Launches MaxText's trainer on the CPU: one or several processes of one run."""
+
+    def __init__(self, python: Path, work: Path, say: Transcript) -> None:
+        self.python, self.work, self.say = python, work, say
+        found = run([str(python), "-c", "import importlib.util as u; "
+                     "print(u.find_spec('maxtext').submodule_search_locations[0])"])  # fmt: skip
+        self.package = Path(found.stdout.strip())
+        self.base_yml = self.package / "configs" / "base.yml"
+
+    def command(self, run_name: str, data: Path, steps: int, metrics: Path, *extra: str):
+        return [
+            str(self.python), "-m", "maxtext.trainers.pre_train.train", str(self.base_yml),
+            f"run_name={run_name}", f"base_output_directory={self.work / 'out'}",
+            "dataset_type=grain", "grain_train_files=unused",  # MaxText requires a value
+            f"pipeline_data_config={data}", f"steps={steps}", f"checkpoint_period={PERIOD}",
+            "enable_checkpointing=true", "eval_interval=-1", f"metrics_file={metrics}",
+            *MODEL, *CPU, *extra,
+        ]  # fmt: skip
+
+    def env(self, devices: int, process: int | None = None, processes: int = 1) -> dict:
+        env = dict(os.environ, DECOUPLE_GCLOUD="TRUE", JAX_PLATFORMS="cpu")
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env.pop("PIPELINE_DATA_CONFIG", None)
+        if process is not None:  # MaxText's CPU launcher variables (max_utils)
+            env.update(JAX_COORDINATOR_ADDRESS="127.0.0.1", JOB_INDEX="0",
+                       JOB_COMPLETION_INDEX=str(process), PROCESSES_IN_JOB=str(processes),
+                       JAX_PROCESS_COUNT=str(processes))  # fmt: skip
+        return env
+
+    def train(
+        self,
+        name: str,
+        data: Path,
+        steps: int,
+        *extra: str,
+        processes: int = 1,
+        kill_after: int | None = None,
+        expect_failure: bool = False,
+        retry: bool = True,
+    ) -> list[str]:
+        """Run to the end (or kill -9 once checkpoint `kill_after` exists); the logs.
+
+        MaxText stops a run with exit code 0 when a checkpoint fails, so a run that did not
+        log its last step fails here. One cause is not ours: on an oversubscribed CPU, one
+        process may reach the first cross-process collective (the first checkpoint) more than
+        Gloo's fixed 30 s after the other; that launch is retried once, from scratch.
+        """
+        started = time.monotonic()
+        devices = 4 // processes
+        procs, logs = [], []
+        launch = len(list(self.work.glob(f"{name}-*-p0.log")))
+        for i in range(processes):
+            log = self.work / f"{name}-{launch}-p{i}.log"
+            metrics = log.with_suffix(".jsonl")
+            flags = [*extra] + (["skip_jax_distributed_system=true"] if processes == 1 else [])
+            env = self.env(devices, i if processes > 1 else None, processes)
+            with log.open("w") as out:
+                command = self.command(name, data, steps, metrics, *flags)
+                procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
+            logs.append(log)
+        killed = False
+        deadline = time.monotonic() + 900
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise Failed(f"{name}: still running after 900 s ({logs[0]})")
+            ckpt = self.work / "out" / name / "checkpoints" / str(kill_after)
+            if kill_after is not None and ckpt.is_dir() and not killed:
+                for p in procs:
+                    p.send_signal(signal.SIGKILL)
+                killed = True
+            time.sleep(0.2)
+        codes = [p.returncode for p in procs]
+        what = f"{processes} process{'es' if processes > 1 else ''} x {devices} CPU devices"
+        took = f"{time.monotonic() - started:.0f} s"
+        if killed:
+            self.say(f"== {name}: {what}: kill -9 once checkpoint {kill_after} exists ({took})")
+        elif expect_failure:
+            if not any(codes):
+                raise Failed(f"{name}: expected a refusal, but it ran ({logs[0]})")
+            self.say(f"== {name}: {what}: refused as expected ({took})")
+        elif any(codes) or steps - 1 not in self.losses(name, launch):
+            text = logs[0].read_text()
+            if processes > 1 and GLOO_TIMEOUT in text and retry:
+                self.say(f"== {name}: {what}: {GLOO_TIMEOUT} ({took}), once more")
+                for path in [*logs, *(log.with_suffix(".jsonl") for log in logs)]:
+                    path.unlink(missing_ok=True)
+                shutil.rmtree(self.work / "out" / name, ignore_errors=True)
+                return self.train(name, data, steps, *extra, processes=processes, retry=False)
+            if any(codes):
+                tail = text.strip().splitlines()[-15:]
+                raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
+            stopped = next((x for x in text.splitlines() if "Training stopped" in x), "")
+            raise Failed(f"{name}: exited 0 before step {steps - 1} ({logs[0]}) {stopped}")
+        else:
+            self.say(
+                f"== {name}: {what}, to step {steps}{''.join(' ' + x for x in extra)} ({took})"
+            )
+        return [log.read_text() for log in logs]
+
+    def losses(self, name: str, launch: int | str = "*") -> dict[int, float]:
+        """step -> loss over the metrics files of run `name`, in launch order (MaxText writes
+        one per launch here: its own file is rewritten by a step-0 record and shared by
+        processes)."""
+        out: dict[int, float] = {}
+        for path in sorted(self.work.glob(f"{name}-{launch}-p0.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                out[int(record["step"])] = record["learning/loss"]
+        return out
+
+
+def same_losses(
+    say: Transcript, mt: MaxText, name: str, reference: dict[int, float], tolerance: float = 0.0
+) -> None:
+    """Every step's loss equals the reference's: bit for bit, or within a relative `tolerance`
+    where the process count differs (a cross-process sum on the CPU rounds differently: the
+    losses of step 0, before any restore, already differ in the 7th digit)."""
+    got = mt.losses(name)
+    if sorted(got) != list(range(STEPS)):
+        raise Failed(f"{name}: logged steps {sorted(got)}, expected 0..{STEPS - 1}")
+    error = {s: abs(got[s] - reference[s]) / abs(reference[s]) for s in got}
+    worst = max(error, key=error.get)
+    if error[worst] > tolerance:
+        raise Failed(f"{name}: step {worst} loss {got[worst]!r} != reference {reference[worst]!r}")
+    if tolerance == 0.0:
+        say(f"   {name}: all {STEPS} losses equal the reference bit for bit "
+            f"(step 0 {got[0]!r}, step {STEPS - 1} {got[STEPS - 1]!r})")  # fmt: skip
+    else:
+        same = sum(got[s] == reference[s] for s in got)
+        shift = min(abs(reference[s + 1] - reference[s]) / reference[s] for s in range(STEPS - 1))
+        say(f"   {name}: all {STEPS} losses within {error[worst]:.1e} (relative) of the "
+            f"reference, {same} bit for bit (the next step's batch would differ by "
+            f">= {shift:.1e})")  # fmt: skip
+        if shift <= 10 * tolerance:
+            raise Failed(f"{name}: the losses cannot tell batches apart (steps differ by {shift})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "maxtext-test")
+    parser.add_argument("--python", help="a Python >= 3.12 for .venv-maxtext")
+    args = parser.parse_args(argv)
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    say = Transcript(work / "transcript.txt")
+    started = time.monotonic()
+    try:
+        python = ensure_venv(find_python(args.python), say)
+        mt = MaxText(python, work, say)
+        for _ in range(2):
+            out = run([str(python), "-m", "pipeline", "maxtext", "install", str(mt.package)])
+            say(f"$ pipeline maxtext install {mt.package}")
+            for line in out.stdout.strip().splitlines():
+                say(f"  {line}")
+        docs = work / "docs"
+        run([str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out", str(docs),
+             "--num-shards", "2", "--no-progress"])  # fmt: skip
+        data = work / "data.yaml"
+        data.write_text(DATA % docs + "mix: {docs: 1}\n")
+        switched = work / "data-switch.yaml"
+        switched.write_text(
+            DATA % docs + f"  again: {{path: {docs}}}\nmix: {{docs: 1, again: 1}}\n"
+        )
+
+        mt.train("reference", data, STEPS)
+        reference = mt.losses("reference")
+
+        mt.train("resume", data, STEPS, kill_after=SWITCH_AT)
+        log = mt.train("resume", data, STEPS)[0]
+        if "restored the data state" not in log:
+            raise Failed("resume: the data state was not restored")
+        same_losses(say, mt, "resume", reference)
+
+        # Across process counts the train step itself rounds differently, and the optimizer
+        # amplifies that; with learning_rate=0 each loss is a fingerprint of its batch alone.
+        frozen = "learning_rate=0"
+        mt.train("frozen", data, STEPS, frozen)
+        mt.train("elastic", data, SWITCH_AT, frozen, processes=2)
+        iter_files = sorted(p.name for p in (work / "out/elastic/checkpoints/9/iter").iterdir())
+        say(f"   elastic: checkpoint 9 iter/ holds {', '.join(iter_files)}")
+        mt.train("elastic", data, STEPS, frozen)
+        same_losses(say, mt, "elastic", mt.losses("frozen"), tolerance=1e-5)
+
+        shutil.copytree(work / "out/reference/checkpoints" / str(SWITCH_AT),
+                        work / "out/switch/checkpoints" / str(SWITCH_AT))  # fmt: skip
+        refused = mt.train("switch", switched, STEPS, expect_failure=True)[0]
+        flag = "declare the switch with pipeline_data_switch=true"
+        line = next((x for x in refused.splitlines() if flag in x), None)
+        if line is None:
+            raise Failed(f"switch: the refusal does not say '{flag}'")
+        say(f"   {line.strip()}")
+        mt.train("switch", switched, STEPS, "pipeline_data_switch=true")
+        state = json.loads((work / f"out/switch/checkpoints/{STEPS - 1}/iter/process_0.json")
+                           .read_text())  # fmt: skip
+        starts = [segment["start_step"] for segment in state["ledger"]["segments"]]
+        if starts != [0, SWITCH_AT + 1]:
+            raise Failed(f"switch: ledger segments start at {starts}")
+        say(f"   switch: the ledger records the switch: segments start at steps {starts}")
+    except Failed as error:
+        say(f"FAILED: {error}")
+        return 1
+    say(f"== passed in {time.monotonic() - started:.0f} s; transcript in {work / 'transcript.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
