@@ -235,7 +235,7 @@ def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
     assert files == ["process_0-of-2.json", "process_1-of-2.json"]
     texts = {(item / name).read_text() for name in files}
     assert len(texts) == 1  # the same state in every process's file
-    assert read_iter_state(item)["step"] == 13
+    assert read_iter_state(item).step == 13
 
     import jax
 
