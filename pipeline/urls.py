@@ -41,16 +41,6 @@ def location(value: str | os.PathLike) -> Any:
     return epath.Path(text)
 
 
-def read_text(url: str) -> str:
-    """The text at a URL; OSError (with the URL) when it cannot be read."""
-    try:
-        return location(url).read_text()
-    except OSError:
-        raise
-    except Exception as error:  # a missing backend (gcsfs) or a cloud error
-        raise OSError(f"{type(error).__name__}: {error}") from error
-
-
 def read_bytes(url: str) -> bytes:
     """The bytes at a URL; OSError (with the URL) when it cannot be read."""
     try:

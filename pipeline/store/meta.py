@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.identity import check_manifest, tokenizer_identity
-from pipeline.urls import location, read_text
+from pipeline.urls import location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"
 FORMAT_VERSION = 3
@@ -81,7 +81,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
     be one this version reads and to be its own (`identity.check_manifest`)."""
     manifest_path = path / MANIFEST
     try:
-        manifest = json.loads(read_text(str(manifest_path)))
+        manifest = json.loads(read_bytes(str(manifest_path)))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
         if not path.is_dir():
             raise StoreError(
