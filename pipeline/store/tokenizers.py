@@ -176,7 +176,7 @@ class SentencePieceTokenizer(Tokenizer):
         except Exception as error:  # sentencepiece raises RuntimeError/OSError variants.
             raise TokenizerError(
                 f"tokenizer {spec!r}: {path} is not a SentencePiece model "
-                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                f"({_first_line(error)}); "
                 "give a .model file written by SentencePieceTrainer"
             ) from None
         self.spec = spec
@@ -198,6 +198,12 @@ class SentencePieceTokenizer(Tokenizer):
         return str(self._model.decode(ids)) if ids else ""
 
 
+def _first_line(error: Exception) -> str:
+    """A library error's first line (or its type, when it has no message) for a one-line error."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class HFTokenizer(Tokenizer):
     """A local `tokenizers` JSON file; eod is its end-of-text token, else a new last id.
 
@@ -213,7 +219,7 @@ class HFTokenizer(Tokenizer):
         except Exception as error:  # tokenizers raises plain Exception for a bad file.
             raise TokenizerError(
                 f"tokenizer {spec!r}: {path} is not a tokenizers JSON file "
-                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                f"({_first_line(error)}); "
                 "give a tokenizer.json saved by tokenizers.Tokenizer.save"
             ) from None
         self.spec = spec
