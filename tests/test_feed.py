@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -181,6 +184,26 @@ def test_close_joins_every_thread_and_is_idempotent(config):
     assert feed_threads() == before
     with pytest.raises(FeedError, match="closed"):
         next(feed)
+
+
+def test_a_feed_never_closed_exits_quietly(tmp_path):
+    """A forgotten feed is shut down at interpreter exit without an 'Exception ignored'."""
+    program = (
+        "import jax, numpy as np, pathlib\n"
+        "from jax.sharding import Mesh\n"
+        "from pipeline.feed.data_feed import DataFeed\n"
+        "from tests.feedstores import two_stage_config\n"
+        f"config = two_stage_config(pathlib.Path({str(tmp_path)!r}))\n"
+        "feed = DataFeed(config, Mesh(np.array(jax.devices()[:1]), ('data',)), prefetch=4)\n"
+        "next(feed)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, cwd=root, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("damage", ["garbage", "delete"])

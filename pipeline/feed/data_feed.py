@@ -43,6 +43,7 @@ import collections
 import logging
 import math
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -327,10 +328,6 @@ class DataFeed:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:  # a forgotten feed must not keep threads alive
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
     # -- geometry ----------------------------------------------------------------------------
 
     def _check_axes(self) -> None:
@@ -393,6 +390,9 @@ class DataFeed:
     def _fill(self) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pipeline-feed")
+            # A forgotten feed must not keep its threads busy; finalize (unlike __del__) also
+            # runs at interpreter exit while the modules shutdown() needs still exist.
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         queued = self._pending[-1][0] + 1 if self._pending else self._step
         while len(self._pending) < self.prefetch:
             geometry = self._geometry_at(queued)  # also builds the segment in this thread
