@@ -29,6 +29,8 @@ training step of `--pace-ms` keeps the prefetch ahead. Then the documented resto
 first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
 setting), and ours in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
 (CPU per token per process).
+Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`): a best_fit source
+against Grain's first-fit and best-fit packers.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sft_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "contenders.py"
@@ -97,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-scale", action="store_true", help="skip the 1/2/4 process runs")
     parser.add_argument("--no-progress", action="store_true")
+    sft_bench.add_arguments(parser)
 
 
 # -- stores ------------------------------------------------------------------------------------
@@ -604,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
 def report(args: argparse.Namespace) -> int:
     result = run(args)
     print(table(result))
+    if not args.no_sft:
+        result["sft"] = sft_bench.run_sft(args)
+        print("\n" + sft_bench.sft_table(result["sft"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

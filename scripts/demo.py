@@ -1,12 +1,15 @@
 """`make demo`: the whole product on the builtin corpora, in a few minutes on 2 CPU cores.
 
-1. prepare the three builtin corpora (stdlib code, its tests, its docs) into data/ (once);
+1. prepare the builtin corpora (stdlib code, its tests, its docs, and the instruction pairs of
+   builtin:python-docstrings) into data/ (once);
 2. train with 2 processes x 2 simulated devices through the three-stage curriculum of
    configs/demo-curriculum.yaml, saving model + data state every few steps;
 3. kill -9 the whole job at a random step, then resume it from the latest checkpoint;
-4. resume again with configs/demo-switch.yaml and --switch-data (a recorded ledger switch);
+4. resume again with configs/demo-switch.yaml and --switch-data (a recorded ledger switch),
+   whose last stage is instruction tuning: whole documents packed best-fit, prompts masked;
 5. check that every step the job trained on, including steps replayed after the kill, saw
-   exactly the batch an uninterrupted run computes from the final ledger, with no padding;
+   exactly the batch an uninterrupted run computes from the final ledger, with no padding
+   before the instruction stage and exactly the planned trained tokens in it;
 6. draw the loss curve, each source's loss (the trainer's per-source loss, from the feed's
    `source` field) and the realised mixture (with stage boundaries and epoch rollovers).
 """
@@ -39,7 +42,7 @@ DATA = ROOT / "data"
 RUN = ROOT / "runs" / "demo"
 CURRICULUM = ROOT / "configs" / "demo-curriculum.yaml"
 SWITCH = ROOT / "configs" / "demo-switch.yaml"
-BUILTIN = {"python-code": 8, "python-tests": 8, "python-docs": 4}
+BUILTIN = {"python-code": 8, "python-tests": 8, "python-docs": 4, "python-docstrings": 4}
 FIRST_LEG, SWITCH_AT, LAST_STEP = 100, 100, 120
 TRAINER = [
     sys.executable, str(ROOT / "scripts" / "train.py"), "--checkpoint-dir", str(RUN / "ckpt"),
@@ -116,17 +119,19 @@ def check_against_uninterrupted(ledger: Ledger) -> None:
     replayed = len(seen) - len({r["step"] for r in seen})
     for record in seen:
         step = record["step"]
-        config = plan.segment_plan_at(step).config
-        expected = checksum(plan.batch(step)["inputs"])
-        if record["checksum"] != expected:
+        batch = plan.batch(step)
+        if record["checksum"] != checksum(batch["inputs"]):
             raise SystemExit(f"demo: step {step} trained on a different batch than planned")
-        if record["total_weights"] != plan.batch_size(step) * config.seq_len:
+        if record["total_weights"] != int((batch["targets_segmentation"] != 0).sum()):
+            raise SystemExit(f"demo: step {step} trained on other tokens than planned")
+        if "sft" not in record["stage"].split("+") and record["trained_fraction"] != 1.0:
             raise SystemExit(f"demo: step {step} had padding (total_weights)")
     steps = sorted({r["step"] for r in seen})
     if steps != list(range(LAST_STEP)):
         raise SystemExit(f"demo: steps trained are not 0..{LAST_STEP - 1}")
     print(f"== check passed: {len(seen)} trained steps ({replayed} replayed after the kill) "
-          "match the uninterrupted plan batch for batch; total_weights is always full")  # fmt: skip
+          "match the uninterrupted plan batch for batch; total_weights is full before the "
+          "sft stage and exactly the planned trained tokens in it")  # fmt: skip
 
 
 def plot_loss(path: Path, kill_at: int, resumed_at: int) -> None:

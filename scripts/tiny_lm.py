@@ -1,10 +1,11 @@
 """A small decoder-only transformer in plain JAX, shaped like MaxText's use of the batch.
 
 Attention is causal *and* restricted to the same document (`inputs_segmentation`), positions
-come from `inputs_position`, and the loss is weighted by `targets_segmentation != 0` (which is
-every token here: the pipeline never pads), so `total_weights == rows * seq_len`. With the
-feed's `source` field in the batch (docs/observability.md) the step also reports the loss of
-each source's rows.
+come from `inputs_position`, and the loss is weighted by `targets_segmentation != 0`: every
+token of a concatenated source (it never pads), so `total_weights == rows * seq_len` there; on
+instruction data the untrained prompt tokens and whole-document row tails carry segment 0.
+With the feed's `source` field in the batch (docs/observability.md) the step also reports the
+loss of each source's rows.
 """
 
 from __future__ import annotations

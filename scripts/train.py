@@ -240,7 +240,8 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
 
 
 def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> dict:
-    """The per-step log record: stage, epochs per source, loss, total_weights, tokens/s."""
+    """The per-step log record: stage, epochs per source, loss, total_weights, the share of
+    target tokens trained on (below 1 for masked prompts and whole-document padding), tokens/s."""
     draws = feed.plan.draws(step)
     summary = draws.summary()
     config = feed.plan.segment_plan(draws.segment_index).config
@@ -249,6 +250,7 @@ def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> 
         "stage": summary.stage_label,
         "loss": loss,
         "total_weights": int(metrics["total_weights"]),
+        "trained_fraction": int(metrics["total_weights"]) / (len(draws.rows) * config.seq_len),
         "tokens_per_s": len(draws.rows) * config.seq_len / seconds,
         "epochs": dict(summary.epochs),
         "checksum": int(metrics["checksum"]),
@@ -261,8 +263,9 @@ def format_record(record: dict) -> str:
     losses = " ".join(f"{n}={v:.3f}" for n, v in sorted(record["source_loss"].items()))
     return (
         f"step {record['step']} | stage {record['stage']} | loss {record['loss']:.4f} "
-        f"({losses}) | total_weights {record['total_weights']} | tokens/s "
-        f"{record['tokens_per_s']:,.0f} | wait {record['input_wait_s'] * 1e3:.1f} ms | "
+        f"({losses}) | total_weights {record['total_weights']} | trained "
+        f"{record['trained_fraction']:.1%} | tokens/s {record['tokens_per_s']:,.0f} | wait "
+        f"{record['input_wait_s'] * 1e3:.1f} ms | "
         f"epochs {epochs}{evals}"
     )
 

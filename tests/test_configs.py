@@ -21,7 +21,7 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.ya
 def workdir(tmp_path_factory) -> Path:
     """A tmp tree like the repository's: data/<builtin stores> and configs/<copies>."""
     root = tmp_path_factory.mktemp("configs")
-    for name in ("python-code", "python-tests", "python-docs"):
+    for name in ("python-code", "python-tests", "python-docs", "python-docstrings"):
         prepare(
             PrepareOptions(
                 inputs=[f"builtin:{name}"], out=root / "data" / name, num_shards=2, progress=False
@@ -54,19 +54,26 @@ def test_batch_ramp_grows_the_batch_and_keeps_epochs_exact(workdir):
 
 def test_the_demo_switch_continues_the_curriculum_where_the_run_is(workdir):
     """configs/demo-switch.yaml at step 100 of a demo-curriculum.yaml run draws what an
-    uninterrupted demo-switch.yaml run draws from step 100 on (the docs ramp mid-way)."""
+    uninterrupted demo-switch.yaml run draws from step 100 on (the docs ramp mid-way), then
+    instruction-tunes on whole, masked docstring pairs from step 110."""
     curriculum = Plan.from_config(load_config(workdir / "demo-curriculum.yaml"))
     new = load_config(workdir / "demo-switch.yaml")
     switched = Plan(reconcile(curriculum, new, 100, switch=True))
     uninterrupted = Plan.from_config(new)
     for step in range(100, 130):
         assert switched.draws(step).source.tolist() == uninterrupted.draws(step).source.tolist()
-    main = stage_rows(switched)[-1]
+    main, sft = stage_rows(switched)[-2:]
     assert (main.segment_index, main.name, main.joined_at) == (1, "main", 100)
+    assert (sft.segment_index, sft.name, sft.start_step, sft.end_step) == (1, "sft", 110, None)
     draws = switched.draws(100)
     assert 0 < int((draws.source == draws.source_names.index("docs")).sum()) < 16  # mid-ramp
+    draws = switched.draws(110)
+    assert int((draws.source == draws.source_names.index("sft")).sum()) == 24  # 3:1 with code
+    batch = switched.read(draws)
+    assert 0.2 < float((batch["targets_segmentation"] == 0).mean()) < 0.6  # prompts masked
     report = audit(switched, 90, 130, process_counts=[2])
     assert report.ok, report.violations
+    assert report.packing["sft"].documents > 1000
 
 
 @pytest.mark.parametrize("name", [path.name for path in CONFIGS])

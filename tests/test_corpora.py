@@ -302,7 +302,13 @@ def test_builtin_python_docs() -> None:
 
 
 def test_builtin_descriptions() -> None:
-    assert set(BUILTIN_CORPORA) == {"python-code", "python-tests", "python-docs"}
+    assert set(BUILTIN_CORPORA) == {
+        "python-code",
+        "python-tests",
+        "python-docs",
+        "python-docstrings",
+        "python-docstrings-chat",
+    }
     assert all(isinstance(v, str) and "\n" not in v for v in BUILTIN_CORPORA.values())
 
 

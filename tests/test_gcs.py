@@ -186,3 +186,34 @@ def test_the_maxtext_adapter_reads_a_bucket_config_and_stores(tmp_path: Path, pr
             np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(4)[field])
     finally:
         resumed.close()
+
+
+def test_a_masked_store_in_a_bucket_keeps_its_mask(tmp_path: Path, prefix):
+    """Chat rows prepared into a bucket (local and Beam runners) read back with their loss
+    mask, and a best_fit source of it gives the local store's batches."""
+    import json
+
+    from pipeline.config import parse_config
+    from pipeline.store.chat import RowFields
+    from pipeline.store.prepare_beam import prepare_beam
+
+    rows = tmp_path / "chat.jsonl"
+    rows.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"question {i}?"},
+                                 {"role": "assistant", "content": TEXTS[i]}]}) + "\n"
+        for i in range(len(TEXTS))
+    ))  # fmt: skip
+    inputs, options = [str(rows)], {"num_shards": 2, "fields": RowFields("messages")}
+    local = prepare(PrepareOptions(inputs, tmp_path / "local", progress=False, **options))
+    bucket = prepare(PrepareOptions(inputs, location(f"{prefix}/sft"), progress=False, **options))
+    beam = prepare_beam(PrepareOptions(inputs, location(f"{prefix}/beam"), **options))
+    assert files(bucket["train"]) == files(beam["train"]) == files(local["train"])
+    store = TokenStore(bucket["train"], verify=True)
+    assert store.masked and not store.trained(0, 0, 40).all()
+    batches = []
+    for path in (local["train"], bucket["train"]):
+        raw = {"seq_len": 64, "global_batch_size": 4, "mix": {"sft": 1},
+               "sources": {"sft": {"path": str(path), "packing": "best_fit"}}}  # fmt: skip
+        batches.append(Plan.from_config(parse_config(raw)).batch(3))
+    for name in FIELDS:
+        np.testing.assert_array_equal(batches[0][name], batches[1][name])

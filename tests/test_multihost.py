@@ -250,3 +250,25 @@ def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
                 np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(step)[field])
     finally:
         train.close()
+
+
+@pytest.mark.parametrize(("processes", "devices"), [(2, 2), (4, 1)])
+def test_best_fit_rows_are_the_plan_at_any_step_on_2_and_4_processes(tmp_path, processes, devices):
+    """Whole-document rows of a masked store, mixed with windows, through the real feed."""
+    from tests.test_packing import write_masked_store
+
+    raw = two_stage_raw(tmp_path / "stores")
+    sft = write_masked_store(tmp_path / "stores" / "sft", [[(3 + i % 9, i % 3) for i in range(40)]])
+    raw["sources"]["sft"] = {"path": str(sft.path), "packing": "best_fit"}
+    raw["stages"][1]["mix"]["sft"] = 2
+    task = {"kind": "checksums", "name": "sft", "mesh": [[4], ["data"]],
+            "batch_axes": ["data"], "steps": STEPS}  # fmt: skip
+    codes = launch(tmp_path, raw, [task], processes, devices)
+    assert codes == [0] * processes, worker_output(tmp_path)
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    result = np.load(tmp_path / "sft.npz")
+    for step in STEPS:
+        expected = plan.batch(step)
+        for field in FIELDS:
+            np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
+    assert (plan.batch(23)["targets_segmentation"] == 0).any()  # the mask reached the batch

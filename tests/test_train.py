@@ -84,3 +84,25 @@ def test_the_trainer_learns_resumes_and_switches(run_dir):
     after = [r for r in records(run_dir) if r["step"] >= 20]
     assert [r["step"] for r in after] == list(range(20, 30))
     assert all(r["total_weights"] == 16 * 64 for r in after)
+
+
+def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
+    prepare(
+        PrepareOptions(["builtin:python-docstrings"], run_dir / "sft", num_shards=2, progress=False)
+    )
+    (run_dir / "sft.yaml").write_text(
+        "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nsources:\n"
+        "  sft: {path: sft, packing: best_fit}\nmix: {sft: 1}\n"
+    )
+    metrics = run_dir / "sft.jsonl"
+    extra = ("--checkpoint-dir", str(run_dir / "sft-ckpt"), "--metrics", str(metrics))
+    done = train(run_dir, "sft.yaml", 5, *extra)
+    assert done.returncode == 0, done.stderr
+    plan = Plan.from_config(load_config(run_dir / "sft.yaml"))
+    seen = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in seen] == list(range(5))
+    for record in seen:
+        trained = int((plan.batch(record["step"])["targets_segmentation"] != 0).sum())
+        assert record["total_weights"] == trained
+        assert record["trained_fraction"] == trained / (8 * 64) < 1
+    assert "| trained " in done.stderr

@@ -20,6 +20,7 @@ from pipeline.plan import data_state
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import check_eval
+from pipeline.plan.packing import PackedLayout
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.sources import open_stores
@@ -33,7 +34,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     i = commands.add_parser(
         "inspect", help="which documents are in the rows of a step", description=_doc(
             "Show, for rows of one step: lane, stage, source, epoch, counter, window, and the "
-            "shard records and token ranges of the documents in the window, with a preview."
+            "shard records and token ranges of the documents in the window, with a preview; "
+            "for a best_fit source, the row's whole documents and their trained spans."
         ),
     )  # fmt: skip
     _common(i)
@@ -60,8 +62,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "verify", help="audit a range of steps: windows, epochs, padding, hosts",
         description=_doc(
             "Check that per source and lane no window repeats in an epoch, epochs that roll over "
-            "in the range are complete, there is no padding, and every host's rows equal the "
-            "single-host rows. Exit 1 on a violation."
+            "in the range are complete, there is no padding (best_fit sources: whole documents, "
+            "padding only at row tails, each document once per epoch), and every host's rows "
+            "equal the single-host rows. Exit 1 on a violation."
         ),
     )  # fmt: skip
     _common(v)
@@ -176,6 +179,14 @@ def run_inspect(args: argparse.Namespace) -> int:
         layout = seg.layouts[name]
         store = plan.store(layout.meta)
         epoch, start = int(draws.epoch[i]), int(draws.start[i])
+        if isinstance(layout, PackedLayout):
+            print(
+                f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} "
+                f"{name:<10} {epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
+                f"packed row {int(draws.window[i]):,}"
+            )
+            _print_packed_row(layout, int(draws.window[i]), args.preview)
+            continue
         print(
             f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} {name:<10} "
             f"{epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
@@ -194,6 +205,34 @@ def run_inspect(args: argparse.Namespace) -> int:
                 f"\n{'':>44}  {preview!r}"
             )
     return 0
+
+
+def _print_packed_row(layout: PackedLayout, row: int, preview: int) -> None:
+    """Each whole document of a packed row: where it is, its trained spans, a preview."""
+    store, used = layout.store, 0
+    for document in layout.documents(row).tolist():
+        shard, index = layout.locate(document)
+        start = int(layout.doc_start[document])
+        tokens = int(layout.doc_tokens[document])
+        used += tokens - 1
+        spans = trained_spans(store.trained(shard, start, start + tokens))
+        cut = " (truncated)" if tokens < int(store.doc_offsets(shard)[index + 1]) - start else ""
+        text = decode_preview(store, store.document(shard, index)[:tokens], limit=preview)
+        text = text.replace("\n", "⏎").replace("\t", " ")
+        print(
+            f"{'':>44}{store.shard_file(shard).name}  document {index}  {tokens:,} tokens{cut}"
+            f"  trained {spans}\n{'':>44}  {text!r}"
+        )
+    print(f"{'':>44}padding: {layout.seq_len - used:,} of {layout.seq_len:,} target slots")
+
+
+def trained_spans(trained: np.ndarray) -> str:
+    """`0..12, 30..41` (document token ranges that carry loss), `all` or `none`."""
+    if trained.all():
+        return "all"
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], trained, [False]]).astype(np.int8)))
+    spans = [f"{a}..{b}" for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
+    return ", ".join(spans) or "none"
 
 
 def run_dump(args: argparse.Namespace) -> int:
@@ -268,6 +307,8 @@ def run_epochs(args: argparse.Namespace) -> int:
             f"{info.windows_per_lane:>12,} {info.lanes:>5} {info.tokens_per_epoch:>14,} "
             f"{info.store_tokens:>14,}  {'; '.join(starts)}"
         )
+        if info.packing is not None:
+            print(f"{'':>{9 if many else 0}}{'':<10} {info.packing.describe()}")
     return 0
 
 

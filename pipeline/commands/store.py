@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.errors import PrepareError
+from pipeline.store.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.summary import describe_store
 from pipeline.store.token_store import TokenStore
@@ -17,7 +18,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "prepare",
         help="tokenize text into a token store",
         description="Tokenize INPUTs (directories, globs, text/JSONL/Parquet files, "
-        "tfds:NAME[/CONFIG]:SPLIT, builtin:python-code|python-tests|python-docs) into a store.",
+        "tfds:NAME[/CONFIG]:SPLIT, builtin:python-code|python-tests|python-docs, "
+        "builtin:python-docstrings|python-docstrings-chat) into a store. Instruction and chat "
+        "rows (--format) get a loss mask: see docs/instruction-data.md.",
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT")
     p.add_argument(
@@ -29,6 +32,35 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="bytes (default), sentencepiece:MODEL or hf:TOKENIZER_JSON (local files)",
     )
     p.add_argument("--text-field", default="text", help="JSONL/Parquet/TFDS text field")
+    rows = p.add_argument_group("instruction and chat rows (JSONL / Parquet)")
+    rows.add_argument(
+        "--format",
+        choices=ROW_FORMATS,
+        default="text",
+        help="text (default: pre-training text), messages (chat, rendered by a chat template) "
+        "or prompt-completion rows",
+    )
+    rows.add_argument("--messages-field", default="messages", help="field of the messages list")
+    rows.add_argument("--prompt-field", default="prompt", help="field of the prompt")
+    rows.add_argument("--completion-field", default="completion", help="field of the completion")
+    rows.add_argument(
+        "--train-on",
+        choices=TRAIN_ON,
+        default="assistant",
+        help="tokens that carry loss: assistant messages (default; for prompt-completion the "
+        "completion), completion (the last assistant message), or all",
+    )
+    rows.add_argument(
+        "--chat-template",
+        default="auto",
+        help="auto (default: the tokenizer_config.json beside an hf: tokenizer, else builtin), "
+        "builtin, or a tokenizer_config.json / Jinja file",
+    )
+    rows.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="leave out rows that cannot be trained on, counted in the manifest (default: stop)",
+    )
     p.add_argument("--num-shards", type=int, default=8)
     p.add_argument(
         "--record-tokens",
@@ -85,6 +117,16 @@ def run_prepare(args: argparse.Namespace) -> int:
         tfds_data_dir=args.tfds_data_dir,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        fields=RowFields(
+            args.format,
+            args.text_field,
+            args.messages_field,
+            args.prompt_field,
+            args.completion_field,
+        ),
+        train_on=args.train_on,
+        chat_template=args.chat_template,
+        skip_bad_rows=args.skip_bad_rows,
     )
     if args.runner == "beam":
         from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra

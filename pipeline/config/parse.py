@@ -8,6 +8,7 @@
     sources:
       code: {path: ../data/python-code}     # relative to this file; $VARS are expanded
       docs: {path: ../data/python-docs}
+      sft: {path: ../data/chat, packing: best_fit, too_long: truncate}  # whole documents
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
     feed: {prefetch: 2, threads: 4, verify: "off"}  # runtime only: never changes the data
@@ -56,10 +57,25 @@ MAX_THREADS = 1024
 MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 
 
+PACKINGS = ("concat", "best_fit")
+TOO_LONG = ("truncate", "drop")
+
+
 @dataclass(frozen=True)
 class SourceSpec:
+    """A source: its store, and how its documents become rows (docs/instruction-data.md)."""
+
     name: str
     path: Path
+    packing: str = "concat"  # windows of the concatenated stream, or whole documents
+    too_long: str = "truncate"  # best_fit: a document longer than a row is cut or dropped
+
+    def to_json(self) -> dict[str, str]:
+        """The source as config keys; defaults are left out, so concat sources read as ever."""
+        out = {"path": str(self.path)}
+        if self.packing != "concat":
+            out.update(packing=self.packing, too_long=self.too_long)
+        return out
 
 
 @dataclass(frozen=True)
@@ -266,7 +282,8 @@ def _sources(
         key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
-        where.keys(where.mapping(entry, key), ("path",), key)
+        allowed = ("path",) if parent != "sources" else ("path", "packing", "too_long")
+        where.keys(where.mapping(entry, key), allowed, key)
         if not isinstance(entry.get("path"), str):
             raise where.fail(
                 f"{key}.path", f"expected a store directory, got {entry.get('path')!r}"
@@ -274,8 +291,16 @@ def _sources(
         path = os.path.expandvars(entry["path"])
         if "$" in path:
             raise where.fail(f"{key}.path", f"unset environment variable in {entry['path']!r}")
+        packing = entry.get("packing", "concat")
+        if packing not in PACKINGS:
+            raise where.fail(f"{key}.packing", f"expected concat or best_fit, got {packing!r}")
+        too_long = entry.get("too_long", "truncate")
+        if too_long not in TOO_LONG:
+            raise where.fail(f"{key}.too_long", f"expected truncate or drop, got {too_long!r}")
+        if "too_long" in entry and packing != "best_fit":
+            raise where.fail(f"{key}.too_long", "only a packing: best_fit source has too_long")
         if is_url(path):  # a gs:// store, read directly (never made a local path)
-            sources.append(SourceSpec(name, location(path)))
+            sources.append(SourceSpec(name, location(path), packing, too_long))
             continue
         if base_dir is None and not os.path.isabs(path):
             raise where.fail(
@@ -283,7 +308,8 @@ def _sources(
                 f"relative path {path!r} in a config read from a URL; give an absolute path "
                 "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
             )
-        sources.append(SourceSpec(name, ((base_dir or Path()) / path).resolve()))
+        resolved = ((base_dir or Path()) / path).resolve()
+        sources.append(SourceSpec(name, resolved, packing, too_long))
     return tuple(sorted(sources, key=lambda s: s.name))
 
 

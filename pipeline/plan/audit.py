@@ -5,8 +5,12 @@ For every step in the range the audit computes the whole global batch and checks
 * windows: per source (name and store content) and lane, no window is drawn twice in one epoch,
   and every epoch that begins and rolls over inside the range drew each of its windows exactly
   once;
-* no padding: every field is [global_batch_size, seq_len], segment ids are never 0, and the
-  targets are the inputs shifted by one token;
+* no padding: every field is [global_batch_size, seq_len], segment ids are never 0 (targets of
+  a masked store's untrained tokens excepted), and the targets are the inputs shifted by one;
+* whole documents (`packing: best_fit` rows): segments numbered 1, 2, ... then only padding
+  (segment 0, position 0), positions restarting per document, targets' segment either the
+  input's or 0; and every document of the source used exactly once in each epoch that every
+  lane completes inside the range;
 * hosts: for each process count, every process computing only its own rows (`host_rows`, with
   a plan object of its own) gets exactly the single-host rows.
 
@@ -19,11 +23,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.batch import FIELDS
+from pipeline.plan.packing import PackedLayout, PackingStats
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.progress import progress_bar
 
@@ -38,6 +44,8 @@ class AuditReport:
     windows_checked: int = 0  # distinct (source, lane, epoch, window) draws
     epochs_completed: dict[str, int] = field(default_factory=dict)  # on every lane
     epochs_seen: dict[str, list[int]] = field(default_factory=dict)  # [first, last] epoch
+    packing: dict[str, PackingStats] = field(default_factory=dict)  # best_fit sources
+    document_epochs: dict[str, int] = field(default_factory=dict)  # epochs checked per doc
     process_counts: tuple[int, ...] = ()
     hosts_checked: int = 0
     violations: list[str] = field(default_factory=list)
@@ -63,13 +71,20 @@ class AuditReport:
                 f"  {name}: epochs {first}..{last} drawn, "
                 f"{self.epochs_completed.get(name, 0)} completed inside the range on every lane"
             )
+            if name in self.packing:
+                lines.append(
+                    f"    {self.packing[name].describe()}; every document once in "
+                    f"{self.document_epochs.get(name, 0)} complete epoch(s)"
+                )
         counts = ", ".join(map(str, self.process_counts)) or "none"
         lines.append(
             f"hosts: {self.hosts_checked} host plans checked (process counts {counts}) "
             "against the single-host rows"
         )
         lines.append(
-            "ok: no window repeats, no incomplete epoch, no padding, hosts agree"
+            "ok: no window repeats, no incomplete epoch, no padding"
+            + (" outside whole-document row tails" if self.packing else "")
+            + ", hosts agree"
             if self.ok
             else f"FAILED: {self.violation_count} violation(s)"
         )
@@ -108,6 +123,7 @@ def audit(
     keys: dict[tuple[str, str], int] = {}
     windows_per_lane: list[int] = []
     names: list[str] = []
+    layouts: list[Any] = []
     # key, lane, epoch, window, step, row in lane, counter: one entry per drawn row
     columns: list[list[np.ndarray]] = [[] for _ in range(7)]
     used_counts: set[int] = set()
@@ -127,7 +143,10 @@ def audit(
         config = seg.config
         size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)
-        _check_padding(report, step, batch, size, config.seq_len)
+        kinds = [seg.layouts[name] for name in draws.source_names]
+        whole = np.array([isinstance(k, PackedLayout) for k in kinds])[draws.source]
+        masked = np.array([k.meta.masked for k in kinds])[draws.source]
+        _check_padding(report, step, batch, size, config.seq_len, whole, masked)
         step_counts = default_process_counts(size, config.lanes) if counts is None else counts
         for count in step_counts:
             host_plan = hosts.setdefault(count, Plan(plan.ledger))
@@ -150,6 +169,7 @@ def audit(
                 keys[ident] = len(keys)
                 windows_per_lane.append(seg.layouts[name].windows_per_lane)
                 names.append(name)
+                layouts.append(seg.layouts[name])
             key[draws.source == s] = keys[ident]
         lane_rows = draws.rows % seg.rows_per_lane(step)
         for column, values in enumerate(
@@ -167,25 +187,95 @@ def audit(
     report.process_counts = tuple(sorted(used_counts))
     report.hosts_checked = sum(used_counts)
     _check_windows(report, [np.concatenate(c) for c in columns], names, windows_per_lane)
+    _check_documents(report, [np.concatenate(c) for c in columns], names, layouts)
     return report
 
 
 def _check_padding(
-    report: AuditReport, step: int, batch: dict[str, np.ndarray], rows: int, seq_len: int
+    report: AuditReport,
+    step: int,
+    batch: dict[str, np.ndarray],
+    rows: int,
+    seq_len: int,
+    whole: np.ndarray,
+    masked: np.ndarray,
 ) -> None:
+    """Windows: no padding, targets shifted; whole-document rows: `_check_whole_rows`."""
     for name in FIELDS:
         if batch[name].shape != (rows, seq_len):
             report.violate(
                 f"step {step}: {name} has shape {batch[name].shape}, expected ({rows}, {seq_len})"
             )
             return
-    for name in ("inputs_segmentation", "targets_segmentation"):
-        bad = np.flatnonzero((batch[name] <= 0).any(axis=1))
+    windows = ~whole
+    for name, checked in (
+        ("inputs_segmentation", windows),
+        ("targets_segmentation", windows & ~masked),
+    ):
+        bad = np.flatnonzero((batch[name] <= 0).any(axis=1) & checked)
         if bad.size:
             report.violate(f"step {step}: {name} has padding (segment id 0) in rows {bad[:8]}")
-    shifted = np.flatnonzero((batch["inputs"][:, 1:] != batch["targets"][:, :-1]).any(axis=1))
+    moved = (batch["inputs"][:, 1:] != batch["targets"][:, :-1]).any(axis=1)
+    shifted = np.flatnonzero(moved & windows)
     if shifted.size:
         report.violate(f"step {step}: targets are not the inputs shifted by one in rows {shifted}")
+    if whole.any():
+        _check_whole_rows(report, step, {k: v[whole] for k, v in batch.items()}, whole)
+
+
+def _check_whole_rows(
+    report: AuditReport, step: int, batch: dict[str, np.ndarray], whole: np.ndarray
+) -> None:
+    seg, pos = batch["inputs_segmentation"], batch["inputs_position"]
+    before, after = seg[:, :-1], seg[:, 1:]
+    numbered = (seg[:, 0] == 1) & ((after == before) | (after == before + 1) | (after == 0)).all(1)
+    tail = ~((before == 0) & (after != 0)).any(axis=1)
+    steps = np.where(after != before, pos[:, 1:] == 0, pos[:, 1:] == pos[:, :-1] + 1)
+    counted = (pos[:, 0] == 0) & (steps | (after == 0)).all(axis=1)
+    padding = seg == 0
+    quiet = ~(padding & ((pos != 0) | (batch["targets_position"] != 0))).any(axis=1)
+    targets = batch["targets_segmentation"]
+    masked_only = ((targets == 0) | (targets == seg)).all(axis=1)
+    same_pos = (batch["targets_position"] == pos).all(axis=1)
+    rows = np.flatnonzero(whole)
+    for ok, what in (
+        (numbered & tail, "segments are not 1, 2, ... followed only by padding"),
+        (counted & quiet & same_pos, "positions do not restart per document"),
+        (masked_only, "a target's segment is neither its input's nor 0"),
+    ):
+        if not ok.all():
+            report.violate(f"step {step}: whole-document rows {rows[~ok][:8]}: {what}")
+
+
+def _check_documents(
+    report: AuditReport, columns: list[np.ndarray], names: list[str], layouts: list[Any]
+) -> None:
+    """Per best_fit source, every epoch that all its lanes complete in the range: each
+    document exactly once (through the packed rows drawn)."""
+    key, _, epoch, window = columns[:4]
+    for k, layout in enumerate(layouts):
+        if not isinstance(layout, PackedLayout):
+            continue
+        report.packing[names[k]] = layout.stats
+        mine = key == k
+        for e in np.unique(epoch[mine]).tolist():
+            rows = np.unique(window[mine & (epoch == e)])
+            if len(rows) < layout.windows_per_lane * layout.lanes:
+                continue  # not complete in the range
+            counts = np.bincount(
+                np.concatenate([layout.documents(r) for r in rows.tolist()]),
+                minlength=len(layout.doc_tokens),
+            )
+            expected = np.zeros_like(counts)
+            expected[layout.row_docs] = 1
+            if not np.array_equal(counts, expected):
+                bad = np.flatnonzero(counts != expected)
+                report.violate(
+                    f"source {names[k]} epoch {e}: documents {bad[:8].tolist()} are used "
+                    f"{counts[bad[:8]].tolist()} times (each is used exactly once per epoch)"
+                )
+                continue
+            report.document_epochs[names[k]] = report.document_epochs.get(names[k], 0) + 1
 
 
 def _check_windows(

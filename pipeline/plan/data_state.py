@@ -183,7 +183,9 @@ def counter_differences(ledger: Ledger, plan: Plan, origin: str) -> list[str]:
     for index in range(1, len(segments)):
         segment = segments[index]
         try:
-            expected = plan.carried_counters(index - 1, segment.start_step, segment.fingerprints)
+            expected = plan.carried_counters(
+                index - 1, segment.start_step, segment.fingerprints, segment.config["sources"]
+            )
         except PipelineError as error:
             log.warning("%s: segments[%d].counters not re-derived: %s", origin, index, error)
             continue

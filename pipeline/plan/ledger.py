@@ -41,7 +41,7 @@ def config_mapping(config: DataConfig) -> dict[str, Any]:
         "global_batch_size": batch_schedule_json(config.batch_sizes),
         "grad_accum": config.grad_accum,
         "lanes": config.lanes,
-        "sources": {s.name: {"path": str(s.path)} for s in config.sources},
+        "sources": {s.name: s.to_json() for s in config.sources},
         "stages": [stage.to_json() for stage in config.stages],
     }
 
@@ -50,6 +50,13 @@ def data_order(mapping: dict[str, Any], fingerprints: dict[str, str]) -> dict[st
     """The part of a config mapping that decides the batches, stores named by content."""
     order = {k: mapping[k] for k in ("seed", "seq_len", "global_batch_size", "lanes", "stages")}
     order["sources"] = {name: fingerprints[name] for name in sorted(mapping["sources"])}
+    packed = {
+        name: [entry["packing"], entry["too_long"]]
+        for name, entry in sorted(mapping["sources"].items())
+        if entry.get("packing", "concat") != "concat"
+    }
+    if packed:  # only then: the orders of configs without best-fit sources are unchanged
+        order["packing"] = packed
     return order
 
 

@@ -23,25 +23,29 @@ Index vocabulary, used everywhere in this package:
 
 A config's `origin` is only ever its file label, for messages.
 
+A `packing: best_fit` source draws packed rows of whole documents instead of windows
+(packing.py): its `window` is the packed row and its token start is -1.
+
 Nothing here holds iterator state: resuming is calling `batch(step, rows)` with another step.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import DataConfig
+from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout
 from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.packing import PackedLayout
 from pipeline.plan.sources import open_stores
 from pipeline.plan.stages import StageTable
 from pipeline.store.meta import StoreMeta
@@ -113,18 +117,26 @@ class SegmentPlan:
     each source's counter is the one the ledger carried, and counts on from there (a table
     anchored before the start holds meaningless counters before it, which nothing reads).
     The layout is a pure function of the segment's entry in the ledger and its stores'
-    metadata (`StoreMeta`): no shard file is opened.
+    metadata (`StoreMeta`): no shard file is opened, but a best_fit source's store is (its
+    packing needs the document index).
     """
 
-    def __init__(self, segment: Segment, config: DataConfig, metas: Mapping[str, StoreMeta]):
+    def __init__(
+        self,
+        segment: Segment,
+        config: DataConfig,
+        metas: Mapping[str, StoreMeta],
+        open_store: OpenStore | None = None,
+    ):
+        open_store = open_store or _open_meta
         self.segment = segment
         self.config = config
         self.anchor = segment.stages_from
         self.clock = StepClock(config.batch_sizes, config.lanes)
         try:
             self.layouts = {
-                name: SourceLayout(name, metas[name], config.seed, config.seq_len, config.lanes)
-                for name in config.source_names
+                spec.name: _layout(spec, metas[spec.name], config, open_store)
+                for spec in config.sources
             }
         except ConfigError as error:
             raise ConfigError(f"{config.origin}: {error}") from error
@@ -219,7 +231,7 @@ class Plan:
         check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
         fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
         plan = cls(Ledger.start(config, fingerprints), stores.values())
-        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas)
+        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store)
         return plan
 
     @property
@@ -237,7 +249,7 @@ class Plan:
                 name: self._known(segment, name, config.source(name).path, where)
                 for name in config.source_names
             }
-            self._segments[index] = SegmentPlan(segment, config, metas)
+            self._segments[index] = SegmentPlan(segment, config, metas, self.store)
         return self._segments[index]
 
     def segment_plan_at(self, step: int) -> SegmentPlan:
@@ -249,18 +261,23 @@ class Plan:
         return self.segment_plan_at(step).batch_size(step)
 
     def carried_counters(
-        self, index: int, step: int, fingerprints: dict[str, str]
+        self, index: int, step: int, fingerprints: dict[str, str], sources: Mapping[str, dict]
     ) -> dict[str, int]:
-        """The counters a segment starting at `step` after segment `index` begins with.
+        """The counters a segment starting at `step` after segment `index` begins with;
+        `fingerprints` and `sources` (config entries) are the new segment's.
 
         A source keeps its counter when segment `index` drew from the same store under the
-        same name, so nothing drawn in its epoch repeats and nothing is skipped; any other
-        source starts at 0. `resume.reconcile` writes them, `data_state.verify` re-derives them.
+        same name and packing (the same rows), so nothing drawn in its epoch repeats and
+        nothing is skipped; any other source starts at 0. `resume.reconcile` writes them,
+        `data_state.verify` re-derives them.
         """
         previous = self.ledger.segments[index]
         before = self.segment_plan(index).counters_at(step)
         return {
-            name: before[name] if previous.fingerprints.get(name) == fingerprint else 0
+            name: before[name]
+            if previous.fingerprints.get(name) == fingerprint
+            and _packing(previous.config["sources"].get(name, {})) == _packing(sources[name])
+            else 0
             for name, fingerprint in fingerprints.items()
         }
 
@@ -286,19 +303,44 @@ class Plan:
         )
 
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """The six fields of the drawn rows: each source's windows are read in one batch per
-        shard straight into one [rows, seq_len + 1] buffer (`SourceLayout.read_into`)."""
+        """The six fields of the drawn rows: each concat source's windows are read in one batch
+        per shard straight into one [rows, seq_len + 1] buffer (`SourceLayout.read_into`); a
+        best-fit source's rows are assembled by `PackedLayout.read_fields`."""
         plan = self.segment_plan(draws.segment_index)
-        tokens = np.empty((len(draws.rows), plan.config.seq_len + 1), dtype=np.int32)
+        sources = np.unique(draws.source).tolist()
+        layouts = {s: plan.layouts[draws.source_names[s]] for s in sources}
+        packed = [s for s in sources if isinstance(layouts[s], PackedLayout)]
+        windows = np.flatnonzero(~np.isin(draws.source, packed))
+        tokens = np.empty((len(windows), plan.config.seq_len + 1), dtype=np.int32)
         doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for s in np.unique(draws.source).tolist():
-            rows = np.flatnonzero(draws.source == s)
-            layout = plan.layouts[draws.source_names[s]]
-            store = self.store(layout.meta)
-            r, c = layout.read_into(store, tokens, rows, draws.epoch[rows], draws.start[rows])
+        untrained = []
+        for s in sources:
+            if s in packed:
+                continue
+            rows = np.flatnonzero(draws.source[windows] == s)
+            at = windows[rows]
+            store = self.store(layouts[s].meta)
+            r, c = layouts[s].read_into(store, tokens, rows, draws.epoch[at], draws.start[at])
             doc_rows.append(r)
             doc_cols.append(c)
-        return fields(tokens, np.concatenate(doc_rows), np.concatenate(doc_cols))
+            if store.masked:
+                untrained.append((layouts[s], store, rows, draws.epoch[at], draws.start[at]))
+        batch = fields(tokens, np.concatenate(doc_rows), np.concatenate(doc_cols))
+        if untrained:  # its own array: the segment fields are views of one buffer
+            batch["targets_segmentation"] = batch["targets_segmentation"].copy()
+        for layout, store, rows, epochs, starts in untrained:
+            _mask_untrained(batch["targets_segmentation"], layout, store, rows, epochs, starts)
+        if not packed:
+            return batch
+        shape = (len(draws.rows), plan.config.seq_len)
+        out = {name: np.zeros(shape, dtype=np.int32) for name in batch}
+        for name in out:
+            out[name][windows] = batch[name]
+        for s in packed:
+            rows = np.flatnonzero(draws.source == s)
+            for name, values in layouts[s].read_fields(draws.window[rows]).items():
+                out[name][rows] = values
+        return out
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
@@ -365,6 +407,50 @@ def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) ->
 
 def _tokenizer(meta: StoreMeta) -> str:
     return f"{meta.tokenizer['name']}, vocab {meta.tokenizer['vocab_size']}"
+
+
+def _layout(spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore) -> Layout:
+    """A concat source is laid out from its metadata; a best-fit one packs its documents, so
+    it opens its store (the document index) when the plan is made."""
+    if spec.packing == "best_fit":
+        return PackedLayout(
+            spec.name, open_store(meta), config.seed, config.seq_len, config.lanes, spec.too_long
+        )
+    return SourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes)
+
+
+def _packing(entry: Mapping[str, str]) -> tuple[str, str]:
+    """How a source's config entry turns documents into rows (absent keys: the defaults)."""
+    return entry.get("packing", "concat"), entry.get("too_long", "truncate")
+
+
+def _open_meta(meta: StoreMeta) -> TokenStore:
+    return _open(meta.path, meta.fingerprint, f"store {meta.path}")
+
+
+OpenStore = Callable[[StoreMeta], TokenStore]
+
+
+Layout = SourceLayout | PackedLayout
+
+
+def _mask_untrained(
+    targets_segmentation: np.ndarray,
+    layout: SourceLayout,
+    store: TokenStore,
+    rows: np.ndarray,
+    epochs: np.ndarray,
+    starts: np.ndarray,
+) -> None:
+    """Segment 0 on the targets of windows of a masked store that carry no loss (a window's
+    target column j is its token j + 1)."""
+    for row, epoch, start in zip(rows.tolist(), epochs.tolist(), starts.tolist()):
+        column = 0
+        for shard, lo, hi in layout.pieces(epoch, start, start + layout.seq_len + 1):
+            _, first, end = store.untrained_spans(shard, [lo], [hi])
+            for a, b in zip(first.tolist(), end.tolist()):
+                targets_segmentation[row, max(column + a - 1, 0) : column + b - 1] = 0
+            column += hi - lo
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.plan.packing import PackedLayout, PackingStats
 from pipeline.plan.plan import Plan, SegmentPlan
 from pipeline.plan.stages import StageLayout
 
@@ -160,6 +161,7 @@ class EpochInfo:
     seq_len: int
     store_tokens: int
     rollovers: list[tuple[int, tuple[int, int] | None]]  # (epoch, (step, row) or None)
+    packing: PackingStats | None = None  # a best_fit source's rows, padding, too-long documents
 
     @property
     def tokens_per_epoch(self) -> int:
@@ -194,6 +196,7 @@ def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
                     seg.config.seq_len,
                     layout.meta.num_tokens,
                     rollovers,
+                    layout.stats if isinstance(layout, PackedLayout) else None,
                 )
             )
     return out

@@ -74,7 +74,7 @@ def reconcile(
         )
     kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
     if kept:  # a switch at a segment's first step replaces that segment, which drew nothing
-        counters = plan.carried_counters(len(kept) - 1, step, fingerprints)
+        counters = plan.carried_counters(len(kept) - 1, step, fingerprints, mapping["sources"])
     else:
         counters = dict.fromkeys(config.source_names, 0)
     anchor = 0 if config.starts_at == "run" else step

@@ -18,6 +18,9 @@ Input forms (each `prepare` argument is one input):
 * ``tfds:NAME[/CONFIG]:SPLIT``: a TFDS dataset prepared in ``array_record`` format, read with
   ``as_data_source`` (no TensorFlow needed); feature ``text_field``.
 * ``builtin:NAME``: a corpus that ships with Python (see `BUILTIN_CORPORA`), for demos and tests.
+* with ``--format messages|prompt-completion`` (`chat.RowFields`): JSONL and Parquet files are
+  read as instruction or chat rows (``Document.row``), rendered when tokenized; the builtin
+  instruction corpora (`INSTRUCTION_CORPORA`) are rows whatever the format.
 
 Document keys (stable, used for deterministic hashing, never machine paths):
 
@@ -42,12 +45,14 @@ import os
 import re
 import sysconfig
 import tokenize
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 from pipeline.errors import PrepareError
 from pipeline.extras import require
+from pipeline.store.chat import RowFields
+from pipeline.store.docstrings import SYSTEM_PROMPT, module_files, pairs
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -61,8 +66,16 @@ BUILTIN_CORPORA: dict[str, str] = {
     "python-code": "the Python standard library's .py sources, without its tests",
     "python-tests": "the Python standard library's test suite (Lib/test/*.py)",
     "python-docs": "the English Python documentation topics (pydoc_data.topics)",
+    "python-docstrings": "instruction pairs: a prompt for a stdlib function's docstring, and it",
+    "python-docstrings-chat": "the same pairs as chat messages (system, user, assistant)",
 }
 """Corpora that need no download: every machine with the same Python has the same documents."""
+
+INSTRUCTION_CORPORA: dict[str, RowFields] = {
+    "python-docstrings": RowFields("prompt-completion"),
+    "python-docstrings-chat": RowFields("messages"),
+}
+"""The builtin corpora of instruction rows, and their shape (see `docstrings`)."""
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -74,10 +87,17 @@ _EXCLUDED_CODE_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", 
 
 @dataclasses.dataclass(frozen=True)
 class Document:
-    """One document: ``key`` locates it stably (see the module docstring), ``text`` is its text."""
+    """One document: ``key`` locates it stably (see the module docstring), ``text`` is its text.
+
+    An instruction or chat row has no text yet: ``row`` holds its fields, ``fields`` says their
+    shape (rendered by `chat.render`), ``where`` names its file and line for error messages.
+    """
 
     key: str
     text: str
+    row: Mapping[str, Any] | None = None
+    fields: RowFields | None = None
+    where: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +111,7 @@ class InputSpec:
         the file set cannot change between validation and reading.
       key_prefix: prepended to every key of this input to keep keys unique across inputs.
       text_field: JSONL field, Parquet column or TFDS feature that holds the text.
+      fields: for instruction and chat rows (JSONL and Parquet only), their shape and fields.
       name: the TFDS ``NAME[/CONFIG]`` or the builtin corpus name.
       split: the TFDS split.
       data_dir: the TFDS data directory.
@@ -101,15 +122,25 @@ class InputSpec:
     files: tuple[tuple[str, str, str], ...] = ()
     key_prefix: str = ""
     text_field: str = "text"
+    fields: RowFields | None = None
     name: str = ""
     split: str = ""
     data_dir: str = ""
 
 
 def resolve_inputs(
-    inputs: Sequence[str], text_field: str = "text", tfds_data_dir: str | None = None
+    inputs: Sequence[str],
+    text_field: str = "text",
+    tfds_data_dir: str | None = None,
+    fields: RowFields | None = None,
 ) -> list[InputSpec]:
-    """Validates every input up front and returns their specs, in the order given."""
+    """Validates every input up front and returns their specs, in the order given.
+
+    With `fields` of a row format (``messages``, ``prompt-completion``), every file input must
+    be JSONL or Parquet (a Parquet file must have the fields' columns); builtin instruction
+    corpora carry their own shape.
+    """
+    rows = fields is not None and fields.format != "text"
     if not inputs:
         raise PrepareError(
             "no inputs given; pass at least one file, directory, glob, tfds: or builtin: input"
@@ -120,12 +151,40 @@ def resolve_inputs(
         if argument in seen:
             raise PrepareError(f"input {argument!r} is given twice; give each input once")
         seen.add(argument)
-        specs.append(_resolve_one(argument, text_field, tfds_data_dir))
+        if rows and argument.startswith("tfds:"):
+            raise _not_rows(argument, fields)
+        spec = _resolve_one(argument, None if rows else text_field, tfds_data_dir)
+        specs.append(_as_rows(spec, fields) if rows else spec)
     _refuse_shared_files(specs)
     return _prefix_colliding_keys(specs)
 
 
-def _resolve_one(argument: str, text_field: str, tfds_data_dir: str | None) -> InputSpec:
+def _as_rows(spec: InputSpec, fields: RowFields) -> InputSpec:
+    """A file input read as instruction or chat rows; anything that is not rows is refused."""
+    if spec.kind == "builtin" and spec.name in INSTRUCTION_CORPORA:
+        return spec
+    kinds = {kind for _, kind, _ in spec.files}
+    if spec.kind in ("tfds", "dir", "builtin") or not kinds <= {"jsonl", "parquet"}:
+        raise _not_rows(spec.argument, fields)
+    for path, kind, _ in spec.files:
+        if kind == "parquet":
+            missing = [c for c in fields.columns if c not in _parquet_columns(path)]
+            if missing:
+                raise PrepareError(
+                    f"input {spec.argument!r}: {path} has no column {missing[0]!r} for "
+                    f"--format {fields.format} (columns: {', '.join(_parquet_columns(path))})"
+                )
+    return dataclasses.replace(spec, fields=fields)
+
+
+def _not_rows(argument: str, fields: RowFields) -> PrepareError:
+    return PrepareError(
+        f"input {argument!r} is not JSONL or Parquet rows; --format {fields.format} reads rows "
+        "from .jsonl/.json/.parquet files"
+    )
+
+
+def _resolve_one(argument: str, text_field: str | None, tfds_data_dir: str | None) -> InputSpec:
     if argument.startswith("builtin:"):
         return _resolve_builtin(argument)
     if argument.startswith("tfds:"):
@@ -137,7 +196,7 @@ def _resolve_one(argument: str, text_field: str, tfds_data_dir: str | None) -> I
         kind = _file_kind(path)
         _check_file(argument, path, kind, text_field)
         files = ((path, kind, os.path.basename(path)),)
-        return InputSpec(kind, argument, files, text_field=text_field)
+        return InputSpec(kind, argument, files, text_field=text_field or "text")
     if glob.has_magic(path):
         return _resolve_glob(argument, path, text_field)
     if os.path.lexists(path):
@@ -157,9 +216,10 @@ def _file_kind(path: str) -> str:
     return "text"
 
 
-def _check_file(argument: str, path: str, kind: str, text_field: str) -> None:
-    """Checks what is cheap to check before reading: a Parquet file's schema has the column."""
-    if kind != "parquet":
+def _check_file(argument: str, path: str, kind: str, text_field: str | None) -> None:
+    """Checks what is cheap to check before reading: a Parquet file's schema has the column
+    (`_as_rows` checks the columns of rows, for which `text_field` is None)."""
+    if kind != "parquet" or text_field is None:
         return
     columns = _parquet_columns(path)
     if text_field not in columns:
@@ -187,15 +247,15 @@ def _walk_files(root: str, skip_dir: Callable[[str], bool] | None = None) -> lis
     return sorted(found)
 
 
-def _resolve_dir(argument: str, path: str, text_field: str) -> InputSpec:
+def _resolve_dir(argument: str, path: str, text_field: str | None) -> InputSpec:
     rels = _walk_files(path)
     if not rels:
         raise PrepareError(f"input {argument!r}: directory has no (non-hidden) files")
     files = tuple((os.path.join(path, rel), "text", rel) for rel in rels)
-    return InputSpec("dir", argument, files, text_field=text_field)
+    return InputSpec("dir", argument, files, text_field=text_field or "text")
 
 
-def _resolve_glob(argument: str, pattern: str, text_field: str) -> InputSpec:
+def _resolve_glob(argument: str, pattern: str, text_field: str | None) -> InputSpec:
     parts = pattern.split("/")
     fixed = []
     for part in parts:
@@ -214,7 +274,7 @@ def _resolve_glob(argument: str, pattern: str, text_field: str) -> InputSpec:
         kind = _file_kind(match)
         _check_file(argument, match, kind, text_field)
         files.append((match, kind, os.path.relpath(match, base).replace(os.sep, "/")))
-    return InputSpec("glob", argument, tuple(files), text_field=text_field)
+    return InputSpec("glob", argument, tuple(files), text_field=text_field or "text")
 
 
 def _resolve_builtin(argument: str) -> InputSpec:
@@ -226,6 +286,11 @@ def _resolve_builtin(argument: str) -> InputSpec:
         )
     if name == "python-docs":
         return InputSpec("builtin", argument, name=name)
+    if name in INSTRUCTION_CORPORA:
+        files = tuple(
+            (path, "docstrings", f"{argument}:{module}") for module, path in module_files()
+        )
+        return InputSpec("builtin", argument, files, fields=INSTRUCTION_CORPORA[name], name=name)
     stdlib = sysconfig.get_paths()["stdlib"]
     if name == "python-code":
         rels = _walk_files(stdlib, _is_excluded_code_dir)
@@ -354,15 +419,34 @@ def iter_documents(spec: InputSpec) -> Iterator[Document]:
     for path, kind, key in spec.files:
         key = spec.key_prefix + key
         if kind == "jsonl":
-            yield from _iter_jsonl(path, key, spec.text_field)
+            yield from _iter_jsonl(path, key, spec.text_field, spec.fields)
         elif kind == "parquet":
-            yield from _iter_parquet(path, key, spec.text_field)
+            yield from _iter_parquet(path, key, spec.text_field, spec.fields)
+        elif kind == "docstrings":
+            yield from _iter_docstrings(spec, path)
         elif kind == "python":
             text = _read_python_source(path)
             if text is not None:
                 yield Document(key, text)
         else:
             yield Document(key, _read_text(path))
+
+
+def _iter_docstrings(spec: InputSpec, path: str) -> Iterator[Document]:
+    module = os.path.basename(path)[: -len(".py")]
+    for pair in pairs(module, _read_bytes(path)):
+        if spec.fields.format == "messages":
+            row: dict[str, Any] = {
+                "messages": [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": pair.prompt},
+                    {"role": "assistant", "content": pair.docstring},
+                ]
+            }
+        else:
+            row = {"prompt": pair.prompt + "\n", "completion": pair.docstring}
+        key = f"{spec.argument}:{pair.name}"
+        yield Document(key, "", row, spec.fields, f"{path} ({pair.name})")
 
 
 def _read_bytes(path: str) -> bytes:
@@ -401,7 +485,7 @@ def _read_python_source(path: str) -> str | None:
         return None
 
 
-def _iter_jsonl(path: str, key: str, field: str) -> Iterator[Document]:
+def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; a generator must not leak it.
     except OSError as error:
@@ -426,6 +510,9 @@ def _iter_jsonl(path: str, key: str, field: str) -> Iterator[Document]:
                     f"{path} line {number} is not JSON ({error.msg} at column {error.colno}); "
                     "JSON Lines need one JSON object per line"
                 ) from None
+            if rows is not None:  # checked when rendered, so that a bad row can be skipped
+                yield Document(f"{key}:{number}", "", record, rows, f"{path} line {number}")
+                continue
             if not isinstance(record, dict):
                 raise PrepareError(
                     f"{path} line {number} is a JSON {type(record).__name__}, not an object; "
@@ -461,10 +548,13 @@ def _parquet_columns(path: str) -> list[str]:
         ) from None
 
 
-def _iter_parquet(path: str, key: str, field: str) -> Iterator[Document]:
+def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
     pq = _parquet(path)
 
     columns = _parquet_columns(path)
+    if rows is not None:
+        yield from _iter_parquet_rows(path, key, rows)
+        return
     if field not in columns:
         raise PrepareError(
             f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
@@ -481,6 +571,25 @@ def _iter_parquet(path: str, key: str, field: str) -> Iterator[Document]:
                 row += 1
     except PrepareError:
         raise
+    except Exception as error:  # a truncated or corrupt row group.
+        raise PrepareError(
+            f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
+            "the file is damaged, write it again"
+        ) from None
+
+
+def _iter_parquet_rows(path: str, key: str, rows: RowFields) -> Iterator[Document]:
+    pq = _parquet(path)
+
+    row = 0
+    try:
+        batches = pq.ParquetFile(path).iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=list(rows.columns)
+        )
+        for batch in batches:
+            for record in batch.to_pylist():
+                yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+                row += 1
     except Exception as error:  # a truncated or corrupt row group.
         raise PrepareError(
             f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "

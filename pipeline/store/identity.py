@@ -10,7 +10,8 @@ what every reader re-derives:
   with another seed or from other text) cannot pass it without reading as the same records.
 * `check_manifest`: the shape of a manifest (every field present with the right type, the flat
   token sidecar's `flat`/`flat_sha256` optional but both or neither), so a damaged manifest
-  is one line naming the manifest and the field, never a traceback.
+  is one line naming the manifest and the field, never a traceback. A masked store (format
+  version 4) lists each shard's loss mask and its checksum (`MASK_KEYS`); others list none.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ MANIFEST_CHECKSUM = "manifest_sha256"
 DTYPES = ("uint16", "uint32")
 SHARD_INTS = ("documents", "records", "tokens", "bytes")
 SHARD_STRS = ("file", "index", "docs", "sha256", "index_sha256", "docs_sha256", "sample_sha256")
+MASK_KEYS = ("untrained", "untrained_sha256")  # a masked store's per-shard loss mask
 TOTALS = (("num_documents", "documents"), ("num_records", "records"), ("num_tokens", "tokens"))
 
 
@@ -53,8 +55,9 @@ def sample_digest(records: int, read: Callable[[int], bytes]) -> str:
     return digest.hexdigest()
 
 
-def check_manifest(manifest: Any, path: Path) -> None:
-    """Refuse a manifest whose fields are missing, mistyped, inconsistent or not its own."""
+def check_manifest(manifest: Any, path: Path, masked: bool = False) -> None:
+    """Refuse a manifest whose fields are missing, mistyped, inconsistent or not its own; a
+    `masked` store's shards each list their loss mask (`MASK_KEYS`), other stores' none."""
     if not isinstance(manifest, dict):
         raise StoreError(f"{path}: a manifest is a JSON object, got {type(manifest).__name__}")
     if manifest.get(MANIFEST_CHECKSUM) != manifest_digest(manifest):
@@ -81,7 +84,12 @@ def check_manifest(manifest: Any, path: Path) -> None:
             _require(_count(entry.get(name)), path, f"{key}.{name}", "an integer >= 0")
         for name in SHARD_STRS:
             _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-        for name in ("file", "index", "docs"):
+        for name in MASK_KEYS:  # a loss mask: in every shard of a masked store, else in none
+            if masked:
+                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
+            else:
+                _require(name not in entry, path, f"{key}.{name}", "absent (format 3 has no mask)")
+        for name in ("file", "index", "docs", "untrained")[: 4 if masked else 3]:
             _require(Path(entry[name]).name == entry[name], path, f"{key}.{name}", "a file name")
         if "flat" in entry or "flat_sha256" in entry:  # the optional flat token sidecar
             for name in ("flat", "flat_sha256"):

@@ -23,6 +23,9 @@ from pipeline.urls import location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"
 FORMAT_VERSION = 3
+# A version 3 store plus a loss mask (every shard's untrained spans, identity.MASK_KEYS). Older
+# readers refuse it rather than train on every token; a store without a mask stays version 3.
+MASKED_FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 
 
@@ -36,6 +39,7 @@ class StoreMeta:
     shard_tokens: np.ndarray  # int64 [num_shards]
     dtype: np.dtype
     tokenizer: dict[str, Any]  # the manifest's tokenizer entry
+    masked: bool = False  # the store records a loss mask (docs/instruction-data.md)
 
     @classmethod
     def from_manifest(cls, path: Path, manifest: dict[str, Any]) -> StoreMeta:
@@ -45,10 +49,13 @@ class StoreMeta:
             "dtype": manifest["dtype"],
             "shards": [(s["documents"], s["tokens"], s["sha256"]) for s in shards],
         }
+        masked = manifest["format_version"] == MASKED_FORMAT_VERSION
+        if masked:  # the same tokens trained on differently are different data
+            content["untrained"] = [s["untrained_sha256"] for s in shards]
         digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
         tokens = np.array([s["tokens"] for s in shards], dtype=np.int64)
         tokenizer = manifest["tokenizer"]
-        return cls(path, digest, tokens, np.dtype(manifest["dtype"]), tokenizer)
+        return cls(path, digest, tokens, np.dtype(manifest["dtype"]), tokenizer, masked)
 
     @classmethod
     def load(cls, path: str | Path) -> StoreMeta:
@@ -95,10 +102,13 @@ def load_manifest(path: Path) -> dict[str, Any]:
         raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in (FORMAT_VERSION, MASKED_FORMAT_VERSION):
         raise StoreError(
             f"{manifest_path}: format version {manifest.get('format_version')}, this "
-            f"version of pipeline reads {FORMAT_VERSION}: prepare the store again"
+            f"version of pipeline reads {FORMAT_VERSION} and {MASKED_FORMAT_VERSION}: prepare "
+            "the store again"
         )
-    check_manifest(manifest, manifest_path)
+    check_manifest(
+        manifest, manifest_path, masked=manifest["format_version"] == MASKED_FORMAT_VERSION
+    )
     return manifest

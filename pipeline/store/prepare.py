@@ -4,6 +4,11 @@ Documents stream from the inputs, are tokenized (optionally by a pool of worker 
 placed by `doc_order.place`, and spilled to one temporary file per (split, shard). Each shard is
 then sorted and written with `store_writer`. Memory is bounded by one shard, not the corpus.
 The Beam runner (`prepare_beam`) performs the same steps with the same functions.
+
+Instruction and chat rows (`--format`, builtin instruction corpora) are rendered into segments
+by `chat.render`, each segment tokenized on its own, and the store records which token ranges
+are not trained on (a *masked* store, see docs/instruction-data.md). A bad row stops `prepare`
+with its file and line, or with `--skip-bad-rows` is counted in the manifest and left out.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import multiprocessing
 import shutil
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -22,6 +27,15 @@ import numpy as np
 
 from pipeline.errors import PrepareError
 from pipeline.progress import progress_bar
+from pipeline.store.chat import (
+    TRAIN_ON,
+    BadRow,
+    ChatTemplate,
+    RowFields,
+    Segment,
+    load_template,
+    render,
+)
 from pipeline.store.corpora import Document, InputSpec, iter_documents, resolve_inputs
 from pipeline.store.doc_order import EVAL, TRAIN, place
 from pipeline.store.tokenizers import Tokenizer, load_tokenizer
@@ -37,7 +51,7 @@ from pipeline.store.writer import (
 )
 from pipeline.urls import location, remove_tree
 
-_SPILL_HEADER = struct.Struct("<QII")  # order hash, key bytes, token count
+_SPILL_HEADER = struct.Struct("<QIII")  # order hash, key bytes, token count, untrained spans
 T = TypeVar("T")
 
 
@@ -57,6 +71,10 @@ class PrepareOptions:
     tfds_data_dir: str | None = None
     overwrite: bool = False
     progress: bool = True
+    fields: RowFields = field(default_factory=RowFields)
+    train_on: str = "assistant"
+    chat_template: str = "auto"
+    skip_bad_rows: bool = False
     destinations: dict[str, Path] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +85,8 @@ class PrepareOptions:
             raise PrepareError(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.workers < 1:
             raise PrepareError(f"--workers must be at least 1, got {self.workers}")
+        if self.train_on not in TRAIN_ON:
+            raise PrepareError(f"--train-on {self.train_on!r}: valid: {', '.join(TRAIN_ON)}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise PrepareError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
         self.destinations = {TRAIN: self.out}
@@ -77,11 +97,77 @@ class PrepareOptions:
 
 def tokenize_document(tokenizer: Tokenizer, dtype: np.dtype, text: str) -> np.ndarray:
     """A document's tokens with the end-of-document id appended, in the store's dtype."""
-    ids = tokenizer.encode(text)
-    tokens = np.empty(len(ids) + 1, dtype=dtype)
-    tokens[:-1] = ids
+    return tokenize_segments(tokenizer, dtype, [Segment(text, True)])[0]
+
+
+def tokenize_segments(
+    tokenizer: Tokenizer, dtype: np.dtype, segments: list[Segment]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of the segments, each tokenized on its own, then eod; and the untrained ranges
+    (int64 `[k, 2]`). The eod is trained when the last segment is (a model learns to stop)."""
+    ids = [tokenizer.encode(segment.text) for segment in segments]
+    ends = np.cumsum([0, *map(len, ids)])
+    tokens = np.empty(int(ends[-1]) + 1, dtype=dtype)
+    tokens[:-1] = np.concatenate([np.zeros(0, np.int64), *ids])
     tokens[-1] = tokenizer.eod_id
-    return tokens
+    untrained = [
+        (int(ends[i]), int(ends[i + 1]) + (i == len(segments) - 1))
+        for i, segment in enumerate(segments)
+        if not segment.trained and ends[i + 1] > ends[i]
+    ]
+    return tokens, np.array(untrained, dtype=np.int64).reshape(-1, 2)
+
+
+class DocumentEncoder:
+    """Document -> (tokens with eod, untrained ranges), or None for a skipped bad row.
+
+    Both runners call it (in worker processes too: it pickles as its settings, and compiles
+    the chat template on first use).
+    """
+
+    def __init__(
+        self,
+        options: PrepareOptions,
+        tokenizer: Tokenizer,
+        dtype: np.dtype,
+        template: ChatTemplate,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.dtype = np.dtype(dtype)
+        self.train_on = options.train_on
+        self.skip_bad_rows = options.skip_bad_rows
+        self.template = template
+        self._render: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_render": None}
+
+    def __call__(self, document: Document) -> tuple[np.ndarray, np.ndarray] | None:
+        if document.row is None:
+            return tokenize_document(self.tokenizer, self.dtype, document.text), _NO_SPANS
+        if self._render is None and document.fields.format == "messages":
+            self._render = self.template.renderer()
+        try:
+            segments = render(document.row, document.fields, self.train_on, self._render)
+            tokens, untrained = tokenize_segments(self.tokenizer, self.dtype, segments)
+            if int(np.sum(untrained[:, 1] - untrained[:, 0])) == len(tokens):
+                raise BadRow("every token is outside the trained spans: nothing to train on")
+        except BadRow as error:
+            if self.skip_bad_rows:
+                return None
+            raise PrepareError(
+                f"{document.where}: {error} (fix the row, or pass --skip-bad-rows to leave "
+                "bad rows out and count them)"
+            ) from None
+        return tokens, untrained
+
+
+_NO_SPANS = np.zeros((0, 2), np.int64)
+
+
+def has_rows(specs: list[InputSpec]) -> bool:
+    """Whether the inputs hold instruction or chat rows, so the store carries a loss mask."""
+    return any(spec.fields is not None for spec in specs)
 
 
 def tokenizer_record(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -95,9 +181,23 @@ def tokenizer_record(tokenizer: Tokenizer) -> dict[str, Any]:
     }
 
 
-def creation_record(options: PrepareOptions, split: str, empty: int) -> dict[str, Any]:
-    """What made the store; identical for identical inputs, so stores compare byte for byte."""
+def creation_record(
+    options: PrepareOptions, split: str, empty: int, bad: int | None, template: ChatTemplate
+) -> dict[str, Any]:
+    """What made the store; identical for identical inputs, so stores compare byte for byte.
+
+    `bad` is None for a store without rows; a masked store also records how rows were read.
+    """
+    rows = {}
+    if bad is not None:
+        rows = {
+            "row_format": asdict(options.fields),
+            "train_on": options.train_on,
+            "chat_template": {"name": template.name, "sha256": template.sha256},
+            "bad_rows_skipped": bad,
+        }
     return {
+        **rows,
         "inputs": list(options.inputs),
         "text_field": options.text_field,
         "seed": options.seed,
@@ -109,13 +209,33 @@ def creation_record(options: PrepareOptions, split: str, empty: int) -> dict[str
     }
 
 
-def validate(options: PrepareOptions) -> tuple[list[InputSpec], Tokenizer, np.dtype]:
-    """Everything a runner checks before any work: inputs, tokenizer, destinations."""
-    specs = resolve_inputs(options.inputs, options.text_field, options.tfds_data_dir)
+@dataclass(frozen=True)
+class Validated:
+    """What `validate` resolved, for the runners."""
+
+    specs: list[InputSpec]
+    tokenizer: Tokenizer
+    dtype: np.dtype
+    template: ChatTemplate
+    masked: bool
+
+    def encoder(self, options: PrepareOptions) -> DocumentEncoder:
+        return DocumentEncoder(options, self.tokenizer, self.dtype, self.template)
+
+
+def validate(options: PrepareOptions) -> Validated:
+    """Everything a runner checks before any work: inputs, tokenizer, template, destinations."""
+    specs = resolve_inputs(
+        options.inputs, options.text_field, options.tfds_data_dir, options.fields
+    )
     tokenizer = load_tokenizer(options.tokenizer)
+    masked = has_rows(specs)
+    template = load_template(options.chat_template, options.tokenizer)
+    if masked and any(s.fields.format == "messages" for s in specs if s.fields):
+        template.renderer()  # a template that does not compile fails now, not in a worker
     for destination in options.destinations.values():
         check_destination(destination, options.overwrite)
-    return specs, tokenizer, token_dtype(tokenizer.vocab_size)
+    return Validated(specs, tokenizer, token_dtype(tokenizer.vocab_size), template, masked)
 
 
 def finish(
@@ -123,24 +243,29 @@ def finish(
     stagings: dict[str, Path],
     shards: dict[str, list[ShardInfo]],
     empty: dict[str, int],
-    tokenizer: dict[str, Any],
-    dtype: np.dtype,
+    bad: int,
+    validated: Validated,
 ) -> None:
     """Both runners' last step: every manifest, then the atomic renames (train first)."""
+    bad_rows = bad if validated.masked else None
+    if bad and options.progress:
+        print(f"prepare: skipped {bad} bad rows (--skip-bad-rows)")
     for split, staging in stagings.items():
         _require_documents(shards[split], options, split)
-        record = creation_record(options, split, empty[split])
-        write_manifest(staging, shards[split], tokenizer, dtype, record)
+        record = creation_record(options, split, empty[split], bad_rows, validated.template)
+        tokenizer = tokenizer_record(validated.tokenizer)
+        write_manifest(staging, shards[split], tokenizer, validated.dtype, record)
     for split, staging in stagings.items():
         commit(staging, options.destinations[split], options.overwrite)
 
 
 def prepare(options: PrepareOptions) -> dict[str, Path]:
     """Prepare the train (and eval) store; returns split -> store path. Validates first."""
-    specs, tokenizer, dtype = validate(options)
+    validated = validate(options)
+    dtype = validated.dtype
     stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
     try:
-        spills, empty = _tokenize_and_spill(options, specs, tokenizer, dtype, stagings)
+        spills, empty, bad = _tokenize_and_spill(options, validated, stagings)
         shards = {}
         for split, staging in stagings.items():
             shards[split] = [
@@ -148,15 +273,16 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
                     staging,
                     shard,
                     options.num_shards,
-                    _sorted_spill(path, dtype),
+                    _sorted_spill(path, dtype, validated.masked),
                     dtype,
                     options.record_tokens,
                     options.flat_tokens,
+                    validated.masked,
                 )
                 for shard, path in enumerate(spills[split])
             ]
             shutil.rmtree(staging / ".spill")
-        finish(options, stagings, shards, empty, tokenizer_record(tokenizer), dtype)
+        finish(options, stagings, shards, empty, bad, validated)
     finally:
         for staging in stagings.values():
             remove_tree(staging)
@@ -164,35 +290,39 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
 
 
 def _tokenize_and_spill(
-    options: PrepareOptions,
-    specs: list[InputSpec],
-    tokenizer: Tokenizer,
-    dtype: np.dtype,
-    stagings: dict[str, Path],
-) -> tuple[dict[str, list[Path]], dict[str, int]]:
+    options: PrepareOptions, validated: Validated, stagings: dict[str, Path]
+) -> tuple[dict[str, list[Path]], dict[str, int], int]:
     spills = {}
     for split, staging in stagings.items():
         (staging / ".spill").mkdir()
         spills[split] = [staging / ".spill" / f"{s:05d}.bin" for s in range(options.num_shards)]
     handles: dict[Path, BinaryIO] = {}
     empty = dict.fromkeys(stagings, 0)
+    bad = 0
     tokens_total = 0
-    documents = _all_documents(specs)
-    encode = partial(_encode, tokenizer, dtype, options.seed, options.num_shards)
-    encode_with_eval = partial(encode, options.eval_fraction)
+    documents = _all_documents(validated.specs)
+    encode = partial(
+        _encode, validated.encoder(options), options.seed, options.num_shards, options.eval_fraction
+    )
     bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
     with _mapper(options.workers) as imap:
         try:
-            for key, placement, tokens in imap(encode_with_eval, documents):
+            for key, placement, encoded in imap(encode, documents):
+                if encoded is None:  # a bad row, skipped with --skip-bad-rows
+                    bad += 1
+                    continue
+                tokens, untrained = encoded
                 if len(tokens) == 1:  # only the eod: an empty text is dropped and counted
                     empty[placement.split] += 1
                     continue
                 path = spills[placement.split][placement.shard]
                 handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
                 raw_key = key.encode()
-                handle.write(_SPILL_HEADER.pack(placement.order, len(raw_key), len(tokens)))
+                header = (placement.order, len(raw_key), len(tokens), len(untrained))
+                handle.write(_SPILL_HEADER.pack(*header))
                 handle.write(raw_key)
                 handle.write(tokens.tobytes())
+                handle.write(untrained.tobytes())
                 tokens_total += len(tokens)
                 bar.update(1)
                 bar.set_postfix_str(  # drawn with the bar's next redraw, not one per document
@@ -206,7 +336,7 @@ def _tokenize_and_spill(
     for paths in spills.values():
         for path in paths:
             path.touch()
-    return spills, empty
+    return spills, empty, bad
 
 
 def _all_documents(specs: list[InputSpec]) -> Iterator[Document]:
@@ -215,15 +345,14 @@ def _all_documents(specs: list[InputSpec]) -> Iterator[Document]:
 
 
 def _encode(
-    tokenizer: Tokenizer,
-    dtype: np.dtype,
+    encoder: DocumentEncoder,
     seed: int,
     num_shards: int,
     eval_fraction: float,
     document: Document,
-) -> tuple[str, Any, np.ndarray]:
+) -> tuple[str, Any, tuple[np.ndarray, np.ndarray] | None]:
     placement = place(document.key, seed, num_shards, eval_fraction)
-    return document.key, placement, tokenize_document(tokenizer, dtype, document.text)
+    return document.key, placement, encoder(document)
 
 
 class _mapper:
@@ -245,21 +374,26 @@ class _mapper:
             self.pool.join()
 
 
-def _sorted_spill(path: Path, dtype: np.dtype) -> Iterator[np.ndarray]:
-    """A shard's documents in (order hash, key) order; a repeated key is an error."""
+def _sorted_spill(path: Path, dtype: np.dtype, masked: bool) -> Iterator[Any]:
+    """A shard's documents in (order hash, key) order (with their untrained ranges when
+    `masked`); a repeated key is an error."""
     entries = []
     data = path.read_bytes()
     pos = 0
     while pos < len(data):
-        order, key_len, count = _SPILL_HEADER.unpack_from(data, pos)
+        order, key_len, count, spans = _SPILL_HEADER.unpack_from(data, pos)
         pos += _SPILL_HEADER.size
         key = data[pos : pos + key_len].decode()
         pos += key_len
-        nbytes = count * dtype.itemsize
-        entries.append((order, key, (pos, nbytes)))
-        pos += nbytes
-    for start, nbytes in sort_shard(entries):
-        yield np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize, offset=start)
+        entries.append((order, key, (pos, count, spans)))
+        pos += count * dtype.itemsize + spans * 16
+    for start, count, spans in sort_shard(entries):
+        tokens = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+        if masked:
+            offset = start + count * dtype.itemsize
+            yield tokens, np.frombuffer(data, np.int64, spans * 2, offset).reshape(-1, 2)
+        else:
+            yield tokens
 
 
 def sort_shard(entries: list[tuple[int, str, T]]) -> list[T]:

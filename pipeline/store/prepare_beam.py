@@ -5,7 +5,7 @@ The graph, one box per step; every box calls the function the local runner calls
     Create(units of work)            one element per input file (per whole TFDS split / docs corpus)
       | Reshuffle                    spread the units over the workers
       | FlatMap(iter_documents)      corpora.iter_documents on a one-file InputSpec
-      | ParDo(tokenize and place)    prepare.tokenize_document, doc_order.place
+      | ParDo(tokenize and place)    prepare.DocumentEncoder, doc_order.place
       + Create(every (split, shard)) so a shard without documents is still written
       | GroupByKey((split, shard))
       | ParDo(write shard)           prepare.sort_shard, store_writer.write_shard -> ShardInfo
@@ -39,14 +39,12 @@ from pipeline.store.corpora import Document, InputSpec, iter_documents
 from pipeline.store.doc_order import place
 from pipeline.store.prepare import (
     PrepareOptions,
+    Validated,
     finish,
     sort_shard,
-    tokenize_document,
-    tokenizer_record,
     validate,
 )
 from pipeline.store.token_store import is_store
-from pipeline.store.tokenizers import load_tokenizer
 from pipeline.store.writer import (
     ShardInfo,
     staging_dir,
@@ -66,14 +64,14 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
     `beam_args` are Beam's own flags (`--runner=DataflowRunner --project=...`), passed to
     `PipelineOptions` after our defaults, so they win. Validates everything first.
     """
-    specs, tokenizer, dtype = validate(options)
+    validated = validate(options)
     pipeline_options = PipelineOptions(pipeline_flags(options.workers, beam_args))
     stagings = {
         split: staging_dir(path, shared=True) for split, path in options.destinations.items()
     }
     try:
         pipeline = beam.Pipeline(options=pipeline_options)
-        _build(pipeline, options, specs, tokenizer_record(tokenizer), dtype, stagings)
+        _build(pipeline, options, validated, stagings)
         try:
             result = pipeline.run()
             state = result.wait_until_finish()
@@ -116,77 +114,78 @@ def units_of_work(specs: Iterable[InputSpec]) -> list[InputSpec]:
 
 
 def _build(
-    pipeline: Any,
-    options: PrepareOptions,
-    specs: list[InputSpec],
-    tokenizer: dict[str, Any],
-    dtype: np.dtype,
-    stagings: dict[str, Path],
+    pipeline: Any, options: PrepareOptions, validated: Validated, stagings: dict[str, Path]
 ) -> None:
     every_shard = [
         ((split, shard), None) for split in stagings for shard in range(options.num_shards)
     ]
     documents = (
         pipeline
-        | "Units" >> beam.Create(units_of_work(specs), reshuffle=False)
+        | "Units" >> beam.Create(units_of_work(validated.specs), reshuffle=False)
         | "Spread" >> beam.Reshuffle()
         | "Read" >> beam.FlatMap(iter_documents)
-        | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, dtype.name))
+        | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, validated))
     )
     placeholders = pipeline | "EveryShard" >> beam.Create(every_shard, reshuffle=False)
     _ = (
         (documents, placeholders)
         | "Flatten" >> beam.Flatten()
         | "ByShard" >> beam.GroupByKey()
-        | "WriteShard" >> beam.ParDo(_WriteShard(options, dtype.name, stagings))
+        | "WriteShard" >> beam.ParDo(_WriteShard(options, validated, stagings))
         | "AllShards" >> beam.combiners.ToList()
-        | "Commit" >> beam.Map(_commit, options, tokenizer, dtype.name, stagings)
+        | "Commit" >> beam.Map(_commit, options, validated, stagings)
     )
 
 
 class _TokenizeAndPlace(beam.DoFn):
-    """Document -> ((split, shard), (order, key, token bytes or None for an empty text))."""
+    """Document -> ((split, shard), (order, key, payload)). The payload is (token bytes,
+    untrained-range bytes), EMPTY for an empty text or BAD for a skipped bad row."""
 
-    def __init__(self, options: PrepareOptions, dtype: str) -> None:
-        self.spec = options.tokenizer
+    def __init__(self, options: PrepareOptions, validated: Validated) -> None:
         self.seed = options.seed
         self.num_shards = options.num_shards
         self.eval_fraction = options.eval_fraction
-        self.dtype = np.dtype(dtype)
-        self.tokenizer = None
-
-    def setup(self) -> None:
-        self.tokenizer = load_tokenizer(self.spec)
+        self.encode = validated.encoder(options)  # pickles as its settings
 
     def process(self, document: Document) -> Iterator[tuple[tuple[str, int], Any]]:
         placement = place(document.key, self.seed, self.num_shards, self.eval_fraction)
-        tokens = tokenize_document(self.tokenizer, self.dtype, document.text)
-        # Only the eod: an empty text is dropped and counted, as the local runner does.
-        payload = tokens.tobytes() if len(tokens) > 1 else None
+        encoded = self.encode(document)
+        if encoded is None:
+            payload: Any = BAD
+        elif len(encoded[0]) == 1:  # only the eod: dropped and counted, as the local runner does
+            payload = EMPTY
+        else:
+            payload = (encoded[0].tobytes(), encoded[1].tobytes())
         yield (placement.split, placement.shard), (placement.order, document.key, payload)
+
+
+EMPTY, BAD = "empty", "bad"
 
 
 class _WriteShard(beam.DoFn):
     """All of one (split, shard) -> its files in the staging directory, and its ShardInfo."""
 
-    def __init__(self, options: PrepareOptions, dtype: str, stagings: dict[str, Path]) -> None:
+    def __init__(
+        self, options: PrepareOptions, validated: Validated, stagings: dict[str, Path]
+    ) -> None:
         self.num_shards = options.num_shards
         self.record_tokens = options.record_tokens
         self.flat_tokens = options.flat_tokens
-        self.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(validated.dtype)
+        self.masked = validated.masked
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
     def process(self, group: tuple[tuple[str, int], Iterable[Any]]) -> Iterator[tuple]:
         (split, shard), values = group
-        entries, empty = [], 0
+        entries, counts = [], {EMPTY: 0, BAD: 0}
         for value in values:
             if value is None:  # the placeholder that makes every shard exist
                 continue
-            if value[2] is None:
-                empty += 1
+            if isinstance(value[2], str):
+                counts[value[2]] += 1
             else:
                 entries.append(value)
-        documents = (np.frombuffer(raw, dtype=self.dtype) for raw in sort_shard(entries))
+        documents = (self._document(*payload) for payload in sort_shard(entries))
         info = write_shard(
             location(self.stagings[split]),
             shard,
@@ -195,15 +194,21 @@ class _WriteShard(beam.DoFn):
             self.dtype,
             self.record_tokens,
             self.flat_tokens,
+            self.masked,
         )
-        yield split, shard, info, empty
+        yield split, shard, info, counts[EMPTY], counts[BAD]
+
+    def _document(self, tokens: bytes, untrained: bytes) -> Any:
+        array = np.frombuffer(tokens, dtype=self.dtype)
+        if not self.masked:
+            return array
+        return array, np.frombuffer(untrained, dtype=np.int64).reshape(-1, 2)
 
 
 def _commit(
-    results: list[tuple[str, int, ShardInfo, int]],
+    results: list[tuple[str, int, ShardInfo, int, int]],
     options: PrepareOptions,
-    tokenizer: dict[str, Any],
-    dtype: str,
+    validated: Validated,
     stagings: dict[str, Path],
 ) -> None:
     """After every shard: the manifests and the atomic renames, as the local runner does."""
@@ -214,8 +219,9 @@ def _commit(
             raise PrepareError(f"{split}: shards {[r[1] for r in mine]} written, expected all")
         shards[split] = [r[2] for r in mine]
         empty[split] = sum(r[3] for r in mine)
+    bad = sum(r[4] for r in results)
     paths = {split: location(staging) for split, staging in stagings.items()}
-    finish(options, paths, shards, empty, tokenizer, np.dtype(dtype))
+    finish(options, paths, shards, empty, bad, validated)
 
 
 def _find_prepare_error(error: BaseException) -> PrepareError | None:

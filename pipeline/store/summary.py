@@ -15,7 +15,7 @@ def describe_store(store: TokenStore) -> str:
     return (
         f"{store.path}: {store.num_documents:,} documents, {store.num_tokens:,} tokens, "
         f"{store.num_shards} shards, tokenizer {store.manifest['tokenizer']['name']}, "
-        f"{store.dtype.name}"
+        f"{store.dtype.name}" + (", with a loss mask" if store.masked else "")
     )
 
 

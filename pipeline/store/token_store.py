@@ -7,6 +7,7 @@ A store is a directory (see docs/token-store.md)::
     shard-00000-of-00004.index.npy        int64 prefix sums of record lengths (records + 1)
     shard-00000-of-00004.docs.npy         int64 prefix sums of document lengths (docs + 1)
     shard-00000-of-00004.flat.bin         optional: the shard's tokens as one raw array
+    shard-00000-of-00004.untrained.npy    int64 [k, 2] untrained token ranges (masked stores)
 
 The *stream* of a store is its shards' documents concatenated in shard order. The plan reads
 ranges of shards in other orders too, so the primitive is `read_shard_tokens`; `read_tokens`
@@ -54,12 +55,14 @@ T = TypeVar("T")
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
 # (file key, checksum key) of every file of a shard listed in the manifest.
-# A file whose key is absent from a shard's entry (the optional "flat") is not checked.
+# A file whose key is absent from a shard's entry (the optional "flat"; "untrained", which only
+# a masked store has) is not checked.
 CHECKSUMS = (
     ("file", "sha256"),
     ("index", "index_sha256"),
     ("docs", "docs_sha256"),
     ("flat", "flat_sha256"),
+    ("untrained", "untrained_sha256"),
 )
 FLAT_SUFFIX = "flat.bin"
 
@@ -134,8 +137,9 @@ class TokenStore:
         self.shard_tokens = self.meta.shard_tokens
         self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
         self.shard_starts = self.meta.shard_starts
+        self.masked = self.meta.masked
         self._indexes: dict[str, list[np.ndarray | None]] = {
-            key: [None] * len(shards) for key in ("index", "docs")
+            key: [None] * len(shards) for key in ("index", "docs", "untrained")
         }
         self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
@@ -181,6 +185,31 @@ class TokenStore:
         Every document boundary is a record boundary; a long document spans several records.
         """
         return self._index(shard, "docs")
+
+    def untrained_spans(
+        self, shard: int, starts: Sequence[int], stops: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The untrained ranges inside each shard token range [starts[i], stops[i]), as
+        (i, first, end) arrays, clipped to the range and relative to starts[i]; none in a store
+        without a loss mask. Vectorised: the plan asks for all of a shard's pieces at once."""
+        if not self.masked:
+            return (np.empty(0, np.int64),) * 3
+        spans = self._index(shard, "untrained").view(np.ndarray)
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        first = np.searchsorted(spans[:, 1], starts, side="right")
+        count = np.maximum(np.searchsorted(spans[:, 0], stops, side="left") - first, 0)
+        piece = np.repeat(np.arange(starts.size), count)
+        index = np.repeat(first - np.cumsum(count) + count, count) + np.arange(piece.size)
+        lo = np.maximum(spans[index, 0], starts[piece]) - starts[piece]
+        hi = np.minimum(spans[index, 1], stops[piece]) - starts[piece]
+        return piece, lo, hi
+
+    def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
+        """Per token of shard tokens [start, stop): whether it is trained on (as a target)."""
+        mask = np.ones(stop - start, dtype=bool)
+        for _, lo, hi in zip(*(a.tolist() for a in self.untrained_spans(shard, [start], [stop]))):
+            mask[lo:hi] = False
+        return mask
 
     def _index(self, shard: int, key: str) -> np.ndarray:
         index = self._indexes[key][self._check_shard(shard)]
@@ -461,6 +490,7 @@ class TokenStore:
                 )
             offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
             docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
+            untrained = self._load_mask(shard) if self.masked else None
             reader = self._readers[shard] or self._new_reader(shard)
             lengths: dict[int, int] = {}
 
@@ -502,23 +532,28 @@ class TokenStore:
                 )
             self._indexes["index"][shard] = offsets
             self._indexes["docs"][shard] = docs
+            self._indexes["untrained"][shard] = untrained
             self._readers[shard] = reader
             self._opened[shard] = True
 
-    def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
-        """A shard's record or document index, checked against the manifest, memory-mapped."""
-        entry = self.manifest["shards"][shard]
-        path = self.path / entry[key]
-        if _sha256_of(path) != entry[checksum_key]:
+    def _load_npy(self, shard: int, key: str, checksum_key: str) -> tuple[Path, np.ndarray]:
+        """A shard's .npy file listed under `key`, checked against its manifest checksum."""
+        path = self.path / self.manifest["shards"][shard][key]
+        if _sha256_of(path) != self.manifest["shards"][shard][checksum_key]:
             raise StoreError(
                 f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
                 "index was altered or truncated; prepare the store again"
             )
         try:
             with _NPY_LOAD_LOCK:
-                index = load_npy(path)
+                return path, load_npy(path)
         except (OSError, ValueError, EOFError) as error:
             raise StoreError(f"{path}: not a readable .npy index: {error}") from None
+
+    def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
+        """A shard's record or document index, checked against the manifest, memory-mapped."""
+        entry = self.manifest["shards"][shard]
+        path, index = self._load_npy(shard, key, checksum_key)
         if index.shape != (count + 1,) or index.dtype != np.int64:
             raise StoreError(
                 f"{path}: {index.dtype}{list(index.shape)}, the manifest needs int64[{count + 1}]; "
@@ -530,6 +565,22 @@ class TokenStore:
                 f"0..{entry['tokens']}; prepare the store again"
             )
         return index
+
+    def _load_mask(self, shard: int) -> np.ndarray:
+        """A masked store's untrained spans of a shard: int64 [k, 2] token ranges, ordered, not
+        overlapping and inside the shard, checked against the manifest's checksum."""
+        path, spans = self._load_npy(shard, "untrained", "untrained_sha256")
+        size = int(self.shard_tokens[shard])
+        if spans.ndim != 2 or spans.shape[1:] != (2,) or spans.dtype != np.int64:
+            found = f"{spans.dtype}{list(spans.shape)}"
+            raise StoreError(f"{path}: {found}, a loss mask is int64[k, 2]; prepare it again")
+        flat = spans.view(np.ndarray).reshape(-1)
+        if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(np.diff(flat) < 0)):
+            raise StoreError(
+                f"{path}: untrained spans are not ordered ranges inside the shard's {size} "
+                "tokens; prepare the store again"
+            )
+        return spans
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
@@ -663,7 +714,9 @@ class TokenStore:
                     f"{path}: {identity['file'][2]} bytes, the manifest says {entry['bytes']}; "
                     "the shard is truncated or altered: prepare the store again"
                 )
-            for key in ("index", "docs"):
+            for key in ("index", "docs", "untrained"):
+                if key not in entry:
+                    continue  # "untrained": only in a masked store (identity.check_manifest)
                 index = self.path / entry[key]
                 if not index.is_file():
                     raise StoreError(f"{index}: index listed in the manifest is missing")

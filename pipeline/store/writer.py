@@ -29,7 +29,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from pipeline.errors import PrepareError
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
-from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST
+from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
 from pipeline.store.token_store import FLAT_SUFFIX, READER_OPTIONS, file_sha256
 from pipeline.urls import copy_file, is_url, remove_tree
 
@@ -55,6 +55,8 @@ class ShardInfo:
     sample_sha256: str
     flat: str | None = None  # the optional flat token sidecar (docs/token-store.md)
     flat_sha256: str | None = None
+    untrained: str | None = None  # only in stores with a loss mask (format version 4)
+    untrained_sha256: str | None = None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -70,22 +72,25 @@ def write_shard(
     directory: Path,
     shard: int,
     num_shards: int,
-    documents: Iterable[np.ndarray],
+    documents: Iterable[np.ndarray] | Iterable[tuple[np.ndarray, np.ndarray]],
     dtype: np.dtype,
     record_tokens: int = DEFAULT_RECORD_TOKENS,
     flat: bool = True,
+    masked: bool = False,
 ) -> ShardInfo:
     """Write one shard (documents already end with eod) and its record and document indexes,
-    and with `flat` the same tokens once more as one raw array: the sidecar the feed reads."""
+    and with `flat` the same tokens once more as one raw array: the sidecar the feed reads.
+
+    With `masked`, each document is `(tokens, untrained)`: `untrained` an int64 `[k, 2]` array
+    of the document's untrained `[start, stop)` token ranges, written (as shard offsets) to the
+    shard's untrained-span index.
+    """
+    args = (shard, num_shards, documents, dtype, record_tokens, flat, masked)
     if not is_url(directory):
-        return _write_local_shard(
-            directory, shard, num_shards, documents, dtype, record_tokens, flat
-        )
+        return _write_local_shard(directory, *args)
     with tempfile.TemporaryDirectory(prefix="pipeline-shard-") as local:
-        info = _write_local_shard(
-            Path(local), shard, num_shards, documents, dtype, record_tokens, flat
-        )
-        for name in (info.file, info.index, info.docs, info.flat):
+        info = _write_local_shard(Path(local), *args)
+        for name in (info.file, info.index, info.docs, info.flat, info.untrained):
             if name is not None:
                 copy_file(Path(local) / name, directory / name)
     return info
@@ -95,22 +100,28 @@ def _write_local_shard(
     directory: Path,
     shard: int,
     num_shards: int,
-    documents: Iterable[np.ndarray],
+    documents: Iterable[np.ndarray] | Iterable[tuple[np.ndarray, np.ndarray]],
     dtype: np.dtype,
     record_tokens: int,
     flat: bool,
+    masked: bool,
 ) -> ShardInfo:
     name = shard_name(shard, num_shards)
     data_path = directory / f"{name}.array_record"
     index_path = directory / f"{name}.index.npy"
     docs_path = directory / f"{name}.docs.npy"
     flat_path = directory / f"{name}.{FLAT_SUFFIX}"
-    record_lengths, doc_lengths = [], []
+    record_lengths, doc_lengths, spans = [], [], []
+    base = 0
     writer = ArrayRecordWriter(str(data_path), WRITER_OPTIONS)
     sidecar = open(flat_path, "wb") if flat else None  # noqa: SIM115 (closed below)
     try:
         for document in documents:
+            if masked:
+                document, untrained = document
+                spans.append(np.asarray(untrained, np.int64).reshape(-1, 2) + base)
             tokens = np.ascontiguousarray(document, dtype=dtype)
+            base += len(tokens)
             for start in range(0, len(tokens), record_tokens):
                 chunk = tokens[start : start + record_tokens]
                 writer.write(chunk.tobytes())
@@ -130,6 +141,11 @@ def _write_local_shard(
     finally:
         reader.close()
     sidecar_info = {"flat": flat_path.name, "flat_sha256": file_sha256(flat_path)} if flat else {}
+    if masked:
+        untrained_path = directory / f"{name}.untrained.npy"
+        np.save(untrained_path, np.concatenate([np.zeros((0, 2), np.int64), *spans]))
+        sidecar_info["untrained"] = untrained_path.name
+        sidecar_info["untrained_sha256"] = file_sha256(untrained_path)
     return ShardInfo(
         file=data_path.name,
         index=index_path.name,
@@ -159,10 +175,15 @@ def write_manifest(
     dtype: np.dtype,
     created: dict[str, Any],
 ) -> None:
-    """Write the manifest last: its presence is what makes the directory a store."""
+    """Write the manifest last: its presence is what makes the directory a store.
+
+    A store with a loss mask is format version 4, which older readers refuse rather than
+    train on every token; a store without one stays version 3, byte for byte as before.
+    """
+    masked = any(s.untrained is not None for s in shards)
     manifest = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": MASKED_FORMAT_VERSION if masked else FORMAT_VERSION,
         "tokenizer": tokenizer,
         "dtype": np.dtype(dtype).name,
         "num_documents": sum(s.documents for s in shards),

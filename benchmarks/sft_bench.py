@@ -1,0 +1,204 @@
+"""The packed-SFT rows of `pipeline bench`: our best_fit source against Grain's packers.
+
+On one masked store of instruction-like documents (log-normal lengths, a loss mask over each
+document's first third), one row length and batch, interleaved and repeated (medians):
+
+* ours best_fit: `Plan.batch` of a `packing: best_fit` source (whole documents, the mask);
+* ours concat: `Plan.batch` of the same store as a concatenated source (the throughput target:
+  best_fit within 2x of it);
+* Grain first-fit / best-fit: `ArrayRecordDataSource` (one record per document) ->
+  `shuffle().repeat()` -> `map(inputs = d[:-1], targets = d[1:], truncated to seq_len)` ->
+  `to_iter_dataset()` -> `FirstFitPackIterDataset` / `BestFitPackIterDataset` (`num_packing_bins`
+  = rows, as MaxText sets it) -> `batch(rows)`.
+
+Padding fraction is the share of target slots that are padding (input segment id 0; for Grain
+target segment id 0). Then the plan open, which packs the source (once per process), and restore
+to first batch of the best_fit source at steps 0, 10^3, 10^6: a fresh `Plan` from the ledger
+(sharing the process's packing) + `batch(step)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESUME_STEPS = (0, 10**3, 10**6)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-sft", action="store_true", help="skip the packed-SFT rows")
+    parser.add_argument("--sft-documents", type=int, default=100_000)
+    parser.add_argument("--sft-seq-len", type=int, default=1024)
+    parser.add_argument("--sft-mean-len", type=int, default=300, help="mean tokens/document")
+
+
+def sft_store(path: Path, documents: int, mean: int, seed: int = 0) -> None:
+    """uint16 documents of log-normal lengths, the first third of each untrained."""
+    from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(rng.lognormal(np.log(mean) - 0.5, 1.0, documents).astype(int), 2)
+    staging, shards, eod = staging_dir(path), 8, 32_000
+    infos = []
+    for shard, part in enumerate(np.array_split(lengths, shards)):
+        docs = []
+        for length in part.tolist():
+            tokens = rng.integers(0, eod, size=length, dtype=np.uint16)
+            tokens[-1] = eod
+            docs.append((tokens, np.array([[0, length // 3]], np.int64).reshape(-1, 2)))
+        infos.append(write_shard(staging, shard, shards, docs, np.dtype(np.uint16), 1 << 30,
+                                 masked=True))  # fmt: skip
+    tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": eod + 1, "eod_id": eod}
+    write_manifest(staging, infos, tokenizer, np.dtype(np.uint16), {"synthetic": True})
+    commit(staging, path, overwrite=True)
+
+
+def _plan(store: Path, args: argparse.Namespace, packing: str):
+    from pipeline.config import parse_config
+    from pipeline.plan.plan import Plan
+
+    source = {"path": str(store.resolve())}
+    if packing != "concat":
+        source["packing"] = packing
+    raw = {"seed": 1, "seq_len": args.sft_seq_len, "global_batch_size": args.rows,
+           "sources": {"sft": source}, "mix": {"sft": 1}}  # fmt: skip
+    return Plan.from_config(parse_config(raw, origin="bench"))
+
+
+class OursSft:
+    def __init__(self, plan) -> None:
+        self.plan, self.step, self.slots, self.padding = plan, 0, 0, 0
+
+    def batches(self, n: int) -> None:
+        for _ in range(n):
+            batch = self.plan.batch(self.step)
+            self.step += 1
+            self.slots += batch["inputs"].size
+            self.padding += int((batch["inputs_segmentation"] == 0).sum())
+
+
+class GrainSft:
+    def __init__(self, store, args: argparse.Namespace, packer: str) -> None:
+        import grain
+        import grain.experimental as gx
+
+        seq_len = args.sft_seq_len
+        dtype = store.dtype
+
+        def split(record: bytes) -> dict[str, np.ndarray]:
+            tokens = np.frombuffer(record, dtype=dtype).astype(np.int32)[: seq_len + 1]
+            return {"inputs": tokens[:-1], "targets": tokens[1:]}
+
+        files = [str(store.shard_file(s)) for s in range(store.num_shards)]
+        ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files))
+        ds = ds.shuffle(seed=1).repeat().map(split).to_iter_dataset()
+        pack = {"first_fit": gx.FirstFitPackIterDataset, "best_fit": gx.BestFitPackIterDataset}
+        ds = pack[packer](
+            ds, length_struct={"inputs": seq_len, "targets": seq_len}, num_packing_bins=args.rows
+        )
+        self.iterator = iter(ds.batch(args.rows))
+        self.slots, self.padding = 0, 0
+
+    def batches(self, n: int) -> None:
+        for _ in range(n):
+            batch = next(self.iterator)
+            segments = batch["targets_segment_ids"]
+            self.slots += segments.size
+            self.padding += int((segments == 0).sum())
+
+
+def _resume(plan, step: int) -> float:
+    from pipeline.plan.ledger import Ledger
+    from pipeline.plan.plan import Plan
+
+    state = json.loads(json.dumps(plan.ledger.to_json()))
+    start = time.perf_counter()
+    Plan(Ledger.from_json(state), plan.stores()).batch(step)
+    return time.perf_counter() - start
+
+
+def run_sft(args: argparse.Namespace) -> dict:
+    from pipeline.store.token_store import TokenStore, is_store
+
+    path = args.cache_dir / f"sft-{args.sft_documents}-{args.sft_mean_len}"
+    if not is_store(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sft_store(path, args.sft_documents, args.sft_mean_len)
+    store = TokenStore(path)
+    started = time.perf_counter()
+    best_fit = _plan(path, args, "best_fit")
+    open_s = time.perf_counter() - started
+    contenders = {
+        "ours_best_fit": OursSft(best_fit),
+        "ours_concat": OursSft(_plan(path, args, "concat")),
+        "grain_first_fit": GrainSft(store, args, "first_fit"),
+        "grain_best_fit": GrainSft(store, args, "best_fit"),
+    }
+    for contender in contenders.values():
+        contender.batches(2)  # open files, fill the packers' bins
+        contender.slots = contender.padding = 0
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.reps):
+        for name, contender in contenders.items():
+            start = time.perf_counter()
+            contender.batches(args.steps)
+            seconds[name].append(time.perf_counter() - start)
+    slots = args.steps * args.rows * args.sft_seq_len
+    resume = {
+        step: statistics.median(_resume(best_fit, step) for _ in range(args.reps))
+        for step in RESUME_STEPS
+    }
+    stats = best_fit.segment_plan(0).layouts["sft"].stats
+    return {
+        "store": str(path),
+        "documents": store.num_documents,
+        "tokens": store.num_tokens,
+        "seq_len": args.sft_seq_len,
+        "rows": args.rows,
+        "tokens_per_s": {n: slots / statistics.median(s) for n, s in seconds.items()},
+        "padding": {n: c.padding / c.slots for n, c in contenders.items()},
+        "packing": {"rows": stats.rows, "truncated": stats.truncated, "dropped": stats.dropped,
+                    "padding_fraction": stats.padding_fraction, "plan_open_s": open_s},
+        "resume_s": {str(k): v for k, v in resume.items()},
+    }  # fmt: skip
+
+
+def sft_table(result: dict) -> str:
+    tps, padding = result["tokens_per_s"], result["padding"]
+    mean = result["tokens"] / result["documents"]
+    lines = [
+        f"packed SFT: {result['documents']:,} documents ({mean:.0f} tokens/document, "
+        f"log-normal), rows of {result['seq_len']} target slots, batch {result['rows']}",
+        "",
+        "| packed SFT (one process) | target slots/s | padding | ours best_fit / this |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    labels = {
+        "ours_best_fit": "ours: best_fit source, Plan.batch",
+        "ours_concat": "ours: the same store as a concat source",
+        "grain_first_fit": "Grain FirstFitPackIterDataset (bins = rows)",
+        "grain_best_fit": "Grain BestFitPackIterDataset (bins = rows)",
+    }
+    for name, label in labels.items():
+        ratio = tps["ours_best_fit"] / tps[name]
+        lines.append(f"| {label} | {tps[name]:,.0f} | {padding[name]:.1%} | {ratio:.2f} |")
+    packing = result["packing"]
+    cells = " | ".join(f"{t * 1e3:.1f} ms" for t in result["resume_s"].values())
+    lines += [
+        "",
+        f"best_fit packing: {packing['rows']:,} rows per epoch, padding "
+        f"{packing['padding_fraction']:.1%} over the epoch, {packing['truncated']:,} truncated; "
+        f"plan open (packs every block, once per process) {packing['plan_open_s'] * 1e3:.0f} ms",
+        "",
+        "| best_fit resume: restore to first batch | "
+        + " | ".join(f"step {int(s):,}" for s in result["resume_s"])
+        + " |",
+        "| --- |" + " ---: |" * len(result["resume_s"]),
+        f"| ours (Plan from ledger + batch; packing shared in the process) | {cells} |",
+    ]
+    return "\n".join(lines)

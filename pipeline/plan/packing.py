@@ -1,0 +1,242 @@
+"""Whole-document rows for `packing: best_fit` sources, without state.
+
+A best-fit source's documents are never split across rows. A document of n tokens (eod
+included) gives n - 1 (input, target) pairs, `inputs = d[:-1]`, `targets = d[1:]`, so it takes
+n - 1 of a row's `seq_len` slots; a longer one is truncated to `seq_len + 1` tokens or dropped
+(`too_long`), and counted.
+
+The *packing* is a pure function of (seed, source, store): the documents are put in a keyed
+order, cut into blocks of `BLOCK_DOCUMENTS`, and each block is packed on its own by best-fit
+decreasing (longest first, each into the row it leaves least room in). The rows are then made
+a multiple of `lanes` by moving single documents out of rows that hold several (documents
+stay whole), so every lane has the same R = rows // lanes rows per epoch and epochs end
+together everywhere, as the concatenated sources' windows do.
+
+Epoch e of the source is a keyed permutation of all the rows, per (seed, source, epoch); lane l
+takes positions [l * R, (l + 1) * R) of it. So each document is used exactly once per epoch,
+the k-th row a lane draws is computed directly (epoch k // R), and restoring at any step costs
+nothing beyond the packing, which is computed when a process first opens the source (its cost
+grows with the store, never with the step) and shared by the plans of that process.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.layout import SMALL_DOMAIN
+from pipeline.plan.permutation import permutation, permute, round_keys
+from pipeline.store.token_store import TokenStore
+
+BLOCK_DOCUMENTS = 4096
+# Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
+CACHED_PACKINGS = 8
+_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def best_fit_decreasing(slots: np.ndarray, capacity: int) -> list[list[int]]:
+    """Rows of indices into `slots` (each <= capacity): longest first, each into the open row
+    with the least room that holds it (ties: the earliest row), else a new row."""
+    order = np.argsort(-slots, kind="stable").tolist()
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free slots, row) of open rows, sorted
+    for index in order:
+        need = int(slots[index])
+        at = bisect_left(room, (need, -1))
+        if at < len(room):
+            free, row = room.pop(at)
+        else:
+            free, row = capacity, len(rows)
+            rows.append([])
+        rows[row].append(index)
+        if free - need > 0:
+            insort(room, (free - need, row))
+    return rows
+
+
+@dataclass(frozen=True)
+class PackingStats:
+    rows: int
+    documents: int
+    truncated: int
+    dropped: int
+    slots_used: int
+    seq_len: int
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of a row's `seq_len` target slots that are padding."""
+        return 1.0 - self.slots_used / (self.rows * self.seq_len)
+
+    def describe(self) -> str:
+        """One line for `epochs` and `verify`."""
+        return (
+            f"best_fit: {self.rows:,} rows per epoch of {self.documents:,} documents, padding "
+            f"{self.padding_fraction:.1%} of target slots, {self.truncated:,} truncated, "
+            f"{self.dropped:,} dropped (too long)"
+        )
+
+
+class PackedLayout:
+    """Where a best-fit source's rows are, per epoch and lane (the `SourceLayout` of packing)."""
+
+    def __init__(
+        self, name: str, store: TokenStore, seed: int, seq_len: int, lanes: int, too_long: str
+    ) -> None:
+        self.name = name
+        self.store = store
+        self.meta = store.meta
+        self.seed = seed
+        self.seq_len = seq_len
+        self.lanes = lanes
+        self.too_long = too_long
+        shard_docs = [np.asarray(store.doc_offsets(s)) for s in range(store.num_shards)]
+        self.doc_shard = np.repeat(np.arange(store.num_shards), store.shard_documents)
+        self.doc_start = np.concatenate([d[:-1] for d in shard_docs]).astype(np.int64)
+        lengths = np.concatenate([np.diff(d) for d in shard_docs]).astype(np.int64)
+        long = lengths > seq_len + 1
+        self.truncated = int(long.sum()) if too_long == "truncate" else 0
+        self.dropped = int(long.sum()) if too_long == "drop" else 0
+        self.doc_tokens = np.minimum(lengths, seq_len + 1)
+        kept = np.flatnonzero(~long) if too_long == "drop" else np.arange(lengths.size)
+        key = (store.fingerprint, seed, name, seq_len, lanes, too_long)
+        with _CACHE_LOCK:
+            packed = _CACHE.pop(key, None)
+            if packed is None:
+                packed = _pack(kept, self.doc_tokens - 1, seed, name, seq_len, lanes)
+            _CACHE[key] = packed  # most recent last
+            while len(_CACHE) > CACHED_PACKINGS:
+                _CACHE.pop(next(iter(_CACHE)))
+        self.row_offsets, self.row_docs = packed
+        self.windows_per_lane = (len(self.row_offsets) - 1) // lanes
+        self._permutation = lru_cache(maxsize=64)(self._epoch_permutation)
+
+    @cached_property
+    def stats(self) -> PackingStats:
+        return PackingStats(
+            rows=len(self.row_offsets) - 1,
+            documents=len(self.row_docs),
+            truncated=self.truncated,
+            dropped=self.dropped,
+            slots_used=int((self.doc_tokens[self.row_docs] - 1).sum()),
+            seq_len=self.seq_len,
+        )
+
+    def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(epoch, packed row, -1) of draw `counter` of `lane` (no token start: rows are
+        documents, not windows of a stream)."""
+        counter = np.asarray(counter, dtype=np.int64)
+        lane = np.broadcast_to(np.asarray(lane, dtype=np.int64), counter.shape)
+        epoch, k = np.divmod(counter, self.windows_per_lane)
+        position = lane * self.windows_per_lane + k
+        row = np.empty_like(k)
+        for e in np.unique(epoch).tolist():
+            mask = epoch == e
+            row[mask] = self._row_order(e, position[mask])
+        return epoch, row, np.full_like(k, -1)
+
+    def documents(self, row: int) -> np.ndarray:
+        """Document ids (store order, shard-major) of packed row `row`, in row order."""
+        return self.row_docs[self.row_offsets[row] : self.row_offsets[row + 1]]
+
+    def locate(self, document: int) -> tuple[int, int]:
+        """(shard, index in the shard) of a document id."""
+        shard = int(self.doc_shard[document])
+        return shard, int(document - self.store.shard_documents[:shard].sum())
+
+    def read_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The six batch fields of packed rows `rows`, [len(rows), seq_len] each."""
+        rows = np.asarray(rows, dtype=np.int64)
+        first = self.row_offsets[rows]
+        counts = self.row_offsets[rows + 1] - first
+        ends = np.cumsum(counts)
+        docs = self.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])]
+        tokens = self.doc_tokens[docs]
+        starts = np.concatenate([[0], np.cumsum(tokens)[:-1]]).astype(np.int64)
+        flat = np.empty((1, int(tokens.sum())), dtype=np.int32)
+        untrained = np.zeros(flat.shape[1] + 1, dtype=np.int32)  # +1 at span starts, -1 at ends
+        shards = self.doc_shard[docs]
+        for shard in np.unique(shards).tolist():
+            mine = np.flatnonzero(shards == shard)
+            lo, hi = self.doc_start[docs[mine]], self.doc_start[docs[mine]] + tokens[mine]
+            self.store.read_pieces_into(shard, lo, hi, flat, np.zeros_like(mine), starts[mine])
+            piece, u0, u1 = self.store.untrained_spans(shard, lo, hi)
+            at = starts[mine][piece]
+            np.add.at(untrained, at + u0, 1)
+            np.add.at(untrained, at + u1, -1)
+        trained = np.cumsum(untrained[:-1]) == 0
+        # slot layout: document j of a row takes tokens[j] - 1 slots after the row's earlier ones
+        slots = tokens - 1
+        first_doc = ends - counts
+        cum = np.cumsum(slots) - slots
+        column = cum - np.repeat(cum[first_doc], counts)
+        place = np.repeat(np.arange(rows.size), counts) * self.seq_len + column
+        number = np.arange(docs.size) - np.repeat(first_doc, counts) + 1
+        within = np.arange(int(slots.sum())) - np.repeat(cum, slots)
+        source = np.repeat(starts, slots) + within
+        out = np.repeat(place - starts, slots) + source  # flat position in the [rows, seq_len]
+        fields = {name: np.zeros(rows.size * self.seq_len, np.int32) for name in FIELDS}
+        fields["inputs"][out] = flat[0, source]
+        fields["targets"][out] = flat[0, source + 1]
+        segment = np.repeat(number, slots)
+        fields["inputs_segmentation"][out] = segment
+        fields["targets_segmentation"][out] = segment * trained[source + 1]
+        fields["inputs_position"][out] = within
+        fields["targets_position"][out] = within
+        return {name: values.reshape(rows.size, self.seq_len) for name, values in fields.items()}
+
+    def _row_order(self, epoch: int, position: np.ndarray) -> np.ndarray:
+        """Packed rows at `position` of epoch `epoch`'s keyed order of all the rows."""
+        rows = self.windows_per_lane * self.lanes
+        if rows <= SMALL_DOMAIN:
+            return self._permutation(epoch)[position]
+        return permute(position, rows, self._epoch_keys(epoch))
+
+    def _epoch_keys(self, epoch: int) -> np.ndarray:
+        return round_keys(self.seed, "row-order", self.name, epoch)
+
+    def _epoch_permutation(self, epoch: int) -> np.ndarray:
+        return permutation(self.windows_per_lane * self.lanes, self._epoch_keys(epoch))
+
+
+def _pack(
+    kept: np.ndarray, slots: np.ndarray, seed: int, name: str, seq_len: int, lanes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row offsets, row documents) of the packing (read-only: they are shared)."""
+    if kept.size:  # every document dropped: `_even_out` names the source
+        kept = kept[permutation(kept.size, round_keys(seed, "pack-order", name))]
+    rows: list[list[int]] = []
+    for lo in range(0, kept.size, BLOCK_DOCUMENTS):
+        block = kept[lo : lo + BLOCK_DOCUMENTS]
+        rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
+    _even_out(rows, lanes, f"sources.{name}")
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    documents = np.array([d for row in rows for d in row], dtype=np.int64)
+    offsets.setflags(write=False)
+    documents.setflags(write=False)
+    return offsets, documents
+
+
+def _even_out(rows: list[list[int]], lanes: int, where: str) -> None:
+    """Make the row count a multiple of `lanes` by moving the last document of rows holding
+    several into rows of their own (from the last row back), so no lane is short a row."""
+    missing = -len(rows) % lanes
+    at = len(rows) - 1
+    while missing and at >= 0:
+        if len(rows[at]) > 1:
+            rows.append([rows[at].pop()])
+            missing -= 1
+        else:
+            at -= 1
+    if missing or not rows:
+        raise ConfigError(
+            f"{where}: its documents make {len(rows)} rows, which cannot be split evenly over "
+            f"{lanes} lanes; use fewer lanes or a larger store"
+        )

@@ -1,0 +1,295 @@
+"""`prepare` of instruction and chat rows: the loss mask, templates, bad rows, builtin corpora."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tokenizers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import PrepareError, StoreError
+from pipeline.store.chat import RowFields
+from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.prepare_beam import prepare_beam
+from pipeline.store.token_store import TokenStore
+from tests.test_prepare_beam import _assert_same_stores
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGES = RowFields("messages")
+PROMPTS = RowFields("prompt-completion")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _chat(*turns: str) -> dict:
+    roles = ["user", "assistant"] * len(turns)
+    return {"messages": [{"role": r, "content": c} for r, c in zip(roles, turns)]}
+
+
+def _jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _prepare(inputs: list[str], out: Path, **options: object) -> TokenStore:
+    prepare(PrepareOptions(inputs=inputs, out=out, progress=False, **options))
+    return TokenStore(out, verify=True)
+
+
+def _documents(store: TokenStore) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every document as (tokens, trained flags), in store order."""
+    found = []
+    for shard in range(store.num_shards):
+        offsets = store.doc_offsets(shard)
+        for start, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            tokens = store.read_shard_tokens(shard, start, stop).tokens
+            found.append((tokens, store.trained(shard, start, stop)))
+    return found
+
+
+def _trained_text(store: TokenStore) -> list[str]:
+    """Per document of a bytes store: its trained bytes (eod as '$'), sorted."""
+    return sorted(
+        "".join("$" if t == store.eod_id else chr(t) for t in tokens[mask].tolist())
+        for tokens, mask in _documents(store)
+    )
+
+
+def test_messages_train_on_assistant_completion_and_all(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("hi", "hello", "more", "ok!"), _chat("x", "y")])
+    store = _prepare([path], tmp_path / "a", fields=MESSAGES, num_shards=2)
+    assert store.masked and store.manifest["format_version"] == 3
+    assert _trained_text(store) == ["hello<|end|>\nok!<|end|>\n$", "y<|end|>\n$"]
+    store = _prepare([path], tmp_path / "c", fields=MESSAGES, train_on="completion")
+    assert _trained_text(store) == ["ok!<|end|>\n$", "y<|end|>\n$"]
+    store = _prepare([path], tmp_path / "all", fields=MESSAGES, train_on="all")
+    assert all(mask.all() for _, mask in _documents(store))
+    whole = "<|user|>\nx\n<|assistant|>\ny<|end|>\n$"
+    assert whole in _trained_text(store)
+
+
+def test_prompt_completion_in_jsonl_and_parquet_with_own_field_names(tmp_path: Path) -> None:
+    rows = [{"q": f"question {i}? ", "a": f"answer {i}"} for i in range(5)]
+    jsonl = _jsonl(tmp_path / "pc.jsonl", rows)
+    parquet = tmp_path / "pc.parquet"
+    pq.write_table(pa.table({"q": [r["q"] for r in rows], "a": [r["a"] for r in rows]}), parquet)
+    fields = RowFields("prompt-completion", prompt="q", completion="a")
+    store = _prepare([jsonl, str(parquet)], tmp_path / "s", fields=fields, num_shards=3)
+    assert _trained_text(store) == sorted(f"answer {i}$" for i in range(5) for _ in range(2))
+    assert store.manifest["created"]["row_format"]["prompt"] == "q"
+    inputs = sorted(bytes(t[:-1].tolist()).decode() for t, _ in _documents(store))
+    assert inputs == sorted(f"question {i}? answer {i}" for i in range(5) for _ in range(2))
+
+
+def test_hf_tokenizer_uses_the_chat_template_of_its_config(
+    tmp_path: Path, hf_tokenizer_json: Path
+) -> None:
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer_json))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": CHATML, "eos_token": {"content": "<|endoftext|>"}}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    rows = [_chat("What is a list?", "A mutable sequence."), _chat("a", "b", "c", "d")]
+    path = _jsonl(tmp_path / "chat.jsonl", rows)
+    spec = f"hf:{directory / 'tokenizer.json'}"
+    store = _prepare([path], tmp_path / "s", fields=MESSAGES, tokenizer=spec, workers=2)
+    assert store.manifest["created"]["chat_template"]["name"] == "tokenizer_config.json"
+    trained = sorted(
+        tok.decode(tokens[mask][:-1].tolist(), skip_special_tokens=False)
+        for tokens, mask in _documents(store)
+    )
+    assert trained == ["A mutable sequence.<|im_end|>\n", "b<|im_end|>\nd<|im_end|>\n"]
+    im_start = tok.token_to_id("<|im_start|>")
+    assert all(im_start in tokens.tolist() for tokens, _ in _documents(store))
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"text": "no messages"}, "has no field 'messages'"),
+        ({"messages": []}, "empty conversation"),
+        (_chat("q") | {"messages": [{"role": "robot", "content": "x"}]}, "unknown role 'robot'"),
+        ({"messages": [{"role": "user", "content": "only a question"}]}, "nothing to train on"),
+        ({"messages": "hello"}, "not a list of messages"),
+        ([1, 2], "not an object"),
+    ],
+)
+def test_a_bad_row_stops_with_file_and_line_or_is_skipped(
+    tmp_path: Path, row: object, reason: str
+) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a"), row, _chat("q2", "a2")])
+    with pytest.raises(PrepareError, match=rf"chat\.jsonl line 2: .*{reason}"):
+        _prepare([path], tmp_path / "s", fields=MESSAGES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]  # nothing half-written
+    store = _prepare([path], tmp_path / "s", fields=MESSAGES, skip_bad_rows=True)
+    assert store.num_documents == 2
+    assert store.manifest["created"]["bad_rows_skipped"] == 1
+
+
+def test_a_template_that_fails_names_the_row(tmp_path: Path) -> None:
+    template = tmp_path / "strict.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    rows = [
+        _chat("q", "a"),
+        {"messages": [{"role": "system", "content": "s"}, *_chat("q", "a")["messages"]]},
+    ]
+    path = _jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(
+        PrepareError, match=r"chat\.jsonl line 2: the chat template fails.*no system"
+    ):
+        _prepare([path], tmp_path / "s", fields=MESSAGES, chat_template=str(template))
+
+
+def test_cli_bad_row_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "p", "completion": "c"}, {"prompt": "p"}])
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "prepare", path, "--out", str(tmp_path / "s"),
+         "--format", "prompt-completion", "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {path} line 2: has no field 'completion' (fields: prompt) (fix the row, or pass "
+        "--skip-bad-rows to leave bad rows out and count them)"
+    ]
+
+
+def test_rows_need_jsonl_or_parquet_inputs(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("plain text")
+    with pytest.raises(PrepareError, match="not JSONL or Parquet rows; --format messages"):
+        _prepare([str(tmp_path / "notes.txt")], tmp_path / "s", fields=MESSAGES)
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"prompt": ["p"]}), parquet)
+    with pytest.raises(PrepareError, match="has no column 'completion'"):
+        _prepare([str(parquet)], tmp_path / "s", fields=PROMPTS)
+
+
+def test_pretraining_stores_are_unchanged_and_fully_trained(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "t.jsonl", [{"text": f"doc {i}"} for i in range(4)])
+    store = _prepare([path], tmp_path / "s", num_shards=2)
+    assert not store.masked and store.manifest["format_version"] == 2
+    assert not list((tmp_path / "s").glob("*.untrained.npy"))
+    assert "untrained" not in store.manifest["shards"][0]
+    assert all(mask.all() for _, mask in _documents(store))
+
+
+def test_verify_store_checks_the_mask(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat(f"q{i}", f"a{i}") for i in range(6)])
+    _prepare([path], tmp_path / "s", fields=MESSAGES, num_shards=1)
+    spans = tmp_path / "s" / "shard-00000-of-00001.untrained.npy"
+    array = np.load(spans)
+    array[0, 1] -= 1
+    np.save(spans, array)
+    with pytest.raises(StoreError, match=r"untrained\.npy: content checksum"):
+        TokenStore(tmp_path / "s", verify=True)
+    spans.unlink()
+    with pytest.raises(
+        StoreError, match=r"untrained\.npy: index listed in the manifest is missing"
+    ):
+        TokenStore(tmp_path / "s")
+
+
+def test_mask_changes_the_fingerprint(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a", "q2", "a2")])
+    one = _prepare([path], tmp_path / "a", fields=MESSAGES)
+    other = _prepare([path], tmp_path / "b", fields=MESSAGES, train_on="completion")
+    assert one.fingerprint != other.fingerprint
+
+
+def test_beam_writes_the_same_masked_store(tmp_path: Path) -> None:
+    chat = _jsonl(tmp_path / "chat.jsonl", [_chat(f"q{i}", f"a{i}") for i in range(9)] + [{}])
+    kwargs = {"fields": MESSAGES, "num_shards": 3, "eval_fraction": 0.3, "skip_bad_rows": True}
+    inputs = [chat, "builtin:python-docstrings"]
+    local = prepare(PrepareOptions(inputs, tmp_path / "local", progress=False, **kwargs))
+    beam = prepare_beam(PrepareOptions(inputs, tmp_path / "beam", **kwargs))
+    _assert_same_stores(local, beam)
+    assert TokenStore(local["train"]).manifest["created"]["bad_rows_skipped"] == 1
+
+
+def test_builtin_docstrings_corpus(tmp_path: Path) -> None:
+    store = _prepare(["builtin:python-docstrings"], tmp_path / "a", num_shards=2)
+    again = _prepare(["builtin:python-docstrings"], tmp_path / "b", num_shards=2)
+    assert store.fingerprint == again.fingerprint
+    assert 1000 <= store.num_documents <= 20000
+    wanted = b"`textwrap.dedent("
+    tokens, mask = next(d for d in _documents(store) if wanted in bytes(d[0][:-1].tolist()))
+    text = bytes(tokens[:-1].tolist()).decode()
+    assert text.startswith("Write the docstring of the function `textwrap.dedent(text)`.\n")
+    assert bytes(tokens[mask][:-1].tolist()).decode().startswith("Remove any common leading")
+    chat = _prepare(["builtin:python-docstrings-chat"], tmp_path / "c", num_shards=2)
+    assert chat.num_documents == store.num_documents
+    assert all(b"<|assistant|>\n" in bytes(t[~m].tolist()) for t, m in _documents(chat)[:50])
+
+
+_text = st.text(alphabet="ab\n é", max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]), _text),
+        min_size=1,
+        max_size=6,
+    ).filter(lambda turns: any(role == "assistant" for role, _ in turns))
+)
+def test_trained_tokens_are_exactly_the_assistant_turns(turns: list[tuple[str, str]]) -> None:
+    """Property: with the builtin template, the trained bytes are each assistant message with
+    its `<|end|>\\n`, in order, then the eod; everything else keeps its place untrained."""
+    from pipeline.store.chat import BUILTIN_TEMPLATE, ChatTemplate
+    from pipeline.store.corpora import Document
+    from pipeline.store.prepare import DocumentEncoder
+    from pipeline.store.tokenizers import BytesTokenizer
+
+    options = PrepareOptions(["unused"], Path("unused"))
+    encoder = DocumentEncoder(
+        options, BytesTokenizer(), np.dtype(np.uint16), ChatTemplate(BUILTIN_TEMPLATE, "builtin")
+    )
+    row = {"messages": [{"role": r, "content": c} for r, c in turns]}
+    tokens, untrained = encoder(Document("k", "", row, MESSAGES, "here"))
+    mask = np.ones(len(tokens), bool)
+    for lo, hi in untrained.tolist():
+        mask[lo:hi] = False
+    assert (np.diff(untrained.reshape(-1)) > 0).all()  # sorted, disjoint, non-empty
+    expected = "".join(c + "<|end|>\n" for r, c in turns if r == "assistant").encode()
+    trained = tokens[mask]
+    assert bytes(trained[trained != 256].tolist()) == expected  # the eod aside
+    assert mask[-1] == (turns[-1][0] == "assistant")
+    rendered = "".join(
+        f"<|{r}|>\n{c}" + ("<|end|>" if r == "assistant" else "") + "\n" for r, c in turns
+    )
+    assert bytes(tokens[:-1].tolist()).decode() == rendered
+
+
+def test_skip_rows_cleanup_when_every_row_is_bad(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [{"messages": []}])
+    with pytest.raises(PrepareError, match="no non-empty documents"):
+        _prepare([path], tmp_path / "s", fields=MESSAGES, skip_bad_rows=True)
+    assert not (tmp_path / "s").exists()
+    shutil.rmtree(tmp_path / "s", ignore_errors=True)
+
+
+def test_verify_store_cli_names_the_mask(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a")])
+    _prepare([path], tmp_path / "s", fields=MESSAGES)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "verify-store", str(tmp_path / "s")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0 and "with a loss mask" in result.stdout
