@@ -100,7 +100,7 @@ def test_rows_hold_whole_documents_once_per_epoch_with_the_mask(
     except ConfigError as error:  # too few documents to give every lane a row
         assert "cannot be split evenly" in str(error)
         return
-    layout = plan.segment(0).layouts["sft"]
+    layout = plan.segment_plan(0).layouts["sft"]
     per_epoch = layout.windows_per_lane * lanes
     steps = 2 * per_epoch // (2 * lanes) + 1  # a little over two epochs
     seen: dict[int, Counter] = {}
@@ -205,7 +205,7 @@ def test_mixed_with_a_concat_source_in_epochized_stages(tmp_path: Path) -> None:
                    {"name": "after", "mix": {"text": 1}}],
     }  # fmt: skip
     plan = Plan.from_config(parse_config(config))
-    seg = plan.segment(0)
+    seg = plan.segment_plan(0)
     sft_rows = seg.layouts["sft"].windows_per_lane
     end = seg.table.stages[1].end
     counters = seg.table.counters(end)
@@ -271,9 +271,9 @@ def test_audit_checks_whole_documents_and_each_document_once(tmp_path: Path) -> 
     report = audit(plan, 0, 60)
     assert report.ok, report.violations
     assert report.document_epochs["sft"] >= 2
-    assert report.packing["sft"].rows == 2 * plan.segment(0).layouts["sft"].windows_per_lane
+    assert report.packing["sft"].rows == 2 * plan.segment_plan(0).layouts["sft"].windows_per_lane
     # A packing that uses a document twice (and leaves one out) is caught.
-    layout = plan.segment(0).layouts["sft"]
+    layout = plan.segment_plan(0).layouts["sft"]
     layout.row_docs = layout.row_docs.copy()  # the packing is shared read-only
     layout.row_docs[1] = layout.row_docs[0]
     report = audit(plan, 0, 60, process_counts=[1])

@@ -162,11 +162,11 @@ class PackedLayout:
         starts = np.concatenate([[0], np.cumsum(tokens)[:-1]]).astype(np.int64)
         flat = np.empty((1, int(tokens.sum())), dtype=np.int32)
         untrained = np.zeros(flat.shape[1] + 1, dtype=np.int32)  # +1 at span starts, -1 at ends
-        shards = self.doc_shard[docs]
-        for shard in np.unique(shards).tolist():
+        shards, first = self.doc_shard[docs], self.doc_start[docs]
+        self.store.read_pieces_into(shards, first, first + tokens, flat, 0 * docs, starts)
+        for shard in np.unique(shards).tolist() if self.store.masked else ():
             mine = np.flatnonzero(shards == shard)
-            lo, hi = self.doc_start[docs[mine]], self.doc_start[docs[mine]] + tokens[mine]
-            self.store.read_pieces_into(shard, lo, hi, flat, np.zeros_like(mine), starts[mine])
+            lo, hi = first[mine], first[mine] + tokens[mine]
             piece, u0, u1 = self.store.untrained_spans(shard, lo, hi)
             at = starts[mine][piece]
             np.add.at(untrained, at + u0, 1)
