@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from pipeline.errors import PrepareError, StoreError
 from pipeline.store.chat import RowFields
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.prepare_beam import prepare_beam
-from pipeline.store.token_store import TokenStore
+from pipeline.store.token_store import TokenStore, file_sha256
+from tests.test_faults import edit_manifest
 from tests.test_prepare_beam import _assert_same_stores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +72,7 @@ def _trained_text(store: TokenStore) -> list[str]:
 def test_messages_train_on_assistant_completion_and_all(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "chat.jsonl", [_chat("hi", "hello", "more", "ok!"), _chat("x", "y")])
     store = _prepare([path], tmp_path / "a", fields=MESSAGES, num_shards=2)
-    assert store.masked and store.manifest["format_version"] == 3
+    assert store.masked and store.manifest["format_version"] == 4
     assert _trained_text(store) == ["hello<|end|>\nok!<|end|>\n$", "y<|end|>\n$"]
     store = _prepare([path], tmp_path / "c", fields=MESSAGES, train_on="completion")
     assert _trained_text(store) == ["ok!<|end|>\n$", "y<|end|>\n$"]
@@ -184,25 +186,71 @@ def test_rows_need_jsonl_or_parquet_inputs(tmp_path: Path) -> None:
 def test_pretraining_stores_are_unchanged_and_fully_trained(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "t.jsonl", [{"text": f"doc {i}"} for i in range(4)])
     store = _prepare([path], tmp_path / "s", num_shards=2)
-    assert not store.masked and store.manifest["format_version"] == 2
+    assert not store.masked and store.manifest["format_version"] == 3
     assert not list((tmp_path / "s").glob("*.untrained.npy"))
     assert "untrained" not in store.manifest["shards"][0]
     assert all(mask.all() for _, mask in _documents(store))
 
 
-def test_verify_store_checks_the_mask(tmp_path: Path) -> None:
+def test_the_mask_is_checked_at_open_first_use_and_verify(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "chat.jsonl", [_chat(f"q{i}", f"a{i}") for i in range(6)])
     _prepare([path], tmp_path / "s", fields=MESSAGES, num_shards=1)
     spans = tmp_path / "s" / "shard-00000-of-00001.untrained.npy"
     array = np.load(spans)
     array[0, 1] -= 1
-    np.save(spans, array)
-    with pytest.raises(StoreError, match=r"untrained\.npy: content checksum"):
+    np.save(spans, array)  # same size: open's cheap facts pass, the shard's first use does not
+    store = TokenStore(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"untrained\.npy: does not match its checksum"):
+        store.trained(0, 0, 10)
+    with pytest.raises(StoreError, match=r"untrained\.npy: does not match its checksum"):
         TokenStore(tmp_path / "s", verify=True)
     spans.unlink()
     with pytest.raises(
         StoreError, match=r"untrained\.npy: index listed in the manifest is missing"
     ):
+        TokenStore(tmp_path / "s")
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        (np.zeros((2, 3), np.int64), r"int64\[2, 3\], a loss mask is int64\[k, 2\]"),
+        (np.array([[5, 9], [0, 3]], np.int64), "not ordered ranges inside the shard"),
+        (np.array([[0, 10**9]], np.int64), "not ordered ranges inside the shard"),
+    ],
+)
+def test_a_mask_that_matches_its_checksum_must_still_be_ranges(
+    tmp_path: Path, mask: np.ndarray, message: str
+) -> None:
+    """A writer's bug, not damage: the checksums agree, the spans' shape and order do not."""
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a")])
+    _prepare([path], tmp_path / "s", fields=MESSAGES, num_shards=1)
+    spans = tmp_path / "s" / "shard-00000-of-00001.untrained.npy"
+    np.save(spans, mask)
+
+    def rehash(manifest: dict) -> None:
+        manifest["shards"][0]["untrained_sha256"] = file_sha256(spans)
+
+    edit_manifest(tmp_path / "s", rehash, redo_checksum=True)
+    with pytest.raises(StoreError, match=message):
+        TokenStore(tmp_path / "s").trained(0, 0, 1)
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_mask_is_in_every_shard_of_format_4_and_in_none_of_format_3(
+    tmp_path: Path, version: int
+) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat(f"q{i}", f"a{i}") for i in range(6)])
+    _prepare([path], tmp_path / "s", fields=MESSAGES, num_shards=2)
+
+    def edit(manifest: dict) -> None:  # format 3 listing a mask; format 4 with one shard's gone
+        manifest["format_version"] = version
+        if version == 4:
+            del manifest["shards"][1]["untrained_sha256"]
+
+    edit_manifest(tmp_path / "s", edit, redo_checksum=True)
+    key = "shards[0].untrained" if version == 3 else "shards[1].untrained_sha256"
+    with pytest.raises(StoreError, match=rf"manifest field '{re.escape(key)}' must be"):
         TokenStore(tmp_path / "s")
 
 

@@ -18,9 +18,9 @@ from pipeline.plan.audit import audit
 from pipeline.plan.packing import PackedLayout, best_fit_decreasing
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
-from tests.storegen import write_synthetic_store
+from tests.storegen import TOKENIZER, write_synthetic_store
 
-EOD = 2**31 - 1  # never a position of these small stores; fits the int32 batch
+EOD = 2**31 - 1  # each document's last token: never a position here, fits the int32 batch
 
 
 def write_masked_store(path: Path, shards: list[list[tuple[int, int]]]) -> TokenStore:
@@ -33,12 +33,12 @@ def write_masked_store(path: Path, shards: list[list[tuple[int, int]]]) -> Token
         for length, prefix in docs:
             tokens = np.arange(position, position + length, dtype=np.uint32)
             tokens[-1] = EOD
+            prefix = min(prefix, length)  # a span never leaves its document
             documents.append((tokens, np.array([[0, prefix]] if prefix else [], np.int64)))
             position += length
         infos.append(write_shard(staging, index, len(shards), documents, np.dtype(np.uint32),
                                  masked=True))  # fmt: skip
-    tokenizer = {"name": "synthetic", "spec": "synthetic", "vocab_size": 2**31, "eod_id": EOD}
-    write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
+    write_manifest(staging, infos, TOKENIZER, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, path, overwrite=False)
     return TokenStore(path)
 

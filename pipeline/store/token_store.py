@@ -542,7 +542,7 @@ class TokenStore:
         if _sha256_of(path) != self.manifest["shards"][shard][checksum_key]:
             raise StoreError(
                 f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
-                "index was altered or truncated; prepare the store again"
+                "file was altered or truncated; prepare the store again"
             )
         try:
             with _NPY_LOAD_LOCK:
