@@ -29,7 +29,7 @@ training step of `--pace-ms` keeps the prefetch ahead. Then the documented resto
 first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
 setting), and ours in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
 (CPU per token per process).
-Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`): a best_fit source
+Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`, alone with `--sft-only`): a best_fit source
 against Grain's first-fit and best-fit packers.
 """
 
@@ -608,8 +608,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    result = run(args)
-    print(table(result))
+    result = {}
+    if not args.sft_only:
+        result = run(args)
+        print(table(result))
     if not args.no_sft:
         result["sft"] = sft_bench.run_sft(args)
         print("\n" + sft_bench.sft_table(result["sft"]))

@@ -15,6 +15,21 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+
+@pytest.fixture(autouse=True, scope="session")
+def packing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """best_fit packings are kept in a session directory, not the user's cache (workers started
+    by tests inherit it)."""
+    directory = tmp_path_factory.mktemp("packings")
+    previous = os.environ.get("PIPELINE_PACKING_CACHE")
+    os.environ["PIPELINE_PACKING_CACHE"] = str(directory)
+    yield directory
+    if previous is None:
+        del os.environ["PIPELINE_PACKING_CACHE"]
+    else:
+        os.environ["PIPELINE_PACKING_CACHE"] = previous
+
+
 FIXTURE_TRAIN_TEXT = "\n".join(
     line for topic in sorted(topics)[:20] for line in topics[topic].splitlines() if line.strip()
 )[:20_000]

@@ -93,8 +93,7 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
         "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
         "--synthetic-doc-len", "60", "--rows", "8", "--seq-len", "64", "--steps", "2",
         "--reps", "2", "--round-s", "0", "--pace-ms", "1", "--grain-workers", "1", "--no-scale",
-        "--no-progress", "--json", str(out),
-        "--sft-documents", "400", "--sft-seq-len", "64", "--sft-mean-len", "20",
+        "--no-progress", "--json", str(out), "--no-sft",
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
@@ -120,15 +119,31 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
     assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
     assert "feed statistics: DataFeed step" in printed
     assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
+    assert "sft" not in result and "packed SFT" not in printed
+
+
+@pytest.mark.multiprocess  # a restore in a new process (importing JAX) per step and round
+def test_bench_sft_only_prints_the_packed_sft_table(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main([
+        "bench", "--sft-only", "--cache-dir", str(tmp_path / "cache"), "--rows", "8",
+        "--steps", "2", "--reps", "2", "--json", str(out),
+        "--sft-documents", "400", "--sft-seq-len", "64", "--sft-mean-len", "20",
+    ])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
     for label in ("packed SFT: 400 documents", "ours: best_fit source", "Grain FirstFitPack",
-                  "Grain BestFitPack", "best_fit resume", "plan open"):  # fmt: skip
+                  "Grain BestFitPack", "restore to first batch, in a new process",
+                  "the packing kept on disk", "nothing kept"):  # fmt: skip
         assert label in printed, label
-    sft = result["sft"]
+    assert "DataFeed -> global arrays" not in printed  # the other tables did not run
+    sft = json.loads(out.read_text())["sft"]
     names = {"ours_best_fit", "ours_concat", "grain_first_fit", "grain_best_fit"}
     assert set(sft["tokens_per_s"]) == set(sft["padding"]) == names
     assert sft["padding"]["ours_concat"] == 0  # windows never pad
     assert 0 <= sft["padding"]["ours_best_fit"] < 1 and sft["packing"]["rows"] > 0
     assert set(sft["resume_s"]) == {"0", "1000", "1000000"}
+    assert min(sft["resume_s"].values()) > 0 and sft["resume_cold_s"] > 0
 
 
 def test_grain_contender_fields_restart_after_every_eod():

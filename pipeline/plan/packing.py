@@ -16,7 +16,8 @@ Epoch e of the source is a keyed permutation of all the rows, per (seed, source,
 takes positions [l * R, (l + 1) * R) of it. So each document is used exactly once per epoch,
 the k-th row a lane draws is computed directly (epoch k // R), and restoring at any step costs
 nothing beyond the packing, which is computed when a process first opens the source (its cost
-grows with the store, never with the step) and shared by the plans of that process.
+grows with the store, never with the step), shared by the plans of that process and kept on
+local disk (packing_cache.py), so a restore in a new process reads it instead of packing again.
 """
 
 from __future__ import annotations
@@ -24,20 +25,22 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 
 import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.layout import SMALL_DOMAIN
+from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
+from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.token_store import TokenStore
 
 BLOCK_DOCUMENTS = 4096
 # Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
 CACHED_PACKINGS = 8
-_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_CACHE: dict[tuple, Packing] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -97,24 +100,21 @@ class PackedLayout:
         self.seq_len = seq_len
         self.lanes = lanes
         self.too_long = too_long
-        shard_docs = [np.asarray(store.doc_offsets(s)) for s in range(store.num_shards)]
-        self.doc_shard = np.repeat(np.arange(store.num_shards), store.shard_documents)
-        self.doc_start = np.concatenate([d[:-1] for d in shard_docs]).astype(np.int64)
-        lengths = np.concatenate([np.diff(d) for d in shard_docs]).astype(np.int64)
-        long = lengths > seq_len + 1
-        self.truncated = int(long.sum()) if too_long == "truncate" else 0
-        self.dropped = int(long.sum()) if too_long == "drop" else 0
-        self.doc_tokens = np.minimum(lengths, seq_len + 1)
-        kept = np.flatnonzero(~long) if too_long == "drop" else np.arange(lengths.size)
-        key = (store.fingerprint, seed, name, seq_len, lanes, too_long)
+        settings = {"store": store.manifest[MANIFEST_CHECKSUM], "seed": seed, "source": name,
+                    "seq_len": seq_len, "lanes": lanes, "too_long": too_long}  # fmt: skip
+        key = tuple(settings.values())
         with _CACHE_LOCK:
             packed = _CACHE.pop(key, None)
             if packed is None:
-                packed = _pack(kept, self.doc_tokens - 1, seed, name, seq_len, lanes)
+                pack = partial(_pack_store, store, *key[1:])
+                packed = cached(settings, store.num_documents, pack)
             _CACHE[key] = packed  # most recent last
             while len(_CACHE) > CACHED_PACKINGS:
                 _CACHE.pop(next(iter(_CACHE)))
-        self.row_offsets, self.row_docs = packed
+        self.doc_shard = np.repeat(np.arange(store.num_shards), store.shard_documents)
+        self.doc_start, self.doc_tokens = packed["doc_start"], packed["doc_tokens"]
+        self.row_offsets, self.row_docs = packed["row_offsets"], packed["row_docs"]
+        self.truncated, self.dropped = packed["counts"].tolist()
         self.windows_per_lane = (len(self.row_offsets) - 1) // lanes
         self._permutation = lru_cache(maxsize=64)(self._epoch_permutation)
 
@@ -206,22 +206,35 @@ class PackedLayout:
         return permutation(self.windows_per_lane * self.lanes, self._epoch_keys(epoch))
 
 
-def _pack(
-    kept: np.ndarray, slots: np.ndarray, seed: int, name: str, seq_len: int, lanes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(row offsets, row documents) of the packing (read-only: they are shared)."""
+def _pack_store(
+    store: TokenStore, seed: int, name: str, seq_len: int, lanes: int, too_long: str
+) -> Packing:
+    """The packing of a store's documents (`packing_cache.ARRAYS`), its arrays read-only."""
+    shard_docs = [np.asarray(store.doc_offsets(s)) for s in range(store.num_shards)]
+    doc_start = np.concatenate([d[:-1] for d in shard_docs]).astype(np.int64)
+    lengths = np.concatenate([np.diff(d) for d in shard_docs]).astype(np.int64)
+    long = lengths > seq_len + 1
+    doc_tokens = np.minimum(lengths, seq_len + 1)
+    kept = np.flatnonzero(~long) if too_long == "drop" else np.arange(lengths.size)
     if kept.size:  # every document dropped: `_even_out` names the source
         kept = kept[permutation(kept.size, round_keys(seed, "pack-order", name))]
+    slots = doc_tokens - 1
     rows: list[list[int]] = []
     for lo in range(0, kept.size, BLOCK_DOCUMENTS):
         block = kept[lo : lo + BLOCK_DOCUMENTS]
         rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
     _even_out(rows, lanes, f"sources.{name}")
-    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
-    documents = np.array([d for row in rows for d in row], dtype=np.int64)
-    offsets.setflags(write=False)
-    documents.setflags(write=False)
-    return offsets, documents
+    counts = [int(long.sum()) if too_long == which else 0 for which in ("truncate", "drop")]
+    packing = {
+        "doc_start": doc_start,
+        "doc_tokens": doc_tokens,
+        "row_offsets": np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64),
+        "row_docs": np.array([d for row in rows for d in row], dtype=np.int64),
+        "counts": np.array(counts, dtype=np.int64),
+    }
+    for array in packing.values():
+        array.setflags(write=False)
+    return packing
 
 
 def _even_out(rows: list[list[int]], lanes: int, where: str) -> None:

@@ -1,0 +1,118 @@
+"""A best_fit source's packing, kept on local disk so a new process restores without repacking.
+
+Packing is a pure function of the store's content and a few settings, so its result can be
+kept: one `.npz` file per key under `$PIPELINE_PACKING_CACHE` (default
+`$XDG_CACHE_HOME/pipeline/packings`, `off` disables it). The key is everything the packing
+depends on: the store's manifest checksum (`manifest_sha256`, which covers every shard's files),
+the seed, source name, `seq_len`, lanes, `too_long` and `PACKING_VERSION`, bumped whenever the
+packing algorithm changes. A file is used only if it names exactly that key and its arrays
+match the SHA-256 it carries, with the shapes the store implies; anything else (damaged,
+truncated, stale, another key's) is logged, rebuilt and rewritten, never used. Files are
+written beside their final name and renamed, so readers on the same host never see half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("pipeline")
+
+PACKING_VERSION = 1  # bump when the packing (packing.py) would pack the same store differently
+CACHE_ENV = "PIPELINE_PACKING_CACHE"
+ARRAYS = ("doc_start", "doc_tokens", "row_offsets", "row_docs", "counts")
+
+Packing = dict[str, np.ndarray]  # ARRAYS: int64 each; counts = [truncated, dropped]
+
+
+def cache_dir() -> Path | None:
+    """Where packings are kept; None when `$PIPELINE_PACKING_CACHE` is `off`."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    if value.lower() == "off":
+        return None
+    if value:
+        return Path(value).expanduser()
+    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(home) / "pipeline" / "packings"
+
+
+def cached(key: dict[str, Any], documents: int, build: Callable[[], Packing]) -> Packing:
+    """The packing of `key` from the cache, else `build()` (then kept for the next process).
+
+    `documents` is the store's document count, which a kept packing's arrays must agree with.
+    """
+    directory = cache_dir()
+    if directory is None:
+        return build()
+    text = json.dumps({**key, "version": PACKING_VERSION}, sort_keys=True)
+    path = directory / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.npz"
+    if path.exists():
+        packing, problem = _read(path, text, documents)
+        if packing is not None:
+            return packing
+        log.warning("%s: packing cache entry not used (%s); packing again", path, problem)
+    packing = build()
+    _write(path, text, packing)
+    return packing
+
+
+def _digest(text: str, packing: Packing) -> str:
+    digest = hashlib.sha256(text.encode())
+    for name in ARRAYS:
+        array = np.ascontiguousarray(packing[name], dtype=np.int64)
+        digest.update(f"{name}:{array.size}:".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
+
+
+def _read(path: Path, text: str, documents: int) -> tuple[Packing | None, str]:
+    """(packing, "") for a sound entry of this key; (None, why) for anything else."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            stored = {name: data[name] for name in (*ARRAYS, "key", "sha256")}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        return None, f"unreadable: {error}"
+    if str(stored["key"]) != text:
+        return None, "it was written for other settings or another store"
+    packing = {name: stored[name] for name in ARRAYS}
+    if any(a.dtype != np.int64 or a.ndim != 1 for a in packing.values()):
+        return None, "its arrays are not int64 vectors"
+    if str(stored["sha256"]) != _digest(text, packing):
+        return None, "its content does not match its checksum"
+    offsets, rows = packing["row_offsets"], packing["row_docs"]
+    sound = (
+        packing["doc_start"].size == packing["doc_tokens"].size == documents
+        and packing["counts"].size == 2
+        and offsets.size >= 2
+        and offsets[0] == 0
+        and offsets[-1] == rows.size
+        and bool(np.all(np.diff(offsets) > 0))
+        and (rows.size == 0 or (rows.min() >= 0 and rows.max() < documents))
+    )
+    if not sound:
+        return None, "its arrays do not fit the store"
+    for array in packing.values():
+        array.setflags(write=False)
+    return packing, ""
+
+
+def _write(path: Path, text: str, packing: Packing) -> None:
+    """Keep `packing` under `path`, atomically; a cache that cannot be written is skipped."""
+    partial = path.with_name(f".{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {name: np.asarray(packing[name], dtype=np.int64) for name in ARRAYS}
+        np.savez(partial, key=np.array(text), sha256=np.array(_digest(text, packing)), **arrays)
+        os.replace(partial, path)
+    except OSError as error:
+        log.warning("%s: packing not kept (%s); set %s=off to silence", path, error, CACHE_ENV)
+        partial.unlink(missing_ok=True)
