@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pipeline import Ledger, Plan, host_rows, parse_config
 from pipeline.commands.cli import main
 from pipeline.errors import ConfigError
+from pipeline.plan import packing
 from pipeline.plan.audit import audit
 from pipeline.plan.packing import PackedLayout, best_fit_decreasing
 from pipeline.store.token_store import TokenStore
@@ -141,7 +142,8 @@ def test_restore_at_any_step_and_any_host_count_gives_the_same_batch(
     config = parse_config(_config(store.path, 32, 8, 4))
     plan = Plan.from_config(config)
     whole = plan.batch(step)
-    restored = Plan(Ledger.from_json(plan.ledger.to_json()))  # a fresh process: nothing cached
+    packing._CACHE.clear()  # as in a new process: the packing is read back from disk
+    restored = Plan(Ledger.from_json(plan.ledger.to_json()))
     parts = [
         restored.batch(step, host_rows(8, index, process_count)) for index in range(process_count)
     ]
@@ -154,6 +156,7 @@ def test_uninterrupted_stream_equals_restored_steps(tmp_path: Path) -> None:
     plan = Plan.from_config(parse_config(_config(store.path, 24, 4, 2)))
     stream = [plan.batch(step) for step in range(40)]
     for step in (0, 13, 39):
+        packing._CACHE.clear()  # as in a new process: the packing is read back from disk
         fresh = Plan(Ledger.from_json(plan.ledger.to_json()))
         for name in stream[step]:
             assert np.array_equal(fresh.batch(step)[name], stream[step][name])
