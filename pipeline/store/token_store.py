@@ -97,8 +97,9 @@ class TokenStore:
 
     Opening checks the manifest (its checksum and fields) and every shard's size. A shard's
     first use (`_open_shard`) checks that neither the manifest nor the shard was replaced since,
-    the record and document indexes (checksums, lengths, totals), the record count and the
-    sampled-record identity. `verify()` is the full pass: every byte and every record.
+    the record and document indexes (checksums, lengths, totals) and a masked store's loss mask
+    (checksum, shape, ranges), the record count and the sampled-record identity. `verify()` is
+    the full pass: every byte and every record.
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
@@ -573,7 +574,9 @@ class TokenStore:
         size = int(self.shard_tokens[shard])
         if spans.ndim != 2 or spans.shape[1:] != (2,) or spans.dtype != np.int64:
             found = f"{spans.dtype}{list(spans.shape)}"
-            raise StoreError(f"{path}: {found}, a loss mask is int64[k, 2]; prepare it again")
+            raise StoreError(
+                f"{path}: {found}, a loss mask is int64[k, 2]; prepare the store again"
+            )
         flat = spans.view(np.ndarray).reshape(-1)
         if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(np.diff(flat) < 0)):
             raise StoreError(
