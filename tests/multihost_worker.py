@@ -17,6 +17,11 @@ and a list of tasks:
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
   (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
   at that step, either after logging it ("step") or right after starting a save ("save").
+* {"kind": "stop", "fault": "replace" | "read", "faulty": P, "out"}: train until the feed
+  stops. After 3 steps every process writes OUT/ready-<id> and waits for OUT/go (the test
+  replaces the store in between, "replace"); with "read", process P's ArrayRecord reads fail
+  from then on (a persistent fault: every retry fails too). A PipelineError is printed as the
+  CLI prints it, "error: <line>", exit status 2.
 * {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
   of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
   shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at `steps`.
@@ -31,15 +36,19 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from array_record.python.array_record_module import ArrayRecordReader
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import pipeline.store.token_store as token_store
 from pipeline.config import parse_config
 from pipeline.errors import PipelineError
 from pipeline.feed.checkpoint import DataRestore, DataSave
@@ -161,6 +170,43 @@ def train(spec: dict, config, task: dict) -> None:
         mngr.wait_until_finished()
 
 
+class FailingReader:
+    """A real ArrayRecord reader whose reads fail once `FAILING` is set (a persistent fault)."""
+
+    FAILING = threading.Event()
+
+    def __init__(self, path: str, options: str) -> None:
+        self.real = ArrayRecordReader(path, options)
+
+    def read(self, *args):
+        if self.FAILING.is_set():
+            raise RuntimeError("UNAVAILABLE: injected persistent fault")
+        return self.real.read(*args)
+
+    def num_records(self) -> int:
+        return self.real.num_records()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def stop(config, task: dict, out: Path) -> None:
+    mesh = make_mesh([jax.device_count()], ["data"])
+    faulty = task["fault"] == "read" and jax.process_index() == task["faulty"]
+    if faulty:
+        token_store.ArrayRecordReader = FailingReader
+    total = jax.jit(lambda batch: row_checksums(batch).sum())  # a cross-process reduction
+    with DataFeed(config, mesh) as feed:
+        for step in range(100_000):
+            float(total(next(feed)))  # waits for every process's rows
+            if step == 2:
+                (out / f"ready-{jax.process_index()}").touch()
+                while not (out / "go").exists():
+                    time.sleep(0.05)
+                if faulty:
+                    FailingReader.FAILING.set()
+
+
 def maxtext(task: dict) -> None:
     import grain.python as grain
 
@@ -202,6 +248,12 @@ def main() -> None:
             disagree(config, task, out)
         elif task["kind"] == "maxtext":
             maxtext(task)
+        elif task["kind"] == "stop":
+            try:
+                stop(config, task, out)
+            except PipelineError as error:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+                sys.exit(error.exit_code)
         else:
             train(spec, config, task)
     multihost_utils.sync_global_devices("done")

@@ -12,6 +12,8 @@ import os
 import random
 import shutil
 import signal
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from jax.sharding import Mesh
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
+from pipeline.feed import host_stop
 from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
@@ -608,3 +611,91 @@ def test_random_kills_never_change_a_trained_batch(tmp_path):
         expected = reference_checksums(plan.batch(entry["step"]))
         np.testing.assert_array_equal(entry["sums"], expected, err_msg=f"seed {seed}")
     assert FIELDS  # the checksums cover every field (reference_checksums)
+
+
+# -- 4 and issue 17: one host's fatal data error stops every host with its line --------------
+
+
+def last_line(log: Path) -> str:
+    return [line for line in log.read_text().splitlines() if line.strip()][-1]
+
+
+def launch_until_ready(tmp: Path, raw: dict, task: dict, between) -> tuple[list[int], list[str]]:
+    """Run the 'stop' task on 2 processes; `between()` runs once both served 3 steps."""
+    from tests.test_multihost import launch
+
+    def release() -> None:
+        deadline = time.monotonic() + 120
+        while not all((tmp / f"ready-{i}").exists() for i in range(2)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        between()
+        (tmp / "go").touch()
+
+    helper = threading.Thread(target=release, daemon=True)
+    helper.start()
+    codes = launch(tmp, raw, [task], 2, 2, timeout=150)
+    helper.join()
+    return codes, [last_line(log) for log in sorted(tmp.glob("spec-*-*.log"))]
+
+
+def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, monkeypatch):
+    """No shard opens after the replacement: the feed's periodic identity check finds it."""
+    monkeypatch.setattr(host_stop, "STORE_CHECK_S", 0.05)
+    out = tmp_path / "store"
+    old = corpus(tmp_path / "old", "alpha", 60)
+    prepare(PrepareOptions([str(old)], out, num_shards=1, progress=False))
+    config = parse_config(config_over(tmp_path, {"s": out}, lanes=1, global_batch_size=2), "r.yaml")
+    with DataFeed(config, mesh(), prefetch=1, threads=1) as feed:
+        next(feed)
+        assert feed.plan.stores()[0].num_shards == 1  # opened by the first step
+        new = corpus(tmp_path / "new", "omega", 60)
+        prepare(PrepareOptions([str(new)], out, num_shards=1, overwrite=True, progress=False))
+        with pytest.raises(FeedError) as info:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                next(feed)
+                time.sleep(0.01)
+    assert one_line(info.value) == (
+        f"{out / MANIFEST}: the store was replaced or changed after it was opened (by "
+        "`prepare --overwrite`?); restart the job to read the new store"
+    )
+
+
+@pytest.mark.multiprocess
+def test_a_store_replaced_under_two_processes_stops_both_with_its_line(tmp_path):
+    """One shard, opened by the first step on both processes: what finds the replacement is
+    the feed's periodic identity check, on one host or both."""
+    out = tmp_path / "store"
+    old = corpus(tmp_path / "old", "alpha", 60)
+    new = corpus(tmp_path / "new", "omega", 60)
+    prepare(PrepareOptions([str(old)], out, num_shards=1, progress=False))
+    raw = config_over(tmp_path, {"s": out}, lanes=2, global_batch_size=4)
+
+    def replace() -> None:
+        argv = ["prepare", str(new), "--out", str(out), "--num-shards", "1", "--overwrite"]
+        assert main(argv) == 0
+
+    task = {"kind": "stop", "fault": "replace", "faulty": None}
+    codes, lines = launch_until_ready(tmp_path, raw, task, replace)
+    from tests.test_multihost import worker_output
+
+    assert codes == [2, 2], worker_output(tmp_path)
+    for line in lines:  # each found it itself, or raised or logged the other's line
+        assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in line
+
+
+@pytest.mark.multiprocess
+def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_line(tmp_path):
+    raw = two_stage_raw(tmp_path / "stores", flat=False)  # every read goes through ArrayRecord
+    task = {"kind": "stop", "fault": "read", "faulty": 1}
+    codes, lines = launch_until_ready(tmp_path, raw, task, lambda: None)
+    from tests.test_multihost import worker_output
+
+    assert codes == [2, 2], worker_output(tmp_path)
+    failing = lines[1]
+    assert failing.startswith("error: step "), failing
+    assert "(6 tries): UNAVAILABLE: injected persistent fault" in failing
+    assert ".array_record" in failing  # names the shard file
+    assert lines[0].endswith(f"host 1: {failing.removeprefix('error: ')}"), lines[0]

@@ -56,6 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.config import DataConfig
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
+from pipeline.feed.host_stop import HostStop
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
@@ -199,6 +200,8 @@ class DataFeed:
         self._step = self._check_step(step)
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None
+        self._host_stop = HostStop(self._plan.stores())
+        weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         options = self.config.feed
         self._stats = (
             Recorder(jax.process_index(), self.prefetch, options.input_bound_share,
@@ -280,6 +283,7 @@ class DataFeed:
             self._metrics.close()
         if self._verifier is not None:
             self._verifier.close()
+        self._host_stop.close()
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -295,6 +299,14 @@ class DataFeed:
 
     def __next__(self) -> dict[str, jax.Array]:
         self._ensure_open()
+        try:
+            return self._next()
+        except FeedError as error:  # fatal to the job: tell the other hosts why (host_stop)
+            self._host_stop.publish(str(error))
+            raise
+
+    def _next(self) -> dict[str, jax.Array]:
+        self._host_stop.check()  # a peer's stop, or a store replaced under the feed
         if self._verifier is not None:
             self._verifier.check()
         entered = time.perf_counter()

@@ -26,7 +26,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from pathlib import Path
@@ -129,7 +129,7 @@ class TokenStore:
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
         self.manifest = load_manifest(self.path)
-        self._manifest_identity = _identity_or_none(self.path / MANIFEST)
+        self._identity = store_identity(self.path)
         self.meta = StoreMeta.from_manifest(self.path, self.manifest)
         self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
@@ -172,6 +172,15 @@ class TokenStore:
     def tokenizer_identity(self) -> tuple[str, str, int, int]:
         """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
         return self.meta.tokenizer_identity
+
+    def check_unchanged(self) -> None:
+        """Refuse a store that is no longer the one opened (`store_identity` changed): checked
+        at each shard's first use, and by a running feed every few seconds."""
+        if store_identity(self.path) != self._identity:
+            raise StoreError(
+                f"{self.path / MANIFEST}: the store was replaced or changed after it was opened "
+                "(by `prepare --overwrite`?); restart the job to read the new store"
+            )
 
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
@@ -478,12 +487,7 @@ class TokenStore:
                 return
             entry = self.manifest["shards"][shard]
             file = self.path / entry["file"]
-            manifest = self.path / MANIFEST
-            if _identity_or_none(manifest) != self._manifest_identity:
-                raise StoreError(
-                    f"{manifest}: the store was replaced or changed after it was opened (by "
-                    "`prepare --overwrite`?); restart the job to read the new store"
-                )
+            self.check_unchanged()
             if _identity_or_none(file) != self._file_identities[shard].get("file"):
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
@@ -758,6 +762,16 @@ def _discard(reader: ArrayRecordReader) -> None:
     """Close the reader of a shard found damaged; closing a damaged file can fail too."""
     with contextlib.suppress(Exception):
         reader.close()
+
+
+def store_identity(path: Path) -> Hashable | None:
+    """The identity of the store at `path` now: what changes when it is replaced or rewritten.
+
+    Local: the manifest's (device, inode, size, mtime), as `prepare` writes the manifest last
+    and `--overwrite` swaps the whole directory. A cloud store: None, not watched yet (the place
+    for its manifest object's generation number). None for a missing manifest.
+    """
+    return _identity_or_none(path / MANIFEST)
 
 
 def _identity_or_none(path: Path) -> FileIdentity | None:

@@ -1,0 +1,158 @@
+"""One host's fatal data error stops every host, with that host's one line.
+
+Multi-controller JAX cannot raise in another process. When one process's feed stops on a data
+error (a store replaced under the run, a read that fails on every retry, a failed background
+verification), its peers go on into the step's collectives and wait there for it until JAX
+gives up on the lost peer, with JAX's message instead of ours. So:
+
+* the failing process's `next()` writes the line it raises to the coordination service's
+  key-value store (the one `jax.distributed.initialize` started), under `pipeline/stop/<its
+  process index>`;
+* every feed's watcher thread polls that directory (one small RPC every `POLL_S`, never on the
+  training thread) and, on a peer's line, logs `host <i>: <line>` at ERROR; the next `next()`
+  raises that line as a `FeedError`. A process whose training thread is stuck in a collective
+  waiting for the stopped peer never calls `next()` again: when the line has not been raised
+  `GRACE_S` after it was seen, the watcher logs it once more and ends the process with exit
+  status 2, so that host's log ends with the same line.
+* the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it
+  opened (`TokenStore.check_unchanged`: one `stat` of a local manifest), so a host that never
+  opens a replaced shard still stops on the replacement; `next()` raises and publishes it.
+
+A published stop ends the data of the whole `jax.distributed` session: every feed of every
+process stops on it, as the job cannot go on without the failed process. In one process there
+is nothing to publish or poll, and the store re-check is the watcher's only work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from pipeline.errors import FeedError, StoreError
+from pipeline.store.token_store import TokenStore
+
+log = logging.getLogger("pipeline")
+
+PREFIX = "pipeline/stop/"
+"""The key-value directory of published stops: key PREFIX + process index, value the line."""
+POLL_S = 2.0
+"""Seconds between two polls of the stop directory (one RPC to the coordinator each)."""
+STORE_CHECK_S = 10.0
+"""Seconds between two checks that each store is still the one opened."""
+GRACE_S = 10.0
+"""Seconds a peer's stop may wait for `next()` to raise it before the watcher ends the process."""
+SHUTDOWN_S = 60.0
+"""Seconds the watcher waits for JAX's shutdown barrier before ending the process anyway."""
+EXIT_STATUS = 2  # a PipelineError's exit status
+
+
+def _coordination_client() -> Any | None:
+    """The client `jax.distributed.initialize` set up (None in one process). JAX has no public
+    accessor; Orbax reads the same attribute."""
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+class HostStop:
+    """Publishes this process's fatal data error; watches the peers' and the stores' identity."""
+
+    def __init__(self, stores: Sequence[TokenStore]) -> None:
+        self._client = _coordination_client()
+        self._index = jax.process_index()
+        self._stores = tuple(stores)
+        self._store_check_s = STORE_CHECK_S
+        self._poll_s = POLL_S if self._client is not None else STORE_CHECK_S
+        self._grace_s = GRACE_S
+        self._failure: str | None = None  # what `check()` raises
+        self._peer_seen: float | None = None  # when a peer's stop was first seen
+        self._raised = False
+        self._published = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-watch", daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        """Raise what the watcher found; `next()` calls it every step (one attribute read)."""
+        if self._failure is not None:
+            self._raised = True
+            raise FeedError(self._failure)
+
+    def publish(self, line: str) -> None:
+        """Tell every other process that this one stops with `line` (once per process)."""
+        self._raised = True  # this process raises now: the watcher has nothing left to end
+        if self._client is None or self._published or self._peer_seen is not None:
+            return  # one process, already told, or a peer's stop that the peers know
+        self._published = True
+        try:
+            self._client.key_value_set(f"{PREFIX}{self._index}", line, allow_overwrite=True)
+        except Exception as error:  # the coordinator may be gone already: JAX reports that
+            log.warning("could not tell the other hosts why this one stops: %s", error)
+
+    def close(self, wait: bool = True) -> None:
+        self._done.set()
+        if wait:
+            self._thread.join()
+
+    def _run(self) -> None:
+        next_store_check = time.monotonic() + self._store_check_s
+        while not self._done.wait(self._poll_s):
+            now = time.monotonic()
+            if now >= next_store_check:
+                next_store_check = now + self._store_check_s
+                self._check_stores()
+            if self._client is not None:
+                self._check_peers(now)
+
+    def _check_stores(self) -> None:
+        for store in self._stores:
+            try:
+                store.check_unchanged()
+            except StoreError as error:
+                if self._failure is None:
+                    self._failure = str(error)
+                return
+
+    def _check_peers(self, now: float) -> None:
+        if self._peer_seen is None:
+            try:
+                stops = self._client.key_value_dir_get(PREFIX)
+            except Exception:  # a lost coordinator is JAX's to report
+                return
+            peers = sorted(
+                (int(key.rsplit("/", 1)[-1]), line)
+                for key, line in stops
+                if key.rsplit("/", 1)[-1] != str(self._index)
+            )
+            if not peers:
+                return
+            index, line = peers[0]
+            self._peer_seen = now
+            if self._failure is None:
+                self._failure = f"host {index}: {line}"
+            log.error("%s", self._failure)
+        elif not self._raised and now - self._peer_seen >= self._grace_s:
+            self._end_process()
+
+    def _end_process(self) -> None:
+        """The training thread did not come back to `next()`: it waits in a collective for the
+        stopped host, and would stop later with JAX's message, not this one. Leave the
+        coordination service as the stopped host does (its exit waits in JAX's shutdown barrier
+        for every process; a process gone without it would fail that barrier with JAX's
+        message there), then end this process with the line last in its log."""
+        leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+        leaving.start()
+        leaving.join(SHUTDOWN_S)
+        log.error("%s", self._failure)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(EXIT_STATUS)
