@@ -95,11 +95,9 @@ def main() -> None:
         spec = {"port": port, "n": args.processes, "config": config, "calls": args.calls}
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        argv = [sys.executable, __file__, "--worker", json.dumps(spec)]
         procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(spec), str(i)],
-                env=env, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            subprocess.Popen([*argv, str(i)], env=env, stdout=subprocess.PIPE, text=True)
             for i in range(args.processes)
         ]
         results = [json.loads(p.communicate(timeout=600)[0].splitlines()[-1]) for p in procs]
