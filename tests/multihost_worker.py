@@ -143,7 +143,8 @@ def train(spec: dict, config, task: dict) -> None:
             restored = mngr.restore(
                 latest,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore({"w": abstract}), data=DataRestore(feed)
+                    state=ocp.args.StandardRestore({"w": abstract}),
+                    data=DataRestore(feed, saved_after_step=True),
                 ),
             )
             w = restored["state"]["w"]

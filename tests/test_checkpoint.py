@@ -145,10 +145,13 @@ def test_restore_or_start(tmp_path):
         mngr.wait_until_finished()
     with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
         assert mngr.latest_step() == 9
-        assert restore_or_start(mngr, feed) == 10
+        # checkpoint N was saved after training step N: it holds data step N + 1
+        assert restore_or_start(mngr, feed, saved_after_step=True) == 10
         assert_next_is(feed, plan, 10)
-        assert restore_or_start(mngr, feed, step=4) == 5
+        assert restore_or_start(mngr, feed, step=4, saved_after_step=True) == 5
         assert_next_is(feed, plan, 5)
+        with pytest.raises(LedgerError, match=r"which holds step 4 \(saved before training step 4"):
+            restore_or_start(mngr, feed, step=4)  # the other numbering: refused, not off by one
 
 
 def test_a_malformed_state_is_refused(tmp_path):

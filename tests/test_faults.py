@@ -129,7 +129,7 @@ def switched_checkpoint(tmp_path) -> Path:
     return tmp_path
 
 
-def restore_edited(root: Path, edit, redo_digest: bool = True) -> LedgerError:
+def edit_state(root: Path, edit, redo_digest: bool = True) -> None:
     path = root / "ckpt" / "6" / "data" / FILENAME
     state = json.loads(path.read_text())
     edit(state)
@@ -137,11 +137,18 @@ def restore_edited(root: Path, edit, redo_digest: bool = True) -> LedgerError:
     if redo_digest:
         state["digest"] = data_state.digest_of(state)
     path.write_text(json.dumps(state))
+
+
+def restore_edited(
+    root: Path, edit, redo_digest: bool = True, saved_after_step: bool = False
+) -> LedgerError:
+    edit_state(root, edit, redo_digest)
     config = parse_config(switched_raw(root), origin="changed.yaml")
-    with DataFeed(config, mesh()) as feed, manager(root) as mngr:
+    data = DataRestore(DataFeed(config, mesh()), saved_after_step=saved_after_step)
+    with data.feed, manager(root) as mngr:
         with pytest.raises(LedgerError) as info:
-            mngr.restore(6, args=ocp.args.Composite(data=DataRestore(feed)))
-        assert feed.step == 0  # nothing was adopted
+            mngr.restore(6, args=ocp.args.Composite(data=data))
+        assert data.feed.step == 0  # nothing was adopted
     return info.value
 
 
@@ -167,15 +174,34 @@ def test_an_edited_counter_of_the_first_segment_is_refused(switched_checkpoint):
     assert str(error).splitlines()[1] == "  segments[0].counters.docs: 5 recorded, 0 re-derived"
 
 
-@pytest.mark.parametrize("step", [11, 1])
+@pytest.mark.parametrize("step", [7, 5, 11, 1])
 def test_an_edited_step_is_refused_against_the_checkpoint_step(switched_checkpoint, step):
+    """Exactly: the +1 edit too (checkpoint 6 was saved before training step 6)."""
     error = restore_edited(switched_checkpoint, lambda s: s.update(step=step))
     if step < 4:  # before the ledger's last segment: refused when the state is parsed
         assert "before the ledger's last segment" in one_line(error)
     else:
         assert str(error).splitlines()[1] == (
-            f"  step: {step} recorded in checkpoint 6, which holds step 6 or 7"
+            f"  step: {step} recorded in checkpoint 6, which holds step 6 (saved before "
+            "training step 6: saved_after_step=False)"
         )
+
+
+def test_the_step_is_checked_by_the_trainers_checkpoint_numbering(switched_checkpoint):
+    """A trainer that saves checkpoint N after training step N holds step N + 1 there: its
+    genuine state restores, and the same state under the other numbering is refused."""
+    root = switched_checkpoint
+    error = restore_edited(root, lambda s: None, saved_after_step=True)
+    assert str(error).splitlines()[1] == (
+        "  step: 6 recorded in checkpoint 6, which holds step 7 (saved after training step 6: "
+        "saved_after_step=True)"
+    )
+    edit_state(root, lambda s: s.update(step=7))  # what such a trainer saves at checkpoint 6
+    config = parse_config(switched_raw(root), origin="changed.yaml")
+    with DataFeed(config, mesh()) as feed, manager(root) as mngr:
+        data = DataRestore(feed, saved_after_step=True)
+        mngr.restore(6, args=ocp.args.Composite(data=data))
+        assert feed.step == 7
 
 
 def test_an_edit_without_the_digest_is_named_as_damage(switched_checkpoint):

@@ -175,7 +175,8 @@ def test_the_maxtext_adapter_reads_a_bucket_config_and_stores(tmp_path: Path, pr
         text = train.local_iterator.get_state().decode()
     finally:
         train.close()
-    item = location(f"{prefix}/checkpoints/4/iter")  # MaxText's checkpoint item in the bucket
+    # MaxText's checkpoint item in the bucket: checkpoint 3, saved after training step 3
+    item = location(f"{prefix}/checkpoints/3/iter")
     (item / "process_0-of-1.json").write_text(text)
     assert read_iter_state(str(item)).step == 4
     resumed, _ = create_data_iterator(config, mesh)

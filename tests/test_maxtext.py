@@ -222,6 +222,34 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
         read_iter_state(tmp_path)
 
 
+def test_restore_from_checks_the_step_exactly_by_maxtexts_numbering(data_yaml, mesh, tmp_path):
+    """MaxText saves checkpoint N after training step N: `N/iter` holds data step N + 1."""
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        for _ in range(4):
+            next(train)
+        text = train.local_iterator.get_state().decode()
+    finally:
+        train.close()
+    for checkpoint in (3, 4):
+        item = tmp_path / str(checkpoint) / "iter"
+        item.mkdir(parents=True)
+        (item / "process_0.json").write_text(text)
+    resumed, _ = create_data_iterator(config, mesh)
+    try:
+        resumed.restore_from(tmp_path / "3" / "iter")
+        assert resumed.step == 4
+        with pytest.raises(LedgerError) as info:  # a state copied to the next checkpoint
+            resumed.restore_from(tmp_path / "4" / "iter")
+        assert str(info.value).splitlines()[1] == (
+            "  step: 4 recorded in checkpoint 4, which holds step 5 (saved after training step 4: "
+            "saved_after_step=True)"
+        )
+    finally:
+        resumed.close()
+
+
 def test_maxtext_takes_its_shared_state_path_for_our_iterator(data_yaml, mesh, tmp_path):
     """MaxText writes an ElasticIterator's state once, as process_0.json, from process 0, and
     every process of a later run, however many, reads it back (grain_utility's handler)."""

@@ -13,7 +13,8 @@ step and the ledger.
 
 `DataRestore(feed, switch=False)` reads the state and hands it to `restore.restore_state`:
 every process checks its digest, that all read the same state under the same data config,
-re-derives each segment's start counters and the step (against this checkpoint's step), then
+re-derives each segment's start counters and the step (exactly, from this checkpoint's step
+and the trainer's numbering: `saved_after_step`), then
 reconciles the ledger with the feed's config (`resume.reconcile`: an undeclared change raises
 `LedgerError` on every process; `switch=True` records a switch at the restored step) and seeks
 the feed. The restored item is the feed's new state.
@@ -73,6 +74,7 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
             switch=args.switch,
             switch_flag=args.switch_flag,
             checkpoint_step=step,
+            saved_after_step=args.saved_after_step,
         )
         return restored.to_json()
 
@@ -95,12 +97,17 @@ class DataRestore(ocp.args.CheckpointArgs):
     """Restore the data state into `feed`; `switch=True` declares a data config change.
 
     `switch_flag` is what the refusal of an undeclared change tells the user to set: a trainer
-    passes the name of its own flag (e.g. `--switch-data`).
+    passes the name of its own flag (e.g. `--switch-data`). `saved_after_step` is the trainer's
+    checkpoint numbering, against which the saved step is checked exactly: False when
+    checkpoint N is saved before training step N (`mngr.save(feed.step, ...)`: it holds data
+    step N), True when it is saved after training step N (`mngr.save(step, ...)` at the end of
+    the loop body, as MaxText and Orbax's examples do: it holds data step N + 1).
     """
 
     feed: DataFeed
     switch: bool = False
     switch_flag: str = "DataRestore(..., switch=True)"
+    saved_after_step: bool = False
 
 
 def restore_or_start(
@@ -110,10 +117,12 @@ def restore_or_start(
     step: int | None = None,
     data_step: int | None = None,
     switch: bool = False,
+    saved_after_step: bool = False,
 ) -> int:
     """Position `feed` for a (re)started run; returns the feed's next step.
 
-    Restores the data item of checkpoint `step` (default: the latest). A checkpoint saved
+    Restores the data item of checkpoint `step` (default: the latest), checked against the
+    trainer's checkpoint numbering (`DataRestore.saved_after_step`). A checkpoint saved
     without a data item needs `data_step`, the first step whose batch has not been trained on;
     with no checkpoint at all the feed starts at `data_step` or 0.
     """
@@ -129,7 +138,7 @@ def restore_or_start(
     )
     if has_data:
         flag = "restore_or_start(..., switch=True)"
-        data = DataRestore(feed, switch=switch, switch_flag=flag)
+        data = DataRestore(feed, switch=switch, switch_flag=flag, saved_after_step=saved_after_step)
         mngr.restore(step, args=ocp.args.Composite(data=data))
         return feed.step
     if data_step is None:

@@ -176,7 +176,8 @@ class TrainIterator:
 
     def restore_from(self, directory: str | os.PathLike) -> None:
         """Restore from an `iter` item directory saved with any number of processes; its
-        parent's name (the checkpoint step) must agree with the saved step."""
+        parent's name is the checkpoint step N, and MaxText saves checkpoint N after training
+        step N, so the saved step must be N + 1 exactly."""
         step = location(directory).parent.name
         checkpoint_step = int(step) if step.isdigit() else None
         state = read_iter_state(directory)
@@ -186,6 +187,7 @@ class TrainIterator:
             switch=self.local_iterator.switch,
             switch_flag=SWITCH_FLAG,
             checkpoint_step=checkpoint_step,
+            saved_after_step=True,
         )
 
     def close(self) -> None:

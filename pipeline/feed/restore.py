@@ -35,16 +35,19 @@ def restore_state(
     switch: bool = False,
     switch_flag: str = "restore_state(..., switch=True)",
     checkpoint_step: int | None = None,
+    saved_after_step: bool = False,
 ) -> DataState:
     """Check `state` on every process, re-derive what it implies, reconcile it, seek `feed`.
 
     `checkpoint_step` (when the caller knows it) is the step of the checkpoint the state was
-    saved in; the state's step must be it or the next one (`data_state.verify`). `switch_flag`
-    is what the refusal of an undeclared config change tells the user to set (`reconcile`).
+    saved in; the state's step must be exactly it, or the next one when the trainer saves
+    checkpoint N after training step N (`saved_after_step`; `data_state.verify`).
+    `switch_flag` is what the refusal of an undeclared config change tells the user to set
+    (`reconcile`).
     """
     _check_processes_agree(state, feed)
     plan = Plan(state.ledger, feed.plan.stores())
-    data_state.verify(state, plan, checkpoint_step)
+    data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     reconciled = reconcile(plan, feed.config, state.step, switch=switch, switch_flag=switch_flag)
     feed.adopt(reconciled, state.step)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items

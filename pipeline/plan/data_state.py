@@ -138,22 +138,35 @@ def load_ledger(path: str | Path) -> Ledger:
     return Ledger.from_json(raw, origin=str(file))
 
 
-def verify(state: DataState, plan: Plan, checkpoint_step: int | None = None) -> None:
+def verify(
+    state: DataState,
+    plan: Plan,
+    checkpoint_step: int | None = None,
+    *,
+    saved_after_step: bool = False,
+) -> None:
     """Refuse a state that disagrees with what can be re-derived, one line per difference.
 
     * Each segment's start counters: zero for the first, and for every later one what the
       previous segment's plan gives at its start (`Plan.carried_counters`, as a switch wrote
       them). A past segment whose stores are gone is not re-derived (a warning says so).
-    * The step, against the checkpoint step it was saved with: a trainer saves the state at
-      step N either before training N (state step N) or after it (N + 1).
+    * The step, exactly, against the checkpoint step it was saved with, by the trainer's
+      convention, which only the trainer knows (the file cannot say it: any field of it can be
+      edited and its digest redone). Trainers number a checkpoint either by the steps done
+      (`mngr.save(feed.step)` before training step N: it holds data step N; scripts/train.py)
+      or by the step just trained (`mngr.save(step)` after training step N, as MaxText and
+      Orbax's examples do: it holds data step N + 1, `saved_after_step=True`).
 
     `plan` must plan `state.ledger` (it opens past segments' stores as needed).
     """
     differences = counter_differences(state.ledger, plan, state.origin)
-    if checkpoint_step is not None and state.step not in (checkpoint_step, checkpoint_step + 1):
+    expected = None if checkpoint_step is None else checkpoint_step + int(saved_after_step)
+    if expected is not None and state.step != expected:
+        when = "after" if saved_after_step else "before"
         differences.append(
             f"step: {state.step} recorded in checkpoint {checkpoint_step}, which holds step "
-            f"{checkpoint_step} or {checkpoint_step + 1}"
+            f"{expected} (saved {when} training step {checkpoint_step}: "
+            f"saved_after_step={saved_after_step})"
         )
     refuse(differences, state.origin)
 
