@@ -24,6 +24,8 @@ the step's local rows with one `Plan.read` and transfers every field with one
 over arrays that are already on the devices (prefetched batches occupy device memory, as with
 any device prefetch). The rows of a step are a pure function of (ledger, step, row), so the
 result never depends on depth, threads, timing or restart history; `seek` only moves the step.
+An error `next()` raises stops every other process too, with the same line
+(`pipeline.feed.host_stop`, whose thread also re-checks that each store is still the one opened).
 
 Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
 128}}`, or a ledger switch to another batch), the feed builds the step's arrays with the new

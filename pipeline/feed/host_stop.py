@@ -106,6 +106,8 @@ class HostStop:
     def _run(self) -> None:
         next_store_check = time.monotonic() + self._store_check_s
         while not self._done.wait(self._poll_s):
+            if self._raised:  # this process stops with its line: nothing more to watch
+                return
             now = time.monotonic()
             if now >= next_store_check:
                 next_store_check = now + self._store_check_s
