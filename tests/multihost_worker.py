@@ -24,7 +24,8 @@ and a list of tasks:
   CLI prints it, "error: <line>", exit status 2.
 * {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
   of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
-  shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at `steps`.
+  shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at checkpoint
+  `steps - 1` (MaxText saves checkpoint s after training step s).
 
 Run with JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count=K.
 """
@@ -224,7 +225,8 @@ def maxtext(task: dict) -> None:
             for _ in range(task["steps"]):
                 next(train)
             save = grain.PyGrainCheckpointSave(train.local_iterator)
-            mngr.save(task["steps"], args=ocp.args.Composite(iter=save))
+            # MaxText's numbering: checkpoint s is saved after training step s
+            mngr.save(task["steps"] - 1, args=ocp.args.Composite(iter=save))
     finally:
         train.close()
 

@@ -230,7 +230,7 @@ def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
     task = {"kind": "maxtext", "data_yaml": str(data_yaml), "ckpt": str(tmp_path / "ckpt"),
             "steps": 13}  # fmt: skip
     assert launch(tmp_path, raw, [task], 2, 2) == [0, 0], worker_output(tmp_path)
-    item = tmp_path / "ckpt" / "13" / "iter"
+    item = tmp_path / "ckpt" / "12" / "iter"  # saved after training step 12
     files = sorted(p.name for p in item.glob("process_*"))
     assert files == ["process_0-of-2.json", "process_1-of-2.json"]
     texts = {(item / name).read_text() for name in files}
