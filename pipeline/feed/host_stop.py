@@ -78,7 +78,7 @@ class HostStop:
         self._raised = False
         self._published = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="pipeline-feed-watch", daemon=True)
         self._thread.start()
 
     def check(self) -> None:
