@@ -12,8 +12,9 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   training thread) and, on a peer's line, logs `host <i>: <line>` at ERROR; the next `next()`
   raises that line as a `FeedError`. A process whose training thread is stuck in a collective
   waiting for the stopped peer never calls `next()` again: when the line has not been raised
-  `GRACE_S` after it was seen, the watcher logs it once more and ends the process with exit
-  status 2, so that host's log ends with the same line.
+  `GRACE_S` after it was seen, the watcher leaves JAX's coordination service (as the stopped
+  process does at exit), logs the line once more and ends the process with exit status 2, so
+  that host's log ends with the same line.
 * the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it
   opened (`TokenStore.check_unchanged`: one `stat` of a local manifest), so a host that never
   opens a replaced shard still stops on the replacement; `next()` raises and publishes it.
@@ -130,10 +131,11 @@ class HostStop:
                 stops = self._client.key_value_dir_get(PREFIX)
             except Exception:  # a lost coordinator is JAX's to report
                 return
+            named = ((key.rsplit("/", 1)[-1], line) for key, line in stops)
             peers = sorted(
-                (int(key.rsplit("/", 1)[-1]), line)
-                for key, line in stops
-                if key.rsplit("/", 1)[-1] != str(self._index)
+                (int(index), line)
+                for index, line in named
+                if index.isdigit() and int(index) != self._index
             )
             if not peers:
                 return
