@@ -74,6 +74,19 @@ def worker_output(tmp: Path) -> str:
     return "\n".join(p.read_text()[-3000:] for p in sorted(tmp.glob("spec-*-*.log")))
 
 
+def run_on_one_mesh(
+    tmp: Path, raw: dict, name: str, steps: list[int], processes: int, devices: int
+) -> tuple[Plan, np.lib.npyio.NpzFile]:
+    """The batches `processes` real processes build on a 4-device data mesh, and the plan."""
+    task = {"kind": "checksums", "name": name, "mesh": [[4], ["data"]],
+            "batch_axes": ["data"], "steps": steps}  # fmt: skip
+    codes = launch(tmp, raw, [task], processes, devices)
+    assert codes == [0] * processes, worker_output(tmp)
+    return Plan.from_config(parse_config(raw, origin="multihost.yaml")), np.load(
+        tmp / f"{name}.npz"
+    )
+
+
 def reference_checksums(batch: dict[str, np.ndarray]) -> np.ndarray:
     total = np.zeros(batch["inputs"].shape[0], dtype=np.int64)
     for index, field in enumerate(FIELDS):
@@ -141,12 +154,7 @@ def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, p
     ramp = {"step": {0: 4, 5: 8, 12: 16}}
     raw = two_stage_raw(tmp_path / "stores", global_batch_size=ramp)
     steps = [0, 4, 5, 11, 12, 30, 7]  # each reached by a seek, as a resumed run reaches it
-    task = {"kind": "checksums", "name": "ramp", "mesh": [[4], ["data"]],
-            "batch_axes": ["data"], "steps": steps}  # fmt: skip
-    codes = launch(tmp_path, raw, [task], processes, devices)
-    assert codes == [0] * processes, worker_output(tmp_path)
-    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
-    result = np.load(tmp_path / "ramp.npz")
+    plan, result = run_on_one_mesh(tmp_path, raw, "ramp", steps, processes, devices)
     for step in steps:
         expected = plan.batch(step)
         assert expected["inputs"].shape[0] == (4 if step < 5 else 8 if step < 12 else 16)
@@ -159,12 +167,7 @@ def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, p
 def test_provenance_fields_across_processes_equal_the_plans_draws(tmp_path, processes, devices):
     provenance = ["source", "epoch", "window"]
     raw = two_stage_raw(tmp_path / "stores", grad_accum=2, feed={"provenance": provenance})
-    task = {"kind": "checksums", "name": "prov", "mesh": [[4], ["data"]], "batch_axes": ["data"],
-            "steps": STEPS}  # fmt: skip
-    codes = launch(tmp_path, raw, [task], processes, devices)
-    assert codes == [0] * processes, worker_output(tmp_path)
-    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
-    result = np.load(tmp_path / "prov.npz")
+    plan, result = run_on_one_mesh(tmp_path, raw, "prov", STEPS, processes, devices)
     for step in STEPS:
         draws = plan.draws(step)  # row r is row r % 4 of micro-batch r // 4
         for name in provenance:
@@ -261,12 +264,7 @@ def test_best_fit_rows_are_the_plan_at_any_step_on_2_and_4_processes(tmp_path, p
     sft = write_masked_store(tmp_path / "stores" / "sft", [[(3 + i % 9, i % 3) for i in range(40)]])
     raw["sources"]["sft"] = {"path": str(sft.path), "packing": "best_fit"}
     raw["stages"][1]["mix"]["sft"] = 2
-    task = {"kind": "checksums", "name": "sft", "mesh": [[4], ["data"]],
-            "batch_axes": ["data"], "steps": STEPS}  # fmt: skip
-    codes = launch(tmp_path, raw, [task], processes, devices)
-    assert codes == [0] * processes, worker_output(tmp_path)
-    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
-    result = np.load(tmp_path / "sft.npz")
+    plan, result = run_on_one_mesh(tmp_path, raw, "sft", STEPS, processes, devices)
     for step in STEPS:
         expected = plan.batch(step)
         for field in FIELDS:
