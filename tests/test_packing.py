@@ -225,8 +225,11 @@ def test_mixed_with_a_concat_source_in_epochized_stages(tmp_path: Path) -> None:
     assert seen == Counter({first: 2 for first in table})
 
 
-def test_concat_windows_of_a_masked_store_carry_the_mask(tmp_path: Path) -> None:
-    store = write_masked_store(tmp_path / "s", [[(8, 3)] * 20])
+@pytest.mark.parametrize(
+    "shards", [[[(8, 3)] * 20], [[(8, 3)] * 7, [(5, 4)] * 6, [(8, 3)] * 9]], ids=["1", "3"]
+)
+def test_concat_windows_of_a_masked_store_carry_the_mask(tmp_path: Path, shards) -> None:
+    store = write_masked_store(tmp_path / "s", shards)
     config = _config(store.path, 10, 2, 1)
     config["sources"]["sft"] = {"path": str(store.path)}
     plan = Plan.from_config(parse_config(config))

@@ -16,6 +16,7 @@ epoch `e` is the same bijection on the shard indices, keyed per (seed, source, e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -32,7 +33,7 @@ SMALL_DOMAIN = 1 << 16
 
 class SourceLayout:
     """One source's epochs, lanes and windows, from its store's metadata alone; reading a window
-    takes the open store (`read`, `read_into`)."""
+    takes the open store (`read`; a batch's windows: `window_pieces`)."""
 
     def __init__(self, name: str, meta: StoreMeta, seed: int, seq_len: int, lanes: int) -> None:
         self.name = name
@@ -96,44 +97,6 @@ class SourceLayout:
             return TokenSpan(spans[0], doc_starts[0])
         return TokenSpan(np.concatenate(spans), np.concatenate(doc_starts))
 
-    def read_into(
-        self,
-        store: TokenStore,
-        out: np.ndarray,
-        out_rows: np.ndarray,
-        epochs: np.ndarray,
-        starts: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Windows at `starts` of `epochs` into rows `out_rows` of `out` [rows, seq_len + 1].
-
-        The batched `read`: a window's pieces (`pieces`) are found for all rows at once and
-        read with one `TokenStore.read_pieces_into` call. Returns (row, column) in `out` of
-        every document start.
-        """
-        out_rows = np.asarray(out_rows, dtype=np.int64)
-        epochs = np.asarray(epochs, dtype=np.int64)
-        starts = np.asarray(starts, dtype=np.int64)
-        length = self.seq_len + 1
-        parts: list[tuple[np.ndarray, ...]] = []
-        for epoch in np.unique(epochs).tolist():
-            mask = epochs == epoch
-            order, bounds = self._shard_starts(epoch)
-            start, rows = starts[mask], out_rows[mask]
-            first = np.searchsorted(bounds, start, side="right") - 1
-            count = np.searchsorted(bounds, start + length, side="left") - first
-            window = np.repeat(np.arange(start.size), count)
-            piece = (
-                first[window] + np.arange(window.size) - np.repeat(np.cumsum(count) - count, count)
-            )
-            lo = np.maximum(start[window], bounds[piece])
-            hi = np.minimum(start[window] + length, bounds[piece + 1])
-            keep = hi > lo  # an empty shard inside a window is no piece
-            piece, window, lo, hi = piece[keep], window[keep], lo[keep], hi[keep]
-            parts.append((order[piece], lo - bounds[piece], hi - bounds[piece], rows[window],
-                          lo - start[window]))  # fmt: skip
-        shard, lo, hi, rows, cols = (np.concatenate(column) for column in zip(*parts))
-        return store.read_pieces_into(shard, lo, hi, out, rows, cols)
-
     def shard_order(self, epoch: int) -> np.ndarray:
         return self._shard_starts(epoch)[0]
 
@@ -148,3 +111,45 @@ class SourceLayout:
 
     def _permutation(self, epoch: int, lane: int) -> np.ndarray:
         return permutation(self.windows_per_lane, self._window_keys(epoch, lane))
+
+
+def window_pieces(
+    layouts: Sequence[SourceLayout], which: np.ndarray, epochs: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """The shard pieces of many windows, of several sources and epochs, in one vectorised pass.
+
+    Window i is `seq_len + 1` tokens at starts[i] of epoch epochs[i]'s stream of source
+    layouts[which[i]]. The shard bounds of every (source, epoch) stream the windows fall in are
+    laid end to end, so one `searchsorted` finds every window's first shard and piece count
+    (a window never leaves its stream: it lies inside a lane's range). Returns (which, shard,
+    lo, hi, window, column): piece j is tokens [lo[j], hi[j]) of shard shard[j] of source
+    which[j], for columns column[j].. of window window[j]; `read_pieces` copies them.
+    """
+    which, epochs, starts = (np.asarray(a, dtype=np.int64) for a in (which, epochs, starts))
+    if not which.size:  # every row of the step is another kind of source's (best_fit)
+        return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
+    count = len(layouts)
+    keys, stream = np.unique(epochs * count + which, return_inverse=True)
+    bases, bounds, shards, owners, base = [], [], [], [], 0
+    for key in keys.tolist():
+        epoch, k = divmod(key, count)
+        order, shard_bounds = layouts[k]._shard_starts(epoch)
+        bases.append(base)
+        bounds.append(shard_bounds[:-1] + base)
+        shards.append(order)
+        owners.append(np.full(order.size, k, dtype=np.int64))
+        base += int(shard_bounds[-1])
+    bounds.append(np.array([base], dtype=np.int64))
+    bounds, shards, owners = (np.concatenate(a) for a in (bounds, shards, owners))
+    length = layouts[0].seq_len + 1
+    start = starts + np.asarray(bases, dtype=np.int64)[stream.reshape(-1)]
+    first = np.searchsorted(bounds, start, side="right") - 1
+    pieces = np.searchsorted(bounds, start + length, side="left") - first
+    window = np.repeat(np.arange(start.size), pieces)
+    piece = first[window] + np.arange(window.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    lo = np.maximum(start[window], bounds[piece])
+    hi = np.minimum(start[window] + length, bounds[piece + 1])
+    keep = hi > lo  # an empty shard inside a window is no piece
+    piece, window, lo, hi = piece[keep], window[keep], lo[keep], hi[keep]
+    return (owners[piece], shards[piece], lo - bounds[piece], hi - bounds[piece], window,
+            lo - start[window])  # fmt: skip

@@ -43,13 +43,13 @@ from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
-from pipeline.plan.layout import SourceLayout
+from pipeline.plan.layout import SourceLayout, window_pieces
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.sources import open_stores
 from pipeline.plan.stages import StageTable
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenStore
+from pipeline.store.token_store import TokenStore, read_pieces
 
 
 @dataclass(frozen=True)
@@ -303,33 +303,28 @@ class Plan:
         )
 
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """The six fields of the drawn rows: each concat source's windows are read in one batch
-        per shard straight into one [rows, seq_len + 1] buffer (`SourceLayout.read_into`); a
-        best-fit source's rows are assembled by `PackedLayout.read_fields`."""
+        """The six fields of the drawn rows. The shard pieces of every concat source's window
+        are found in one pass over all sources (`window_pieces`) and copied in one pass
+        (`read_pieces`) straight into one [rows, seq_len + 1] buffer; a best-fit source's rows
+        are assembled by `PackedLayout.read_fields`."""
         plan = self.segment_plan(draws.segment_index)
         sources = np.unique(draws.source).tolist()
         layouts = {s: plan.layouts[draws.source_names[s]] for s in sources}
         packed = [s for s in sources if isinstance(layouts[s], PackedLayout)]
-        windows = np.flatnonzero(~np.isin(draws.source, packed))
+        concat = [s for s in sources if s not in packed]
+        windows = np.flatnonzero(np.isin(draws.source, concat))
         tokens = np.empty((len(windows), plan.config.seq_len + 1), dtype=np.int32)
-        doc_rows, doc_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        untrained = []
-        for s in sources:
-            if s in packed:
-                continue
-            rows = np.flatnonzero(draws.source[windows] == s)
-            at = windows[rows]
-            store = self.store(layouts[s].meta)
-            r, c = layouts[s].read_into(store, tokens, rows, draws.epoch[at], draws.start[at])
-            doc_rows.append(r)
-            doc_cols.append(c)
-            if store.masked:
-                untrained.append((layouts[s], store, rows, draws.epoch[at], draws.start[at]))
-        batch = fields(tokens, np.concatenate(doc_rows), np.concatenate(doc_cols))
-        if untrained:  # its own array: the segment fields are views of one buffer
+        which = np.searchsorted(concat, draws.source[windows])
+        stores = [self.store(layouts[s].meta) for s in concat]
+        pieces = window_pieces(
+            [layouts[s] for s in concat], which, draws.epoch[windows], draws.start[windows]
+        )
+        owner, shard, lo, hi, row, col = pieces
+        batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
+        if any(store.masked for store in stores):
+            # its own array: the segment fields are views of one buffer
             batch["targets_segmentation"] = batch["targets_segmentation"].copy()
-        for layout, store, rows, epochs, starts in untrained:
-            _mask_untrained(batch["targets_segmentation"], layout, store, rows, epochs, starts)
+            _mask_untrained(batch["targets_segmentation"], stores, *pieces)
         if not packed:
             return batch
         shape = (len(draws.rows), plan.config.seq_len)
@@ -436,21 +431,28 @@ Layout = SourceLayout | PackedLayout
 
 def _mask_untrained(
     targets_segmentation: np.ndarray,
-    layout: SourceLayout,
-    store: TokenStore,
-    rows: np.ndarray,
-    epochs: np.ndarray,
-    starts: np.ndarray,
+    stores: list[TokenStore],
+    owner: np.ndarray,
+    shard: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    row: np.ndarray,
+    col: np.ndarray,
 ) -> None:
-    """Segment 0 on the targets of windows of a masked store that carry no loss (a window's
-    target column j is its token j + 1)."""
-    for row, epoch, start in zip(rows.tolist(), epochs.tolist(), starts.tolist()):
-        column = 0
-        for shard, lo, hi in layout.pieces(epoch, start, start + layout.seq_len + 1):
-            _, first, end = store.untrained_spans(shard, [lo], [hi])
-            for a, b in zip(first.tolist(), end.tolist()):
-                targets_segmentation[row, max(column + a - 1, 0) : column + b - 1] = 0
-            column += hi - lo
+    """Segment 0 on the targets that carry no loss: the untrained spans inside each piece
+    (`window_pieces`) of a masked store's windows, one `untrained_spans` call per shard (a
+    window's target column j is its token j + 1)."""
+    for k, store in enumerate(stores):
+        if not store.masked:
+            continue
+        mine = np.flatnonzero(owner == k)
+        for number in np.unique(shard[mine]).tolist():
+            at = mine[shard[mine] == number]
+            piece, first, end = store.untrained_spans(number, lo[at], hi[at])
+            starts = (col[at][piece] + first - 1).tolist()
+            ends = (col[at][piece] + end - 1).tolist()
+            for r, a, b in zip(row[at][piece].tolist(), starts, ends):
+                targets_segmentation[r, max(a, 0) : b] = 0
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -14,7 +14,7 @@ ranges of shards in other orders too, so the primitive is `read_shard_tokens`; `
 reads a range of the natural stream. Both return the positions where documents start, taken from
 the index (never inferred from token values: a tokenizer may emit the eod id inside a text).
 
-The plan's hot path, `read_pieces_into`, copies from the flat sidecar through a memory map when
+The plan's hot path, `read_pieces`, copies from the flat sidecar through a memory map when
 the manifest lists one (no per-record Python loop), and reads ArrayRecord records otherwise;
 both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
 """
@@ -267,62 +267,17 @@ class TokenStore:
         out_rows: Sequence[int],
         out_cols: Sequence[int],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`.
+        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`:
+        `read_pieces` of this store alone. Returns (row, column) in `out` of every document
+        start inside the pieces."""
+        which = np.zeros(np.size(shards), dtype=np.int64)
+        return read_pieces([self], which, shards, lo, hi, out, out_rows, out_cols)
 
-        The batched form of `read_shard_tokens` that the plan's hot path uses, for all the
-        pieces of a batch at once: a shard with a flat sidecar is copied from its memory map
-        one slice per piece; otherwise the shard's lock is taken once and every record its
-        pieces overlap is read once. Tokens go straight into the caller's buffer (cast to its
-        dtype). Returns (row, column) in `out` of every document start inside the pieces.
-        """
-        shards, lo, hi = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (shards, lo, hi))
-        for shard in np.unique(shards).tolist():
-            self._check_shard(shard)
-        sizes = self.shard_tokens[shards]
-        bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
-        if bad.size:
-            i = int(bad[0])
-            raise StoreError(
-                f"{self.shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) is not a "
-                f"non-empty range inside the shard (0..{sizes[i]})"
-            )
-        rows = np.asarray(out_rows, dtype=np.int64).reshape(-1)
-        cols = np.asarray(out_cols, dtype=np.int64).reshape(-1)
-        pieces = list(zip(shards.tolist(), lo.tolist(), hi.tolist(), rows.tolist(), cols.tolist()))
-        by_record: dict[int, list[tuple[int, int, int, int]]] = {}
-        flats: dict[int, np.ndarray] = {}
-        for shard, start, stop, row, col in pieces:
-            if not self._use_flat[shard]:
-                by_record.setdefault(shard, []).append((start, stop, row, col))
-                continue
-            flat = flats.get(shard)
-            if flat is None:
-                flat = flats[shard] = self._flat(shard)
-            out[row, col : col + stop - start] = flat[start:stop]
-        for shard, group in by_record.items():
-            self._copy_records(shard, *map(list, zip(*group)), out)
-        return self._doc_positions(shards, lo, hi, rows, cols)
-
-    def _doc_positions(
-        self, shards: np.ndarray, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray, cols: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(row, column) in the output of every document start inside the pieces: one
-        vectorised pass per shard over its document index (no store-wide array, so memory
-        stays bounded by the open shards)."""
-        out_rows, out_cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for shard in np.unique(shards).tolist():
-            mask = shards == shard
-            docs = self.doc_offsets(shard).view(np.ndarray)  # plain view: no memmap overhead
-            start, stop = lo[mask], hi[mask]
-            first = np.searchsorted(docs, start, side="left")
-            count = np.searchsorted(docs, stop, side="left") - first
-            piece = np.repeat(np.arange(start.size), count)
-            which = (
-                first[piece] + np.arange(piece.size) - np.repeat(np.cumsum(count) - count, count)
-            )
-            out_rows.append(rows[mask][piece])
-            out_cols.append(docs[which] + (cols[mask] - start)[piece])
-        return np.concatenate(out_rows), np.concatenate(out_cols)
+    def _piece_view(self, shard: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """(flat tokens, or None when the shard is read through ArrayRecord; document
+        offsets) of a shard, as plain arrays (a memmap's slicing costs more)."""
+        flat = self._flat(shard) if self._use_flat[shard] else None
+        return flat, self.doc_offsets(shard).view(np.ndarray)
 
     def _copy_records(
         self,
@@ -333,7 +288,7 @@ class TokenStore:
         cols: list[int],
         out: np.ndarray,
     ) -> None:
-        """`read_pieces_into`'s copy through ArrayRecord: each needed record read once."""
+        """`read_pieces`'s copy through ArrayRecord: each needed record read once."""
         offsets = self.record_offsets(shard).view(np.ndarray)
         # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
         ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
@@ -790,3 +745,64 @@ def _sha256_of(path: Path) -> str:
         return file_sha256(path)
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+
+
+def read_pieces(
+    stores: Sequence[TokenStore],
+    which: Sequence[int],
+    shards: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    out: np.ndarray,
+    out_rows: Sequence[int],
+    out_cols: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copy tokens [lo[i], hi[i]) of shard shards[i] of stores[which[i]] into
+    `out[out_rows[i], out_cols[i]:]`, cast to its dtype; returns (row, column) in `out` of every
+    document start inside the pieces.
+
+    The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
+    with a flat sidecar is one slice copy from its memory map, and its document starts one
+    `searchsorted` of the shard's document index (a few pieces per shard and step: one Python
+    loop over the pieces costs less than numpy calls per shard); the pieces of a shard without
+    one are copied by reading each record they overlap once (`_copy_records`).
+    """
+    which, shards, lo, hi, rows, cols = (
+        np.asarray(a, dtype=np.int64).reshape(-1)
+        for a in (which, shards, lo, hi, out_rows, out_cols)
+    )
+    counts = np.array([store.num_shards for store in stores], dtype=np.int64)
+    bad = np.flatnonzero((shards < 0) | (shards >= counts[which]))
+    if bad.size:  # a negative shard would silently read another one
+        stores[int(which[bad[0]])]._check_shard(int(shards[bad[0]]))
+    sizes = np.empty_like(lo)
+    for k in np.unique(which).tolist():
+        mask = which == k
+        sizes[mask] = stores[k].shard_tokens[shards[mask]]
+    bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
+    if bad.size:
+        i = int(bad[0])
+        raise StoreError(
+            f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
+            f"is not a non-empty range inside the shard (0..{sizes[i]})"
+        )
+    width = out.shape[1]
+    views: dict[tuple[int, int], tuple[np.ndarray | None, np.ndarray]] = {}
+    by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    found = [np.empty(0, np.int64)]  # flat indices in `out` of document starts
+    pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
+    for k, shard, start, stop, row, col in pieces:
+        view = views.get((k, shard))
+        if view is None:
+            view = views[k, shard] = stores[k]._piece_view(shard)
+        flat, docs = view
+        if flat is None:
+            by_record.setdefault((k, shard), []).append((start, stop, row, col))
+        else:
+            out[row, col : col + stop - start] = flat[start:stop]
+        first, last = docs.searchsorted((start, stop)).tolist()
+        if last > first:
+            found.append(docs[first:last] + (row * width + col - start))
+    for (k, shard), group in by_record.items():
+        stores[k]._copy_records(shard, *map(list, zip(*group)), out)
+    return np.divmod(np.concatenate(found), width)
