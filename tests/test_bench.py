@@ -1,7 +1,7 @@
 """`pipeline bench` on a tiny store, and the batched read path against the per-row reference.
 
 The bench's timings are never asserted; its table's structure and token accounting are. The
-batched read (`SourceLayout.read_into`, `TokenStore.read_pieces_into`, `batch.fields`) replaced
+batched read (`layout.window_pieces`, `token_store.read_pieces`, `batch.fields`) replaced
 a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
 the fast path must equal bit for bit, through the flat sidecars and through ArrayRecord.
 """
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipeline.commands.cli import main
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
+from pipeline.store.token_store import TokenStore
 from tests.storegen import arrayrecord_only
 from tests.test_plan import build, setups
 
@@ -56,16 +57,21 @@ def reference_batch(plan: Plan, step: int, rows=None) -> dict[str, np.ndarray]:
 
 
 @SETTINGS
-@given(setups(sources=2), st.integers(0, 10**6), st.data())
+@given(setups(sources=3), st.integers(0, 10**6), st.data())
 def test_batched_read_equals_the_per_row_reference(setup, step, data):
+    """All sources' windows are read in one pass (`window_pieces`, `read_pieces`): through the
+    sidecars, through ArrayRecord, and with one source's store read each way in one batch."""
     with tempfile.TemporaryDirectory() as tmp:
-        plan = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
+        plan = build(Path(tmp), setup, mix={"s0": 3, "s1": 2, "s2": 1})
         size = setup["global_batch_size"]
         rows = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))
         records = arrayrecord_only(plan)
+        first, *others = plan.stores()
+        mixed = Plan(plan.ledger, [TokenStore(first.path, flat=False), *others])
         for chosen in (None, rows):
             slow = reference_batch(plan, step, chosen)
-            for fast in (plan.batch(step, chosen), records.batch(step, chosen)):  # sidecar, not
+            for fast in (plan.batch(step, chosen), records.batch(step, chosen),
+                         mixed.batch(step, chosen)):  # fmt: skip
                 for field, expected in slow.items():
                     assert fast[field].dtype == expected.dtype == np.int32, field
                     np.testing.assert_array_equal(fast[field], expected, err_msg=field)
