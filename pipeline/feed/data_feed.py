@@ -103,10 +103,18 @@ class _Chunk:
     batch: dict[str, Any]  # the six fields and the provenance asked for (host, then global)
     summary: DrawSummary
     read: ChunkRead | None  # None when the feed keeps no statistics
+    # the sources with a scheduled share at the step, for the event log (None: no log);
+    # found here, in the reader thread, so that next() makes no numpy call for it
+    mixed: frozenset[str] | None = None
 
 
 def _read_chunk(
-    plan: Plan, step: int, rows: np.ndarray, provenance: tuple[str, ...], measure: bool
+    plan: Plan,
+    step: int,
+    rows: np.ndarray,
+    provenance: tuple[str, ...],
+    measure: bool,
+    events: bool = False,
 ) -> _Chunk:
     started = time.perf_counter()
     draws = plan.draws(step, rows)
@@ -115,15 +123,25 @@ def _read_chunk(
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
-    return _Chunk(batch, draws.summary(), ChunkRead.of(plan, draws, started) if measure else None)
+    read = ChunkRead.of(plan, draws, started) if measure else None
+    mixed = None
+    if events:
+        mixed = frozenset(name for name, share in target_shares(plan, [step]).items() if share[0])
+    return _Chunk(batch, draws.summary(), read, mixed)
 
 
 def _read_step(
-    plan: Plan, step: int, geometry: _Geometry, provenance: tuple[str, ...], measure: bool
+    plan: Plan,
+    step: int,
+    geometry: _Geometry,
+    provenance: tuple[str, ...],
+    measure: bool,
+    events: bool = False,
 ) -> _Chunk:
     """A reader thread's task: one step's local rows, read and transferred to the devices."""
-    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure)
-    return _Chunk(geometry.to_global(chunk.batch), chunk.summary, chunk.read)
+    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure, events)
+    chunk.batch = geometry.to_global(chunk.batch)
+    return chunk
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
@@ -197,7 +215,7 @@ class DataFeed:
         self._pending: collections.deque[tuple[int, Future]] = collections.deque()
         self._last: DrawSummary | None = None  # the previous step's (None: just started)
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
-        self._mixed: set[str] = set()  # sources with a share of the previous step's mixture
+        self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
         self._step = self._check_step(step)
         background = self.config.feed.verify == "background"
@@ -329,9 +347,9 @@ class DataFeed:
                 f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
             ) from error
         self._step = step + 1
+        if chunk.mixed is not None:
+            self._log_events(step, chunk.summary, chunk.mixed)
         self._fill()
-        if self.log_events:
-            self._log_events(step, chunk.summary)
         if self._stats is not None:
             self._stats.served(step, [chunk.read], entered, time.perf_counter(), ready)
         return chunk.batch
@@ -410,9 +428,9 @@ class DataFeed:
         queued = self._pending[-1][0] + 1 if self._pending else self._step
         while len(self._pending) < self.prefetch:
             geometry = self._geometry_at(queued)  # also builds the segment in this thread
-            measure = self._stats is not None
+            measure, events = self._stats is not None, self.log_events
             future = self._pool.submit(
-                _read_step, self._plan, queued, geometry, self.provenance, measure
+                _read_step, self._plan, queued, geometry, self.provenance, measure, events
             )
             self._pending.append((queued, future))
             queued += 1
@@ -424,7 +442,7 @@ class DataFeed:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _log_events(self, step: int, summary: DrawSummary) -> None:
+    def _log_events(self, step: int, summary: DrawSummary, mixed: frozenset[str]) -> None:
         """Stage starts, epoch rollovers, and sources joining or leaving the mixture.
 
         A source joins or leaves when its scheduled share starts or stops, not when a step
@@ -432,7 +450,6 @@ class DataFeed:
         the first draw of a higher epoch than any drawn before.
         """
         last, self._last = self._last, summary
-        mixed = {name for name, share in target_shares(self._plan, [step]).items() if share[0]}
         previous, self._mixed = self._mixed, mixed
         if last is None:
             log.info(

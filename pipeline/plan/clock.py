@@ -39,5 +39,7 @@ class StepClock:
         piece = np.searchsorted(self.starts, positions, side="right") - 1
         return self.points[piece] + (positions - self.starts[piece]) // self.rows[piece]
 
-    def _piece(self, steps: np.ndarray | int) -> np.ndarray:
+    def _piece(self, steps: np.ndarray | int) -> np.ndarray | int:
+        if self.points.size == 1:  # a constant batch: no search (the feed asks every step)
+            return 0 if np.ndim(steps) == 0 else np.zeros(np.shape(steps), dtype=np.int64)
         return np.searchsorted(self.points, np.asarray(steps, dtype=np.int64), side="right") - 1
