@@ -17,6 +17,7 @@ survive curricula and restarts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -36,6 +37,12 @@ class StageLayout:
     schedule_start: int  # lane position of the stage's step 0 (start rounded down to a step)
     counters_at_start: np.ndarray  # [num sources of the segment]
     first_step: int  # the step that holds the stage's first row (anchor-relative)
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """[stage sources] the mixture's counts before the stage's first row (a draw's
+        counter is counted from there); asked for on every step, so computed once."""
+        return self.mixture.counts(np.array([self.start - self.schedule_start]))[0]
 
 
 class StageTable:
@@ -98,10 +105,9 @@ class StageTable:
             layout = self.stages[index]
             mask = stage == index
             local = layout.mixture.sources(positions[mask] - layout.schedule_start)
-            offsets = layout.mixture.counts(np.array([layout.start - layout.schedule_start]))[0]
             chosen = np.asarray(layout.sources)[local[0]]
             source[mask] = chosen
-            counter[mask] = layout.counters_at_start[chosen] + local[1] - offsets[local[0]]
+            counter[mask] = layout.counters_at_start[chosen] + local[1] - layout.offsets[local[0]]
         return stage, source, counter
 
     def counters(self, position: int) -> np.ndarray:
@@ -116,9 +122,8 @@ class StageTable:
     @staticmethod
     def _counters_in(layout: StageLayout, positions: np.ndarray) -> np.ndarray:
         counts = layout.mixture.counts(positions - layout.schedule_start)
-        offsets = layout.mixture.counts(np.array([layout.start - layout.schedule_start]))
         out = np.repeat(layout.counters_at_start[None, :], len(positions), axis=0)
-        out[:, list(layout.sources)] += counts - offsets
+        out[:, list(layout.sources)] += counts - layout.offsets
         return out
 
 
