@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jax
@@ -190,3 +191,25 @@ def test_a_state_written_under_the_old_data_order_is_refused(tmp_path):
         with pytest.raises(LedgerError, match=r"order version 1, .* fresh ledger") as error:
             mngr.restore(0, args=ocp.args.Composite(data=DataRestore(feed)))
         assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_restore_starts_reading_the_first_batch_before_next(tmp_path):
+    """`DataRestore` submits the restored step to the reader threads as it adopts the state,
+    so the first batch is read while Orbax finishes and before the trainer's first `next()`."""
+    config = two_stage_config(tmp_path / "stores")
+    with (
+        DataFeed(config, mesh(), step=9) as feed,
+        manager(tmp_path / "ckpt", async_save=False) as mngr,
+    ):
+        save(mngr, 9, feed)
+    plan = Plan.from_config(config)
+    with (
+        DataFeed(config, mesh(), prefetch=2) as feed,
+        manager(tmp_path / "ckpt", async_save=False) as mngr,
+    ):
+        assert feed.prefetched == ()  # a fresh feed reads nothing before its step is known
+        mngr.restore(9, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert [step for step, _ in feed.prefetched] == [9, 10]
+        while not feed.prefetched[0][1]:  # read by the reader threads alone: no next() yet
+            time.sleep(0.01)
+        assert_next_is(feed, plan, 9)

@@ -58,6 +58,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.config import DataConfig
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
+from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
@@ -65,6 +66,8 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawSummary, Plan
 from pipeline.plan.report import target_shares
+from pipeline.plan.sources import open_stores
+from pipeline.store.token_store import TokenStore
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -81,12 +84,15 @@ class _Geometry:
     row_sharding: NamedSharding  # of per-row provenance fields: no sequence axis
     rows: np.ndarray  # sorted global rows this process reads
     local_shape: tuple[int, ...]  # the process's block of a field, rows in `rows` order
+    whole: bool  # the process holds every row and every device of the mesh
 
     def to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """The global arrays of the process's rows: one transfer call for all fields.
 
         `make_array_from_process_local_data` maps the process's sorted row blocks onto its
-        devices' slices itself, so no per-device copy is made here.
+        devices' slices itself, so no per-device copy is made here. A process that holds every
+        row on every device of the mesh (one process) has the global values themselves: one
+        `jax.device_put` places them, skipping ~0.1 ms of index bookkeeping per step.
         """
         shardings, local, shapes = {}, {}, {}
         for field, values in host.items():
@@ -94,7 +100,10 @@ class _Geometry:
             shardings[field] = self.sharding if tokens else self.row_sharding
             shapes[field] = self.shape if tokens else self.shape[:-1]
             local[field] = values.reshape(self.local_shape if tokens else self.local_shape[:-1])
-        arrays = jax.make_array_from_process_local_data(shardings, local, shapes)
+        if self.whole:
+            arrays = jax.device_put(local, shardings)
+        else:
+            arrays = jax.make_array_from_process_local_data(shardings, local, shapes)
         return {field: arrays[field] for field in host}  # a pytree comes back key-sorted
 
 
@@ -145,14 +154,18 @@ def _read_step(
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
-    """Open the config's stores; if any process cannot, every process raises (none hangs)."""
-    plan, error = None, None
+    """Open the config's stores (shared with the process's other feeds: `shared_stores`); if
+    any process cannot, every process raises (none hangs)."""
+    plan, error, stores = None, None, {}
     try:
-        plan = Plan.from_config(config)
+        stores = open_stores(config, shared_stores.acquire)
+        plan = Plan.from_config(config, stores)
         if config.feed.verify == "open":
             verify_share(plan)
     except PipelineError as failure:
         error = failure
+        for store in stores.values():
+            shared_stores.release(store)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -187,12 +200,14 @@ class DataFeed:
     ) -> None:
         # epoch rollovers and stage changes, one line each; input-bound warnings
         self.log_events = log_events
+        self._shared: list[TokenStore] = []
         if isinstance(config_or_plan, Plan):
             self._plan = config_or_plan
             self.config = config_or_plan.config
         elif isinstance(config_or_plan, DataConfig):
             self.config = config_or_plan
             self._plan = _plan_on_every_process(config_or_plan)
+            self._shared = self._plan.stores()  # released, not closed, by close()
         else:
             raise FeedError(
                 f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"
@@ -284,6 +299,13 @@ class DataFeed:
         self._ensure_open()
         self._fill()
 
+    @property
+    def prefetched(self) -> tuple[tuple[int, bool], ...]:
+        """(step, read) of each step being read ahead: submitted to the reader threads and not
+        yet returned by `next()`, in order; `read` once its global arrays are built. After a
+        restore, the restored step is here before the first `next()`."""
+        return tuple((step, future.done()) for step, future in self._pending)
+
     def state(self) -> dict[str, Any]:
         """The whole data state, small and JSON-able: the next step and the ledger."""
         return {"step": self._step, "ledger": self._plan.ledger.to_json()}
@@ -310,7 +332,10 @@ class DataFeed:
             self._pool = None
         for store in self._plan.stores():
             try:
-                store.close()
+                if any(store is mine for mine in self._shared):
+                    shared_stores.release(store)
+                else:
+                    store.close()
             except StoreError as error:  # a reader of a damaged file may fail to close
                 log.warning("%s", error)
 
@@ -413,7 +438,8 @@ class DataFeed:
         # `accum` equal groups, one per micro-batch.
         local_shape = (len(local), seq_len) if accum == 1 else (accum, len(local) // accum, seq_len)
         row_sharding = NamedSharding(self.mesh, PartitionSpec(*spec[:-1]))
-        geometry = _Geometry(shape, sharding, row_sharding, local, local_shape)
+        whole = len(local) == global_batch_size and sharding.is_fully_addressable
+        geometry = _Geometry(shape, sharding, row_sharding, local, local_shape, whole)
         self._geometries[key] = geometry
         return geometry
 

@@ -51,7 +51,6 @@ class SourceLayout:
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
         self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
-        self._small_permutation = lru_cache(maxsize=256)(self._permutation)
 
     def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
         """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""
@@ -63,7 +62,8 @@ class SourceLayout:
             window = np.empty_like(k)
             for e, ln in set(pairs):
                 mask = (epoch == e) & (lane == ln)
-                window[mask] = self._small_permutation(e, ln)[k[mask]]
+                order = _window_order(self.seed, self.name, e, ln, self.windows_per_lane)
+                window[mask] = order[k[mask]]
         else:  # every draw on its own, all (epoch, lane) keys in one call
             keys = np.array([self._window_keys(e, ln) for e, ln in pairs], dtype=np.uint64)
             window = permute(k, self.windows_per_lane, keys.reshape(*k.shape, ROUNDS))
@@ -109,8 +109,14 @@ class SourceLayout:
     def _lane_keys(self, epoch: int, lane: int) -> np.ndarray:
         return round_keys(self.seed, "window-order", self.name, epoch, lane)
 
-    def _permutation(self, epoch: int, lane: int) -> np.ndarray:
-        return permutation(self.windows_per_lane, self._window_keys(epoch, lane))
+
+@lru_cache(maxsize=256)
+def _window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> np.ndarray:
+    """The whole window order of a small (epoch, lane): cached per process, not per plan, so a
+    restored feed's plan (a new plan of the same sources) finds it computed (a few ms each)."""
+    order = permutation(windows, round_keys(seed, "window-order", name, epoch, lane))
+    order.flags.writeable = False  # shared by every plan of the process
+    return order
 
 
 def window_pieces(

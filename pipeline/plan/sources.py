@@ -18,9 +18,11 @@ from pipeline.store.token_store import TokenStore
 T = TypeVar("T")
 
 
-def open_stores(config: DataConfig) -> dict[str, TokenStore]:
-    """Every source's store, opened (its files checked), by source name."""
-    return _each_source(config, TokenStore)
+def open_stores(
+    config: DataConfig, open_store: Callable[[Path], TokenStore] = TokenStore
+) -> dict[str, TokenStore]:
+    """Every source's store, opened (its files checked) by `open_store`, by source name."""
+    return _each_source(config, open_store)
 
 
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:

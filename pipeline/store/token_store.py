@@ -182,6 +182,20 @@ class TokenStore:
                 "(by `prepare --overwrite`?); restart the job to read the new store"
             )
 
+    def same_as(self, other: TokenStore) -> bool:
+        """Whether `other`, opened later with the same options, found this store's path,
+        manifest and files unchanged (sizes, inodes, modification times), so that this one,
+        with the shards it has already opened and checked, may stand in for it."""
+        return (
+            self.path == other.path
+            and self.manifest == other.manifest
+            and self._identity == other._identity
+            and self._file_identities == other._file_identities
+            and self._use_flat == other._use_flat
+            and self._max_open == other._max_open
+            and self.retry == other.retry
+        )
+
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
 

@@ -1,0 +1,60 @@
+"""Open token stores shared by the feeds of one process.
+
+A feed built while another feed of the same process reads the same store (a restored feed
+beside a running one, a train and an eval feed, the benchmark's restore) takes that feed's open
+`TokenStore`, with the shards it has already opened and checked, their memory maps and readers,
+instead of opening and checking them again: the first batch of the new feed waits for no shard
+open. A store is shared only while every file is as the holder found it: `acquire` opens the
+store afresh (the manifest and every file's size and identity, as any open does) and compares
+(`TokenStore.same_as`); a replaced store is opened anew. The last feed to `release` a store
+closes it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from pipeline.store.token_store import TokenStore
+
+_lock = threading.Lock()
+_latest: dict[object, TokenStore] = {}  # path -> the store a new feed may share
+_users: dict[int, int] = {}  # id(store) -> feeds holding it
+
+
+def acquire(path: str | Path) -> TokenStore:
+    """The open store at `path`: the one another feed holds if its files are unchanged."""
+    fresh = TokenStore(path)
+    with _lock:
+        held = _latest.get(fresh.path)
+        if held is not None and held.same_as(fresh):
+            _users[id(held)] += 1
+            return held
+        _latest[fresh.path] = fresh  # a changed store's feeds keep theirs until they release
+        _users[id(fresh)] = 1
+    return fresh
+
+
+def release(store: TokenStore) -> None:
+    """One feed is done with `store`; the last one closes it."""
+    if _release_count(store):
+        store.close()
+
+
+def holds(store: TokenStore) -> bool:
+    """Whether `store` came from `acquire` and is not yet released by all its feeds."""
+    with _lock:
+        return id(store) in _users
+
+
+def _release_count(store: TokenStore) -> bool:
+    """Drop one feed of `store`; True when it was the last."""
+    with _lock:
+        left = _users.get(id(store), 0) - 1
+        if left > 0:
+            _users[id(store)] = left
+            return False
+        _users.pop(id(store), None)
+        if _latest.get(store.path) is store:
+            del _latest[store.path]
+        return True

@@ -1,0 +1,73 @@
+"""Feeds of one process share their open stores while the files are unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from pipeline.feed import shared_stores
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan
+from tests.feedstores import two_stage_config
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:2]), ("data",))
+
+
+def assert_batch(feed: DataFeed, plan: Plan) -> None:
+    step = feed.step
+    batch = next(feed)
+    expected = plan.batch(step)
+    for field in FIELDS:
+        np.testing.assert_array_equal(np.asarray(batch[field]), expected[field], err_msg=field)
+
+
+def by_path(feed: DataFeed) -> dict:
+    return {store.path: store for store in feed.plan.stores()}
+
+
+def test_a_second_feed_reads_through_the_first_feeds_open_stores(tmp_path):
+    config = two_stage_config(tmp_path)
+    plan = Plan.from_config(config)
+    first = DataFeed(config, mesh())
+    assert_batch(first, plan)
+    opened = {path: list(store._opened) for path, store in by_path(first).items()}
+    second = DataFeed(config, mesh(), step=5)
+    shared = by_path(second)
+    assert all(shared[path] is store for path, store in by_path(first).items())
+    # the shards the first feed checked stay checked: the second opens none of them again
+    assert all(list(shared[path]._opened) >= flags for path, flags in opened.items())
+    first.close()  # the second feed still holds the stores: they stay open
+    assert all(shared_stores.holds(store) for store in shared.values())
+    assert_batch(second, plan)
+    second.close()  # the last one closes them
+    assert not any(shared_stores.holds(store) for store in shared.values())
+    assert not any(any(store._opened) for store in shared.values())
+    with DataFeed(config, mesh()) as third:  # a later feed opens them afresh
+        assert all(store is not shared[store.path] for store in third.plan.stores())
+        assert_batch(third, plan)
+
+
+def test_a_store_whose_files_changed_is_opened_anew(tmp_path):
+    config = two_stage_config(tmp_path)
+    plan = Plan.from_config(config)
+    with DataFeed(config, mesh()) as first:
+        assert_batch(first, plan)
+        store = next(iter(first.plan.stores()))
+        shard = store.shard_file(0)
+        stat = shard.stat()
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place
+        with DataFeed(config, mesh()) as second:
+            fresh = by_path(second)[store.path]
+            assert fresh is not store
+            others = [s for s in second.plan.stores() if s.path != store.path]
+            assert all(s is by_path(first)[s.path] for s in others)
+            assert_batch(second, plan)
+        assert shared_stores.holds(store)  # the first feed keeps reading its own
+        assert_batch(first, plan)
+    assert not shared_stores.holds(store)
