@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.plan.permutation import ROUNDS, permutation, permute, round_keys
+from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenSpan, TokenStore
 
@@ -56,19 +56,8 @@ class SourceLayout:
         """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""
         counter = np.asarray(counter, dtype=np.int64)
         lane = np.broadcast_to(np.asarray(lane, dtype=np.int64), counter.shape)
-        epoch, k = np.divmod(counter, self.windows_per_lane)
-        pairs = list(zip(epoch.ravel().tolist(), lane.ravel().tolist()))
-        if self.windows_per_lane <= SMALL_DOMAIN:
-            window = np.empty_like(k)
-            for e, ln in set(pairs):
-                mask = (epoch == e) & (lane == ln)
-                order = _window_order(self.seed, self.name, e, ln, self.windows_per_lane)
-                window[mask] = order[k[mask]]
-        else:  # every draw on its own, all (epoch, lane) keys in one call
-            keys = np.array([self._window_keys(e, ln) for e, ln in pairs], dtype=np.uint64)
-            window = permute(k, self.windows_per_lane, keys.reshape(*k.shape, ROUNDS))
-        start = lane * self.lane_tokens + window * self.seq_len
-        return epoch, window, start
+        flat = window_draws([self], np.zeros(counter.size, np.int64), counter.ravel(), lane.ravel())
+        return tuple(a.reshape(counter.shape) for a in flat)
 
     def pieces(self, epoch: int, start: int, stop: int) -> list[tuple[int, int, int]]:
         """(shard, first token, end token) pieces covering [start, stop) of the epoch stream."""
@@ -117,6 +106,32 @@ def _window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> 
     order = permutation(windows, round_keys(seed, "window-order", name, epoch, lane))
     order.flags.writeable = False  # shared by every plan of the process
     return order
+
+
+def window_draws(
+    layouts: Sequence[SourceLayout], which: np.ndarray, counter: np.ndarray, lane: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`epoch_and_window` of the draws of several sources in one pass: draw i is the
+    counter[i]-th window lane[i] draws from source layouts[which[i]] (a step's rows are
+    grouped by (source, epoch, lane) in one Python pass over the rows, not a numpy pass per
+    source)."""
+    which, counter, lane = (np.asarray(a, dtype=np.int64) for a in (which, counter, lane))
+    windows = np.array([layout.windows_per_lane for layout in layouts], dtype=np.int64)
+    epoch, k = np.divmod(counter, windows[which])
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for row, key in enumerate(zip(which.tolist(), epoch.tolist(), lane.tolist())):
+        groups.setdefault(key, []).append(row)
+    window = np.empty_like(k)
+    for (source, e, ln), rows in groups.items():
+        layout = layouts[source]
+        if layout.windows_per_lane <= SMALL_DOMAIN:
+            order = _window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
+            window[rows] = order[k[rows]]
+        else:  # every draw on its own
+            window[rows] = permute(k[rows], layout.windows_per_lane, layout._window_keys(e, ln))
+    tokens = np.array([layout.lane_tokens for layout in layouts], dtype=np.int64)
+    start = lane * tokens[which] + window * layouts[0].seq_len
+    return epoch, window, start
 
 
 def window_pieces(

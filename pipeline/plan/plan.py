@@ -43,7 +43,7 @@ from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
-from pipeline.plan.layout import SourceLayout, window_pieces
+from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.sources import open_stores
@@ -287,17 +287,10 @@ class Plan:
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
-        epoch = np.empty_like(counter)
-        window = np.empty_like(counter)
-        start = np.empty_like(counter)
-        for s in np.unique(source):
-            mask = source == s
-            layout = plan.layouts[plan.config.source_names[s]]
-            epoch[mask], window[mask], start[mask] = layout.epoch_and_window(
-                counter[mask], lane[mask]
-            )
-        stages = tuple(stage.spec.name for stage in plan.table.stages)
         names = plan.config.source_names
+        layouts = [plan.layouts[name] for name in names]
+        epoch, window, start = window_draws(layouts, source, counter, lane)
+        stages = tuple(stage.spec.name for stage in plan.table.stages)
         return Draws(
             step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start
         )
