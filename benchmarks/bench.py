@@ -136,15 +136,28 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 
 
-def current(path: Path) -> bool:
-    """A store this version reads, with the flat sidecars it writes by default."""
-    from pipeline.store.token_store import TokenStore, is_store
+def store_cache(cache: Path) -> Path:
+    """Where this version's stores are made: one folder per store format version, so a cache
+    made by an older version is rebuilt beside it, never read."""
+    from pipeline.store.meta import FORMAT_VERSION
 
-    return is_store(path) and all("flat" in s for s in TokenStore(path).manifest["shards"])
+    return cache / f"format-{FORMAT_VERSION}"
+
+
+def current(path: Path) -> bool:
+    """A complete store this version reads, with the flat sidecars it writes by default (an
+    interrupted or damaged one is made again)."""
+    from pipeline.errors import StoreError
+    from pipeline.store.token_store import TokenStore
+
+    try:
+        return all("flat" in s for s in TokenStore(path).manifest["shards"])
+    except StoreError:
+        return False
 
 
 def builtin_store(name: str, cache: Path) -> Path:
-    path = cache / name
+    path = store_cache(cache) / name
     if not current(path):
         from pipeline.store.prepare import PrepareOptions, prepare
 
@@ -156,7 +169,8 @@ def builtin_store(name: str, cache: Path) -> Path:
 def resolve_sources(args: argparse.Namespace) -> dict[str, tuple[Path, float]]:
     """name -> (store, weight) of the benchmarked data."""
     if args.store == "synthetic":
-        path = args.cache_dir / f"synthetic-{args.synthetic_tokens}-{args.synthetic_doc_len}"
+        name = f"synthetic-{args.synthetic_tokens}-{args.synthetic_doc_len}"
+        path = store_cache(args.cache_dir) / name
         if not current(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             synthetic_store(path, args.synthetic_tokens, args.synthetic_doc_len)

@@ -152,6 +152,28 @@ def test_bench_sft_only_prints_the_packed_sft_table(tmp_path, capsys):
     assert min(sft["resume_s"].values()) > 0 and sft["resume_cold_s"] > 0
 
 
+def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_cannot_read(tmp_path):
+    import argparse
+
+    from benchmarks.bench import add_arguments, resolve_sources
+    from pipeline.store.meta import FORMAT_VERSION
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--cache-dir", str(tmp_path), "--synthetic-tokens", "20000",
+                              "--synthetic-doc-len", "60"])  # fmt: skip
+    path = tmp_path / f"format-{FORMAT_VERSION}" / "synthetic-20000-60"
+    path.mkdir(parents=True)  # what an older version, or an interrupted run, left there
+    old = {"format": "pipeline-token-store", "format_version": FORMAT_VERSION - 1}
+    (path / "manifest.json").write_text(json.dumps(old))
+    assert resolve_sources(args) == {"corpus": (path, 1)}
+    store = TokenStore(path)
+    assert store.num_tokens >= 20000 and all("flat" in s for s in store.manifest["shards"])
+    (path / store.manifest["shards"][0]["index"]).unlink()  # a readable manifest, a lost file
+    assert resolve_sources(args) == {"corpus": (path, 1)}
+    TokenStore(path, verify=True)
+
+
 def test_grain_contender_fields_restart_after_every_eod():
     """Grain's packed rows get the six fields from eod positions, like a MaxText user's."""
     from benchmarks.contenders import Fields
