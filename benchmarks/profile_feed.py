@@ -5,11 +5,13 @@
 
 Same store, config and mesh as `pipeline bench` (8 simulated devices, 32 x 2048). First the
 task a reader thread runs per step (`_read_step`: `Plan.read` of the process's rows and one
-`make_array_from_process_local_data` call) is run in the main thread under cProfile, so the
-profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step between
-calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
-includes the profiler's overhead); then the first step of fresh feeds (what a restore waits
-for once Orbax is done). First it prints CPU ms per step of the parts, without the profiler.
+transfer call, as a feed that logs events runs it) is run in the main thread under cProfile, so
+the profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step
+between calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
+includes the profiler's overhead); then the first step of fresh feeds, each the only feed of the
+process, so its stores open cold (what a restore in a new process waits for once Orbax is
+done; a feed built beside another one shares its open stores: `pipeline.feed.shared_stores`).
+First it prints CPU ms per step of the parts, without the profiler.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def main() -> None:
                 _read_chunk(plan, s, geometry.rows, (), False).batch
             ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
-            "the reader task (_read_step)": lambda s: _read_step(plan, s, geometry, (), True).batch,
+            "the reader task (_read_step)": lambda s: (
+                _read_step(plan, s, geometry, (), True, True).batch
+            ),
         }
         for name, call in parts.items():
             print(f"{name}: {cpu_ms(call, args.steps):.2f} ms CPU per step")
@@ -71,7 +75,7 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for step in range(1, args.steps + 1):
-            batch = _read_step(plan, step, geometry, (), True).batch
+            batch = _read_step(plan, step, geometry, (), True, True).batch
         jax.block_until_ready(batch)
         profile.disable()
         print(f"\nthe reader task, {args.steps} steps:")
@@ -92,14 +96,14 @@ def main() -> None:
         print(f"the training thread's next(), {args.steps} steps, {per_step:.3f} ms thread CPU")
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
-    # What a restore waits for after Orbax: the first step of a fresh feed (fresh stores).
+    # What a restore in a new process waits for after Orbax: a fresh feed's first step, cold.
     profile = cProfile.Profile()
     for fresh in range(5):
         with DataFeed(config, mesh) as feed:
             geometry = feed._geometry_at(10**6)
             if fresh:
                 profile.enable()
-            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True).batch)
+            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True, True).batch)
             profile.disable()
     print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
