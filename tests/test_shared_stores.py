@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import jax
@@ -71,3 +72,14 @@ def test_a_store_whose_files_changed_is_opened_anew(tmp_path):
         assert shared_stores.holds(store)  # the first feed keeps reading its own
         assert_batch(first, plan)
     assert not shared_stores.holds(store)
+
+
+def test_a_feed_never_closed_hands_its_stores_back_when_collected(tmp_path):
+    config = two_stage_config(tmp_path)
+    feed = DataFeed(config, mesh())
+    next(feed)
+    stores = feed.plan.stores()
+    assert all(shared_stores.holds(store) for store in stores)
+    del feed
+    gc.collect()
+    assert not any(shared_stores.holds(store) for store in stores)

@@ -153,6 +153,15 @@ def _read_step(
     return chunk
 
 
+def _release_stores(stores: list[TokenStore]) -> None:
+    """Hand a feed's shared stores back (`shared_stores.release`): the last user closes one."""
+    for store in stores:
+        try:
+            shared_stores.release(store)
+        except StoreError as error:  # a reader of a damaged file may fail to close
+            log.warning("%s", error)
+
+
 def _plan_on_every_process(config: DataConfig) -> Plan:
     """Open the config's stores (shared with the process's other feeds: `shared_stores`); if
     any process cannot, every process raises (none hangs)."""
@@ -212,6 +221,8 @@ class DataFeed:
             raise FeedError(
                 f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"
             )
+        # close() hands the shared stores back; so does collecting a feed never closed
+        self._release = weakref.finalize(self, _release_stores, self._shared)
         self.mesh = mesh
         self.batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
         self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
@@ -330,12 +341,12 @@ class DataFeed:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._release()
         for store in self._plan.stores():
+            if any(store is mine for mine in self._shared):
+                continue
             try:
-                if any(store is mine for mine in self._shared):
-                    shared_stores.release(store)
-                else:
-                    store.close()
+                store.close()
             except StoreError as error:  # a reader of a damaged file may fail to close
                 log.warning("%s", error)
 
