@@ -51,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_bench
+from store_cache import store_dir, usable
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "contenders.py"
@@ -136,29 +137,9 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 
 
-def store_cache(cache: Path) -> Path:
-    """Where this version's stores are made: one folder per store format version, so a cache
-    made by an older version is rebuilt beside it, never read."""
-    from pipeline.store.meta import FORMAT_VERSION
-
-    return cache / f"format-{FORMAT_VERSION}"
-
-
-def current(path: Path) -> bool:
-    """A complete store this version reads, with the flat sidecars it writes by default (an
-    interrupted or damaged one is made again)."""
-    from pipeline.errors import StoreError
-    from pipeline.store.token_store import TokenStore
-
-    try:
-        return all("flat" in s for s in TokenStore(path).manifest["shards"])
-    except StoreError:
-        return False
-
-
 def builtin_store(name: str, cache: Path) -> Path:
-    path = store_cache(cache) / name
-    if not current(path):
+    path = store_dir(cache) / name
+    if not usable(path):
         from pipeline.store.prepare import PrepareOptions, prepare
 
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,8 +151,8 @@ def resolve_sources(args: argparse.Namespace) -> dict[str, tuple[Path, float]]:
     """name -> (store, weight) of the benchmarked data."""
     if args.store == "synthetic":
         name = f"synthetic-{args.synthetic_tokens}-{args.synthetic_doc_len}"
-        path = store_cache(args.cache_dir) / name
-        if not current(path):
+        path = store_dir(args.cache_dir) / name
+        if not usable(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             synthetic_store(path, args.synthetic_tokens, args.synthetic_doc_len)
         return {"corpus": (path, 1)}

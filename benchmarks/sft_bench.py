@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from store_cache import store_dir, usable  # beside this file, as bench.py imports it
 
 from pipeline.plan.packing_cache import CACHE_ENV
 
@@ -146,10 +147,10 @@ def _restore(plan, step: int, packings: str) -> float:
 
 
 def run_sft(args: argparse.Namespace) -> dict:
-    from pipeline.store.token_store import TokenStore, is_store
+    from pipeline.store.token_store import TokenStore
 
-    path = args.cache_dir / f"sft-{args.sft_documents}-{args.sft_mean_len}"
-    if not is_store(path):
+    path = store_dir(args.cache_dir) / f"sft-{args.sft_documents}-{args.sft_mean_len}"
+    if not usable(path, flat=False):
         path.parent.mkdir(parents=True, exist_ok=True)
         sft_store(path, args.sft_documents, args.sft_mean_len)
     store = TokenStore(path)

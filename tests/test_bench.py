@@ -156,13 +156,13 @@ def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_canno
     import argparse
 
     from benchmarks.bench import add_arguments, resolve_sources
-    from pipeline.store.meta import FORMAT_VERSION
+    from pipeline.store.meta import FORMAT_VERSION, MASKED_FORMAT_VERSION
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--cache-dir", str(tmp_path), "--synthetic-tokens", "20000",
                               "--synthetic-doc-len", "60"])  # fmt: skip
-    path = tmp_path / f"format-{FORMAT_VERSION}" / "synthetic-20000-60"
+    path = tmp_path / f"format-{FORMAT_VERSION}-{MASKED_FORMAT_VERSION}" / "synthetic-20000-60"
     path.mkdir(parents=True)  # what an older version, or an interrupted run, left there
     old = {"format": "pipeline-token-store", "format_version": FORMAT_VERSION - 1}
     (path / "manifest.json").write_text(json.dumps(old))

@@ -1,0 +1,29 @@
+"""Where the benchmarks make their stores, and whether a store made there is still usable.
+
+The cache (`~/.cache/pipeline-bench` by default) has one folder per pair of store format
+versions this code reads and writes (plain, masked), so a cache made by a version with another
+format is rebuilt beside it, never read; a store there that no longer opens (an interrupted
+run, a lost file) is made again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def store_dir(cache: Path) -> Path:
+    from pipeline.store.meta import FORMAT_VERSION, MASKED_FORMAT_VERSION
+
+    return cache / f"format-{FORMAT_VERSION}-{MASKED_FORMAT_VERSION}"
+
+
+def usable(path: Path, flat: bool = True) -> bool:
+    """Whether `path` is a store this version opens, with flat sidecars when `flat`."""
+    from pipeline.errors import StoreError
+    from pipeline.store.token_store import TokenStore
+
+    try:
+        store = TokenStore(path)
+    except StoreError:
+        return False
+    return not flat or all("flat" in shard for shard in store.manifest["shards"])
