@@ -114,14 +114,14 @@ def window_draws(
     """`epoch_and_window` of the draws of several sources in one pass: draw i is the
     counter[i]-th window lane[i] draws from source layouts[which[i]] (a step's rows are
     grouped by (source, epoch, lane) in one Python pass over the rows, not a numpy pass per
-    source)."""
+    source). The drawn sources must be concat ones (`SourceLayout`)."""
     which, counter, lane = (np.asarray(a, dtype=np.int64) for a in (which, counter, lane))
     windows = np.array([layout.windows_per_lane for layout in layouts], dtype=np.int64)
     epoch, k = np.divmod(counter, windows[which])
     groups: dict[tuple[int, int, int], list[int]] = {}
     for row, key in enumerate(zip(which.tolist(), epoch.tolist(), lane.tolist())):
         groups.setdefault(key, []).append(row)
-    window = np.empty_like(k)
+    window, start = np.empty_like(k), np.empty_like(k)
     for (source, e, ln), rows in groups.items():
         layout = layouts[source]
         if layout.windows_per_lane <= SMALL_DOMAIN:
@@ -129,8 +129,7 @@ def window_draws(
             window[rows] = order[k[rows]]
         else:  # every draw on its own
             window[rows] = permute(k[rows], layout.windows_per_lane, layout._window_keys(e, ln))
-    tokens = np.array([layout.lane_tokens for layout in layouts], dtype=np.int64)
-    start = lane * tokens[which] + window * layouts[0].seq_len
+        start[rows] = ln * layout.lane_tokens + window[rows] * layout.seq_len
     return epoch, window, start
 
 

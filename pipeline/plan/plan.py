@@ -288,8 +288,9 @@ class Plan:
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         names = plan.config.source_names
-        layouts = [plan.layouts[name] for name in names]
-        epoch, window, start = window_draws(layouts, source, counter, lane)
+        epoch, window, start = _draw_windows(
+            [plan.layouts[n] for n in names], source, counter, lane
+        )
         stages = tuple(stage.spec.name for stage in plan.table.stages)
         return Draws(
             step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start
@@ -395,6 +396,27 @@ def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) ->
 
 def _tokenizer(meta: StoreMeta) -> str:
     return f"{meta.tokenizer['name']}, vocab {meta.tokenizer['vocab_size']}"
+
+
+def _draw_windows(
+    layouts: list[Layout], source: np.ndarray, counter: np.ndarray, lane: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(epoch, window, token start) of each draw: the concat sources' rows in one pass
+    (`window_draws`), a best-fit source's (packed row, start -1) by its own layout."""
+    packed = [k for k, layout in enumerate(layouts) if isinstance(layout, PackedLayout)]
+    if not packed:
+        return window_draws(layouts, source, counter, lane)
+    out = tuple(np.empty_like(counter) for _ in range(3))
+    windows = np.flatnonzero(~np.isin(source, packed))
+    for part, values in zip(
+        out, window_draws(layouts, *(a[windows] for a in (source, counter, lane)))
+    ):
+        part[windows] = values
+    for k in packed:
+        rows = np.flatnonzero(source == k)
+        for part, values in zip(out, layouts[k].epoch_and_window(counter[rows], lane[rows])):
+            part[rows] = values
+    return out
 
 
 def _layout(spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore) -> Layout:
