@@ -71,6 +71,22 @@ def copy_file(source: Any, destination: Any) -> None:
         shutil.copyfileobj(reader, writer, _COPY_BLOCK)
 
 
+def clear_prefix(url: Any, keep: str) -> None:
+    """Delete every object under a URL prefix except `url / keep`, in batched requests."""
+    fs, root = _filesystem(url)
+    kept = f"{root.rstrip('/')}/{keep}"
+    doomed = [path for path in fs.find(root) if path != kept]
+    if doomed:
+        fs.rm(doomed)
+
+
+def _filesystem(url: Any) -> tuple[Any, str]:
+    """The fsspec filesystem (gcsfs for gs://) of a URL, and the URL's path in it."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(str(location(url)))
+
+
 def remove_tree(path: Any) -> None:
     """Delete a directory or a URL prefix and everything under it; a missing one is fine."""
     if is_url(path):

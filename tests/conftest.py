@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -117,33 +122,27 @@ def tfds_text_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def gcs_bucket() -> Iterator[str]:
-    """A real local Cloud Storage API server (gcp-storage-emulator) holding one empty bucket.
+    """A real local Cloud Storage API server (gcp-storage-emulator) holding one empty bucket,
+    taught suffix byte ranges (tests/gcs_emulator.py), as ArrayRecord's reader needs for
+    shards over 1 MiB. Returns "gs://BUCKET"; the variables that point clients at it are set
+    for the session.
+    """
+    wrapper = Path(__file__).parent / "gcs_emulator.py"
+    yield from serve_gcs(lambda port, bucket: [sys.executable, wrapper, str(port), bucket])
+
+
+def serve_gcs(command: Callable[[int, str], list]) -> Iterator[str]:
+    """Run `command(port, bucket)`, a Cloud Storage API server, until the generator closes.
 
     ArrayRecord's native gs:// reader finds it through CLOUD_STORAGE_EMULATOR_ENDPOINT, the
-    Python clients (gcsfs, so etils.epath) through STORAGE_EMULATOR_HOST. Returns "gs://BUCKET".
+    Python clients (gcsfs, so etils.epath) through STORAGE_EMULATOR_HOST. Yields "gs://BUCKET".
     """
-    import logging
-    import socket
-    import subprocess
-    import sys
-    import time
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = Path(sys.executable).parent / "gcp-storage-emulator"
-    bucket = "pipeline-test"
+    bucket = "pipeline-test"  # google-cloud-cpp refuses names under 3 characters
     process = subprocess.Popen(
-        [
-            server,
-            "start",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            "--in-memory",
-            f"--default-bucket={bucket}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        command(port, bucket), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     endpoint = f"http://127.0.0.1:{port}"
     # gcsfs asks the (unemulated) storage-control API for each bucket's type, warns, and falls
@@ -161,7 +160,7 @@ def gcs_bucket() -> Iterator[str]:
                     break
                 except OSError as error:
                     if process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"no gcp-storage-emulator on {endpoint}") from error
+                        raise RuntimeError(f"no Cloud Storage server on {endpoint}") from error
                     time.sleep(0.1)
             yield f"gs://{bucket}"
         finally:

@@ -6,6 +6,8 @@ and gcsfs; nothing here is a mock.
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -17,15 +19,16 @@ from jax.sharding import Mesh
 
 import pipeline.store.writer as writer
 from pipeline.commands.cli import main
-from pipeline.config import load_config
+from pipeline.config import load_config, parse_config
 from pipeline.errors import StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.maxtext import create_data_iterator, read_iter_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.token_store import TokenStore, is_store
+from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
+from tests.conftest import serve_gcs
 from tests.test_maxtext import maxtext_config, write_data_yaml
 
 TEXTS = [f"document {i}: " + "gs ✓ " * (i % 7) + "line\n" * (i % 3) for i in range(40)]
@@ -107,33 +110,122 @@ def test_the_beam_runner_writes_the_same_store_to_a_bucket(tmp_path: Path, prefi
     assert [p.name for p in location(prefix).iterdir()] == ["beam"]  # staging prefix removed
 
 
-def test_a_store_without_its_manifest_never_opens(prefix, corpus, monkeypatch):
-    """The manifest is copied last: a commit that dies before it leaves nothing that opens."""
+def fail_copy(monkeypatch, name: str) -> None:
+    """Make the commit's copy of file `name` fail, as a dropped connection would."""
     real_copy = writer.copy_file
 
-    def copy_all_but_the_manifest(source, destination):
-        if destination.name == "manifest.json":
+    def copy(source, destination):
+        if destination.name == name:
             raise OSError("connection reset")
         real_copy(source, destination)
 
-    monkeypatch.setattr(writer, "copy_file", copy_all_but_the_manifest)
+    monkeypatch.setattr(writer, "copy_file", copy)
+
+
+@pytest.mark.parametrize("fails", ["shard-00001-of-00002.index.npy", "manifest.json"])
+def test_an_interrupted_upload_never_opens_and_the_same_prepare_finishes_it(
+    tmp_path: Path, prefix, corpus, monkeypatch, fails
+):
     store = f"{prefix}/web"
-    with pytest.raises(OSError, match="connection reset"):
-        prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
-    assert len(list(location(store).iterdir())) == 8  # every shard file (4 per shard), no manifest
+    options = {"num_shards": 2, "progress": False}
+    with monkeypatch.context() as patch:
+        fail_copy(patch, fails)
+        with pytest.raises(OSError, match="connection reset"):
+            prepare(PrepareOptions([corpus], location(store), **options))
+    names = [p.name for p in location(store).iterdir()]
+    assert writer.INCOMPLETE in names and "manifest.json" not in names
     assert not is_store(store)
     with pytest.raises(StoreError, match=r"manifest\.json is missing"):
         TokenStore(store)
+    prepare(PrepareOptions([corpus], location(store), **options))  # no --overwrite needed
+    local = prepare(PrepareOptions([corpus], tmp_path / "web", **options))["train"]
+    assert files(store) == files(local)  # complete, and neither marker nor leftovers remain
+    assert TokenStore(store, verify=True).num_shards == 2
 
 
-def test_overwrite_replaces_a_bucket_store(prefix, corpus):
+def test_an_interrupted_overwrite_leaves_no_store_until_it_is_run_again(
+    prefix, corpus, monkeypatch
+):
+    """--overwrite deletes the old manifest first: no moment mixes the old and new stores."""
     store = location(f"{prefix}/web")
     prepare(PrepareOptions([corpus], store, num_shards=3, progress=False))
-    with pytest.raises(Exception, match="output directory exists"):
-        prepare(PrepareOptions([corpus], store, num_shards=2, progress=False))
-    prepare(PrepareOptions([corpus], store, num_shards=2, progress=False, overwrite=True))
+    again = PrepareOptions([corpus], store, num_shards=2, progress=False, overwrite=True)
+    with monkeypatch.context() as patch:
+        fail_copy(patch, "shard-00001-of-00002.array_record")
+        with pytest.raises(OSError, match="connection reset"):
+            prepare(again)
+    assert not is_store(store)  # the old store stopped opening, the new one is not there yet
+    assert not [p for p in store.iterdir() if p.name.endswith("of-00003.array_record")]
+    prepare(again)
     assert TokenStore(str(store), verify=True).num_shards == 2
-    assert len(list(store.iterdir())) == 1 + 2 * 4  # the manifest, 4 files per shard
+    assert sorted(p.name for p in store.iterdir())[0] == "manifest.json"  # no marker
+
+
+def test_a_prefix_of_other_objects_is_not_taken_for_an_interrupted_upload(prefix, corpus):
+    (location(prefix) / "web" / "notes.txt").write_text("not a store")
+    with pytest.raises(Exception, match="output directory exists"):
+        prepare(PrepareOptions([corpus], location(f"{prefix}/web"), progress=False))
+
+
+def big_corpus(root: Path) -> str:
+    """One text of ~1.2 M bytes: with the bytes tokenizer (uint16) a 2.4 MB shard."""
+    root.mkdir()
+    words = " ".join(f"w{i % 9973}" for i in range(200_000))
+    (root / "big.txt").write_text(words, encoding="utf-8")
+    return str(root)
+
+
+def test_shards_over_1_mib_read_back_through_the_feed(tmp_path: Path, prefix):
+    """ArrayRecord opens a gs:// shard by reading its last 1 MiB (a suffix range): larger
+    shards than that read back byte for byte, as batches identical to the local store's."""
+    corpus = big_corpus(tmp_path / "big")
+    store = f"{prefix}/big"
+    prepare(PrepareOptions([corpus], location(store), num_shards=1, progress=False))
+    local = prepare(PrepareOptions([corpus], tmp_path / "local", num_shards=1, progress=False))
+    assert location(store).joinpath("shard-00000-of-00001.array_record").stat().length > 2 << 20
+    raw = {"seed": 3, "seq_len": 64, "global_batch_size": 8, "mix": {"big": 1}}
+    plan = Plan.from_config(
+        parse_config({**raw, "sources": {"big": {"path": str(local["train"])}}})
+    )
+    config = parse_config({**raw, "sources": {"big": {"path": store}}})
+    with DataFeed(config, Mesh(np.array(jax.devices()[:4]), ("data",))) as feed:
+        for step in range(3):
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(step)[field])
+
+
+def test_the_bare_emulator_ignores_suffix_ranges(tmp_path: Path):
+    """Why tests/gcs_emulator.py exists: gcp-storage-emulator answers ArrayRecord's
+    `Range: bytes=-1048576` with the whole object, so a shard over 1 MiB reads as empty. When
+    this fails, the emulator serves suffix ranges and the wrapper can go."""
+    import gcsfs
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    local = prepare(
+        PrepareOptions([big_corpus(tmp_path / "big")], tmp_path / "s", num_shards=1, progress=False)
+    )["train"]
+    shard = local / "shard-00000-of-00001.array_record"
+    emulator = Path(sys.executable).parent / "gcp-storage-emulator"
+    served = serve_gcs(
+        lambda port, bucket: [
+            emulator,
+            "start",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--in-memory",
+            f"--default-bucket={bucket}",
+        ]
+    )
+    try:
+        bucket = next(served)
+        endpoint = os.environ["STORAGE_EMULATOR_HOST"]
+        fs = gcsfs.GCSFileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        fs.put_file(str(shard), f"{bucket}/shard.array_record")
+        with pytest.raises(IndexError, match=r"is of range of \[0, 0\)"):
+            ArrayRecordReader(f"{bucket}/shard.array_record", READER_OPTIONS).read(0, 1)
+    finally:
+        served.close()
 
 
 def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):

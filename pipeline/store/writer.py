@@ -7,8 +7,11 @@ a store is always complete.
 
 Cloud Storage has no rename. A `gs://` store is staged in a local directory (or, for Beam's
 workers, under a hidden prefix beside the destination) and copied into place file by file with
-the manifest last: until the manifest object exists the prefix does not open as a store.
-ArrayRecord writes local files only, so a shard is always written locally and then copied.
+the manifest last: until the manifest object exists the prefix does not open as a store. An
+`INCOMPLETE` marker object, written before the first file and deleted after the manifest, tells
+the next prepare of the same `--out` that what it finds there is an interrupted upload, which
+it replaces. ArrayRecord writes local files only, so a shard is always written locally and then
+copied.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from pipeline.errors import PrepareError
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
 from pipeline.store.token_store import FLAT_SUFFIX, READER_OPTIONS, file_sha256
-from pipeline.urls import copy_file, is_url, remove_tree
+from pipeline.urls import clear_prefix, copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"
 # Long documents are split into records of at most this many tokens, so a window reads about
 # what it needs rather than a whole book; short documents stay one record each.
 DEFAULT_RECORD_TOKENS = 2048
+# In a cloud store's prefix from before its first file is copied until after its manifest:
+# there without a manifest, it marks the leftovers of an interrupted upload.
+INCOMPLETE = ".incomplete"
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,8 @@ def write_shard(
         return _write_local_shard(directory, *args)
     with tempfile.TemporaryDirectory(prefix="pipeline-shard-") as local:
         info = _write_local_shard(Path(local), *args)
-        for name in (info.file, info.index, info.docs, info.flat, info.untrained):
-            if name is not None:
-                copy_file(Path(local) / name, directory / name)
+        for path in sorted(Path(local).iterdir()):  # every file the shard has, whatever it is
+            copy_file(path, directory / path.name)
     return info
 
 
@@ -254,7 +259,7 @@ def check_destination(out: Path, overwrite: bool) -> None:
     """Refuse, before any work, an `--out` that exists (without `overwrite`) or that is not a
     directory (`overwrite` replaces directories only)."""
     if is_url(out):  # a bucket prefix: it exists when it holds an object
-        if out.exists() and not overwrite:
+        if out.exists() and not overwrite and not interrupted_upload(out):
             raise PrepareError(f"{out}: output directory exists (pass --overwrite to replace it)")
         return
     if not out.exists() and not out.is_symlink():
@@ -282,16 +287,32 @@ def commit(staging: Path, out: Path, overwrite: bool) -> None:
         os.rename(staging, out)
 
 
-def _copy_into_place(staging: Path, out: Path) -> None:
-    """Commit to an object store: drop any old store (its manifest first, so it stops opening
-    before its shards go), copy the staged files, the manifest last, then drop the staging."""
-    if out.exists():
-        old_manifest = out / MANIFEST
-        if old_manifest.exists():
-            old_manifest.unlink()
-        remove_tree(out)
+def interrupted_upload(out: Any) -> bool:
+    """Whether a cloud `out` holds what an interrupted commit left: the marker, no manifest."""
+    return (out / INCOMPLETE).exists() and not (out / MANIFEST).exists()
+
+
+def _copy_into_place(staging: Path, out: Any) -> None:
+    """Commit to an object store, in an order that never leaves a half-written store that opens
+    and that the same command, run again, always finishes:
+
+    1. the `INCOMPLETE` marker: from here until step 5, `out` is an unfinished upload;
+    2. the old manifest is deleted, so an old store stops opening before any of its files go,
+       then every other object under `out` but the marker (an old store, or an earlier
+       interrupted upload);
+    3. the staged files are copied, whatever files the store has;
+    4. the manifest, last: from here `out` opens as the new store;
+    5. the marker is deleted, then the staging.
+    """
+    marker = out / INCOMPLETE
+    marker.write_text(f"an upload of {staging}: interrupted if there is no {MANIFEST}\n")
+    old_manifest = out / MANIFEST
+    if old_manifest.exists():
+        old_manifest.unlink()
+    clear_prefix(out, keep=INCOMPLETE)
     for source in sorted(staging.iterdir()):
         if source.name != MANIFEST:
             copy_file(source, out / source.name)
     copy_file(staging / MANIFEST, out / MANIFEST)
+    marker.unlink()
     remove_tree(staging)
