@@ -57,6 +57,18 @@ def file_size(path: Any) -> int:
     return int(getattr(stat, "st_size", None) or getattr(stat, "length", 0))
 
 
+def object_version(url: Any) -> tuple[int, int] | None:
+    """(generation, size) of a cloud object, None when there is none. Cloud Storage gives every
+    write of an object a new generation number: what an inode and mtime are to a local file."""
+    fs, path = _filesystem(url)
+    fs.invalidate_cache(path)  # asked of the server, never of a listing this process cached
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    return int(info.get("generation") or 0), int(info["size"])
+
+
 def load_npy(path: Any) -> np.ndarray:
     """A `.npy` array: memory-mapped when local, read whole (one request) from a URL, where a
     memory map cannot reach."""
@@ -81,10 +93,13 @@ def clear_prefix(url: Any, keep: str) -> None:
 
 
 def _filesystem(url: Any) -> tuple[Any, str]:
-    """The fsspec filesystem (gcsfs for gs://) of a URL, and the URL's path in it."""
-    import fsspec
+    """The fsspec filesystem (gcsfs for gs://) that etils.epath reads a URL with, and the
+    URL's path in it: the same instance, so its listing cache sees every write of ours."""
+    from etils.epath.backend import fsspec_backend
 
-    return fsspec.core.url_to_fs(str(location(url)))
+    text = str(location(url))
+    fs = fsspec_backend.fs(text)
+    return fs, fs._strip_protocol(text)
 
 
 def remove_tree(path: Any) -> None:

@@ -237,8 +237,36 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
         TokenStore(store, verify=True)
     shard.unlink()
     opened = TokenStore(store)  # opening reads the manifest only; the first read finds it
-    with pytest.raises(StoreError, match=f"{shard}: 0 records, the manifest says 25"):
+    with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
         opened.read_shard_tokens(1, 0, 1)
+
+
+def test_a_bucket_store_replaced_after_open_is_named(prefix, corpus):
+    """Objects have no inode: the manifest's generation number, taken at open, is compared
+    whenever a shard is opened, so a store replaced under a running feed stops it."""
+    store = location(f"{prefix}/web")
+    prepare(PrepareOptions([corpus], store, num_shards=2, progress=False))
+    opened = TokenStore(str(store))
+    opened.read_shard_tokens(0, 0, 1)
+    prepare(PrepareOptions([corpus], store, num_shards=2, seed=1, progress=False, overwrite=True))
+    with pytest.raises(StoreError, match=f"{store}/manifest.json: the store was replaced"):
+        opened.read_shard_tokens(1, 0, 1)
+
+
+def test_a_bucket_shard_rewritten_after_its_first_open_is_named(prefix, corpus):
+    """A shard's generation is taken at its first open and compared when it is opened again
+    (here after the bound on open shards closed it): the same bytes written again are a new
+    object, which is refused rather than trusted."""
+    store = f"{prefix}/web"
+    prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
+    opened = TokenStore(store, max_open_shards=1)
+    first = opened.read_shard_tokens(0, 0, 5).tokens
+    opened.read_shard_tokens(1, 0, 5)  # closes shard 0
+    shard = location(store) / "shard-00000-of-00002.array_record"
+    shard.write_bytes(shard.read_bytes())
+    with pytest.raises(StoreError, match=f"{shard}: the shard was replaced or changed"):
+        opened.read_shard_tokens(0, 0, 5)
+    np.testing.assert_array_equal(TokenStore(store).read_shard_tokens(0, 0, 5).tokens, first)
 
 
 def upload(local: Path, url: str) -> str:

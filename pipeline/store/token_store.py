@@ -39,7 +39,7 @@ from pipeline.errors import StoreError
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import is_url, load_npy, location
+from pipeline.urls import is_url, load_npy, location, object_version
 
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
@@ -83,13 +83,26 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-FileIdentity = tuple[int, int, int, int]
+@dataclass(frozen=True)
+class FileIdentity:
+    """What changes when a file is replaced or rewritten: its version (a local file's device,
+    inode and mtime; a cloud object's generation number) and its size."""
+
+    version: tuple[int, ...]
+    size: int
 
 
 def _file_identity(path: Path) -> FileIdentity:
-    """What changes when a file is replaced or rewritten: device, inode, size, mtime."""
+    if is_url(path):
+        try:
+            found = object_version(path)
+        except Exception as error:  # gcsfs retried what was transient
+            raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
+        if found is None:
+            raise FileNotFoundError(path)
+        return FileIdentity((found[0],), found[1])
     stat = path.stat()
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
 
 
 class TokenStore:
@@ -128,8 +141,9 @@ class TokenStore:
         self._max_open = max_open_shards
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
-        self.manifest = load_manifest(self.path)
+        # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self._identity = store_identity(self.path)
+        self.manifest = load_manifest(self.path)
         self.meta = StoreMeta.from_manifest(self.path, self.manifest)
         self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
@@ -457,7 +471,10 @@ class TokenStore:
             entry = self.manifest["shards"][shard]
             file = self.path / entry["file"]
             self.check_unchanged()
-            if _identity_or_none(file) != self._file_identities[shard].get("file"):
+            known = self._file_identities[shard].get("file")
+            if known is None:  # a cloud shard, opened first now: its identity is taken now
+                self._file_identities[shard]["file"] = self._shard_identity(entry)
+            elif _identity_or_none(file) != known:
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
@@ -673,23 +690,29 @@ class TokenStore:
             f"{records[0]}..{records[-1]}",
         )
 
+    def _shard_identity(self, entry: dict) -> FileIdentity:
+        """The identity of a shard's data file, which must exist and have the manifest's size."""
+        path = self.path / entry["file"]
+        identity = _identity_or_none(path)
+        if identity is None:
+            raise StoreError(f"{path}: shard listed in the manifest is missing")
+        if identity.size != entry["bytes"]:
+            raise StoreError(
+                f"{path}: {identity.size} bytes, the manifest says {entry['bytes']}; "
+                "the shard is truncated or altered: prepare the store again"
+            )
+        return identity
+
     def _check_files(self) -> list[dict[str, FileIdentity]]:
         """Every listed file exists, every shard and flat sidecar has the manifest's size; the
         identities of each shard's data file and sidecar, by manifest key (none for a cloud
-        store, whose open reads the manifest only: see the class docstring)."""
+        store, whose open reads the manifest only: a shard's identity is taken, and its size
+        checked, when it is first opened; see the class docstring)."""
         if is_url(self.path):
             return [{} for _ in range(self.num_shards)]
         identities = []
         for entry in self.manifest["shards"]:
-            path = self.path / entry["file"]
-            if not path.is_file():
-                raise StoreError(f"{path}: shard listed in the manifest is missing")
-            identity = {"file": _file_identity(path)}
-            if identity["file"][2] != entry["bytes"]:
-                raise StoreError(
-                    f"{path}: {identity['file'][2]} bytes, the manifest says {entry['bytes']}; "
-                    "the shard is truncated or altered: prepare the store again"
-                )
+            identity = {"file": self._shard_identity(entry)}
             for key in ("index", "docs", "untrained"):
                 if key not in entry:
                     continue  # "untrained": only in a masked store (identity.check_manifest)
@@ -700,7 +723,7 @@ class TokenStore:
                 flat = self.path / entry["flat"]
                 size = entry["tokens"] * self.dtype.itemsize
                 identity["flat"] = _identity_or_none(flat)
-                if identity["flat"] is None or identity["flat"][2] != size:
+                if identity["flat"] is None or identity["flat"].size != size:
                     raise StoreError(
                         f"{flat}: flat token sidecar listed in the manifest is missing or not "
                         f"{size} bytes; prepare the store again"
@@ -737,17 +760,15 @@ def store_identity(path: Path) -> Hashable | None:
     """The identity of the store at `path` now: what changes when it is replaced or rewritten.
 
     Local: the manifest's (device, inode, size, mtime), as `prepare` writes the manifest last
-    and `--overwrite` swaps the whole directory. A cloud store: None, not watched yet (the place
-    for its manifest object's generation number). None for a missing manifest.
+    and `--overwrite` swaps the whole directory. A cloud store: the manifest object's
+    generation number and size (one metadata request), as a bucket commit writes the manifest
+    last and `--overwrite` deletes it first. None for a missing manifest.
     """
     return _identity_or_none(path / MANIFEST)
 
 
 def _identity_or_none(path: Path) -> FileIdentity | None:
-    """A local file's identity; None for a missing file, and for a cloud object (whose store
-    is not watched for replacement: see docs/token-store.md)."""
-    if is_url(path):
-        return None
+    """A local file's or a cloud object's identity; None for a missing one."""
     try:
         return _file_identity(path)
     except OSError:
