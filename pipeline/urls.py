@@ -51,6 +51,22 @@ def read_bytes(url: str) -> bytes:
         raise OSError(f"{type(error).__name__}: {error}") from error
 
 
+def write_atomically(path: Any, data: bytes) -> None:
+    """Replace the file or object at `path` with `data`, so that a reader sees the old bytes or
+    the new, never a part: a local file is written beside it and renamed over it; a cloud
+    object is one upload, which Cloud Storage makes visible only once it is complete."""
+    if is_url(path):
+        location(path).write_bytes(data)
+        return
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def file_size(path: Any) -> int:
     """Size in bytes of a local file or a cloud object."""
     stat = path.stat()

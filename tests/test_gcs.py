@@ -23,12 +23,16 @@ from pipeline.config import load_config, parse_config
 from pipeline.errors import StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.maxtext import create_data_iterator, read_iter_state
+from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
+from pipeline.plan.resume import reconcile
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
 from tests.conftest import serve_gcs
+from tests.storegen import write_synthetic_store
+from tests.test_cli_plan import SHARDS, write_config
 from tests.test_maxtext import maxtext_config, write_data_yaml
 
 TEXTS = [f"document {i}: " + "gs ✓ " * (i % 7) + "line\n" * (i % 3) for i in range(40)]
@@ -338,3 +342,27 @@ def test_a_masked_store_in_a_bucket_keeps_its_mask(tmp_path: Path, prefix):
         batches.append(Plan.from_config(parse_config(raw)).batch(3))
     for name in FIELDS:
         np.testing.assert_array_equal(batches[0][name], batches[1][name])
+
+
+def test_a_ledger_is_saved_to_and_read_from_a_bucket(tmp_path: Path, prefix, capsys):
+    """`Ledger.save` and `--ledger` take a gs:// URL: the CLI reproduces a switched run's step
+    from a bucket ledger as from a local one, and a missing one is one line naming the URL."""
+    for name, shards in SHARDS.items():
+        write_synthetic_store(tmp_path / name, shards)
+    config = write_config(tmp_path, tmp_path)
+    (tmp_path / "new").mkdir()
+    switched = write_config(tmp_path / "new", tmp_path, mix={"a": 1, "b": 1})
+    ledger = reconcile(Plan.from_config(load_config(config)), load_config(switched), 6, switch=True)
+    url = f"{prefix}/run/ledger.json"
+    ledger.save(url)
+    ledger.save(url)  # replaces the object whole
+    ledger.save(tmp_path / "ledger.json")
+    assert location(url).read_bytes() == (tmp_path / "ledger.json").read_bytes()
+    assert data_state.load_ledger(url) == ledger
+    inspect = ["inspect", switched, "--step", 7, "--ledger"]
+    code, out, err = run(capsys, *inspect, url)
+    assert (code, err) == (0, "") and "ledger segment 1 (from step 6)" in out
+    assert out == run(capsys, *inspect, tmp_path / "ledger.json")[1]
+    code, _, err = run(capsys, *inspect, f"{prefix}/run/missing.json")
+    assert code == 2 and err.startswith(f"error: {prefix}/run/missing.json: cannot read the ledger")
+    assert err.count("\n") == 1

@@ -103,7 +103,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=location, metavar="CONFIG", help="data config (YAML)")
     parser.add_argument(
         "--ledger",
-        type=Path,
+        type=location,
         help="a run's ledger: its JSON, a data_state.json, or a checkpoint step directory",
     )
 

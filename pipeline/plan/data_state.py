@@ -116,7 +116,9 @@ def load(path: str | Path) -> DataState:
     try:
         text = file.read_bytes()
     except OSError as error:
-        raise LedgerError(f"{file}: cannot read the data state: {error.strerror}") from None
+        raise LedgerError(
+            f"{file}: cannot read the data state: {error.strerror or error}"
+        ) from None
     return parse(text, str(file))
 
 
@@ -130,7 +132,7 @@ def load_ledger(path: str | Path) -> Ledger:
     try:
         raw = json.loads(file.read_bytes())
     except OSError as error:
-        raise LedgerError(f"{file}: cannot read the ledger: {error.strerror}") from None
+        raise LedgerError(f"{file}: cannot read the ledger: {error.strerror or error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise LedgerError(f"{file}: the ledger is not JSON ({error})") from None
     if isinstance(raw, dict) and "ledger" in raw and "segments" not in raw:

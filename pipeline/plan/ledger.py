@@ -28,6 +28,7 @@ from typing import Any
 from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
+from pipeline.urls import write_atomically
 
 LEDGER_VERSION = 3  # 2 added "stages_from", 3 "order_version"
 ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
@@ -166,7 +167,10 @@ class Ledger:
         return cls(tuple(segments))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        """Write the ledger's JSON to a local path or a `gs://` URL; a run killed while saving
+        leaves the previous ledger whole (`write_atomically`)."""
+        text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+        write_atomically(path, text.encode())
 
 
 def _check_lined_up(segments: list[Segment], origin: str) -> None:
