@@ -135,7 +135,8 @@ def serve_gcs(command: Callable[[int, str], list]) -> Iterator[str]:
     """Run `command(port, bucket)`, a Cloud Storage API server, until the generator closes.
 
     ArrayRecord's native gs:// reader finds it through CLOUD_STORAGE_EMULATOR_ENDPOINT, the
-    Python clients (gcsfs, so etils.epath) through STORAGE_EMULATOR_HOST. Yields "gs://BUCKET".
+    Python clients (gcsfs, so etils.epath and Orbax's files) through STORAGE_EMULATOR_HOST,
+    TensorStore (Orbax's arrays) through TENSORSTORE_GCS_HTTP_URL. Yields "gs://BUCKET".
     """
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -151,6 +152,7 @@ def serve_gcs(command: Callable[[int, str], list]) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", endpoint)
         patch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        patch.setenv("TENSORSTORE_GCS_HTTP_URL", endpoint)
         patch.setenv("NO_GCE_CHECK", "true")  # google-auth: no probe for a GCE metadata server
         try:
             deadline = time.monotonic() + 30

@@ -7,6 +7,7 @@ and gcsfs; nothing here is a mock.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -31,6 +32,7 @@ from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
 from tests.conftest import serve_gcs
+from tests.feedstores import two_stage_config
 from tests.storegen import write_synthetic_store
 from tests.test_cli_plan import SHARDS, write_config
 from tests.test_maxtext import maxtext_config, write_data_yaml
@@ -366,3 +368,25 @@ def test_a_ledger_is_saved_to_and_read_from_a_bucket(tmp_path: Path, prefix, cap
     code, _, err = run(capsys, *inspect, f"{prefix}/run/missing.json")
     assert code == 2 and err.startswith(f"error: {prefix}/run/missing.json: cannot read the ledger")
     assert err.count("\n") == 1
+
+
+def test_an_orbax_checkpoint_of_a_feed_round_trips_through_a_bucket(tmp_path: Path, prefix):
+    """Save a running feed's checkpoint (model and data state) to gs://, restore it in a new
+    process: both feed the batches the plan gives for the steps after the checkpoint."""
+    plan = Plan.from_config(two_stage_config(tmp_path / "stores"))
+    worker = Path(__file__).parent / "gcs_checkpoint_worker.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(worker.parent.parent))
+    fed = {}
+    for phase in ("save", "restore"):
+        out = tmp_path / f"{phase}.npz"
+        argv = [sys.executable, worker, phase, tmp_path / "stores", f"{prefix}/ckpt", out]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        fed[phase] = dict(np.load(out))
+    assert (location(prefix) / "ckpt" / "3" / "data" / "data_state.json").exists()
+    for step in (3, 4):
+        for field in FIELDS:
+            for phase in fed:
+                np.testing.assert_array_equal(
+                    fed[phase][f"{field}@{step}"], plan.batch(step)[field]
+                )
