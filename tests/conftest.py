@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
 
 import pytest
+
+from tests.gcs_emulator import serving
 
 # Every test process simulates 8 CPU devices; this runs before any test imports JAX's backend.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -122,49 +120,10 @@ def tfds_text_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def gcs_bucket() -> Iterator[str]:
-    """A real local Cloud Storage API server (gcp-storage-emulator) holding one empty bucket,
-    taught suffix byte ranges (tests/gcs_emulator.py), as ArrayRecord's reader needs for
-    shards over 1 MiB. Returns "gs://BUCKET"; the variables that point clients at it are set
-    for the session.
-    """
-    wrapper = Path(__file__).parent / "gcs_emulator.py"
-    yield from serve_gcs(lambda port, bucket: [sys.executable, wrapper, str(port), bucket])
-
-
-def serve_gcs(command: Callable[[int, str], list]) -> Iterator[str]:
-    """Run `command(port, bucket)`, a Cloud Storage API server, until the generator closes.
-
-    ArrayRecord's native gs:// reader finds it through CLOUD_STORAGE_EMULATOR_ENDPOINT, the
-    Python clients (gcsfs, so etils.epath and Orbax's files) through STORAGE_EMULATOR_HOST,
-    TensorStore (Orbax's arrays) through TENSORSTORE_GCS_HTTP_URL. Yields "gs://BUCKET".
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    bucket = "pipeline-test"  # google-cloud-cpp refuses names under 3 characters
-    process = subprocess.Popen(
-        command(port, bucket), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+    """A real local Cloud Storage API server (gcp-storage-emulator, taught suffix byte ranges:
+    tests/gcs_emulator.py) holding one empty bucket, for the session. Returns "gs://BUCKET"."""
     # gcsfs asks the (unemulated) storage-control API for each bucket's type, warns, and falls
     # back to the plain JSON API that the emulator serves: keep that one warning out of the logs.
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", endpoint)
-        patch.setenv("STORAGE_EMULATOR_HOST", endpoint)
-        patch.setenv("TENSORSTORE_GCS_HTTP_URL", endpoint)
-        patch.setenv("NO_GCE_CHECK", "true")  # google-auth: no probe for a GCE metadata server
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError as error:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"no Cloud Storage server on {endpoint}") from error
-                    time.sleep(0.1)
-            yield f"gs://{bucket}"
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+    with serving() as bucket:
+        yield bucket

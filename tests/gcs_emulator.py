@@ -6,41 +6,101 @@ range with the whole object, which ArrayRecord then reads as an empty file ("[0,
 of [0, 0)") once the object is larger than 1 MiB. This wrapper rewrites a suffix range into the
 `FIRST-` form before the emulator's own download handler runs; everything else is the emulator.
 `tests/test_gcs.py::test_the_bare_emulator_ignores_suffix_ranges` pins the upstream behaviour,
-so that this file goes when the emulator learns suffix ranges.
+so that the wrapper goes when the emulator learns suffix ranges.
 
-    python tests/gcs_emulator.py PORT BUCKET
+    python tests/gcs_emulator.py PORT BUCKET      # the wrapped emulator
+    with serving() as bucket: ...                 # it (or the bare one) for tests and benchmarks
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
 import sys
-
-from gcp_storage_emulator.exceptions import NotFound
-from gcp_storage_emulator.handlers import objects
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 _SUFFIX = re.compile(r"^\s*bytes=-(?P<length>[0-9]+)\s*$")
-_download = objects.download
 
 
-def download(request, response, storage, *args, **kwargs):
-    """The emulator's download, after turning `bytes=-N` into `bytes=max(0, size - N)-`."""
-    suffix = _SUFFIX.match(request.get_header("range", "") or "")
-    if suffix:
-        params = request.params
-        try:
-            size = len(storage.get_file(params["bucket_name"], params["object_id"]))
-        except NotFound:
-            size = 0  # the emulator's handler answers 404
-        headers = request._request_handler.headers
-        del headers["range"]
-        headers["range"] = f"bytes={max(0, size - int(suffix['length']))}-"
-    return _download(request, response, storage, *args, **kwargs)
+def serve(port: int, bucket: str) -> None:
+    """Run the emulator, its download handler first turning `bytes=-N` into
+    `bytes=max(0, size - N)-` (imported here: only the server process needs the emulator)."""
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
 
+    emulators_download = objects.download
 
-if __name__ == "__main__":
+    def download(request, response, storage, *args, **kwargs):
+        suffix = _SUFFIX.match(request.get_header("range", "") or "")
+        if suffix:
+            params = request.params
+            try:
+                size = len(storage.get_file(params["bucket_name"], params["object_id"]))
+            except NotFound:
+                size = 0  # the emulator's handler answers 404
+            headers = request._request_handler.headers
+            del headers["range"]
+            headers["range"] = f"bytes={max(0, size - int(suffix['length']))}-"
+        return emulators_download(request, response, storage, *args, **kwargs)
+
     objects.download = download  # before `server` builds its routing table from it
     from gcp_storage_emulator.server import create_server
 
-    port, bucket = sys.argv[1:]
-    create_server("127.0.0.1", int(port), in_memory=True, default_bucket=bucket).run()
+    create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket).run()
+
+
+@contextmanager
+def serving(bare: bool = False) -> Iterator[str]:
+    """A local Cloud Storage API server with one empty bucket, and every client pointed at it
+    (the variables are restored after): ArrayRecord's native gs:// reader through
+    CLOUD_STORAGE_EMULATOR_ENDPOINT, the Python clients (gcsfs, so etils.epath and Orbax's
+    files) through STORAGE_EMULATOR_HOST, TensorStore (Orbax's arrays) through
+    TENSORSTORE_GCS_HTTP_URL. `bare`: the emulator as released. Yields "gs://BUCKET"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bucket = "pipeline-test"  # google-cloud-cpp refuses names under 3 characters
+    if bare:
+        emulator = Path(sys.executable).parent / "gcp-storage-emulator"
+        command = [emulator, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"]
+        command.append(f"--default-bucket={bucket}")
+    else:
+        command = [sys.executable, __file__, str(port), bucket]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    variables = {
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
+        "STORAGE_EMULATOR_HOST": endpoint,
+        "TENSORSTORE_GCS_HTTP_URL": endpoint,
+        "NO_GCE_CHECK": "true",  # google-auth: no probe for a GCE metadata server
+    }
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError as error:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"no Cloud Storage server on {endpoint}") from error
+                time.sleep(0.1)
+        yield f"gs://{bucket}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2])

@@ -31,8 +31,8 @@ from pipeline.plan.resume import reconcile
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
-from tests.conftest import serve_gcs
 from tests.feedstores import two_stage_config
+from tests.gcs_emulator import serving
 from tests.storegen import write_synthetic_store
 from tests.test_cli_plan import SHARDS, write_config
 from tests.test_maxtext import maxtext_config, write_data_yaml
@@ -212,26 +212,12 @@ def test_the_bare_emulator_ignores_suffix_ranges(tmp_path: Path):
         PrepareOptions([big_corpus(tmp_path / "big")], tmp_path / "s", num_shards=1, progress=False)
     )["train"]
     shard = local / "shard-00000-of-00001.array_record"
-    emulator = Path(sys.executable).parent / "gcp-storage-emulator"
-    served = serve_gcs(
-        lambda port, bucket: [
-            emulator,
-            "start",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            "--in-memory",
-            f"--default-bucket={bucket}",
-        ]
-    )
-    try:
-        bucket = next(served)
+    with serving(bare=True) as bucket:
         endpoint = os.environ["STORAGE_EMULATOR_HOST"]
         fs = gcsfs.GCSFileSystem(endpoint_url=endpoint, skip_instance_cache=True)
         fs.put_file(str(shard), f"{bucket}/shard.array_record")
         with pytest.raises(IndexError, match=r"is of range of \[0, 0\)"):
             ArrayRecordReader(f"{bucket}/shard.array_record", READER_OPTIONS).read(0, 1)
-    finally:
-        served.close()
 
 
 def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
