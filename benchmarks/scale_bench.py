@@ -28,7 +28,14 @@ from pipeline.store.token_store import TokenStore, is_store
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 
 DOC = 4  # tokens per document (= per record)
-TOKENIZER = {"name": "synthetic", "spec": "synthetic", "vocab_size": 1000, "eod_id": 999}
+TOKENIZER = {
+    "name": "synthetic",
+    "kind": "synthetic",
+    "model_sha256": "",
+    "spec": "synthetic",
+    "vocab_size": 1000,
+    "eod_id": 999,
+}
 
 
 def build(path: Path, shards: int, records: int) -> Path:

@@ -710,15 +710,17 @@ class TokenStore:
         checked, when it is first opened; see the class docstring)."""
         if is_url(self.path):
             return [{} for _ in range(self.num_shards)]
+        listed = set(os.listdir(self.path))  # the indexes' existence: one listing, no stats
         identities = []
         for entry in self.manifest["shards"]:
             identity = {"file": self._shard_identity(entry)}
             for key in ("index", "docs", "untrained"):
                 if key not in entry:
                     continue  # "untrained": only in a masked store (identity.check_manifest)
-                index = self.path / entry[key]
-                if not index.is_file():
-                    raise StoreError(f"{index}: index listed in the manifest is missing")
+                if entry[key] not in listed:
+                    raise StoreError(
+                        f"{self.path / entry[key]}: index listed in the manifest is missing"
+                    )
             if "flat" in entry:
                 flat = self.path / entry["flat"]
                 size = entry["tokens"] * self.dtype.itemsize
