@@ -138,3 +138,25 @@ def test_malformed_ledgers_are_refused_with_one_line(stores, tmp_path, edit, mes
     with pytest.raises(LedgerError, match=message) as error:
         data_state.load_ledger(path)
     assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_save_that_fails_leaves_the_previous_ledger_whole(stores, tmp_path, monkeypatch):
+    """The new JSON is written beside the ledger and renamed over it: a save that dies half way
+    leaves the old file as it was, and no partial file beside it."""
+    plan = Plan.from_config(config(stores))
+    path = tmp_path / "run" / "ledger.json"
+    path.parent.mkdir()
+    plan.ledger.save(path)
+    before = path.read_bytes()
+    switched = reconcile(plan, config(stores, mix={"main": 1, "task": 1}), 8, switch=True)
+
+    def dies(*args):
+        raise OSError("killed while saving")
+
+    monkeypatch.setattr("os.replace", dies)
+    with pytest.raises(OSError, match="killed while saving"):
+        switched.save(path)
+    assert path.read_bytes() == before and list(path.parent.iterdir()) == [path]
+    monkeypatch.undo()
+    switched.save(path)
+    assert data_state.load_ledger(path) == switched
