@@ -1,12 +1,18 @@
-"""`gcp-storage-emulator`, serving suffix byte ranges (`Range: bytes=-N`) as Cloud Storage does.
+"""`gcp-storage-emulator`, serving two things of Cloud Storage's download API it lacks.
 
-ArrayRecord's gs:// reader (google-cloud-cpp) opens a shard by reading its last 1 MiB with a
-suffix range. The emulator (2026.7.19) parses only `bytes=FIRST-[LAST]` and answers any other
-range with the whole object, which ArrayRecord then reads as an empty file ("[0, 1) is of range
-of [0, 0)") once the object is larger than 1 MiB. This wrapper rewrites a suffix range into the
-`FIRST-` form before the emulator's own download handler runs; everything else is the emulator.
-`tests/test_gcs.py::test_the_bare_emulator_ignores_suffix_ranges` pins the upstream behaviour,
-so that the wrapper goes when the emulator learns suffix ranges.
+* **Suffix byte ranges** (`Range: bytes=-N`). ArrayRecord's gs:// reader (google-cloud-cpp) opens
+  a shard by reading its last 1 MiB with one. The emulator (2026.7.19) parses only
+  `bytes=FIRST-[LAST]` and answers any other range with the whole object, which ArrayRecord
+  then reads as an empty file ("[0, 1) is of range of [0, 0)") once the object is larger than
+  1 MiB. The wrapper rewrites `bytes=-N` into `bytes=FIRST-`.
+* **A download of a given generation** (`?generation=G`, which ArrayRecord sends for a path
+  `gs://b/o#G`). The emulator serves the live object whatever G is; Cloud Storage answers 404
+  for a generation that is not the live one (a bucket without object versioning keeps no
+  other). The wrapper answers 404 too.
+
+Everything else is the emulator.
+`tests/test_gcs.py::test_the_bare_emulator_lacks_suffix_ranges_and_generations` pins the upstream
+behaviour, so that the wrapper goes when the emulator learns them.
 
     python tests/gcs_emulator.py PORT BUCKET      # the wrapped emulator
     with serving() as bucket: ...                 # it (or the bare one) for tests and benchmarks
@@ -28,21 +34,29 @@ _SUFFIX = re.compile(r"^\s*bytes=-(?P<length>[0-9]+)\s*$")
 
 
 def serve(port: int, bucket: str) -> None:
-    """Run the emulator, its download handler first turning `bytes=-N` into
-    `bytes=max(0, size - N)-` (imported here: only the server process needs the emulator)."""
+    """Run the emulator, its download handler first answering 404 for a generation that is
+    not the live one and turning `bytes=-N` into `bytes=max(0, size - N)-` (imported here:
+    only the server process needs the emulator)."""
+    from http import HTTPStatus
+
     from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
 
     emulators_download = objects.download
 
     def download(request, response, storage, *args, **kwargs):
+        params = request.params
+        try:
+            live = storage.get_file_obj(params["bucket_name"], params["object_id"])
+            size = len(storage.get_file(params["bucket_name"], params["object_id"]))
+        except NotFound:
+            live, size = None, 0  # the emulator's handler answers 404
+        asked = request.query.get("generation", [None])[0]
+        if live is not None and asked is not None and asked != str(live["generation"]):
+            response.status = HTTPStatus.NOT_FOUND
+            return None
         suffix = _SUFFIX.match(request.get_header("range", "") or "")
         if suffix:
-            params = request.params
-            try:
-                size = len(storage.get_file(params["bucket_name"], params["object_id"]))
-            except NotFound:
-                size = 0  # the emulator's handler answers 404
             headers = request._request_handler.headers
             del headers["range"]
             headers["range"] = f"bytes={max(0, size - int(suffix['length']))}-"

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 import pipeline.store.writer as writer
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
-from pipeline.errors import StoreError
+from pipeline.errors import FeedError, StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.maxtext import create_data_iterator, read_iter_state
 from pipeline.plan import data_state
@@ -35,6 +35,7 @@ from tests.feedstores import two_stage_config
 from tests.gcs_emulator import serving
 from tests.storegen import write_synthetic_store
 from tests.test_cli_plan import SHARDS, write_config
+from tests.test_faults import corpus as corpus_of
 from tests.test_maxtext import maxtext_config, write_data_yaml
 
 TEXTS = [f"document {i}: " + "gs ✓ " * (i % 7) + "line\n" * (i % 3) for i in range(40)]
@@ -201,23 +202,79 @@ def test_shards_over_1_mib_read_back_through_the_feed(tmp_path: Path, prefix):
                 np.testing.assert_array_equal(np.asarray(batch[field]), plan.batch(step)[field])
 
 
-def test_the_bare_emulator_ignores_suffix_ranges(tmp_path: Path):
+def test_the_bare_emulator_lacks_suffix_ranges_and_generations(tmp_path: Path):
     """Why tests/gcs_emulator.py exists: gcp-storage-emulator answers ArrayRecord's
-    `Range: bytes=-1048576` with the whole object, so a shard over 1 MiB reads as empty. When
-    this fails, the emulator serves suffix ranges and the wrapper can go."""
+    `Range: bytes=-1048576` with the whole object, so a shard over 1 MiB reads as empty, and it
+    serves the live object for any `?generation=`. When this fails, the emulator does both as
+    Cloud Storage does and the wrapper can go."""
     import gcsfs
-    from array_record.python.array_record_module import ArrayRecordReader
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
     local = prepare(
         PrepareOptions([big_corpus(tmp_path / "big")], tmp_path / "s", num_shards=1, progress=False)
     )["train"]
-    shard = local / "shard-00000-of-00001.array_record"
+    small = tmp_path / "small.array_record"
+    writer = ArrayRecordWriter(str(small), "group_size:1")
+    for record in (b"a", b"b", b"c"):
+        writer.write(record)
+    writer.close()
     with serving(bare=True) as bucket:
         endpoint = os.environ["STORAGE_EMULATOR_HOST"]
         fs = gcsfs.GCSFileSystem(endpoint_url=endpoint, skip_instance_cache=True)
-        fs.put_file(str(shard), f"{bucket}/shard.array_record")
+        fs.put_file(str(local / "shard-00000-of-00001.array_record"), f"{bucket}/big")
         with pytest.raises(IndexError, match=r"is of range of \[0, 0\)"):
-            ArrayRecordReader(f"{bucket}/shard.array_record", READER_OPTIONS).read(0, 1)
+            ArrayRecordReader(f"{bucket}/big", READER_OPTIONS).read(0, 1)
+        fs.put_file(str(small), f"{bucket}/small")  # generation 123 was never written:
+        assert ArrayRecordReader(f"{bucket}/small#123", READER_OPTIONS).num_records() == 3
+
+
+def test_an_open_reader_of_a_replaced_bucket_shard_fails_rather_than_read_the_new_one(
+    tmp_path: Path, prefix
+):
+    """Cloud Storage has no open file: an open reader reads the generation it checked, so the
+    same-layout shard of another store is refused by name, never served."""
+    store = location(f"{prefix}/web")
+    old = corpus_of(tmp_path / "old", "alpha", 60)
+    prepare(PrepareOptions([str(old)], store, num_shards=2, progress=False))
+    opened = TokenStore(str(store))
+    first = opened.read_shard_tokens(0, 0, 40).tokens  # opens shard 0's reader
+    new = corpus_of(tmp_path / "new", "omega", 60)  # the same lengths: the same record layout
+    prepare(PrepareOptions([str(new)], store, num_shards=2, overwrite=True, progress=False))
+    assert TokenStore(str(store)).read_shard_tokens(0, 0, 40).tokens.tolist() != first.tolist()
+    shard = store / "shard-00000-of-00002.array_record"
+    with pytest.raises(StoreError, match=rf"{shard}: cannot read records .*404"):
+        opened.read_shard_tokens(0, 0, 40)
+
+
+def test_a_bucket_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(
+    tmp_path: Path, prefix
+):
+    """Readers of a bucket shard read the generation checked when it was opened: once
+    `--overwrite` replaces the store, every read fails, naming its object, and no batch
+    holds a token of the new store."""
+    old = corpus_of(tmp_path / "old", "alpha", 60)
+    new = corpus_of(tmp_path / "new", "omega", 60)  # the same lengths: the same record layout
+    store = location(f"{prefix}/web")
+    prepare(PrepareOptions([str(old)], store, num_shards=8, progress=False))
+    # 8 lanes: the first step opens a shard per lane, whose readers the next steps read on
+    raw = {"seed": 3, "seq_len": 8, "global_batch_size": 8, "lanes": 8, "mix": {"s": 1}}
+    config = parse_config({**raw, "sources": {"s": {"path": str(store)}}})
+    served = []
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    with DataFeed(config, mesh, prefetch=1, threads=1) as feed:
+        served.append(np.asarray(next(feed)["inputs"]))
+        prepare(PrepareOptions([str(new)], store, num_shards=8, overwrite=True, progress=False))
+        with pytest.raises(FeedError) as info:
+            for _ in range(500):
+                served.append(np.asarray(next(feed)["inputs"]))
+    message = str(info.value)
+    assert "\n" not in message and f"{store}/" in message, message
+    reference = prepare(PrepareOptions([str(old)], tmp_path / "ref", num_shards=8, progress=False))
+    expected = Plan.from_config(
+        parse_config({**raw, "sources": {"s": {"path": str(reference["train"])}}})
+    )
+    for step, batch in enumerate(served):
+        np.testing.assert_array_equal(batch, expected.batch(step)["inputs"])
 
 
 def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):

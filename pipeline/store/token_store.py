@@ -673,8 +673,15 @@ class TokenStore:
                     lock.release()
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
+        """A reader of the shard. A cloud shard's reader reads the generation checked at its
+        first open (ArrayRecord's `gs://b/o#GENERATION`): once the object is replaced, its reads
+        fail (the generation no longer exists) rather than return the new object's bytes."""
+        path = str(self.shard_file(shard))
+        identity = self._file_identities[shard].get("file")
+        if is_url(path) and identity is not None:
+            path = f"{path}#{identity.version[0]}"
         try:
-            return ArrayRecordReader(str(self.shard_file(shard)), READER_OPTIONS)
+            return ArrayRecordReader(path, READER_OPTIONS)
         except Exception as error:  # ArrayRecord raises plain RuntimeErrors
             raise StoreError(
                 f"{self.shard_file(shard)}: not a readable ArrayRecord shard: {error}"
