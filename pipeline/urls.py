@@ -13,6 +13,7 @@ import io
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,14 @@ def object_version(url: Any) -> tuple[int, int] | None:
     return int(info.get("generation") or 0), int(info["size"])
 
 
-def load_npy(path: Any) -> np.ndarray:
-    """A `.npy` array: memory-mapped when local, read whole (one request) from a URL, where a
-    memory map cannot reach."""
+def load_npy(path: Any, digest: Callable[[Any], str]) -> tuple[np.ndarray, str]:
+    """A `.npy` array and `digest` of its file's bytes: memory-mapped when local (`digest(path)`
+    reads the file), read whole from a URL, where a memory map cannot reach, with one download
+    that is both hashed and parsed (`digest(bytes)`)."""
     if is_url(path):
-        return np.load(io.BytesIO(path.read_bytes()))
-    return np.load(path, mmap_mode="r")
+        data = path.read_bytes()
+        return np.load(io.BytesIO(data)), digest(data)
+    return np.load(path, mmap_mode="r"), digest(path)
 
 
 def copy_file(source: Any, destination: Any) -> None:

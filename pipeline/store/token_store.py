@@ -530,16 +530,20 @@ class TokenStore:
     def _load_npy(self, shard: int, key: str, checksum_key: str) -> tuple[Path, np.ndarray]:
         """A shard's .npy file listed under `key`, checked against its manifest checksum."""
         path = self.path / self.manifest["shards"][shard][key]
-        if _sha256_of(path) != self.manifest["shards"][shard][checksum_key]:
+        array, unreadable = None, None
+        try:  # from gs://, one download, both hashed and parsed
+            with _NPY_LOAD_LOCK:
+                array, digest = load_npy(path, _sha256_of)
+        except (OSError, ValueError, EOFError) as error:
+            digest, unreadable = _sha256_of(path), error  # damage is named as damage first
+        if digest != self.manifest["shards"][shard][checksum_key]:
             raise StoreError(
                 f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
                 "file was altered or truncated; prepare the store again"
             )
-        try:
-            with _NPY_LOAD_LOCK:
-                return path, load_npy(path)
-        except (OSError, ValueError, EOFError) as error:
-            raise StoreError(f"{path}: not a readable .npy index: {error}") from None
+        if array is None:
+            raise StoreError(f"{path}: not a readable .npy index: {unreadable}")
+        return path, array
 
     def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
         """A shard's record or document index, checked against the manifest, memory-mapped."""
@@ -784,11 +788,14 @@ def _identity_or_none(path: Path) -> FileIdentity | None:
         return None
 
 
-def _sha256_of(path: Path) -> str:
+def _sha256_of(source: Path | bytes) -> str:
+    """SHA-256 of a file, or of bytes already read."""
+    if isinstance(source, bytes):
+        return hashlib.sha256(source).hexdigest()
     try:
-        return file_sha256(path)
+        return file_sha256(source)
     except OSError as error:
-        raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+        raise StoreError(f"{source}: cannot read: {error.strerror}") from None
 
 
 def read_pieces(
