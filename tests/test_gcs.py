@@ -292,14 +292,17 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
 
 def test_a_bucket_store_replaced_after_open_is_named(prefix, corpus):
     """Objects have no inode: the manifest's generation number, taken at open, is compared
-    whenever a shard is opened, so a store replaced under a running feed stops it."""
+    whenever a shard is opened and by the feed's watcher (`check_unchanged`)."""
     store = location(f"{prefix}/web")
     prepare(PrepareOptions([corpus], store, num_shards=2, progress=False))
     opened = TokenStore(str(store))
     opened.read_shard_tokens(0, 0, 1)
+    opened.check_unchanged()  # the feed's watcher asks this every few seconds
     prepare(PrepareOptions([corpus], store, num_shards=2, seed=1, progress=False, overwrite=True))
     with pytest.raises(StoreError, match=f"{store}/manifest.json: the store was replaced"):
         opened.read_shard_tokens(1, 0, 1)
+    with pytest.raises(StoreError, match=f"{store}/manifest.json: the store was replaced"):
+        opened.check_unchanged()
 
 
 def test_a_bucket_shard_rewritten_after_its_first_open_is_named(prefix, corpus):
