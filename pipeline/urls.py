@@ -4,7 +4,9 @@
 recognised before anything turns it into a `Path`. URLs are read and written through
 `etils.epath` (the library Orbax uses, which reaches Cloud Storage through `gcsfs`), whose
 paths have the `pathlib` interface: `location` gives one or the other and the rest of the code
-joins, reads and lists them alike. ArrayRecord opens `gs://` shards with its own reader.
+joins, reads and lists them alike. What `etils.epath` has no call for (an object's generation
+number, a copy inside the store, a batched delete) goes to the same `gcsfs` instance. ArrayRecord
+opens `gs://` shards with its own reader.
 """
 
 from __future__ import annotations
