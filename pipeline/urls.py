@@ -11,15 +11,11 @@ opens `gs://` shards with its own reader.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
@@ -86,16 +82,6 @@ def object_version(url: Any) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return int(info.get("generation") or 0), int(info["size"])
-
-
-def load_npy(path: Any, digest: Callable[[Any], str]) -> tuple[np.ndarray, str]:
-    """A `.npy` array and `digest` of its file's bytes: memory-mapped when local (`digest(path)`
-    reads the file), read whole from a URL, where a memory map cannot reach, with one download
-    that is both hashed and parsed (`digest(bytes)`)."""
-    if is_url(path):
-        data = path.read_bytes()
-        return np.load(io.BytesIO(data)), digest(data)
-    return np.load(path, mmap_mode="r"), digest(path)
 
 
 def copy_file(source: Any, destination: Any) -> None:

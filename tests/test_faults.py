@@ -285,21 +285,27 @@ def test_open_checks_counts_and_dtype_against_the_flat_sidecar(tmp_path, capsys,
 # -- 3. same-size damage ---------------------------------------------------------------------
 
 
-def test_a_same_size_shard_of_a_twin_store_is_refused_not_served(tmp_path, capsys):
-    store = synthetic(tmp_path)
-    twin = synthetic(tmp_path, "twin", first=1000)
-    victim = TokenStore(store).shard_file(1)
-    donor = TokenStore(twin).shard_file(1)
-    assert victim.stat().st_size == donor.stat().st_size  # the sizes cannot tell them apart
-    shutil.copyfile(donor, victim)
+@pytest.mark.parametrize("flat", [False, True], ids=["array_record", "sidecar"])
+def test_a_same_size_shard_of_a_twin_store_is_refused_not_served(tmp_path, capsys, flat):
+    """The identity is checked on the bytes served: a shard's records, or its flat sidecar
+    (a twin's sidecar copied with its shard is named, not served)."""
+    store = synthetic(tmp_path, flat=flat)
+    twin = synthetic(tmp_path, "twin", first=1000, flat=flat)
+    victim, donor = TokenStore(store), TokenStore(twin)
+    assert victim.shard_file(1).stat().st_size == donor.shard_file(1).stat().st_size
+    keys = ("file", "flat") if flat else ("file",)
+    for key in keys:  # the sizes cannot tell them apart
+        name = victim.manifest["shards"][1][key]
+        shutil.copyfile(twin / name, store / name)
+    named = store / victim.manifest["shards"][1][keys[-1]]
     config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
     plan = Plan.from_config(load_config(config))  # opening checks sizes: they agree
     with pytest.raises(StoreError) as info:
         for step in range(40):
             plan.batch(step)
-    assert one_line(info.value).startswith(f"{victim}: its sampled records do not match")
+    assert one_line(info.value).startswith(f"{named}: its sampled records do not match")
     code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "d.npz")
-    assert code == 2 and str(victim) in err
+    assert code == 2 and str(named) in err
 
 
 def test_an_edited_document_index_value_is_refused(tmp_path, capsys):
@@ -535,15 +541,18 @@ def test_a_manifest_without_shards_is_one_line(tmp_path, capsys, redo):
     assert code == 2 and f"{store / MANIFEST}: " in err and expected in err
 
 
-def test_verify_store_on_a_zeroed_shard_names_the_shard(tmp_path, capsys):
-    store = synthetic(tmp_path)
-    shard = store / "shard-00000-of-00003.array_record"
-    shard.write_bytes(bytes(shard.stat().st_size))
+@pytest.mark.parametrize("suffix", ["array_record", "flat.bin"])
+def test_verify_store_and_the_feed_on_a_zeroed_file_name_it(tmp_path, capsys, suffix):
+    """A zeroed shard (in a store without sidecars, where the feed reads it) or sidecar (which
+    the feed reads instead of the shard): named by `verify-store`, and by the first read."""
+    store = synthetic(tmp_path, flat=suffix == "flat.bin")
+    zeroed = store / f"shard-00000-of-00003.{suffix}"
+    zeroed.write_bytes(bytes(zeroed.stat().st_size))
     code, err = cli(capsys, "verify-store", store)
-    assert code == 2 and err.startswith(f"error: {shard}: ")
+    assert code == 2 and err.startswith(f"error: {zeroed}: ")
     config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
     code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz")
-    assert code == 2 and err.startswith(f"error: {shard}: ") and "[0, 0)" not in err
+    assert code == 2 and err.startswith(f"error: {zeroed}: ") and "[0, 0)" not in err
 
 
 def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, capsys):

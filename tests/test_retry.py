@@ -59,7 +59,7 @@ class FlakyReader:
 
 
 def test_transient_faults_are_retried_and_the_batches_are_identical(tmp_path, monkeypatch):
-    config = two_stage_config(tmp_path)
+    config = two_stage_config(tmp_path, flat=False)  # every read goes through ArrayRecord
     plan = Plan.from_config(config)
     expected = [plan.batch(step) for step in range(12)]
     readers = FlakyReaders(fail=3)
@@ -137,9 +137,13 @@ def test_open_readers_are_bounded_and_reads_stay_right(tmp_path: Path, monkeypat
         token_store.TokenStore(tmp_path / "s")
 
 
-def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(tmp_path, monkeypatch):
-    """Four reader threads keep closing and reopening each other's shards."""
-    config = two_stage_config(tmp_path)
+@pytest.mark.parametrize("flat", [False, True], ids=["array_record", "sidecar"])
+def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(
+    tmp_path, monkeypatch, flat
+):
+    """Four reader threads keep closing and reopening each other's shards (their readers, or
+    their sidecars' maps: a shard served from its sidecar opens no ArrayRecord reader)."""
+    config = two_stage_config(tmp_path, flat=flat)
     plan = Plan.from_config(config)
     expected = [plan.batch(step) for step in range(12)]
     readers = FlakyReaders(fail=0)
@@ -153,4 +157,7 @@ def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(tmp_path
                 np.testing.assert_array_equal(np.asarray(batch[field]), want[field])
     assert readers.alive == 0
     assert readers.most_alive <= 2 + 4  # one per store, plus one per thread mid-read
-    assert readers.opened > 7  # 7 shards in all: shards were closed and opened again
+    if flat:
+        assert readers.opened == 0
+    else:
+        assert readers.opened > 7  # 7 shards in all: shards were closed and opened again

@@ -311,10 +311,10 @@ def test_a_stale_missing_or_altered_sidecar_is_refused_by_name(tmp_path: Path) -
     with pytest.raises(StoreError, match=f"{sidecar}: flat token sidecar .* missing or not"):
         TokenStore(path)
 
-    # Same size, other tokens (another store's or an older prepare's): the spot check at
-    # first use compares the first and last records with ArrayRecord's.
+    # Same size, other tokens (another store's or an older prepare's): the shard's first use
+    # hashes the sidecar's sampled records against the manifest's sample_sha256.
     sidecar.write_bytes(data[2:] + data[:2])
-    with pytest.raises(StoreError, match=f"{sidecar}: tokens of record 0 differ"):
+    with pytest.raises(StoreError, match=f"{sidecar}: its sampled records do not match"):
         TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
     TokenStore(path, flat=False).read_pieces_into([0], [0], [4], out, [0], [0])  # still readable
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -39,7 +40,7 @@ from pipeline.errors import StoreError
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import is_url, load_npy, location, object_version
+from pipeline.urls import is_url, location, object_version
 
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
@@ -214,11 +215,11 @@ class TokenStore:
         return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
 
     def record_offsets(self, shard: int) -> np.ndarray:
-        """Prefix sums of the shard's record lengths, memory-mapped (length records + 1)."""
+        """Prefix sums of the shard's record lengths, in memory (length records + 1)."""
         return self._index(shard, "index")
 
     def doc_offsets(self, shard: int) -> np.ndarray:
-        """Prefix sums of the shard's document lengths, memory-mapped (length documents + 1).
+        """Prefix sums of the shard's document lengths, in memory (length documents + 1).
 
         Every document boundary is a record boundary; a long document spans several records.
         """
@@ -346,33 +347,13 @@ class TokenStore:
             out[row, col : col + stop - start] = window
 
     def _flat(self, shard: int) -> np.ndarray:
-        """The shard's flat sidecar, memory-mapped on first use after a spot check: its first
-        and last records must equal ArrayRecord's (a sidecar of another store or an older
-        prepare is refused; `verify` checks every byte)."""
+        """The shard's flat sidecar, memory-mapped and checked by the shard's first use."""
         flat = self._flats[shard]
-        if flat is not None:
+        if flat is None:
+            self._open_shard(shard)
+            flat = self._flats[shard]
+        else:
             self._touch(shard)
-            return flat
-        offsets = self.record_offsets(shard)
-        probes = sorted({0, len(offsets) - 2})
-        records = self._read_record_list(shard, probes)  # touches the shard, retries, names it
-        path = self.path / self.manifest["shards"][shard]["flat"]
-        if _identity_or_none(path) != self._file_identities[shard].get("flat"):
-            raise StoreError(
-                f"{path}: the flat token sidecar was replaced or changed after the store was "
-                "opened; restart the job, or prepare the store again"
-            )
-        size = int(self.shard_tokens[shard])
-        flat = np.memmap(path, dtype=self.dtype, mode="r", shape=(size,)).view(np.ndarray)
-        for record, raw in zip(probes, records):
-            lo, hi = int(offsets[record]), int(offsets[record + 1])
-            if not np.array_equal(np.frombuffer(raw, self.dtype), flat[lo:hi]):
-                raise StoreError(
-                    f"{path}: tokens of record {record} differ from {self.shard_file(shard)}; "
-                    "the sidecar belongs to another store or was altered: prepare the store again"
-                )
-        with self._locks[shard]:
-            self._flats[shard] = flat
         return flat
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
@@ -457,96 +438,146 @@ class TokenStore:
     def _open_shard(self, shard: int) -> None:
         """First use of a shard: check it is still the store's, and is what the manifest says.
 
-        Costs a few `stat`s, reading the two small indexes and four records: the manifest and
-        the shard must be the files seen when the store was opened (a store replaced under a
-        running feed stops here), the indexes must match their checksums and the manifest's
-        counts, and the sampled records their digest (a same-size shard of another store).
+        Costs a few `stat`s, reading the two small indexes, and hashing four records of what
+        the shard serves from: the manifest and the shard must be the files seen when the store
+        was opened (a store replaced under a running feed stops here), the indexes must match
+        their checksums and the manifest's counts, and the sampled records their digest (a
+        same-size shard of another store). A shard served from its flat sidecar hashes the
+        sidecar's bytes and opens no ArrayRecord reader; the first read through ArrayRecord
+        checks the records it reads from (`_check_records`).
         """
         if self._opened[shard]:
             return
         self._touch(shard)  # an opened shard counts against the bound on open readers
         with self._locks[shard]:
-            if self._opened[shard]:
-                return
-            entry = self.manifest["shards"][shard]
-            file = self.path / entry["file"]
-            self.check_unchanged()
-            known = self._file_identities[shard].get("file")
-            if known is None:  # a cloud shard, opened first now: its identity is taken now
-                self._file_identities[shard]["file"] = self._shard_identity(entry)
-            elif _identity_or_none(file) != known:
-                raise StoreError(
-                    f"{file}: the shard was replaced or changed after the store was opened; "
-                    "restart the job, or prepare the store again"
-                )
-            offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
-            docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
-            untrained = self._load_mask(shard) if self.masked else None
-            reader = self._readers[shard] or self._new_reader(shard)
-            lengths: dict[int, int] = {}
+            self._open_shard_locked(shard)
 
-            def read(record: int) -> bytes:
-                data = reader.read(record, record + 1)[0]
-                lengths[record] = len(data)
-                return data
+    def _open_shard_locked(self, shard: int) -> None:
+        """`_open_shard` with the shard's lock held."""
+        if self._opened[shard]:
+            return
+        entry = self.manifest["shards"][shard]
+        file = self.path / entry["file"]
+        self.check_unchanged()
+        known = self._file_identities[shard].get("file")
+        if known is None:  # a cloud shard, opened first now: its identity is taken now
+            self._file_identities[shard]["file"] = self._shard_identity(entry)
+        elif _identity_or_none(file) != known:
+            raise StoreError(
+                f"{file}: the shard was replaced or changed after the store was opened; "
+                "restart the job, or prepare the store again"
+            )
+        offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
+        docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
+        untrained = self._load_mask(shard) if self.masked else None
+        if self._use_flat[shard]:
+            self._flats[shard] = self._map_flat(shard, offsets)
+        else:
+            self._check_records(shard, offsets)
+        self._indexes["index"][shard] = offsets
+        self._indexes["docs"][shard] = docs
+        self._indexes["untrained"][shard] = untrained
+        self._opened[shard] = True
 
-            def sample_records() -> tuple[int, str]:
-                count = reader.num_records()
-                return count, sample_digest(count, read)
+    def _map_flat(self, shard: int, offsets: np.ndarray) -> np.ndarray:
+        """The shard's flat sidecar, memory-mapped, after checking that it is the file seen at
+        open and that its sampled records match the manifest's `sample_sha256` (a sidecar of
+        another store or an older prepare is refused; `verify` checks every byte)."""
+        path = self.path / self.manifest["shards"][shard]["flat"]
+        if _identity_or_none(path) != self._file_identities[shard].get("flat"):
+            raise StoreError(
+                f"{path}: the flat token sidecar was replaced or changed after the store was "
+                "opened; restart the job, or prepare the store again"
+            )
+        size = int(self.shard_tokens[shard])
+        if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
+            return np.empty(0, self.dtype)
+        try:
+            flat = np.memmap(path, dtype=self.dtype, mode="r", shape=(size,)).view(np.ndarray)
+        except OSError as error:
+            raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+        bounds = offsets.view(np.ndarray)
+        sample = sample_digest(
+            len(bounds) - 1, lambda record: flat[bounds[record] : bounds[record + 1]].tobytes()
+        )
+        if sample != self.manifest["shards"][shard]["sample_sha256"]:
+            raise StoreError(
+                f"{path}: its sampled records do not match the manifest's sample_sha256: the "
+                "sidecar is another store's or was altered; prepare the store again"
+            )
+        return flat
 
-            try:  # transient faults are retried, as on every read
-                found, sample = self.retry.call(sample_records)
-            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-                _discard(reader)
-                tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
-                raise StoreError(f"{file}: cannot read the shard{tries}: {error}") from None
-            if found != entry["records"]:
+    def _check_records(self, shard: int, offsets: np.ndarray) -> None:
+        """First read of a shard through ArrayRecord (call with its lock held): open its reader
+        and check the record count, and the sampled records' lengths against the index and
+        their digest against the manifest's `sample_sha256`."""
+        if self._readers[shard] is not None:
+            return
+        file = self.shard_file(shard)
+        entry = self.manifest["shards"][shard]
+        reader = self._new_reader(shard)
+        lengths: dict[int, int] = {}
+
+        def read(record: int) -> bytes:
+            data = reader.read(record, record + 1)[0]
+            lengths[record] = len(data)
+            return data
+
+        def sample_records() -> tuple[int, str]:
+            count = reader.num_records()
+            return count, sample_digest(count, read)
+
+        try:  # transient faults are retried, as on every read
+            found, sample = self.retry.call(sample_records)
+        except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+            _discard(reader)
+            tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
+            raise StoreError(f"{file}: cannot read the shard{tries}: {error}") from None
+        if found != entry["records"]:
+            _discard(reader)
+            raise StoreError(
+                f"{file}: {found} records, the manifest says {entry['records']}; the shard "
+                "is not this store's: prepare the store again"
+            )
+        for record, size in lengths.items():
+            expected = int(offsets[record + 1] - offsets[record])
+            if size != expected * self.dtype.itemsize:
                 _discard(reader)
                 raise StoreError(
-                    f"{file}: {found} records, the manifest says {entry['records']}; the shard "
-                    "is not this store's: prepare the store again"
+                    f"{file}: record {record} holds {size} bytes, not the {expected} tokens "
+                    f"of {self.manifest['dtype']} the index and manifest say; prepare the "
+                    "store again"
                 )
-            for record, size in lengths.items():
-                expected = int(offsets[record + 1] - offsets[record])
-                if size != expected * self.dtype.itemsize:
-                    _discard(reader)
-                    raise StoreError(
-                        f"{file}: record {record} holds {size} bytes, not the {expected} tokens "
-                        f"of {self.manifest['dtype']} the index and manifest say; prepare the "
-                        "store again"
-                    )
-            if sample != entry["sample_sha256"]:
-                _discard(reader)
-                raise StoreError(
-                    f"{file}: its sampled records do not match the manifest's sample_sha256: "
-                    "the shard is another store's or was altered; prepare the store again"
-                )
-            self._indexes["index"][shard] = offsets
-            self._indexes["docs"][shard] = docs
-            self._indexes["untrained"][shard] = untrained
-            self._readers[shard] = reader
-            self._opened[shard] = True
+        if sample != entry["sample_sha256"]:
+            _discard(reader)
+            raise StoreError(
+                f"{file}: its sampled records do not match the manifest's sample_sha256: "
+                "the shard is another store's or was altered; prepare the store again"
+            )
+        self._readers[shard] = reader
 
     def _load_npy(self, shard: int, key: str, checksum_key: str) -> tuple[Path, np.ndarray]:
-        """A shard's .npy file listed under `key`, checked against its manifest checksum."""
+        """A shard's .npy file listed under `key`, checked against its manifest checksum: read
+        once, into memory (8 bytes per record or document, less than the reader's own index),
+        so the array served is the bytes hashed."""
         path = self.path / self.manifest["shards"][shard][key]
-        array, unreadable = None, None
-        try:  # from gs://, one download, both hashed and parsed
-            with _NPY_LOAD_LOCK:
-                array, digest = load_npy(path, _sha256_of)
-        except (OSError, ValueError, EOFError) as error:
-            digest, unreadable = _sha256_of(path), error  # damage is named as damage first
-        if digest != self.manifest["shards"][shard][checksum_key]:
+        try:  # one read (one download from gs://), both hashed and parsed
+            data = path.read_bytes()
+        except OSError as error:
+            raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
+        if _sha256_of(data) != self.manifest["shards"][shard][checksum_key]:
             raise StoreError(
                 f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
                 "file was altered or truncated; prepare the store again"
             )
-        if array is None:
-            raise StoreError(f"{path}: not a readable .npy index: {unreadable}")
-        return path, array
+        try:
+            with _NPY_LOAD_LOCK:
+                return path, np.load(io.BytesIO(data))
+        except (OSError, ValueError, EOFError) as error:
+            raise StoreError(f"{path}: not a readable .npy index: {error}") from None
 
     def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
-        """A shard's record or document index, checked against the manifest, memory-mapped."""
+        """A shard's record or document index, checked against the manifest."""
         entry = self.manifest["shards"][shard]
         path, index = self._load_npy(shard, key, checksum_key)
         if index.shape != (count + 1,) or index.dtype != np.int64:
@@ -582,16 +613,14 @@ class TokenStore:
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
         failures = []
-        self._flats = [None] * self.num_shards
-        for shard, reader in enumerate(self._readers):
-            if reader is not None:
-                with self._locks[shard]:
-                    self._readers[shard] = None
-                    self._opened[shard] = False
-                    try:
+        for shard in range(self.num_shards):
+            with self._locks[shard]:
+                reader = self._forget(shard)
+                try:
+                    if reader is not None:
                         reader.close()
-                    except RuntimeError as error:
-                        failures.append(f"{self.shard_file(shard)}: {error}")
+                except RuntimeError as error:
+                    failures.append(f"{self.shard_file(shard)}: {error}")
         if failures:
             raise StoreError("cannot close " + "; ".join(failures))
 
@@ -614,9 +643,9 @@ class TokenStore:
         return self._read(shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}")
 
     def _read(self, shard: int, read: Callable[[ArrayRecordReader], T], records: str) -> T:
-        """`read(reader)` under the shard's lock, retried by the policy (a failed attempt
-        drops the reader, so the next one starts afresh); a failure names the file."""
-        self._open_shard(shard)
+        """`read(reader)` under the shard's lock, after the shard's first-use checks and those
+        of its records (`_check_records`), retried by the policy (a failed attempt drops the
+        reader, so the next one starts afresh); a failure names the file."""
 
         def attempt() -> T:
             try:
@@ -627,6 +656,8 @@ class TokenStore:
 
         self._touch(shard)  # before opening: the bound holds while this one opens
         with self._locks[shard]:
+            self._open_shard_locked(shard)
+            self._check_records(shard, self._indexes["index"][shard])
             try:
                 result = self.retry.call(attempt)
             except Exception as error:  # ArrayRecord raises plain RuntimeErrors
@@ -647,14 +678,20 @@ class TokenStore:
     def _drop_reader(self, shard: int) -> None:
         """Forget the shard's reader and indexes (call with its lock held); a reader of a
         damaged or vanished file may fail to close, which changes nothing here."""
-        reader, self._readers[shard] = self._readers[shard], None
-        self._opened[shard] = False  # reopening checks the shard again
-        self._flats[shard] = None  # a reader thread copying from it keeps its own reference
-        for cache in self._indexes.values():
-            cache[shard] = None
+        reader = self._forget(shard)
         if reader is not None:
             with contextlib.suppress(RuntimeError):
                 reader.close()
+
+    def _forget(self, shard: int) -> ArrayRecordReader | None:
+        """Forget what the shard's first use opened and checked, so that its next use opens
+        and checks it again (call with its lock held); returns its reader, to close."""
+        reader, self._readers[shard] = self._readers[shard], None
+        self._opened[shard] = False
+        self._flats[shard] = None  # a reader thread copying from it keeps its own reference
+        for cache in self._indexes.values():
+            cache[shard] = None
+        return reader
 
     def _touch(self, shard: int) -> None:
         """Mark the shard most recently read; close the least recent beyond the bound (one
