@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from typing import TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
+from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
 from pipeline.store.identity import sample_digest
@@ -52,7 +54,7 @@ MAX_OPEN_SHARDS = 256
 MAX_OPEN_ENV = "PIPELINE_MAX_OPEN_SHARDS"  # overrides MAX_OPEN_SHARDS
 DEFAULT_RETRY = RetryPolicy()
 T = TypeVar("T")
-# np.load parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
+# numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
 # (file key, checksum key) of every file of a shard listed in the manifest.
@@ -571,8 +573,7 @@ class TokenStore:
                 "file was altered or truncated; prepare the store again"
             )
         try:
-            with _NPY_LOAD_LOCK:
-                return path, np.load(io.BytesIO(data))
+            return path, _npy_array(data)
         except (OSError, ValueError, EOFError) as error:
             raise StoreError(f"{path}: not a readable .npy index: {error}") from None
 
@@ -603,7 +604,7 @@ class TokenStore:
                 f"{path}: {found}, a loss mask is int64[k, 2]; prepare the store again"
             )
         flat = spans.view(np.ndarray).reshape(-1)
-        if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(np.diff(flat) < 0)):
+        if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(flat[1:] < flat[:-1])):
             raise StoreError(
                 f"{path}: untrained spans are not ordered ranges inside the shard's {size} "
                 "tokens; prepare the store again"
@@ -823,6 +824,24 @@ def _identity_or_none(path: Path) -> FileIdentity | None:
         return _file_identity(path)
     except OSError:
         return None
+
+
+def _npy_array(data: bytes) -> np.ndarray:
+    """The array of a .npy file's bytes, read-only and without a copy: numpy parses the header
+    (`np.load` of a byte stream copies the data in small reads, slower than the hash of it)."""
+    stream = io.BytesIO(data)
+    with _NPY_LOAD_LOCK:
+        version = npy_format.read_magic(stream)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f".npy format version {version} is not supported")
+        read_header = npy_format.read_array_header_1_0
+        if version == (2, 0):
+            read_header = npy_format.read_array_header_2_0
+        shape, fortran, dtype = read_header(stream)
+    if dtype.hasobject:
+        raise ValueError("an index holds numbers, not Python objects")
+    array = np.frombuffer(data, dtype, math.prod(shape), offset=stream.tell())
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def _sha256_of(source: Path | bytes) -> str:
