@@ -4,7 +4,8 @@
 
 Prepares INPUT (default `builtin:python-code`) into a temporary store, then times, as medians
 of `--repeat` runs: `TokenStore(path)` (manifest and sizes), the first use of each shard
-(indexes, record count, sampled records; per shard) and `TokenStore.verify()` (every byte).
+(indexes, the sampled records of the sidecar it is served from; per shard) and
+`TokenStore.verify()` (every byte).
 docs/token-store.md quotes the numbers.
 """
 

@@ -114,9 +114,11 @@ class TokenStore:
 
     Opening checks the manifest (its checksum and fields) and every shard's size. A shard's
     first use (`_open_shard`) checks that neither the manifest nor the shard was replaced since,
-    the record and document indexes (checksums, lengths, totals) and a masked store's loss mask
-    (checksum, shape, ranges), the record count and the sampled-record identity. `verify()` is
-    the full pass: every byte and every record.
+    the record and document indexes (checksums, lengths, totals), a masked store's loss mask
+    (checksum, shape, ranges) and the sampled-record identity of what the shard is served from:
+    its flat sidecar when it has one, else its ArrayRecord records, whose count and sample are
+    checked by the first read through its reader (`_check_records`). `verify()` is the full
+    pass: every byte and every record.
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
