@@ -308,6 +308,28 @@ def test_a_same_size_shard_of_a_twin_store_is_refused_not_served(tmp_path, capsy
     assert code == 2 and str(named) in err
 
 
+def test_a_twin_shard_behind_its_own_sidecar_is_named_when_read_through(tmp_path, capsys):
+    """A shard served from its sidecar opens no ArrayRecord reader: with only the shard file
+    replaced by a twin's, the batches are still the store's own tokens; the first read through
+    ArrayRecord and `verify-store` name the shard."""
+    store = synthetic(tmp_path)
+    twin = synthetic(tmp_path, "twin", first=1000)
+    config = load_config(write_yaml(tmp_path / "d.yaml", config_over(tmp_path, {"s": store})))
+    expected = [Plan.from_config(config).batch(step) for step in range(12)]
+    victim = TokenStore(store).shard_file(1)
+    shutil.copyfile(TokenStore(twin).shard_file(1), victim)
+    plan = Plan.from_config(config)
+    for step, want in enumerate(expected):
+        for field in FIELDS:
+            np.testing.assert_array_equal(plan.batch(step)[field], want[field])
+    reader = TokenStore(store)
+    with pytest.raises(StoreError) as info:
+        reader.read_tokens(0, reader.num_tokens)
+    assert one_line(info.value).startswith(f"{victim}: its sampled records do not match")
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and err.startswith(f"error: {victim}: ")
+
+
 def test_an_edited_document_index_value_is_refused(tmp_path, capsys):
     store = synthetic(tmp_path)
     docs = TokenStore(store).path / "shard-00002-of-00003.docs.npy"
