@@ -166,7 +166,8 @@ class TokenStore:
         self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
         self._flats: list[np.ndarray | None] = [None] * len(shards)
         self._locks = [threading.Lock() for _ in shards]
-        self._opened = [False] * len(shards)
+        self._opened = [False] * len(shards)  # the shard's first-use checks passed
+        self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
         self._file_identities = self._check_files()
         if verify:
             self.verify()
@@ -517,12 +518,13 @@ class TokenStore:
     def _check_records(self, shard: int, offsets: np.ndarray) -> None:
         """First read of a shard through ArrayRecord (call with its lock held): open its reader
         and check the record count, and the sampled records' lengths against the index and
-        their digest against the manifest's `sample_sha256`."""
-        if self._readers[shard] is not None:
+        their digest against the manifest's `sample_sha256` (again after `_forget`, on the
+        reader a retried read left open, if any)."""
+        if self._records_checked[shard]:
             return
         file = self.shard_file(shard)
         entry = self.manifest["shards"][shard]
-        reader = self._new_reader(shard)
+        reader, self._readers[shard] = self._readers[shard] or self._new_reader(shard), None
         lengths: dict[int, int] = {}
 
         def read(record: int) -> bytes:
@@ -562,6 +564,7 @@ class TokenStore:
                 "the shard is another store's or was altered; prepare the store again"
             )
         self._readers[shard] = reader
+        self._records_checked[shard] = True
 
     def _load_npy(self, shard: int, key: str, checksum_key: str) -> tuple[Path, np.ndarray]:
         """A shard's .npy file listed under `key`, checked against its manifest checksum: read
@@ -693,7 +696,7 @@ class TokenStore:
         """Forget what the shard's first use opened and checked, so that its next use opens
         and checks it again (call with its lock held); returns its reader, to close."""
         reader, self._readers[shard] = self._readers[shard], None
-        self._opened[shard] = False
+        self._opened[shard] = self._records_checked[shard] = False
         self._flats[shard] = None  # a reader thread copying from it keeps its own reference
         for cache in self._indexes.values():
             cache[shard] = None
