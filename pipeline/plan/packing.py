@@ -152,45 +152,61 @@ class PackedLayout:
         return shard, int(document - self.store.shard_documents[:shard].sum())
 
     def read_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The six batch fields of packed rows `rows`, [len(rows), seq_len] each."""
+        """The six batch fields of packed rows `rows`, [len(rows), seq_len] each.
+
+        A row's documents fill its slots from column 0 on, so each field is one stream of
+        values (document after document) put through one mask of the filled slots; a
+        document's inputs are its tokens but the last, its targets its tokens but the first."""
         rows = np.asarray(rows, dtype=np.int64)
         first = self.row_offsets[rows]
         counts = self.row_offsets[rows + 1] - first
         ends = np.cumsum(counts)
         docs = self.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])]
         tokens = self.doc_tokens[docs]
-        starts = np.concatenate([[0], np.cumsum(tokens)[:-1]]).astype(np.int64)
-        flat = np.empty((1, int(tokens.sum())), dtype=np.int32)
-        untrained = np.zeros(flat.shape[1] + 1, dtype=np.int32)  # +1 at span starts, -1 at ends
+        bounds = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        starts = bounds[:-1]
+        flat = np.empty((1, int(bounds[-1])), dtype=np.int32)
         shards, first = self.doc_shard[docs], self.doc_start[docs]
         self.store.read_pieces_into(shards, first, first + tokens, flat, 0 * docs, starts)
+        trained = self._trained(shards, first, tokens, starts, flat.shape[1])
+        not_last, not_first = np.ones((2, flat.shape[1]), dtype=bool)
+        not_last[bounds[1:] - 1] = False
+        not_first[starts] = False
+        slots = tokens - 1
+        filled = np.concatenate([[0], np.cumsum(slots)])
+        used = filled[ends] - filled[ends - counts]
+        mask = np.arange(self.seq_len) < used[:, None]
+        number = np.arange(docs.size) - np.repeat(ends - counts, counts) + 1
+        segment = np.repeat(number, slots)
+        position = np.arange(filled[-1]) - np.repeat(filled[:-1], slots)
+        streams = {
+            "inputs": flat[0][not_last],
+            "targets": flat[0][not_first],
+            "inputs_segmentation": segment,
+            "targets_segmentation": segment * trained[not_first],
+            "inputs_position": position,
+            "targets_position": position,
+        }
+        fields = {name: np.zeros(mask.shape, np.int32) for name in FIELDS}
+        for name, values in fields.items():
+            values[mask] = streams[name]
+        return fields
+
+    def _trained(
+        self, shards: np.ndarray, first: np.ndarray, tokens: np.ndarray, at: np.ndarray, size: int
+    ) -> np.ndarray:
+        """Per token of the documents read at `at` of a buffer of `size`: whether it is
+        trained on (as a target): +1 at each untrained span's start, -1 at its end, summed."""
+        opens, closes = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for shard in np.unique(shards).tolist() if self.store.masked else ():
             mine = np.flatnonzero(shards == shard)
             lo, hi = first[mine], first[mine] + tokens[mine]
             piece, u0, u1 = self.store.untrained_spans(shard, lo, hi)
-            at = starts[mine][piece]
-            np.add.at(untrained, at + u0, 1)
-            np.add.at(untrained, at + u1, -1)
-        trained = np.cumsum(untrained[:-1]) == 0
-        # slot layout: document j of a row takes tokens[j] - 1 slots after the row's earlier ones
-        slots = tokens - 1
-        first_doc = ends - counts
-        cum = np.cumsum(slots) - slots
-        column = cum - np.repeat(cum[first_doc], counts)
-        place = np.repeat(np.arange(rows.size), counts) * self.seq_len + column
-        number = np.arange(docs.size) - np.repeat(first_doc, counts) + 1
-        within = np.arange(int(slots.sum())) - np.repeat(cum, slots)
-        source = np.repeat(starts, slots) + within
-        out = np.repeat(place - starts, slots) + source  # flat position in the [rows, seq_len]
-        fields = {name: np.zeros(rows.size * self.seq_len, np.int32) for name in FIELDS}
-        fields["inputs"][out] = flat[0, source]
-        fields["targets"][out] = flat[0, source + 1]
-        segment = np.repeat(number, slots)
-        fields["inputs_segmentation"][out] = segment
-        fields["targets_segmentation"][out] = segment * trained[source + 1]
-        fields["inputs_position"][out] = within
-        fields["targets_position"][out] = within
-        return {name: values.reshape(rows.size, self.seq_len) for name, values in fields.items()}
+            opens.append(at[mine][piece] + u0)
+            closes.append(at[mine][piece] + u1)
+        untrained = np.bincount(np.concatenate(opens), minlength=size + 1)
+        untrained -= np.bincount(np.concatenate(closes), minlength=size + 1)
+        return np.cumsum(untrained[:-1]) == 0
 
     def _row_order(self, epoch: int, position: np.ndarray) -> np.ndarray:
         """Packed rows at `position` of epoch `epoch`'s keyed order of all the rows."""

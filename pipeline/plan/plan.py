@@ -306,6 +306,8 @@ class Plan:
         layouts = {s: plan.layouts[draws.source_names[s]] for s in sources}
         packed = [s for s in sources if isinstance(layouts[s], PackedLayout)]
         concat = [s for s in sources if s not in packed]
+        if len(packed) == len(sources) == 1:  # one best-fit source draws every row
+            return layouts[packed[0]].read_fields(draws.window)
         windows = np.flatnonzero(np.isin(draws.source, concat))
         tokens = np.empty((len(windows), plan.config.seq_len + 1), dtype=np.int32)
         which = np.searchsorted(concat, draws.source[windows])
