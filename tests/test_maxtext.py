@@ -196,16 +196,20 @@ def test_grains_checkpoint_handler_saves_and_restores_the_iter_item(data_yaml, m
         resumed.close()
 
 
-def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, tmp_path):
-    config = maxtext_config(data_yaml, eval_interval=-1)
+def state_after_4_steps(config, mesh) -> tuple[str, dict]:
+    """The iter item's text after 4 batches, and the 5th batch (host arrays)."""
     train, _ = create_data_iterator(config, mesh)
     try:
         for _ in range(4):
             next(train)
-        text = train.local_iterator.get_state().decode()
-        expected = host(next(train))
+        return train.local_iterator.get_state().decode(), host(next(train))
     finally:
         train.close()
+
+
+def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, tmp_path):
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    text, expected = state_after_4_steps(config, mesh)
     item = tmp_path / "iter"
     item.mkdir()
     for index in (1, 0):  # as two processes wrote them; this run has one
@@ -225,13 +229,7 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
 def test_restore_from_checks_the_step_exactly_by_maxtexts_numbering(data_yaml, mesh, tmp_path):
     """MaxText saves checkpoint N after training step N: `N/iter` holds data step N + 1."""
     config = maxtext_config(data_yaml, eval_interval=-1)
-    train, _ = create_data_iterator(config, mesh)
-    try:
-        for _ in range(4):
-            next(train)
-        text = train.local_iterator.get_state().decode()
-    finally:
-        train.close()
+    text, _ = state_after_4_steps(config, mesh)
     for checkpoint in (3, 4):
         item = tmp_path / str(checkpoint) / "iter"
         item.mkdir(parents=True)
