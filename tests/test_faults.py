@@ -756,3 +756,34 @@ def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_l
     assert "(6 tries): UNAVAILABLE: injected persistent fault" in failing
     assert ".array_record" in failing  # names the shard file
     assert lines[0].endswith(f"host 1: {failing.removeprefix('error: ')}"), lines[0]
+
+
+def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
+    """The identity check follows the feed's current plan, not the stores open at its start."""
+    from pipeline.plan.resume import reconcile
+
+    monkeypatch.setattr(host_stop, "STORE_CHECK_S", 0.05)
+    first = tmp_path / "first"
+    added = tmp_path / "added"
+    for out, word in ((first, "alpha"), (added, "beta")):
+        prepare(PrepareOptions([str(corpus(tmp_path / word, word, 60))], out, num_shards=1,
+                               progress=False))  # fmt: skip
+    before = parse_config(
+        config_over(tmp_path, {"s": first}, lanes=1, global_batch_size=2), "a.yaml"
+    )
+    after = parse_config(
+        config_over(tmp_path, {"s": first, "t": added}, lanes=1, global_batch_size=2), "b.yaml"
+    )
+    with DataFeed(before, mesh(), prefetch=1, threads=1) as feed:
+        next(feed)
+        feed.adopt(reconcile(feed.plan, after, feed.step, switch=True), feed.step)
+        next(feed)
+        assert len(feed.plan.stores()) == 2  # the switch opened the added store
+        prepare(PrepareOptions([str(corpus(tmp_path / "new", "omega", 60))], added, num_shards=1,
+                               overwrite=True, progress=False))  # fmt: skip
+        with pytest.raises(FeedError) as info:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                next(feed)
+                time.sleep(0.01)
+    assert one_line(info.value).startswith(f"{added / MANIFEST}: the store was replaced")

@@ -49,6 +49,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -190,6 +191,13 @@ def _plan_on_every_process(config: DataConfig) -> Plan:
     return plan
 
 
+def _stores_of_plan(feed: weakref.ref[DataFeed]) -> list[TokenStore]:
+    """The stores a feed's current plan holds; a weak reference, so that the watcher thread
+    does not keep a forgotten feed alive."""
+    live = feed()
+    return live._plan.stores() if live is not None else []
+
+
 class DataFeed:
     """An iterator of global batches (dicts of `jax.Array`) for steps `step`, `step + 1`, ..."""
 
@@ -246,7 +254,7 @@ class DataFeed:
         self._step = self._check_step(step)
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None
-        self._host_stop = HostStop(self._plan.stores())
+        self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)))
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         options = self.config.feed
         self._stats = (

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -67,10 +67,11 @@ def _coordination_client() -> Any | None:
 class HostStop:
     """Publishes this process's fatal data error; watches the peers' and the stores' identity."""
 
-    def __init__(self, stores: Sequence[TokenStore]) -> None:
+    def __init__(self, stores: Callable[[], Sequence[TokenStore]]) -> None:
+        """`stores` gives the stores open now: a switch or a later stage opens more of them."""
         self._client = _coordination_client()
         self._index = jax.process_index()
-        self._stores = tuple(stores)
+        self._stores = stores
         self._store_check_s = STORE_CHECK_S
         self._poll_s = POLL_S if self._client is not None else STORE_CHECK_S
         self._grace_s = GRACE_S
@@ -117,7 +118,7 @@ class HostStop:
                 self._check_peers(now)
 
     def _check_stores(self) -> None:
-        for store in self._stores:
+        for store in self._stores():
             try:
                 store.check_unchanged()
             except StoreError as error:
