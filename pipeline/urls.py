@@ -66,12 +66,6 @@ def write_atomically(path: Any, data: bytes) -> None:
         partial.unlink(missing_ok=True)
 
 
-def file_size(path: Any) -> int:
-    """Size in bytes of a local file or a cloud object."""
-    stat = path.stat()
-    return int(getattr(stat, "st_size", None) or getattr(stat, "length", 0))
-
-
 def object_version(url: Any) -> tuple[int, int] | None:
     """(generation, size) of a cloud object, None when there is none. Cloud Storage gives every
     write of an object a new generation number: what an inode and mtime are to a local file."""
