@@ -14,7 +14,11 @@ Everything else is the emulator.
 `tests/test_gcs.py::test_the_bare_emulator_lacks_suffix_ranges_and_generations` pins the upstream
 behaviour, so that the wrapper goes when the emulator learns them.
 
-    python tests/gcs_emulator.py PORT BUCKET      # the wrapped emulator
+For tests that count requests, the wrapper can also serve one bucket on several ports (one per
+process of a multi-process job, so that a request names the process that made it) and append
+each request to a log, one line `PORT METHOD PATH` each.
+
+    python tests/gcs_emulator.py PORT[,PORT...] BUCKET [LOG]   # the wrapped emulator
     with serving() as bucket: ...                 # it (or the bare one) for tests and benchmarks
 """
 
@@ -33,12 +37,14 @@ from pathlib import Path
 _SUFFIX = re.compile(r"^\s*bytes=-(?P<length>[0-9]+)\s*$")
 
 
-def serve(port: int, bucket: str) -> None:
+def serve(ports: list[int], bucket: str, log: str | None = None) -> None:
     """Run the emulator, its download handler first answering 404 for a generation that is
     not the live one and turning `bytes=-N` into `bytes=max(0, size - N)-` (imported here:
-    only the server process needs the emulator)."""
+    only the server process needs the emulator); every port serves the same storage, and
+    `log` gets one line per request."""
     from http import HTTPStatus
 
+    from gcp_storage_emulator import server
     from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
 
@@ -63,48 +69,82 @@ def serve(port: int, bucket: str) -> None:
         return emulators_download(request, response, storage, *args, **kwargs)
 
     objects.download = download  # before `server` builds its routing table from it
-    from gcp_storage_emulator.server import create_server
+    if log is not None:
+        handle = server.Router.handle
 
-    create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket).run()
+        def logged(router, method):
+            request = router._request_handler
+            with open(log, "a") as lines:  # one write per line: the ports' threads append
+                lines.write(f"{request.server.server_port} {method} {request.path}\n")
+            return handle(router, method)
+
+        server.Router.handle = logged
+    emulator = server.create_server("127.0.0.1", ports[0], in_memory=True, default_bucket=bucket)
+    for port in ports[1:]:  # more listeners on the first one's storage
+        server.APIThread("127.0.0.1", port, emulator._storage, daemon=True).start()
+    emulator.run()
 
 
-@contextmanager
-def serving(bare: bool = False) -> Iterator[str]:
-    """A local Cloud Storage API server with one empty bucket, and every client pointed at it
-    (the variables are restored after): ArrayRecord's native gs:// reader through
-    CLOUD_STORAGE_EMULATOR_ENDPOINT, the Python clients (gcsfs, so etils.epath and Orbax's
-    files) through STORAGE_EMULATOR_HOST, TensorStore (Orbax's arrays) through
-    TENSORSTORE_GCS_HTTP_URL. `bare`: the emulator as released. Yields "gs://BUCKET"."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    bucket = "pipeline-test"  # google-cloud-cpp refuses names under 3 characters
-    if bare:
-        emulator = Path(sys.executable).parent / "gcp-storage-emulator"
-        command = [emulator, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"]
-        command.append(f"--default-bucket={bucket}")
-    else:
-        command = [sys.executable, __file__, str(port), bucket]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    variables = {
+ENDPOINTS = "PIPELINE_TEST_GCS_ENDPOINTS"
+"""With `listeners`, the endpoints, comma-separated: process i of a job uses the i-th
+(`point_at`)."""
+
+
+def point_at(endpoint: str) -> None:
+    """Point every client of this process at `endpoint`: ArrayRecord's native gs:// reader
+    through CLOUD_STORAGE_EMULATOR_ENDPOINT, the Python clients (gcsfs, so etils.epath and
+    Orbax's files) through STORAGE_EMULATOR_HOST, TensorStore (Orbax's arrays) through
+    TENSORSTORE_GCS_HTTP_URL."""
+    os.environ.update(_variables(endpoint))
+
+
+def _variables(endpoint: str) -> dict[str, str]:
+    return {
         "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
         "STORAGE_EMULATOR_HOST": endpoint,
         "TENSORSTORE_GCS_HTTP_URL": endpoint,
         "NO_GCE_CHECK": "true",  # google-auth: no probe for a GCE metadata server
     }
+
+
+@contextmanager
+def serving(bare: bool = False, log: Path | None = None, listeners: int = 1) -> Iterator[str]:
+    """A local Cloud Storage API server with one empty bucket, and every client pointed at it
+    (`point_at`; the variables are restored after). `bare`: the emulator as released. `log`:
+    append each request to that file. `listeners`: serve on that many ports, listed in
+    $PIPELINE_TEST_GCS_ENDPOINTS (clients use the first). Yields "gs://BUCKET"."""
+    probes = [socket.socket() for _ in range(listeners)]
+    for probe in probes:  # held open together: distinct ports
+        probe.bind(("127.0.0.1", 0))
+    ports = [probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    bucket = "pipeline-test"  # google-cloud-cpp refuses names under 3 characters
+    if bare:
+        emulator = Path(sys.executable).parent / "gcp-storage-emulator"
+        command = [emulator, "start", "--host=127.0.0.1", f"--port={ports[0]}", "--in-memory"]
+        command.append(f"--default-bucket={bucket}")
+    else:
+        command = [sys.executable, __file__, ",".join(map(str, ports)), bucket]
+        command += [str(log)] if log is not None else []
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoints = [f"http://127.0.0.1:{port}" for port in ports]
+    variables = _variables(endpoints[0])
+    if listeners > 1:
+        variables[ENDPOINTS] = ",".join(endpoints)
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError as error:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"no Cloud Storage server on {endpoint}") from error
-                time.sleep(0.1)
+        for port, endpoint in zip(ports, endpoints, strict=True):
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError as error:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"no Cloud Storage server on {endpoint}") from error
+                    time.sleep(0.1)
         yield f"gs://{bucket}"
     finally:
         process.terminate()
@@ -117,4 +157,4 @@ def serving(bare: bool = False) -> Iterator[str]:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2])
+    serve([int(port) for port in sys.argv[1].split(",")], sys.argv[2], *sys.argv[3:4])

@@ -56,6 +56,7 @@ from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan.batch import FIELDS
+from tests.gcs_emulator import ENDPOINTS, point_at
 
 
 def row_checksums(batch: dict[str, jax.Array]) -> jax.Array:
@@ -234,6 +235,8 @@ def maxtext(task: dict) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     process_id = int(sys.argv[2])
+    if ENDPOINTS in os.environ:  # a Cloud Storage emulator port per process (tests/gcs_emulator.py)
+        point_at(os.environ[ENDPOINTS].split(",")[process_id])
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{spec['port']}",
         num_processes=spec["n"],

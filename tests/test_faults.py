@@ -16,6 +16,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from urllib.parse import quote
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import Mesh
 
 from pipeline.commands.cli import main
@@ -35,6 +38,7 @@ from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from pipeline.store.identity import manifest_digest
+from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import MANIFEST, TokenStore
 from tests.feedstores import two_stage_config, two_stage_raw
@@ -699,7 +703,7 @@ def launch_until_ready(tmp: Path, raw: dict, task: dict, between) -> tuple[list[
 
 def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, monkeypatch):
     """No shard opens after the replacement: the feed's periodic identity check finds it."""
-    monkeypatch.setattr(host_stop, "STORE_CHECK_S", 0.05)
+    monkeypatch.setenv(host_stop.STORE_CHECK_ENV, "0.05")
     out = tmp_path / "store"
     old = corpus(tmp_path / "old", "alpha", 60)
     prepare(PrepareOptions([str(old)], out, num_shards=1, progress=False))
@@ -741,6 +745,95 @@ def test_a_store_replaced_under_two_processes_stops_both_with_its_line(tmp_path)
     assert codes == [2, 2], worker_output(tmp_path)
     for line in lines:  # each found it itself, or raised or logged the other's line
         assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in line
+
+
+@pytest.mark.multiprocess
+def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both(
+    tmp_path, monkeypatch
+):
+    """A gs:// store is one object for every host, and each check a billed request: one process
+    re-checks it, whatever the host count, and its stop ends the other with the same line. Each
+    process (and this test) talks to its own port of one emulator, whose log names who made
+    each request."""
+    from tests.gcs_emulator import ENDPOINTS, point_at, serving
+    from tests.test_multihost import worker_output
+
+    for variable, value in [("STORE_CHECK_ENV", "0.25"), ("POLL_ENV", "0.25"), ("GRACE_ENV", "2")]:
+        monkeypatch.setenv(getattr(host_stop, variable), value)  # the workers inherit them
+    log = tmp_path / "requests.log"
+    old = corpus(tmp_path / "old", "alpha", 60)
+    new = corpus(tmp_path / "new", "omega", 60)
+    counts: list[int] = []
+    with serving(log=log, listeners=3) as bucket:
+        endpoints = os.environ[ENDPOINTS].split(",")  # process i uses the i-th (multihost_worker)
+        point_at(endpoints[2])
+        url = f"{bucket}/replaced"
+        assert main(["prepare", str(old), "--out", url, "--num-shards", "1", "--no-progress"]) == 0
+        fingerprint = StoreMeta.load(url).fingerprint
+        checker = next(i for i in range(2) if host_stop.checks_remote(fingerprint, i, 2))
+        manifest = f"/o/{quote(f'replaced/{MANIFEST}', safe='')}"
+
+        def asked(process: int, since: int) -> int:
+            """Metadata reads of the manifest by `process` after log line `since` (a download
+            would say alt=media)."""
+            port = endpoints[process].rsplit(":", 1)[1]
+            return sum(
+                line.startswith(f"{port} GET ") and manifest in line and "alt=media" not in line
+                for line in log.read_text().splitlines()[since:]
+            )
+
+        def replace() -> None:
+            """Both processes wait at step 2: what reads the manifest's metadata now is the
+            watchers' identity check. After the replacement, `go` waits for the checker's next
+            check: otherwise the other process may first fail to read the replaced shard (its
+            reader asks for the generation it opened) and stop with that line instead."""
+            start = len(log.read_text().splitlines())
+            time.sleep(2.0)
+            counts.extend(asked(process, start) for process in range(2))
+            argv = ["prepare", str(new), "--out", url, "--num-shards", "1", "--overwrite"]
+            assert main([*argv, "--no-progress"]) == 0
+            replaced = len(log.read_text().splitlines())
+            deadline = time.monotonic() + 60
+            while not asked(checker, replaced) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        raw = config_over(tmp_path, {"s": url}, lanes=2, global_batch_size=4)
+        task = {"kind": "stop", "fault": "replace", "faulty": None}
+        codes, lines = launch_until_ready(tmp_path, raw, task, replace)
+    assert codes == [2, 2], worker_output(tmp_path)
+    assert lines[checker] == (
+        f"error: {url}/{MANIFEST}: the store was replaced or changed after it was opened (by "
+        "`prepare --overwrite`?); restart the job to read the new store"
+    )
+    assert lines[1 - checker].endswith(f"host {checker}: {lines[checker].removeprefix('error: ')}")
+    assert counts[1 - checker] == 0, counts  # never asked: the other process checks it
+    assert counts[checker] >= 2, counts  # about one request every 0.25 s
+
+
+def test_the_stop_periods_come_from_the_environment(monkeypatch):
+    """Set: its value (the bucket test above shows a feed using it); empty: the default."""
+    monkeypatch.setenv(host_stop.POLL_ENV, "")
+    assert host_stop.seconds(host_stop.POLL_ENV, host_stop.POLL_S) == host_stop.POLL_S
+    monkeypatch.setenv(host_stop.GRACE_ENV, " 1.5 ")
+    assert host_stop.seconds(host_stop.GRACE_ENV, host_stop.GRACE_S) == 1.5
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e999", "two", "2s"])
+@pytest.mark.parametrize("variable", ["POLL_ENV", "STORE_CHECK_ENV", "GRACE_ENV"])
+def test_a_bad_stop_period_is_refused_by_the_feed_in_one_line(tmp_path, monkeypatch, variable,
+                                                               value):  # fmt: skip
+    name = getattr(host_stop, variable)
+    monkeypatch.setenv(name, value)
+    config = parse_config(config_over(tmp_path, {"s": synthetic(tmp_path)}), "r.yaml")
+    with pytest.raises(ConfigError) as info:
+        DataFeed(config, mesh())
+    assert one_line(info.value) == f"${name}: expected a number of seconds > 0, got {value!r}"
+
+
+@given(st.text("0123456789abcdef", min_size=16, max_size=16), st.integers(1, 5000))
+def test_exactly_one_process_checks_each_bucket_store(fingerprint, processes):
+    checkers = [p for p in range(processes) if host_stop.checks_remote(fingerprint, p, processes)]
+    assert len(checkers) == 1
 
 
 @pytest.mark.multiprocess

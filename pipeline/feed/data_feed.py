@@ -252,10 +252,11 @@ class DataFeed:
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
         self._step = self._check_step(step)
-        background = self.config.feed.verify == "background"
-        self._verifier = BackgroundVerify(self._plan) if background else None
+        # first: it reads its periods from the environment and may refuse them
         self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)))
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
+        background = self.config.feed.verify == "background"
+        self._verifier = BackgroundVerify(self._plan) if background else None
         options = self.config.feed
         self._stats = (
             Recorder(jax.process_index(), self.prefetch, options.input_bound_share,

@@ -16,8 +16,17 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   process does at exit), logs the line once more and ends the process with exit status 2, so
   that host's log ends with the same line.
 * the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it
-  opened (`TokenStore.check_unchanged`: one `stat` of a local manifest), so a host that never
-  opens a replaced shard still stops on the replacement; `next()` raises and publishes it.
+  opened (`TokenStore.check_unchanged`), so a host that never opens a replaced shard still
+  stops on the replacement; `next()` raises and publishes it. A local store is checked by every
+  process (one `stat` of its manifest: each host may hold its own copy). A cloud store is one
+  object for all hosts and its check is a billed metadata request, so one process checks it
+  (`checks_remote`: its fingerprint modulo the process count) and the others learn of a
+  replacement from that process's published stop: stores / `STORE_CHECK_S` requests a second
+  whatever the host count.
+
+`POLL_S`, `STORE_CHECK_S` and `GRACE_S` may be set per job through the environment variables
+`PIPELINE_STOP_POLL_S`, `PIPELINE_STOP_STORE_CHECK_S` and `PIPELINE_STOP_GRACE_S` (a large job
+polls the coordinator less often, at the cost of a later stop: docs/jax-integration.md).
 
 A published stop ends the data of the whole `jax.distributed` session: every feed of every
 process stops on it, as the job cannot go on without the failed process. In one process there
@@ -27,6 +36,7 @@ is nothing to publish or poll, and the store re-check is the watcher's only work
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -36,8 +46,9 @@ from typing import Any
 
 import jax
 
-from pipeline.errors import FeedError, StoreError
+from pipeline.errors import ConfigError, FeedError, StoreError
 from pipeline.store.token_store import TokenStore
+from pipeline.urls import is_url
 
 log = logging.getLogger("pipeline")
 
@@ -52,6 +63,30 @@ GRACE_S = 10.0
 SHUTDOWN_S = 60.0
 """Seconds the watcher waits for JAX's shutdown barrier before ending the process anyway."""
 EXIT_STATUS = 2  # a PipelineError's exit status
+POLL_ENV = "PIPELINE_STOP_POLL_S"  # overrides POLL_S
+STORE_CHECK_ENV = "PIPELINE_STOP_STORE_CHECK_S"  # overrides STORE_CHECK_S
+GRACE_ENV = "PIPELINE_STOP_GRACE_S"  # overrides GRACE_S
+
+
+def seconds(variable: str, default: float) -> float:
+    """A period from the environment variable `variable`, else `default`."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"${variable}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def checks_remote(fingerprint: str, process: int, processes: int) -> bool:
+    """Whether `process` (of `processes`) is the one that re-checks the cloud store of this
+    content fingerprint: the same answer on every process, whatever stores each one holds open
+    and in which order it opened them."""
+    return int(fingerprint, 16) % processes == process
 
 
 def _coordination_client() -> Any | None:
@@ -69,12 +104,13 @@ class HostStop:
 
     def __init__(self, stores: Callable[[], Sequence[TokenStore]]) -> None:
         """`stores` gives the stores open now: a switch or a later stage opens more of them."""
+        self._poll_s = seconds(POLL_ENV, POLL_S)
+        self._store_check_s = seconds(STORE_CHECK_ENV, STORE_CHECK_S)
+        self._grace_s = seconds(GRACE_ENV, GRACE_S)
         self._client = _coordination_client()
         self._index = jax.process_index()
+        self._processes = jax.process_count()
         self._stores = stores
-        self._store_check_s = STORE_CHECK_S
-        self._poll_s = POLL_S if self._client is not None else STORE_CHECK_S
-        self._grace_s = GRACE_S
         self._failure: str | None = None  # what `check()` raises
         self._peer_seen: float | None = None  # when a peer's stop was first seen
         self._raised = False
@@ -106,19 +142,25 @@ class HostStop:
             self._thread.join()
 
     def _run(self) -> None:
-        next_store_check = time.monotonic() + self._store_check_s
-        while not self._done.wait(self._poll_s):
+        start = time.monotonic()
+        next_store_check = start + self._store_check_s
+        next_poll = start + self._poll_s if self._client is not None else math.inf
+        while not self._done.wait(min(next_poll, next_store_check) - time.monotonic()):
             if self._raised:  # this process stops with its line: nothing more to watch
                 return
             now = time.monotonic()
             if now >= next_store_check:
                 next_store_check = now + self._store_check_s
                 self._check_stores()
-            if self._client is not None:
+            if now >= next_poll:
+                next_poll = now + self._poll_s
                 self._check_peers(now)
 
     def _check_stores(self) -> None:
         for store in self._stores():
+            remote = is_url(store.path)
+            if remote and not checks_remote(store.fingerprint, self._index, self._processes):
+                continue  # another process checks it and publishes what it finds
             try:
                 store.check_unchanged()
             except StoreError as error:
