@@ -113,6 +113,8 @@ def serving(bare: bool = False, log: Path | None = None, listeners: int = 1) -> 
     (`point_at`; the variables are restored after). `bare`: the emulator as released. `log`:
     append each request to that file. `listeners`: serve on that many ports, listed in
     $PIPELINE_TEST_GCS_ENDPOINTS (clients use the first). Yields "gs://BUCKET"."""
+    if bare and (log is not None or listeners > 1):
+        raise ValueError("the bare emulator serves one port and logs nothing")
     probes = [socket.socket() for _ in range(listeners)]
     for probe in probes:  # held open together: distinct ports
         probe.bind(("127.0.0.1", 0))
