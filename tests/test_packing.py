@@ -24,24 +24,43 @@ from tests.storegen import TOKENIZER, write_synthetic_store
 EOD = 2**31 - 1  # each document's last token: never a position here, fits the int32 batch
 
 
-def write_masked_store(path: Path, shards: list[list[tuple[int, int]]]) -> TokenStore:
-    """Shard i holds documents of (length, untrained prefix) shards[i]; token value = its
-    position in the natural stream (the eod: EOD), so every document is recognisable."""
+def write_masked_store(path: Path, shards: list[list[tuple[int, ...]]]) -> TokenStore:
+    """Shard i holds documents of (length, untrained prefix[, untrained tail]) shards[i]: the
+    tail, if any, is the span of that many tokens before the eod (as a chat template's
+    end-of-turn marker). Token value = its position in the natural stream (the eod: EOD), so
+    every document is recognisable."""
     staging = staging_dir(path)
     position, infos = 0, []
     for index, docs in enumerate(shards):
         documents = []
-        for length, prefix in docs:
+        for length, *prefix_and_tail in docs:
             tokens = np.arange(position, position + length, dtype=np.uint32)
             tokens[-1] = EOD
-            prefix = min(prefix, length)  # a span never leaves its document
-            documents.append((tokens, np.array([[0, prefix]] if prefix else [], np.int64)))
+            spans = _untrained(length, *prefix_and_tail)
+            documents.append((tokens, np.array(spans, np.int64).reshape(-1, 2)))
             position += length
         infos.append(write_shard(staging, index, len(shards), documents, np.dtype(np.uint32),
                                  masked=True))  # fmt: skip
     write_manifest(staging, infos, TOKENIZER, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, path, overwrite=False)
     return TokenStore(path)
+
+
+def _untrained(length: int, prefix: int, tail: int = 0) -> list[tuple[int, int]]:
+    """The untrained spans of a `write_masked_store` document (never leaving it)."""
+    prefix = min(prefix, length)
+    spans = [(0, prefix)] if prefix else []
+    if tail and length - 1 - tail >= prefix:
+        spans.append((length - 1 - tail, length - 1))
+    return spans
+
+
+def _flags(length: int, *prefix_and_tail: int) -> np.ndarray:
+    """Per token of a `write_masked_store` document: trained, from the spans it was given."""
+    flags = np.ones(length, bool)
+    for a, b in _untrained(length, *prefix_and_tail):
+        flags[a:b] = False
+    return flags
 
 
 def _config(path: Path, seq_len: int, batch: int, lanes: int, **source: object) -> dict:
@@ -81,7 +100,9 @@ def _row_documents(batch: dict[str, np.ndarray], row: int) -> list[tuple[int, sl
 
 
 lengths = st.lists(
-    st.lists(st.tuples(st.integers(2, 40), st.integers(0, 6)), min_size=0, max_size=12),
+    st.lists(
+        st.tuples(st.integers(2, 40), st.integers(0, 6), st.integers(0, 3)), min_size=0, max_size=12
+    ),
     min_size=1,
     max_size=4,
 ).filter(lambda shards: sum(map(len, shards)) >= 8)
@@ -96,6 +117,8 @@ def test_rows_hold_whole_documents_once_per_epoch_with_the_mask(
 ) -> None:
     store = write_masked_store(tmp_path_factory.mktemp("s") / "store", shards)
     table = _doc_table(store)
+    written = [_flags(*doc) for docs in shards for doc in docs]  # in stream order, as `table`
+    assert all(np.array_equal(a, b) for a, (_, b) in zip(written, table.values(), strict=True))
     try:
         plan = Plan.from_config(parse_config(_config(store.path, seq_len, 2 * lanes, lanes)))
     except ConfigError as error:  # too few documents to give every lane a row
@@ -128,6 +151,32 @@ def test_rows_hold_whole_documents_once_per_epoch_with_the_mask(
     assert complete
     for epoch in complete:  # every document exactly once per epoch
         assert seen[epoch] == Counter(list(table))
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(shards=lengths, data=st.data())
+def test_untrained_spans_of_ranges_over_many_shards(
+    tmp_path_factory: pytest.TempPathFactory, shards: list, data: st.DataObject
+) -> None:
+    store = write_masked_store(tmp_path_factory.mktemp("s") / "store", shards)
+    # per shard, per token: trained, from the spans written
+    flags = [np.concatenate([np.ones(0, bool)] + [_flags(*doc) for doc in docs]) for docs in shards]
+    nonempty = [s for s in range(len(shards)) if flags[s].size]
+    ranges = []
+    for _ in range(data.draw(st.integers(1, 12))):
+        shard = data.draw(st.sampled_from(nonempty))
+        start = data.draw(st.integers(0, flags[shard].size - 1))
+        ranges.append((shard, start, data.draw(st.integers(start + 1, flags[shard].size))))
+    piece, lo, hi = store.untrained_spans(*np.array(ranges).T)
+    assert ((lo >= 0) & (lo <= hi)).all()
+    found = [np.ones(stop - start, bool) for _, start, stop in ranges]
+    for i, a, b in zip(piece.tolist(), lo.tolist(), hi.tolist()):
+        assert b <= found[i].size
+        found[i][a:b] = False
+    for (shard, start, stop), mask in zip(ranges, found):
+        assert np.array_equal(mask, flags[shard][start:stop])
 
 
 @settings(

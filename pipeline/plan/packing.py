@@ -154,59 +154,72 @@ class PackedLayout:
     def read_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The six batch fields of packed rows `rows`, [len(rows), seq_len] each.
 
-        A row's documents fill its slots from column 0 on, so each field is one stream of
-        values (document after document) put through one mask of the filled slots; a
-        document's inputs are its tokens but the last, its targets its tokens but the first."""
+        The rows' documents are read one after another into one buffer, then zeros that
+        padding reads. A row is its documents' slots, then padding, so each token field is one
+        gather of len(rows) * seq_len values, no mask or scatter: slot j of a document read at
+        `at` has input token at + j and target token at + j + 1 (a document's inputs are its
+        tokens but the last, its targets its tokens but the first)."""
         rows = np.asarray(rows, dtype=np.int64)
         first = self.row_offsets[rows]
         counts = self.row_offsets[rows + 1] - first
         ends = np.cumsum(counts)
         docs = self.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])]
         tokens = self.doc_tokens[docs]
-        bounds = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-        starts = bounds[:-1]
-        flat = np.empty((1, int(bounds[-1])), dtype=np.int32)
-        shards, first = self.doc_shard[docs], self.doc_start[docs]
-        self.store.read_pieces_into(shards, first, first + tokens, flat, 0 * docs, starts)
-        trained = self._trained(shards, first, tokens, starts, flat.shape[1])
-        not_last, not_first = np.ones((2, flat.shape[1]), dtype=bool)
-        not_last[bounds[1:] - 1] = False
-        not_first[starts] = False
-        slots = tokens - 1
-        filled = np.concatenate([[0], np.cumsum(slots)])
-        used = filled[ends] - filled[ends - counts]
-        mask = np.arange(self.seq_len) < used[:, None]
-        number = np.arange(docs.size) - np.repeat(ends - counts, counts) + 1
+        at = np.concatenate([[0], np.cumsum(tokens)])
+        size = int(at[-1])
+        buffer = np.empty(size + self.seq_len + 1, dtype=np.int32)
+        buffer[size:] = 0
+        shards, start = self.doc_shard[docs], self.doc_start[docs]
+        pieces = (shards, start, start + tokens, buffer[None], np.zeros_like(docs), at[:-1])
+        self.store.read_pieces_into(*pieces, doc_starts=False)
+        # Entries: each row's documents, then its padding (maybe empty), read from the zeros.
+        filled = np.concatenate([[0], np.cumsum(tokens - 1)])
+        entry = np.arange(docs.size) + np.repeat(np.arange(rows.size), counts)
+        pad = ends + np.arange(rows.size)
+        slots, source = np.empty((2, docs.size + rows.size), dtype=np.int64)
+        slots[entry], slots[pad] = tokens - 1, self.seq_len - filled[ends] + filled[ends - counts]
+        source[entry], source[pad] = at[:-1], size
+        number = np.zeros(slots.size, dtype=np.int32)
+        number[entry] = np.arange(docs.size) - np.repeat(ends - counts, counts) + 1
+        begin = np.cumsum(slots) - slots  # of each entry in the rows' slots
+        cells = rows.size * self.seq_len
+        kind = np.int32 if max(cells, buffer.size) < 2**31 else np.int64
+        index = np.arange(cells, dtype=kind)
+        position = index - np.repeat(begin.astype(kind), slots)
+        index += np.repeat((source - begin).astype(kind), slots)
         segment = np.repeat(number, slots)
-        position = np.arange(filled[-1]) - np.repeat(filled[:-1], slots)
-        streams = {
-            "inputs": flat[0][not_last],
-            "targets": flat[0][not_first],
+        position *= segment != 0  # padding: position 0
+        inputs = buffer[index]
+        index += 1
+        fields = {
+            "inputs": inputs,
+            "targets": buffer[index],
             "inputs_segmentation": segment,
-            "targets_segmentation": segment * trained[not_first],
-            "inputs_position": position,
-            "targets_position": position,
+            "targets_segmentation": self._target_segments(
+                segment, shards, start, tokens, begin[entry]
+            ),
+            "inputs_position": position.astype(np.int32, copy=False),
         }
-        fields = {name: np.zeros(mask.shape, np.int32) for name in FIELDS}
-        for name, values in fields.items():
-            values[mask] = streams[name]
-        return fields
+        fields["targets_position"] = fields["inputs_position"]
+        shape = (rows.size, self.seq_len)
+        return {name: fields[name].reshape(shape) for name in FIELDS}
 
-    def _trained(
-        self, shards: np.ndarray, first: np.ndarray, tokens: np.ndarray, at: np.ndarray, size: int
+    def _target_segments(
+        self,
+        segment: np.ndarray,
+        shards: np.ndarray,
+        first: np.ndarray,
+        tokens: np.ndarray,
+        begin: np.ndarray,
     ) -> np.ndarray:
-        """Per token of the documents read at `at` of a buffer of `size`: whether it is
-        trained on (as a target): +1 at each untrained span's start, -1 at its end, summed."""
-        opens, closes = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for shard in np.unique(shards).tolist() if self.store.masked else ():
-            mine = np.flatnonzero(shards == shard)
-            lo, hi = first[mine], first[mine] + tokens[mine]
-            piece, u0, u1 = self.store.untrained_spans(shard, lo, hi)
-            opens.append(at[mine][piece] + u0)
-            closes.append(at[mine][piece] + u1)
-        untrained = np.bincount(np.concatenate(opens), minlength=size + 1)
-        untrained -= np.bincount(np.concatenate(closes), minlength=size + 1)
-        return np.cumsum(untrained[:-1]) == 0
+        """`segment` with 0 on each untrained target: token t >= 1 of the document whose slots
+        begin at begin[i] is the target of slot begin[i] + t - 1 (its first token is none)."""
+        trained = segment.copy()
+        piece, lo, hi = self.store.untrained_spans(shards, first, first + tokens)
+        before = begin[piece] - 1
+        for a, b in zip((before + np.maximum(lo, 1)).tolist(), (before + hi).tolist()):
+            trained[a:b] = 0
+        return trained
 
     def _row_order(self, epoch: int, position: np.ndarray) -> np.ndarray:
         """Packed rows at `position` of epoch `epoch`'s keyed order of all the rows."""

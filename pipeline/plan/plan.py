@@ -457,19 +457,17 @@ def _mask_untrained(
     col: np.ndarray,
 ) -> None:
     """Segment 0 on the targets that carry no loss: the untrained spans inside each piece
-    (`window_pieces`) of a masked store's windows, one `untrained_spans` call per shard (a
+    (`window_pieces`) of a masked store's windows, one `untrained_spans` call per store (a
     window's target column j is its token j + 1)."""
     for k, store in enumerate(stores):
         if not store.masked:
             continue
-        mine = np.flatnonzero(owner == k)
-        for number in np.unique(shard[mine]).tolist():
-            at = mine[shard[mine] == number]
-            piece, first, end = store.untrained_spans(number, lo[at], hi[at])
-            starts = (col[at][piece] + first - 1).tolist()
-            ends = (col[at][piece] + end - 1).tolist()
-            for r, a, b in zip(row[at][piece].tolist(), starts, ends):
-                targets_segmentation[r, max(a, 0) : b] = 0
+        at = np.flatnonzero(owner == k)
+        piece, first, end = store.untrained_spans(shard[at], lo[at], hi[at])
+        starts = (col[at][piece] + first - 1).tolist()
+        ends = (col[at][piece] + end - 1).tolist()
+        for r, a, b in zip(row[at][piece].tolist(), starts, ends):
+            targets_segmentation[r, max(a, 0) : b] = 0
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

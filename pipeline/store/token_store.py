@@ -232,27 +232,46 @@ class TokenStore:
         return self._index(shard, "docs")
 
     def untrained_spans(
-        self, shard: int, starts: Sequence[int], stops: Sequence[int]
+        self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The untrained ranges inside each shard token range [starts[i], stops[i]), as
-        (i, first, end) arrays, clipped to the range and relative to starts[i]; none in a store
-        without a loss mask. Vectorised: the plan asks for all of a shard's pieces at once."""
-        if not self.masked:
+        """The untrained ranges inside each token range [starts[i], stops[i]) of shard
+        shards[i], as (i, first, end) arrays, clipped to the range and relative to starts[i]
+        (grouped by shard); none in a store without a loss mask. The plan asks for all of a
+        batch's pieces at once: one `searchsorted` and one gather per shard, the rest in one
+        pass over the pieces."""
+        pieces = [np.asarray(a, np.int64).reshape(-1) for a in (shards, starts, stops)]
+        if not self.masked or not pieces[0].size:
             return (np.empty(0, np.int64),) * 3
-        spans = self._index(shard, "untrained").view(np.ndarray)
-        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        first = np.searchsorted(spans[:, 1], starts, side="right")
-        count = np.maximum(np.searchsorted(spans[:, 0], stops, side="left") - first, 0)
-        piece = np.repeat(np.arange(starts.size), count)
-        index = np.repeat(first - np.cumsum(count) + count, count) + np.arange(piece.size)
-        lo = np.maximum(spans[index, 0], starts[piece]) - starts[piece]
-        hi = np.minimum(spans[index, 1], stops[piece]) - starts[piece]
+        shards, starts, stops = pieces
+        order = np.argsort(shards, kind="stable")
+        numbers, cuts = np.unique(shards[order], return_index=True)
+        cuts = np.append(cuts, order.size).tolist()
+        spans = [self._index(n, "untrained").view(np.ndarray) for n in numbers.tolist()]
+        # In a shard's spans flattened (ascending), n(<= start) // 2 spans end by `start` and
+        # (n(<= stop - 1) + 1) // 2 begin before `stop`.
+        found = np.stack([starts[order], stops[order] - 1], axis=1)
+        for k, mine in enumerate(spans):
+            found[cuts[k] : cuts[k + 1]] = mine.reshape(-1).searchsorted(
+                found[cuts[k] : cuts[k + 1]], side="right"
+            )
+        first = found[:, 0] // 2
+        count = np.maximum((found[:, 1] + 1) // 2 - first, 0)
+        ends = np.cumsum(count)
+        index = np.repeat(first - ends + count, count) + np.arange(ends[-1])
+        bounds = np.empty((index.size, 2), dtype=np.int64)
+        at = np.concatenate([[0], ends])[cuts].tolist()  # each shard's spans in `index`
+        for k, mine in enumerate(spans):
+            bounds[at[k] : at[k + 1]] = mine[index[at[k] : at[k + 1]]]
+        piece = order[np.repeat(np.arange(order.size), count)]
+        base = starts[piece]
+        lo = np.maximum(bounds[:, 0], base) - base
+        hi = np.minimum(bounds[:, 1], stops[piece]) - base
         return piece, lo, hi
 
     def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
         """Per token of shard tokens [start, stop): whether it is trained on (as a target)."""
         mask = np.ones(stop - start, dtype=bool)
-        for _, lo, hi in zip(*(a.tolist() for a in self.untrained_spans(shard, [start], [stop]))):
+        for _, lo, hi in zip(*(a.tolist() for a in self.untrained_spans([shard], [start], [stop]))):
             mask[lo:hi] = False
         return mask
 
@@ -301,12 +320,15 @@ class TokenStore:
         out: np.ndarray,
         out_rows: Sequence[int],
         out_cols: Sequence[int],
+        *,
+        doc_starts: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`:
         `read_pieces` of this store alone. Returns (row, column) in `out` of every document
-        start inside the pieces."""
+        start inside the pieces (none with `doc_starts=False`)."""
         which = np.zeros(np.size(shards), dtype=np.int64)
-        return read_pieces([self], which, shards, lo, hi, out, out_rows, out_cols)
+        pieces = (which, shards, lo, hi, out, out_rows, out_cols)
+        return read_pieces([self], *pieces, doc_starts=doc_starts)
 
     def _piece_view(self, shard: int) -> tuple[np.ndarray | None, np.ndarray]:
         """(flat tokens, or None when the shard is read through ArrayRecord; document
@@ -871,10 +893,13 @@ def read_pieces(
     out: np.ndarray,
     out_rows: Sequence[int],
     out_cols: Sequence[int],
+    *,
+    doc_starts: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Copy tokens [lo[i], hi[i]) of shard shards[i] of stores[which[i]] into
     `out[out_rows[i], out_cols[i]:]`, cast to its dtype; returns (row, column) in `out` of every
-    document start inside the pieces.
+    document start inside the pieces. `doc_starts=False` skips that lookup (and returns none)
+    for a caller that knows them: a best-fit row reads whole documents.
 
     The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
     with a flat sidecar is one slice copy from its memory map, and its document starts one
@@ -915,6 +940,8 @@ def read_pieces(
             by_record.setdefault((k, shard), []).append((start, stop, row, col))
         else:
             out[row, col : col + stop - start] = flat[start:stop]
+        if not doc_starts:
+            continue
         first, last = docs.searchsorted((start, stop)).tolist()
         if last > first:
             found.append(docs[first:last] + (row * width + col - start))
