@@ -17,6 +17,7 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.commands.cli import main
 from pipeline.errors import PrepareError, StoreError
 from pipeline.store.chat import RowFields
 from pipeline.store.prepare import PrepareOptions, prepare
@@ -171,6 +172,33 @@ def test_cli_bad_row_is_one_line_and_exit_2(tmp_path: Path) -> None:
         f"error: {path} line 2: has no field 'completion' (fields: prompt) (fix the row, or pass "
         "--skip-bad-rows to leave bad rows out and count them)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        (["--train-on", "completion"], "--train-on is not read with --format text"),
+        (["--skip-bad-rows"], "--skip-bad-rows is not read with --format text"),
+        (
+            ["--format", "messages", "--prompt-field", "q"],
+            "--prompt-field is not read with --format messages",
+        ),
+        (
+            ["--format", "prompt-completion", "--chat-template", "builtin"],
+            "--chat-template is not read with --format prompt-completion",
+        ),
+    ],
+)
+def test_cli_refuses_a_row_option_its_format_does_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], refused: str
+) -> None:
+    """A forgotten --format must not turn chat rows into an unmasked store without a word."""
+    path = _jsonl(tmp_path / "chat.jsonl", [{**_chat("q", "a"), "text": "t"}])
+    out = tmp_path / "s"
+    assert main(["prepare", path, "--out", str(out), "--no-progress", *options]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {refused}; it is for --format ")
+    assert not out.exists()
 
 
 def test_rows_need_jsonl_or_parquet_inputs(tmp_path: Path) -> None:

@@ -40,25 +40,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="text (default: pre-training text), messages (chat, rendered by a chat template) "
         "or prompt-completion rows",
     )
-    rows.add_argument("--messages-field", default="messages", help="field of the messages list")
-    rows.add_argument("--prompt-field", default="prompt", help="field of the prompt")
-    rows.add_argument("--completion-field", default="completion", help="field of the completion")
+    # defaults are None so that an option given with a format that does not read it is refused
+    rows.add_argument("--messages-field", help="field of the messages list (default messages)")
+    rows.add_argument("--prompt-field", help="field of the prompt (default prompt)")
+    rows.add_argument("--completion-field", help="field of the completion (default completion)")
     rows.add_argument(
         "--train-on",
         choices=TRAIN_ON,
-        default="assistant",
         help="tokens that carry loss: assistant messages (default; for prompt-completion the "
         "completion), completion (the last assistant message), or all",
     )
     rows.add_argument(
         "--chat-template",
-        default="auto",
         help="auto (default: the tokenizer_config.json beside an hf: tokenizer, else builtin), "
         "builtin, or a tokenizer_config.json / Jinja file",
     )
     rows.add_argument(
         "--skip-bad-rows",
         action="store_true",
+        default=None,
         help="leave out rows that cannot be trained on, counted in the manifest (default: stop)",
     )
     p.add_argument("--num-shards", type=int, default=8)
@@ -96,12 +96,44 @@ def register(commands: argparse._SubParsersAction) -> None:
     v.add_argument("store", type=location)
     v.set_defaults(run=run_verify_store)
 
-    i = commands.add_parser("store-info", help="summarise a store and decode a window")
+    i = commands.add_parser(
+        "store-info", help="summarise a store: documents, tokens, shards, tokenizer"
+    )
     i.add_argument("store", type=location)
     i.set_defaults(run=run_store_info)
 
 
+# each row option and the --format values that read it
+ROW_OPTIONS = {
+    "messages_field": ("messages",),
+    "prompt_field": ("prompt-completion",),
+    "completion_field": ("prompt-completion",),
+    "train_on": ("messages", "prompt-completion"),
+    "chat_template": ("messages",),
+    "skip_bad_rows": ("messages", "prompt-completion"),
+}
+
+
+def row_options(args: argparse.Namespace) -> dict[str, object]:
+    """The row options given; one the --format does not read is refused, not ignored."""
+    given = {name: getattr(args, name) for name in ROW_OPTIONS if getattr(args, name) is not None}
+    for name in given:
+        if args.format not in ROW_OPTIONS[name]:
+            raise PrepareError(
+                f"--{name.replace('_', '-')} is not read with --format {args.format}; it is for "
+                f"--format {' or '.join(ROW_OPTIONS[name])} (docs/instruction-data.md)"
+            )
+    return given
+
+
 def run_prepare(args: argparse.Namespace) -> int:
+    given = row_options(args)
+    field_names = {
+        "messages_field": "messages",
+        "prompt_field": "prompt",
+        "completion_field": "completion",
+    }
+    fields = {field_names[name]: value for name, value in given.items() if name in field_names}
     options = PrepareOptions(
         inputs=args.inputs,
         out=args.out,
@@ -117,16 +149,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         tfds_data_dir=args.tfds_data_dir,
         overwrite=args.overwrite,
         progress=not args.no_progress,
-        fields=RowFields(
-            args.format,
-            args.text_field,
-            args.messages_field,
-            args.prompt_field,
-            args.completion_field,
-        ),
-        train_on=args.train_on,
-        chat_template=args.chat_template,
-        skip_bad_rows=args.skip_bad_rows,
+        fields=RowFields(args.format, args.text_field, **fields),
+        **{name: value for name, value in given.items() if name not in field_names},
     )
     if args.runner == "beam":
         from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra
