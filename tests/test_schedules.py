@@ -276,3 +276,23 @@ def test_a_host_count_must_divide_every_scheduled_size_before_any_step_is_checke
         match="--process-count 4: the plan at step 30 has global_batch_size 10 and 2 lanes",
     ):
         audit(plan, 0, 31, process_counts=[4])  # fmt: skip
+
+
+def test_a_step_point_past_its_stages_end_is_refused_and_a_linear_one_is_not(tmp_path):
+    """`step: {150: 0}` in a 100-step stage never takes effect (a step counted from the run's
+    start, most likely): refused naming it. A linear point past the end still sets the slope."""
+    stages = [
+        {"name": "a", "steps": 100, "mix": {"s0": 1, "s1": {"step": {0: 1, 150: 0}}}},
+        {"name": "b", "mix": {"s0": 1}},
+    ]
+    raw = raw_config(tmp_path, stages=stages)
+    message = (
+        r"^x.yaml: stages\[0\].mix.s1.step: point 150 is not inside the stage's 100 steps "
+        r"\(0..99\), so it would never take effect; schedule steps count from the stage's first"
+    )
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw, origin="x.yaml")
+    stages[0]["mix"]["s1"] = {"linear": {0: 1, 150: 0}}
+    parse_config(raw_config(tmp_path, stages=stages), origin="x.yaml")
+    stages[0]["mix"]["s1"] = {"step": {0: 1, 99: 0}}
+    parse_config(raw_config(tmp_path, stages=stages), origin="x.yaml")

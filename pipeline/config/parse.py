@@ -351,10 +351,26 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
             raise where.fail(f"{key}.steps", "only the last stage may be open-ended")
         if steps is not None:
             where.integer(steps, f"{key}.steps", minimum=1)
-        stages.append(StageSpec(name, steps, _mix(entry["mix"], where, names, f"{key}.mix")))
+        mix = _mix(entry["mix"], where, names, f"{key}.mix")
+        _check_step_points_inside(mix, steps, where, f"{key}.mix")
+        stages.append(StageSpec(name, steps, mix))
     if len({s.name for s in stages}) != len(stages):
         raise where.fail("stages", "stage names must be unique")
     return tuple(stages)
+
+
+def _check_step_points_inside(mix: tuple, steps: int | None, where: _Where, key: str) -> None:
+    """A `step` point at or past its stage's end never takes effect: most likely a step counted
+    from the run's start rather than the stage's, so it is refused rather than ignored. (A
+    `linear` point past the end still sets the ramp's slope, as in configs/demo-switch.yaml.)"""
+    for name, schedule in mix:
+        late = [point for point, _ in schedule.points if steps is not None and point >= steps]
+        if schedule.kind == "step" and late:
+            raise where.fail(
+                f"{key}.{name}.step",
+                f"point {late[0]} is not inside the stage's {steps} steps (0..{steps - 1}), so it "
+                "would never take effect; schedule steps count from the stage's first step",
+            )
 
 
 def _check_steps_fit(
