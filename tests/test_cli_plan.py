@@ -356,3 +356,22 @@ def test_bad_arguments_exit_2(tmp_path, stores, capsys):
         assert exit_info.value.code == 2
     code, _, err = run(capsys, "stages", tmp_path / "missing.yaml")
     assert code == 2 and "missing.yaml" in err
+
+
+def test_a_step_that_is_not_a_number_is_named_as_such(tmp_path, stores, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(write_config(tmp_path, stores)), "--step", "abc"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "pipeline inspect: error: argument --step: expected an integer >= 0, got 'abc'"
+
+
+def test_plot_to_a_file_that_is_not_an_image_is_one_line(tmp_path, stores, capsys):
+    out = tmp_path / "plot.txt"
+    code, _, err = run(
+        capsys, "plot", write_config(tmp_path, stores), "--steps", "0:4", "--out", out
+    )
+    assert code == 2 and not out.exists()
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: --out {out}: the file name must end with an image format")
+    assert ".png" in line

@@ -108,18 +108,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _nonnegative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+def _at_least(minimum: int, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
     return value
+
+
+def _nonnegative(text: str) -> int:
+    return _at_least(0, text)
 
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+    return _at_least(1, text)
 
 
 def _step_range(text: str) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import ConfigError
 from pipeline.extras import require
 from pipeline.plan.plan import Plan
 from pipeline.plan.report import rollovers_between, stage_rows, target_shares
@@ -22,7 +23,14 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     matplotlib = require("matplotlib", "plot", "pipeline plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.backend_bases import FigureCanvasBase
 
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(out).suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(
+            f"--out {out}: the file name must end with an image format matplotlib writes "
+            f"({', '.join(f'.{name}' for name in sorted(formats))})"
+        )
     stride = max(1, -(-(stop - start) // MAX_POINTS))
     steps = np.arange(start, stop, stride)
     targets = target_shares(plan, steps)
