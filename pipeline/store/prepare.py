@@ -2,7 +2,7 @@
 
 Documents stream from the inputs, are tokenized (optionally by a pool of worker processes),
 placed by `doc_order.place`, and spilled to one temporary file per (split, shard). Each shard is
-then sorted and written with `store_writer`. Memory is bounded by one shard, not the corpus.
+then sorted and written with `writer`. Memory is bounded by one shard, not the corpus.
 The Beam runner (`prepare_beam`) performs the same steps with the same functions.
 
 Instruction and chat rows (`--format`, builtin instruction corpora) are rendered into segments

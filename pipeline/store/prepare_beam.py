@@ -8,8 +8,8 @@ The graph, one box per step; every box calls the function the local runner calls
       | ParDo(tokenize and place)    prepare.DocumentEncoder, doc_order.place
       + Create(every (split, shard)) so a shard without documents is still written
       | GroupByKey((split, shard))
-      | ParDo(write shard)           prepare.sort_shard, store_writer.write_shard -> ShardInfo
-      | ToList | Map(commit)         store_writer.write_manifest, then the atomic commit
+      | ParDo(write shard)           prepare.sort_shard, writer.write_shard -> ShardInfo
+      | ToList | Map(commit)         writer.write_manifest, then the atomic commit
 
 Placement is a keyed hash of each document's key, and a shard is sorted by (order, key), so
 neither bundle order nor worker count reaches the output: both runners write byte-identical
