@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -375,3 +377,17 @@ def test_plot_to_a_file_that_is_not_an_image_is_one_line(tmp_path, stores, capsy
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: --out {out}: the file name must end with an image format")
     assert ".png" in line
+
+
+def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path, stores):
+    """`pipeline inspect ... | head`: the closed pipe ends the command quietly, as for `cat`."""
+    config = write_config(tmp_path, stores, global_batch_size=1024)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "inspect", str(config), "--step", "0",
+         "--rows", "0-1023"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert process.stdout.readline().startswith(b"step 0: ledger segment 0")
+    process.stdout.close()  # the reader leaves: the ~200 KB of rows overflow the pipe
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,3 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except BrokenPipeError:  # `pipeline inspect ... | head`: the reader has what it wanted
+        # send what is still buffered to /dev/null, so that the interpreter's last flush at
+        # exit does not fail on the closed pipe too (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE (128 + 13)
