@@ -82,6 +82,17 @@ def test_a_stale_entry_is_rebuilt_not_used(directory: Path, caplog) -> None:
     assert "its arrays do not fit the store" in caplog.text
 
 
+def test_a_cache_that_cannot_be_written_is_skipped_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """$PIPELINE_PACKING_CACHE naming a file (not a directory): the packing is still served."""
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "afile"))
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        assert _equal(cached(KEY, 5, _packing), _packing())
+    assert "packing not kept" in caplog.text and (tmp_path / "afile").read_text() == ""
+
+
 def test_off_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -13,6 +13,7 @@ written beside their final name and renamed, so readers on the same host never s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -115,4 +116,5 @@ def _write(path: Path, text: str, packing: Packing) -> None:
         os.replace(partial, path)
     except OSError as error:
         log.warning("%s: packing not kept (%s); set %s=off to silence", path, error, CACHE_ENV)
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # e.g. the cache "directory" is a file: no partial
+            partial.unlink(missing_ok=True)
