@@ -391,3 +391,22 @@ def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path, stores):
     process.stdout.close()  # the reader leaves: the ~200 KB of rows overflow the pipe
     assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""
+
+
+def test_a_ledger_of_another_run_is_refused_naming_both(tmp_path, stores, capsys):
+    """With --ledger the plan is the ledger's: a config none of its segments holds (the wrong
+    run's ledger) would label another run's rows with this file's name, so it is refused."""
+    config = write_config(tmp_path, stores)
+    path = tmp_path / "ledger.json"
+    Plan.from_config(load_config(config)).ledger.save(path)
+    (tmp_path / "other").mkdir()
+    other = write_config(tmp_path / "other", stores, seed=6)
+    code, out, err = run(capsys, "inspect", other, "--ledger", path, "--step", 0, "--rows", 0)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: {other}: this data config is none of the 1 segment(s) of the ledger {path} "
+        "(another run's ledger?); with --ledger, give the config of one of its segments (the "
+        "run's first config, or one it switched to)"
+    ]
+    code, out, _ = run(capsys, "inspect", config, "--ledger", path, "--step", 0, "--rows", 0)
+    assert code == 0 and out.startswith("step 0: ledger segment 0")

@@ -15,11 +15,12 @@ import numpy as np
 
 from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import data_state
 from pipeline.plan.audit import audit
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import check_eval
+from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
@@ -152,8 +153,19 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     check_eval(config)
     if ledger_path is None:
         return Plan.from_config(config)
-    plan = Plan(data_state.load_ledger(ledger_path), open_stores(config).values())
+    stores = open_stores(config)
+    plan = Plan(data_state.load_ledger(ledger_path), stores.values())
     data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
+    fingerprints = {name: store.fingerprint for name, store in stores.items()}
+    order = fingerprint_of(data_order(config_mapping(config), fingerprints))
+    segments = plan.ledger.segments
+    if all(fingerprint_of(segment.order) != order for segment in segments):
+        # the plan is the ledger's: a config of another run would label its output unnoticed
+        raise LedgerError(
+            f"{config.origin}: this data config is none of the {len(segments)} segment(s) of "
+            f"the ledger {ledger_path} (another run's ledger?); with --ledger, give the config "
+            "of one of its segments (the run's first config, or one it switched to)"
+        )
     return plan
 
 
