@@ -410,3 +410,10 @@ def test_a_ledger_of_another_run_is_refused_naming_both(tmp_path, stores, capsys
     ]
     code, out, _ = run(capsys, "inspect", config, "--ledger", path, "--step", 0, "--rows", 0)
     assert code == 0 and out.startswith("step 0: ledger segment 0")
+
+
+def test_dump_names_the_file_it_wrote_when_npz_is_left_out(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores)
+    code, out, _ = run(capsys, "dump", config, "--steps", "0:2", "--out", tmp_path / "h1")
+    assert code == 0 and out.startswith(f"wrote {tmp_path / 'h1.npz'}: steps 0..1")
+    assert np.load(tmp_path / "h1.npz")["inputs"].shape == (2, 8, 8)

@@ -276,13 +276,15 @@ def run_dump(args: argparse.Namespace) -> int:
         for name, values in stacked.items():
             values.append(batch[name])
     arrays = {name: np.stack(values) for name, values in stacked.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # NumPy adds .npz to a name without it: name the file that is written
+    out = args.out if args.out.suffix == ".npz" else args.out.with_name(f"{args.out.name}.npz")
+    out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
-        args.out, steps=np.arange(first, stop), rows=rows, source_names=np.array(names), **arrays
+        out, steps=np.arange(first, stop), rows=rows, source_names=np.array(names), **arrays
     )
     shape = arrays["inputs"].shape
     print(
-        f"wrote {args.out}: steps {first}..{stop - 1}, rows {rows[0]}..{rows[-1]} "
+        f"wrote {out}: steps {first}..{stop - 1}, rows {rows[0]}..{rows[-1]} "
         f"(process {args.process_index} of {args.process_count}), fields {shape} each, "
         f"provenance source/epoch/window {shape[:2]} each"
     )
