@@ -201,6 +201,21 @@ def test_cli_refuses_a_row_option_its_format_does_not_read(
     assert not out.exists()
 
 
+def test_cli_names_skipped_bad_rows_even_without_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a"), {"messages": []}, _chat("r", "b")])
+    out = tmp_path / "s"
+    argv = ["prepare", path, "--out", str(out), "--format", "messages", "--skip-bad-rows"]
+    assert main([*argv, "--no-progress"]) == 0
+    summary = ", with a loss mask, 1 bad rows left out (--skip-bad-rows)"
+    assert capsys.readouterr().out == f"train: {out}: 2 documents, " + (
+        f"{TokenStore(out).num_tokens} tokens, 8 shards, tokenizer bytes, uint16{summary}\n"
+    )
+    assert main(["store-info", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(f"{summary}\n")
+
+
 def test_rows_need_jsonl_or_parquet_inputs(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("plain text")
     with pytest.raises(PrepareError, match="not JSONL or Parquet rows; --format messages"):

@@ -247,9 +247,7 @@ def finish(
     validated: Validated,
 ) -> None:
     """Both runners' last step: every manifest, then the atomic renames (train first)."""
-    bad_rows = bad if validated.masked else None
-    if bad and options.progress:
-        print(f"prepare: skipped {bad} bad rows (--skip-bad-rows)")
+    bad_rows = bad if validated.masked else None  # the CLI's summary line names them
     for split, staging in stagings.items():
         _require_documents(shards[split], options, split)
         record = creation_record(options, split, empty[split], bad_rows, validated.template)
