@@ -363,8 +363,10 @@ def _check_step_points_inside(mix: tuple, steps: int | None, where: _Where, key:
     """A `step` point at or past its stage's end never takes effect: most likely a step counted
     from the run's start rather than the stage's, so it is refused rather than ignored. (A
     `linear` point past the end still sets the ramp's slope, as in configs/demo-switch.yaml.)"""
+    if steps is None:
+        return
     for name, schedule in mix:
-        late = [point for point, _ in schedule.points if steps is not None and point >= steps]
+        late = [point for point, _ in schedule.points if point >= steps]
         if schedule.kind == "step" and late:
             raise where.fail(
                 f"{key}.{name}.step",
