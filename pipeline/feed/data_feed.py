@@ -41,13 +41,11 @@ and a Prometheus endpoint (`metrics_port`, pipeline.feed.metrics).
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -61,6 +59,7 @@ from pipeline.config.parse import PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop
+from pipeline.feed.readers import Readers
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
@@ -245,13 +244,12 @@ class DataFeed:
         self._geometries: dict[tuple[int, int], _Geometry] = {}
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
             self._geometry(size, self.config.seq_len)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: collections.deque[tuple[int, Future]] = collections.deque()
+        self._readers: Readers | None = None
+        self._queued = self._step = self._check_step(step)  # steps [_step, _queued) handed out
         self._last: DrawSummary | None = None  # the previous step's (None: just started)
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
-        self._step = self._check_step(step)
         # first: it reads its periods from the environment and may refuse them
         self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)))
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
@@ -324,7 +322,11 @@ class DataFeed:
         """(step, read) of each step being read ahead: submitted to the reader threads and not
         yet returned by `next()`, in order; `read` once its global arrays are built. After a
         restore, the restored step is here before the first `next()`."""
-        return tuple((step, future.done()) for step, future in self._pending)
+        readers = self._readers
+        return tuple(
+            (step, readers is not None and readers.done(step))
+            for step in range(self._step, self._queued)
+        )
 
     def state(self) -> dict[str, Any]:
         """The whole data state, small and JSON-able: the next step and the ledger."""
@@ -347,9 +349,8 @@ class DataFeed:
             self._verifier.close()
         self._host_stop.close()
         self._drop_pending()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._readers is not None:
+            self._readers.close(wait=True)
         self._release()
         for store in self._plan.stores():
             if any(store is mine for mine in self._shared):
@@ -377,12 +378,9 @@ class DataFeed:
         entered = time.perf_counter()
         step = self._step
         self._fill()
-        ready = sum(future.done() for _, future in self._pending)
-        queued, future = self._pending.popleft()
-        if queued != step:  # cannot happen: seek clears the queue
-            raise FeedError(f"internal: prefetched step {queued}, expected {step}")
+        ready = self._readers.finished()
         try:
-            chunk = future.result()
+            chunk = self._readers.take(step)
         except PipelineError as error:
             self._drop_pending()
             raise FeedError(f"step {step}: cannot read the batch: {error}") from error
@@ -466,25 +464,24 @@ class DataFeed:
     # -- prefetch ----------------------------------------------------------------------------
 
     def _fill(self) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pipeline-feed")
-            # A forgotten feed must not keep its threads busy; finalize (unlike __del__) also
-            # runs at interpreter exit while the modules shutdown() needs still exist.
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-        queued = self._pending[-1][0] + 1 if self._pending else self._step
-        while len(self._pending) < self.prefetch:
-            geometry = self._geometry_at(queued)  # also builds the segment in this thread
-            measure, events = self._stats is not None, self.log_events
-            future = self._pool.submit(
-                _read_step, self._plan, queued, geometry, self.provenance, measure, events
+        if self._readers is None:
+            # no more threads than steps in flight; a forgotten feed's threads stop (finalize)
+            self._readers = Readers(min(self.threads, self.prefetch), "pipeline-feed")
+            weakref.finalize(self, self._readers.close, wait=False)
+        measure, events = self._stats is not None, self.log_events
+        while self._queued < self._step + self.prefetch:
+            step = self._queued
+            geometry = self._geometry_at(step)  # also builds the segment in this thread
+            self._readers.submit(
+                step,
+                partial(_read_step, self._plan, step, geometry, self.provenance, measure, events),
             )
-            self._pending.append((queued, future))
-            queued += 1
+            self._queued = step + 1
 
     def _drop_pending(self) -> None:
-        while self._pending:
-            _, future = self._pending.popleft()
-            future.cancel()
+        self._queued = self._step
+        if self._readers is not None:
+            self._readers.drop()
 
     # -- events ------------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+"""The feed's reader threads: persistent threads fed by a queue, one task per step.
+
+A `ThreadPoolExecutor` costs every step a `Future` (a condition variable and its lock), a work
+item and a thread-count check in the submitting thread, and the future's hand-over in the
+consumer. Here the training thread hands a step out with one `SimpleQueue.put` and takes a
+finished one from a dict under one lock; the threads live as long as the feed.
+
+A task runs in whichever thread is free; results are kept by step, so steps are taken in
+order whatever order they finish in. `drop` forgets every step handed out so far (a seek): a
+thread still reading one finishes it and throws the result away.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_LIVE: weakref.WeakSet[Readers] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_all() -> None:
+    """At interpreter exit, let each unclosed feed's threads finish their step and stop (they
+    are daemon threads, so they never hold up the exit of a program that forgot its feed)."""
+    for readers in list(_LIVE):
+        readers.close(wait=True)
+
+
+class Readers:
+    """`count` daemon threads named `name`-0.., each running the tasks handed to `submit`."""
+
+    def __init__(self, count: int, name: str) -> None:
+        self._todo: queue.SimpleQueue[tuple[int, int, Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._done = threading.Condition()
+        self._results: dict[int, tuple[bool, Any]] = {}  # step -> (ok, value or exception)
+        self._generation = 0  # a task handed out before the last drop() is stale
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+        _LIVE.add(self)
+
+    def submit(self, step: int, task: Callable[[], Any]) -> None:
+        """Run `task()` for `step` in a reader thread."""
+        self._todo.put((self._generation, step, task))
+
+    def done(self, step: int) -> bool:
+        """Whether `step`'s task has finished (and its result was not yet taken)."""
+        return step in self._results
+
+    def finished(self) -> int:
+        """How many handed-out steps have finished and wait to be taken."""
+        return len(self._results)
+
+    def take(self, step: int) -> Any:
+        """`step`'s result, waiting for it; re-raises the exception its task raised."""
+        with self._done:
+            while step not in self._results:
+                self._done.wait()
+            ok, value = self._results.pop(step)
+        if not ok:
+            raise value
+        return value
+
+    def drop(self) -> None:
+        """Forget every step handed out so far."""
+        with self._done:
+            self._generation += 1
+            self._results.clear()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the threads once their current task ends (joined when `wait`). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.drop()
+            for _ in self._threads:
+                self._todo.put(None)
+        if wait:
+            current = threading.current_thread()
+            for thread in self._threads:
+                if thread is not current:
+                    thread.join()
+
+    def _run(self) -> None:
+        while (item := self._todo.get()) is not None:
+            generation, step, task = item
+            if generation != self._generation:  # dropped before it started
+                continue
+            try:
+                outcome = (True, task())
+            except BaseException as error:  # handed to the consumer, as a Future does
+                outcome = (False, error)
+            with self._done:
+                if generation == self._generation:
+                    self._results[step] = outcome
+                    self._done.notify_all()
+            del item, task, outcome  # a finished batch is the consumer's alone
