@@ -393,8 +393,8 @@ def stats_call_seconds(config: dict, calls: int = 2000) -> float:
     draws = plan.draws(0, np.arange(config["global_batch_size"]))  # one read per step
     start = time.perf_counter()
     for step in range(calls):
-        reads = [ChunkRead.of(plan, draws, time.perf_counter())]
-        recorder.served(step, reads, time.perf_counter(), time.perf_counter(), ready=2)
+        read = ChunkRead.of(plan, draws, time.perf_counter())
+        recorder.served(step, read, time.perf_counter(), time.perf_counter(), ready=2)
     return (time.perf_counter() - start) / calls
 
 

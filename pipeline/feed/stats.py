@@ -1,10 +1,10 @@
 """Feed statistics: what the feed served, how long reads took, how long the consumer waited.
 
-The feed calls this module at three points: each reader chunk sums its rows per source
-(`ChunkRead.of`, in the reader thread), each `next()` hands the step's chunks and its own
-timing to `Recorder.served` (a few additions in the consumer thread), and `seek` calls
-`Recorder.restart`. Percentiles, ledger totals and epochs are computed only when asked for
-(`DataFeed.stats()`, a Prometheus scrape), so a step costs tens of microseconds
+The feed calls this module at three points: each step's reader task counts its rows, tokens
+and bytes per source (`ChunkRead.of`, in the reader thread), each `next()` hands the step's
+counts and its own timing to `Recorder.served` (a few additions in the consumer thread), and
+`seek` calls `Recorder.restart`. Percentiles, ledger totals and epochs are computed only when
+asked for (`DataFeed.stats()`, a Prometheus scrape), so a step costs tens of microseconds
 (`pipeline bench` measures it).
 
 A step is *input-bound* when the consumer spent more than `input_bound_share` of the step
@@ -34,17 +34,30 @@ RECENT_STEPS = 1024
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """One reader chunk of a step: its rows per source, and when it ran."""
+    """One step's reader task: (source, rows, tokens, token bytes) of each source it read
+    rows of, and when it ran. Counted in the reader thread, so `next()` only adds."""
 
-    segment: SegmentPlan  # the step's: every chunk of a step has the same
-    rows: np.ndarray  # per index of the segment's source names
+    served: tuple[tuple[str, int, int, int], ...]
     started: float
     finished: float
 
     @classmethod
     def of(cls, plan: Plan, draws: Draws, started: float) -> ChunkRead:
         rows = np.bincount(draws.source, minlength=len(draws.source_names))
-        return cls(plan.segment_plan(draws.segment_index), rows, started, time.perf_counter())
+        return cls.counted(plan.segment_plan(draws.segment_index), rows, started)
+
+    @classmethod
+    def counted(
+        cls, segment: SegmentPlan, rows: np.ndarray, started: float, finished: float | None = None
+    ) -> ChunkRead:
+        """`rows` [source index of the segment] read from `started` to `finished` (now)."""
+        length = segment.config.seq_len
+        served = tuple(
+            (name, n, n * length, n * (length + 1) * segment.layouts[name].meta.dtype.itemsize)
+            for name, n in zip(segment.config.source_names, rows.tolist())
+            if n
+        )
+        return cls(served, started, time.perf_counter() if finished is None else finished)
 
 
 @dataclass(frozen=True)
@@ -104,30 +117,22 @@ class Recorder:
         """After a seek the time since the last step is no step time."""
         self._previous = None
 
-    def served(
-        self, step: int, chunks: list[ChunkRead], entered: float, left: float, ready: int
-    ) -> None:
+    def served(self, step: int, chunk: ChunkRead, entered: float, left: float, ready: int) -> None:
         """Step `step` was returned by a next() that ran from `entered` to `left`
         (`time.perf_counter()`), with `ready` prefetched steps already read when it began."""
         wait = left - entered
-        read = max(c.finished for c in chunks) - min(c.started for c in chunks)
+        read = chunk.finished - chunk.started
         step_s = None if self._previous is None else left - self._previous
         self._previous = left
         bound = step_s is not None and wait > self.share * step_s
-        segment = chunks[0].segment
-        length = segment.config.seq_len
-        counts = sum(chunk.rows for chunk in chunks).tolist()
         with self._lock:
             self._steps += 1
             self._bound += bound
             self._ready = ready
-            for name, rows in zip(segment.config.source_names, counts):
-                if rows:
-                    self._rows[name] += rows
-                    self._tokens[name] += rows * length
-                    self._bytes[name] += (
-                        rows * (length + 1) * segment.layouts[name].meta.dtype.itemsize
-                    )
+            for name, rows, tokens, size in chunk.served:
+                self._rows[name] += rows
+                self._tokens[name] += tokens
+                self._bytes[name] += size
             self._read.append(read)
             self._wait.append(wait)
             self._sums[0] += read
