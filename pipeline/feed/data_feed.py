@@ -247,6 +247,9 @@ class DataFeed:
             raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
         self._check_axes()
         self._geometries: dict[tuple[int, int], _Geometry] = {}
+        # (plan, first step, end step, geometry): the steps known to share one geometry, so
+        # that next() finds a step's geometry with two comparisons (`_geometry_at`)
+        self._span: tuple[Plan | None, int, int, _Geometry | None] = (None, 0, 0, None)
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
             self._geometry(size, self.config.seq_len)
         self._readers: Readers | None = None
@@ -421,8 +424,22 @@ class DataFeed:
             )
 
     def _geometry_at(self, step: int) -> _Geometry:
-        segment = self._plan.segment_plan_at(step)
-        return self._geometry(segment.batch_size(step), segment.config.seq_len)
+        plan, first, end, geometry = self._span
+        if plan is self._plan and first <= step < end:
+            return geometry
+        plan = self._plan
+        index = plan.ledger.segment_index(step)
+        segment = plan.segment_plan(index)
+        geometry = self._geometry(segment.batch_size(step), segment.config.seq_len)
+        # the same until the batch schedule's next point or the ledger's next segment
+        ends = [math.inf]
+        if index + 1 < len(plan.ledger.segments):
+            ends.append(plan.ledger.segments[index + 1].start_step)
+        change = segment.clock.next_change(step - segment.anchor)
+        if change is not None:
+            ends.append(change + segment.anchor)
+        self._span = (plan, step, min(ends), geometry)
+        return geometry
 
     def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
         key = (global_batch_size, seq_len)
@@ -507,6 +524,8 @@ class DataFeed:
                 summary.epochs_label,
             )
             self._epochs = dict(summary.epochs)
+            return
+        if summary == last and mixed == previous:  # most steps: nothing starts or ends
             return
         for _, name in sorted(summary.stages - last.stages):
             log.info("step %d: stage %s starts", step, name)

@@ -63,10 +63,13 @@ class Readers:
 
     def take(self, step: int) -> Any:
         """`step`'s result, waiting for it; re-raises the exception its task raised."""
-        with self._done:
-            while step not in self._results:
-                self._done.wait()
-            ok, value = self._results.pop(step)
+        outcome = self._results.pop(step, None)  # finished already: no lock (one consumer)
+        if outcome is None:
+            with self._done:
+                while step not in self._results:
+                    self._done.wait()
+                outcome = self._results.pop(step)
+        ok, value = outcome
         if not ok:
             raise value
         return value

@@ -33,6 +33,11 @@ class StepClock:
         piece = self._piece(steps)
         return self.starts[piece] + (steps - self.points[piece]) * self.rows[piece]
 
+    def next_change(self, step: int) -> int | None:
+        """The first step after `step` whose rows per lane may differ (None: none ever does)."""
+        later = self.points[self.points > step]
+        return int(later[0]) if later.size else None
+
     def step_of(self, positions: np.ndarray | int) -> np.ndarray:
         """The step that holds each lane position."""
         positions = np.asarray(positions, dtype=np.int64)
