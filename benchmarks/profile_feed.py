@@ -54,11 +54,13 @@ def main() -> None:
 
     from pipeline.config import parse_config
     from pipeline.feed.data_feed import DataFeed, _read_chunk, _read_step
+    from pipeline.plan.report import ScheduledSources
 
     config = parse_config(bench.config_mapping(bench.resolve_sources(args), args), origin="bench")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh) as feed:
         plan, geometry = feed.plan, feed._geometry_at(0)
+        scheduled = ScheduledSources(plan)
         host = _read_chunk(plan, 0, geometry.rows, (), False).batch
         parts = {
             "Plan.draws": lambda s: plan.draws(s, geometry.rows),
@@ -67,7 +69,7 @@ def main() -> None:
             ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
             "the reader task (_read_step)": lambda s: (
-                _read_step(plan, s, geometry, (), True, True).batch
+                _read_step(plan, s, geometry, (), True, scheduled).batch
             ),
         }
         for name, call in parts.items():
@@ -76,7 +78,7 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for step in range(1, args.steps + 1):
-            batch = _read_step(plan, step, geometry, (), True, True).batch
+            batch = _read_step(plan, step, geometry, (), True, scheduled).batch
         jax.block_until_ready(batch)
         profile.disable()
         print(f"\nthe reader task, {args.steps} steps:")
@@ -115,7 +117,8 @@ def main() -> None:
             geometry = feed._geometry_at(10**6)
             if fresh:
                 profile.enable()
-            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True, True).batch)
+            scheduled = ScheduledSources(feed.plan)
+            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True, scheduled).batch)
             profile.disable()
     print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)

@@ -16,6 +16,7 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.report import ScheduledSources, target_shares
 from pipeline.plan.resume import reconcile
 from tests.storegen import write_synthetic_store
 
@@ -229,6 +230,37 @@ def test_a_batch_ramp_draws_each_window_once_per_epoch_on_any_hosts(ramp, resume
             rows = host_rows(plan.batch_size(resume_at), count - 1, count)
             for field, value in resumed.batch(resume_at, rows).items():
                 np.testing.assert_array_equal(value, expected[field][rows])
+
+
+def assert_scheduled_sources_follow_the_shares(plan: Plan, steps: list[int]) -> None:
+    scheduled = ScheduledSources(plan)
+    for step in steps:
+        expected = {name for name, share in target_shares(plan, [step]).items() if share[0]}
+        assert scheduled(step) == expected, step
+
+
+@SETTINGS
+@given(fading_switches(), batch_ramps(), st.randoms(use_true_random=False))
+def test_the_feeds_scheduled_sources_are_the_positive_shares(case, ramp, random):
+    """`ScheduledSources` (the feed's event log asks it every step and keeps each answer for
+    a span of steps) gives what `target_shares` gives, across stage ends, weight and batch
+    schedule points and a ledger switch, step after step and in any order (a seek)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = write_stores(Path(tmp))
+        after_names = ("s0", "s1", "s2") if case["added"] else ("s0", "s1")
+        switch = switched(
+            raw_config(stores, **case["before"]),
+            raw_config(stores, after_names, **case["after"]),
+            case["switch"],
+        )
+        ramped = Plan.from_config(
+            parse_config(raw_config(stores, tuple(sorted(ramp["mix"])), **ramp), origin="r.yaml")
+        )
+        for plan in (switch, ramped):
+            steps = list(range(70))
+            assert_scheduled_sources_follow_the_shares(plan, steps)
+            random.shuffle(steps)
+            assert_scheduled_sources_follow_the_shares(plan, steps)
 
 
 def test_weight_schedules_stay_in_optimizer_steps_under_a_batch_ramp(tmp_path):

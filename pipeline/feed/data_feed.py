@@ -65,7 +65,7 @@ from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawSummary, Plan
-from pipeline.plan.report import target_shares
+from pipeline.plan.report import ScheduledSources
 from pipeline.plan.sources import open_stores
 from pipeline.store.token_store import TokenStore
 
@@ -128,7 +128,7 @@ def _read_chunk(
     rows: np.ndarray,
     provenance: tuple[str, ...],
     measure: bool,
-    events: bool = False,
+    scheduled: ScheduledSources | None = None,
 ) -> _Chunk:
     started = time.perf_counter()
     draws = plan.draws(step, rows)
@@ -138,9 +138,7 @@ def _read_chunk(
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
     read = ChunkRead.of(plan, draws, started) if measure else None
-    mixed = None
-    if events:
-        mixed = frozenset(name for name, share in target_shares(plan, [step]).items() if share[0])
+    mixed = None if scheduled is None else scheduled(step)
     return _Chunk(batch, draws.summary(), read, mixed)
 
 
@@ -150,10 +148,10 @@ def _read_step(
     geometry: _Geometry,
     provenance: tuple[str, ...],
     measure: bool,
-    events: bool = False,
+    scheduled: ScheduledSources | None = None,
 ) -> _Chunk:
     """A reader thread's task: one step's local rows, read and transferred to the devices."""
-    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure, events)
+    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure, scheduled)
     chunk.batch = geometry.to_global(chunk.batch)
     return chunk
 
@@ -233,6 +231,7 @@ class DataFeed:
             raise FeedError(
                 f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"
             )
+        self._scheduled = ScheduledSources(self._plan)  # for the event log, in the readers
         # close() hands the shared stores back; so does collecting a feed never closed
         self._release = weakref.finalize(self, _release_stores, self._shared)
         self.mesh = mesh
@@ -344,6 +343,7 @@ class DataFeed:
         """Follow `ledger` (a restored, reconciled one) from `step` on."""
         self._ensure_open()
         self._plan = Plan(ledger, self._plan.stores())
+        self._scheduled = ScheduledSources(self._plan)
         self.seek(step)
 
     def close(self) -> None:
@@ -490,14 +490,15 @@ class DataFeed:
             # no more threads than steps in flight; a forgotten feed's threads stop (finalize)
             self._readers = Readers(min(self.threads, self.prefetch), "pipeline-feed")
             weakref.finalize(self, self._readers.close, wait=False)
-        measure, events = self._stats is not None, self.log_events
+        measure = self._stats is not None
+        scheduled = self._scheduled if self.log_events else None
         while self._queued < self._step + self.prefetch:
             step = self._queued
             geometry = self._geometry_at(step)  # also builds the segment in this thread
-            self._readers.submit(
-                step,
-                partial(_read_step, self._plan, step, geometry, self.provenance, measure, events),
+            task = partial(
+                _read_step, self._plan, step, geometry, self.provenance, measure, scheduled
             )
+            self._readers.submit(step, task)
             self._queued = step + 1
 
     def _drop_pending(self) -> None:
