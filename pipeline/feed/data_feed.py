@@ -17,8 +17,9 @@ each local device's slice of the global array, and the process reads exactly the
 rows (no host reads a row that none of its devices holds). Any mesh layout and any batch axes
 work, including meshes where devices also replicate the batch over a model axis.
 
-Reading, host assembly and the device transfer run ahead in a thread pool: at most `prefetch`
-steps are in flight, each one task (the pool's `threads` work on different steps). A task reads
+Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
+steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
+`pipeline.feed.readers`, work on different steps). A task reads
 the step's local rows with one `Plan.read` and transfers every field with one
 `jax.make_array_from_process_local_data` call, so `next()` in the training thread only hands
 over arrays that are already on the devices (prefetched batches occupy device memory, as with
