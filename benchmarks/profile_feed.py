@@ -8,7 +8,8 @@ task a reader thread runs per step (`_read_step`: `Plan.read` of the process's r
 transfer call, as a feed that logs events runs it) is run in the main thread under cProfile, so
 the profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step
 between calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
-includes the profiler's overhead); then the first step of fresh feeds, each the only feed of the
+includes the profiler's overhead; dropping the previous step's arrays, JAX's work wherever a
+trainer drops them, is timed apart); then the first step of fresh feeds, each the only feed of the
 process, so its stores open cold (what a restore in a new process waits for once Orbax is
 done; a feed built beside another one shares its open stores: `pipeline.feed.shared_stores`).
 First it prints CPU ms per step of the parts, without the profiler.
@@ -84,19 +85,26 @@ def main() -> None:
         print(f"\nthe reader task, {args.steps} steps:")
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
-        jax.block_until_ready(next(feed))
+        batch = next(feed)
+        jax.block_until_ready(batch)
         profile = cProfile.Profile()
-        inside = 0.0
+        inside = dropping = 0.0
         for _ in range(args.steps):
             time.sleep(args.pace_ms / 1e3)
             start = time.thread_time()
             profile.enable()
-            batch = next(feed)
+            new = next(feed)
             profile.disable()
             inside += time.thread_time() - start
+            start = time.thread_time()
+            batch = new  # the previous step's arrays go: JAX frees their device buffers
+            dropping += time.thread_time() - start
         jax.block_until_ready(batch)
-        per_step = inside / args.steps * 1e3
-        print(f"the training thread's next(), {args.steps} steps, {per_step:.3f} ms thread CPU")
+        per_step, drop = inside / args.steps * 1e3, dropping / args.steps * 1e3
+        print(
+            f"the training thread's next(), {args.steps} steps, {per_step:.3f} ms thread CPU; "
+            f"dropping the previous step's arrays, {drop:.3f} ms"
+        )
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
     # What a restore in a new process waits for after Orbax: a fresh feed's first step, cold.
