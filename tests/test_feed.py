@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.errors import FeedError, StoreError
 from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.readers import Readers
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, micro_batch_rows
 from tests.feedstores import two_stage_config
@@ -184,6 +185,46 @@ def test_close_joins_every_thread_and_is_idempotent(config):
     assert feed_threads() == before
     with pytest.raises(FeedError, match="closed"):
         next(feed)
+
+
+def test_reader_threads_hand_steps_over_by_step_and_drop_what_a_seek_left():
+    """Steps are taken by number whatever order they finish in; a step handed out before a
+    drop (a seek) is thrown away even when it finishes after; a task's error is re-raised."""
+    slow, stale = threading.Event(), threading.Event()
+    readers = Readers(2, "pipeline-feed-test")
+    try:
+        readers.submit(0, lambda: slow.wait(10) and "step 0")
+        readers.submit(1, lambda: "step 1")
+        while not readers.done(1):  # the second thread finishes first
+            threading.Event().wait(0.005)
+        assert not readers.done(0)
+        slow.set()
+        assert (readers.take(0), readers.take(1)) == ("step 0", "step 1")
+        readers.submit(2, lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            readers.take(2)
+    finally:
+        readers.close()
+    started, fresh = threading.Event(), threading.Event()
+
+    def after_the_seek() -> str:
+        started.set()
+        fresh.wait(10)
+        return "after the seek"
+
+    one = Readers(1, "pipeline-feed-test")  # one thread: the stale task runs first
+    try:
+        one.submit(3, lambda: stale.wait(10) and "before the seek")
+        one.drop()
+        one.submit(3, after_the_seek)
+        stale.set()
+        started.wait(10)  # the stale task has ended: its result was thrown away
+        assert not one.done(3)
+        fresh.set()
+        assert one.take(3) == "after the seek"
+    finally:
+        one.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-feed-test")]
 
 
 def test_a_feed_never_closed_exits_quietly(tmp_path):

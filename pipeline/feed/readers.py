@@ -3,7 +3,7 @@
 A `ThreadPoolExecutor` costs every step a `Future` (a condition variable and its lock), a work
 item and a thread-count check in the submitting thread, and the future's hand-over in the
 consumer. Here the training thread hands a step out with one `SimpleQueue.put` and takes a
-finished one from a dict under one lock; the threads live as long as the feed.
+finished one from a dict (taking the lock only to wait); the threads live as long as the feed.
 
 A task runs in whichever thread is free; results are kept by step, so steps are taken in
 order whatever order they finish in. `drop` forgets every step handed out so far (a seek): a
