@@ -308,13 +308,14 @@ class Plan:
         concat = [s for s in sources if s not in packed]
         if len(packed) == len(sources) == 1:  # one best-fit source draws every row
             return layouts[packed[0]].read_fields(draws.window)
-        windows = np.flatnonzero(np.isin(draws.source, concat))
-        tokens = np.empty((len(windows), plan.config.seq_len + 1), dtype=np.int32)
-        which = np.searchsorted(concat, draws.source[windows])
+        source, epoch, start = draws.source, draws.epoch, draws.start
+        if packed:  # the concat sources' rows only (no copies when every row is one's)
+            windows = np.flatnonzero(np.isin(source, concat))
+            source, epoch, start = source[windows], epoch[windows], start[windows]
+        tokens = np.empty((len(source), plan.config.seq_len + 1), dtype=np.int32)
+        which = np.searchsorted(concat, source)
         stores = [self.store(layouts[s].meta) for s in concat]
-        pieces = window_pieces(
-            [layouts[s] for s in concat], which, draws.epoch[windows], draws.start[windows]
-        )
+        pieces = window_pieces([layouts[s] for s in concat], which, epoch, start)
         owner, shard, lo, hi, row, col = pieces
         batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
         if any(store.masked for store in stores):
