@@ -510,6 +510,24 @@ def test_the_verify_policy_parses(tmp_path, value, policy):
         parse_config(raw, "v.yaml")
 
 
+@pytest.mark.parametrize(("value", "threads"), [(None, "auto"), ("auto", "auto"), (3, 3)])
+def test_the_thread_count_parses(tmp_path, value, threads):
+    feed = {} if value is None else {"threads": value}
+    raw = config_over(tmp_path, {"s": tmp_path / "s"}, feed=feed)
+    assert parse_config(raw, "t.yaml").feed.threads == threads
+
+
+@pytest.mark.parametrize("value", ["two", "Auto", "AUTO", 0, -2, 1.5, True, [1]])
+def test_a_bad_thread_count_is_one_line(tmp_path, value):
+    """Only lower-case `auto`, like every other word of the config (`verify: open`)."""
+    raw = config_over(tmp_path, {"s": tmp_path / "s"}, feed={"threads": value})
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, "t.yaml")
+    assert str(info.value) == (
+        f"t.yaml: feed.threads: expected an integer >= 1 or auto, got {value!r}"
+    )
+
+
 # -- 8. one line instead of a traceback ------------------------------------------------------
 
 

@@ -38,6 +38,11 @@ def feed_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("pipeline-feed")]
 
 
+def reader_threads() -> int:
+    """The live feeds' reader threads (`pipeline-feed-0`..; not the host-stop watch)."""
+    return sum(t.name.removeprefix("pipeline-feed-").isdigit() for t in threading.enumerate())
+
+
 @pytest.fixture
 def config(tmp_path: Path):
     return two_stage_config(tmp_path)
@@ -155,12 +160,36 @@ def test_seek_is_a_jump_to_any_step(config):
 def test_results_do_not_depend_on_prefetch_or_threads(config):
     mesh = mesh_of((2, 2), ("data", "fsdp"))
     runs = []
-    for prefetch, threads in ((1, 1), (3, 2), (6, 8)):
+    for prefetch, threads in ((1, 1), (3, 2), (6, 8), (2, "auto"), (4, 4)):
         with DataFeed(config, mesh, ("data", "fsdp"), prefetch=prefetch, threads=threads) as feed:
             runs.append([{k: np.asarray(v) for k, v in next(feed).items()} for _ in range(12)])
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert_batch(b, a)
+
+
+def test_local_stores_get_one_reader_thread_by_default_and_integers_are_kept(config, caplog):
+    """`threads: auto` (the default) reads local stores with one thread whatever the
+    prefetch; an explicit count keeps today's min(threads, prefetch). The start line says so."""
+    mesh = mesh_of((2,), ("data",))
+    assert config.feed.threads == "auto" and reader_threads() == 0
+    for threads, prefetch, expected in (("auto", 4, 1), (None, 2, 1), (3, 4, 3), (4, 2, 2)):
+        with (
+            caplog.at_level(logging.INFO, logger="pipeline"),
+            DataFeed(config, mesh, prefetch=prefetch, threads=threads) as feed,
+        ):
+            next(feed)
+            assert (feed.reader_threads, reader_threads()) == (expected, expected)
+        requested = "auto" if threads is None else threads
+        assert f"; reader threads {expected} (threads: {requested})" in caplog.text
+        caplog.clear()
+    assert reader_threads() == 0
+
+
+@pytest.mark.parametrize("threads", [0, -1, "Auto", "two", 2.0, True])
+def test_a_bad_thread_count_is_refused(config, threads):
+    with pytest.raises(FeedError, match=r"^DataFeed threads: expected an integer >= 1 or auto"):
+        DataFeed(config, mesh_of((2,), ("data",)), threads=threads)
 
 
 def test_state_is_small_json(config):

@@ -36,6 +36,7 @@ from tests.gcs_emulator import serving
 from tests.storegen import write_synthetic_store
 from tests.test_cli_plan import SHARDS, write_config
 from tests.test_faults import corpus as corpus_of
+from tests.test_feed import reader_threads
 from tests.test_maxtext import maxtext_config, write_data_yaml
 
 TEXTS = [f"document {i}: " + "gs ✓ " * (i % 7) + "line\n" * (i % 3) for i in range(40)]
@@ -90,9 +91,10 @@ def test_round_trip_prepare_verify_feed_inspect(tmp_path: Path, prefix, corpus, 
     assert str(config.sources[0].path) == store
     expected = Plan.from_config(load_config(local_config))
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
-    with DataFeed(config, mesh) as feed:
+    with DataFeed(config, mesh) as feed:  # `threads: auto`: a remote store gets more readers
         for step in range(3):
             batch = next(feed)
+            assert (feed.reader_threads, reader_threads()) == (2, 2)  # min(4, prefetch 2)
             want = expected.batch(step)
             for field in FIELDS:
                 np.testing.assert_array_equal(np.asarray(batch[field]), want[field])

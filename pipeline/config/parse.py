@@ -11,7 +11,7 @@
       sft: {path: ../data/chat, packing: best_fit, too_long: truncate}  # whole documents
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
-    feed: {prefetch: 2, threads: 4, verify: "off"}  # runtime only: never changes the data
+    feed: {prefetch: 2, threads: auto, verify: "off"}  # runtime only: never changes the data
                                             # (+ provenance, metrics_port, input-bound
                                             # detection: docs/observability.md)
     eval:                        # optional held-out stores (prepare --eval-fraction)
@@ -54,6 +54,9 @@ MAX_BATCH = 1 << 24
 MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1 << 20
 MAX_THREADS = 1024
+AUTO_THREADS = "auto"
+"""`feed.threads`' default: one reader thread for local stores, more for remote ones
+(`pipeline.feed.readers.reader_count`)."""
 MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 
 
@@ -106,7 +109,7 @@ class FeedOptions:
     """How the feed runs; none of it changes a batch's six token fields."""
 
     prefetch: int = 2
-    threads: int = 4
+    threads: int | str = AUTO_THREADS  # reader threads: an integer >= 1, or AUTO_THREADS
     provenance: tuple[str, ...] = ()  # extra per-row fields, a subset of PROVENANCE
     metrics_port: int | None = None  # serve Prometheus metrics on this port (extra `metrics`)
     input_bound_share: float = 0.1  # a step is input-bound when next() took more of it
@@ -422,14 +425,21 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         prefetch=where.integer(
             raw.get("prefetch", 2), "feed.prefetch", minimum=1, maximum=MAX_THREADS
         ),
-        threads=where.integer(
-            raw.get("threads", 4), "feed.threads", minimum=1, maximum=MAX_THREADS
-        ),
+        threads=_threads(raw.get("threads", AUTO_THREADS), where),
         provenance=tuple(p for p in PROVENANCE if p in provenance),
         metrics_port=port,
         input_bound_share=float(share),
         stats_window=where.integer(raw.get("stats_window", 100), "feed.stats_window", minimum=1),
     )
+
+
+def _threads(value: Any, where: _Where) -> int | str:
+    """`auto` (lower case only, like every other word of the config) or an integer >= 1."""
+    if value == AUTO_THREADS:
+        return AUTO_THREADS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise where.fail("feed.threads", f"expected an integer >= 1 or auto, got {value!r}")
+    return where.integer(value, "feed.threads", minimum=1, maximum=MAX_THREADS)
 
 
 def _eval(

@@ -19,7 +19,8 @@ work, including meshes where devices also replicate the batch over a model axis.
 
 Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
-`pipeline.feed.readers`, work on different steps). A task reads
+`pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
+when every store open at the start is local, 4 when one is remote: `reader_count`). A task reads
 the step's local rows with one `Plan.read` and transfers every field with one
 `jax.make_array_from_process_local_data` call, so `next()` in the training thread only hands
 over arrays that are already on the devices (prefetched batches occupy device memory, as with
@@ -56,11 +57,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import DataConfig
-from pipeline.config.parse import PROVENANCE
+from pipeline.config.parse import AUTO_THREADS, PROVENANCE
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop
-from pipeline.feed.readers import Readers
+from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
@@ -157,6 +158,10 @@ def _read_step(
     return chunk
 
 
+def _is_count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def _release_stores(stores: list[TokenStore]) -> None:
     """Hand a feed's shared stores back (`shared_stores.release`): the last user closes one."""
     for store in stores:
@@ -239,9 +244,14 @@ class DataFeed:
         self.batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
         self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
         self.threads = self.config.feed.threads if threads is None else threads
-        for name, value in (("prefetch", self.prefetch), ("threads", self.threads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise FeedError(f"DataFeed {name}: expected an integer >= 1, got {value!r}")
+        if not _is_count(self.prefetch):
+            raise FeedError(f"DataFeed prefetch: expected an integer >= 1, got {self.prefetch!r}")
+        if self.threads != AUTO_THREADS and not _is_count(self.threads):
+            raise FeedError(
+                f"DataFeed threads: expected an integer >= 1 or auto, got {self.threads!r}"
+            )
+        # decided once, from the stores open now: a later switch to a remote store keeps it
+        self.reader_threads = reader_count(self.threads, self.prefetch, self._plan.stores())
         self.provenance = tuple(self.config.feed.provenance if provenance is None else provenance)
         if any(name not in PROVENANCE for name in self.provenance):
             raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
@@ -488,8 +498,8 @@ class DataFeed:
 
     def _fill(self) -> None:
         if self._readers is None:
-            # no more threads than steps in flight; a forgotten feed's threads stop (finalize)
-            self._readers = Readers(min(self.threads, self.prefetch), "pipeline-feed")
+            # a forgotten feed's threads stop (finalize)
+            self._readers = Readers(self.reader_threads, "pipeline-feed")
             weakref.finalize(self, self._readers.close, wait=False)
         measure = self._stats is not None
         scheduled = self._scheduled if self.log_events else None
@@ -520,10 +530,12 @@ class DataFeed:
         previous, self._mixed = self._mixed, mixed
         if last is None:
             log.info(
-                "feed starts at step %d: stage %s; epochs %s",
+                "feed starts at step %d: stage %s; epochs %s; reader threads %d (threads: %s)",
                 step,
                 summary.stage_label,
                 summary.epochs_label,
+                self.reader_threads,
+                self.threads,
             )
             self._epochs = dict(summary.epochs)
             return

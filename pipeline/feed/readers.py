@@ -8,6 +8,11 @@ finished one from a dict (taking the lock only to wait); the threads live as lon
 A task runs in whichever thread is free; results are kept by step, so steps are taken in
 order whatever order they finish in. `drop` forgets every step handed out so far (a seek): a
 thread still reading one finishes it and throws the result away.
+
+How many: `reader_count`. A local store's read is a memory-map copy and numpy work that holds
+the GIL most of the time, so a second reader mostly takes the GIL from the first (measured in
+docs/benchmarks.md, "One reader thread"); a remote store's read waits on ranged GETs, which
+other readers overlap.
 """
 
 from __future__ import annotations
@@ -17,8 +22,16 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.config.parse import AUTO_THREADS
+from pipeline.urls import is_url
+
+if TYPE_CHECKING:
+    from pipeline.store import TokenStore
+
+REMOTE_THREADS = 4
+"""`feed.threads: auto`'s count when a store is remote (capped by the prefetch depth)."""
 _LIVE: weakref.WeakSet[Readers] = weakref.WeakSet()
 
 
@@ -28,6 +41,14 @@ def _join_all() -> None:
     are daemon threads, so they never hold up the exit of a program that forgot its feed)."""
     for readers in list(_LIVE):
         readers.close(wait=True)
+
+
+def reader_count(threads: int | str, prefetch: int, stores: list[TokenStore]) -> int:
+    """The feed's reader threads: no more than steps in flight (`prefetch`); `auto` is one
+    thread when every store in `stores` is local, `REMOTE_THREADS` when any is a URL."""
+    if threads == AUTO_THREADS:
+        threads = REMOTE_THREADS if any(is_url(store.path) for store in stores) else 1
+    return min(int(threads), prefetch)
 
 
 class Readers:
