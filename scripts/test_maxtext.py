@@ -15,6 +15,12 @@
    batch (the train step rounds differently across process counts): every loss within 1e-5 of
    a 1-process run's. From checkpoint 10, a changed data config: refused without the switch,
    recorded in the ledger with it.
+5. Packed SFT: `builtin:python-docstrings` prepared (a masked store), `packing: best_fit`,
+   256 tokens, 6 steps: MaxText's own `total_weights` of every step equals the trained targets
+   of the plan's batch (`targets_segmentation != 0`), fewer than its document targets.
+6. A data error on one of 2 processes: each reads its own copy of the store, process 1's is
+   replaced (`prepare --overwrite`) once step 3 is logged: both processes end with exit status
+   2 (not MaxText's "Training stopped", status 0) and the line in both logs.
 
 Prints a transcript (also written to WORK/transcript.txt); exits 1 on the first failure.
 """
@@ -25,11 +31,13 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,12 +46,17 @@ REQUIREMENTS = ROOT / "tests" / "maxtext_real" / "requirements.txt"
 STEPS, PERIOD, SWITCH_AT = 20, 5, 10
 MODEL = [  # a tiny decoder: what matters is the data path, bit for bit
     "base_emb_dim=64", "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128",
-    "base_num_decoder_layers=2", "head_dim=32", "vocab_size=257", "max_target_length=64",
-    "per_device_batch_size=2", "attention=dot_product", "dtype=float32",
+    "base_num_decoder_layers=2", "head_dim=32", "vocab_size=257", "per_device_batch_size=2",
+    "attention=dot_product", "dtype=float32",
 ]  # fmt: skip
 CPU = ["hardware=cpu", "enable_goodput_recording=false", "monitor_goodput=false"]
 GLOO_TIMEOUT = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 DATA = "seed: 5\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
+SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
+SFT = (f"seed: 5\nseq_len: {SFT_SEQ_LEN}\nglobal_batch_size: 8\n"
+       "sources:\n  sft: {path: %s, packing: best_fit}\nmix: {sft: 1}\n")  # fmt: skip
+STOP_STEPS, STOP_AFTER, STOP_WAIT = 400, 3, 120  # the store is replaced once step 3 is logged
+REPLACED = "the store was replaced or changed after it was opened"
 
 
 class Failed(Exception):
@@ -119,14 +132,16 @@ class MaxText:
         self.package = Path(found.stdout.strip())
         self.base_yml = self.package / "configs" / "base.yml"
 
-    def command(self, run_name: str, data: Path, steps: int, metrics: Path, *extra: str):
+    def command(
+        self, run_name: str, data: Path, steps: int, metrics: Path, seq_len: int, *extra: str
+    ) -> list[str]:
         return [
             str(self.python), "-m", "maxtext.trainers.pre_train.train", str(self.base_yml),
             f"run_name={run_name}", f"base_output_directory={self.work / 'out'}",
             "dataset_type=grain", "grain_train_files=unused",  # MaxText requires a value
             f"pipeline_data_config={data}", f"steps={steps}", f"checkpoint_period={PERIOD}",
             "enable_checkpointing=true", "eval_interval=-1", f"metrics_file={metrics}",
-            *MODEL, *CPU, *extra,
+            f"max_target_length={seq_len}", *MODEL, *CPU, *extra,
         ]  # fmt: skip
 
     def env(self, devices: int, process: int | None = None, processes: int = 1) -> dict:
@@ -139,6 +154,25 @@ class MaxText:
                        JAX_PROCESS_COUNT=str(processes))  # fmt: skip
         return env
 
+    def launch(
+        self, name: str, data: list[Path], steps: int, extra: tuple[str, ...], seq_len: int
+    ) -> tuple[list[subprocess.Popen], list[Path]]:
+        """Start the processes of one launch of run `name` (`data`: one config per process),
+        each with its own log and metrics file (`name-<launch>-p<process>`)."""
+        processes = len(data)
+        procs, logs = [], []
+        launch = len(list(self.work.glob(f"{name}-*-p0.log")))
+        for i in range(processes):
+            log = self.work / f"{name}-{launch}-p{i}.log"
+            metrics = log.with_suffix(".jsonl")
+            flags = [*extra] + (["skip_jax_distributed_system=true"] if processes == 1 else [])
+            env = self.env(4 // processes, i if processes > 1 else None, processes)
+            with log.open("w") as out:
+                command = self.command(name, data[i], steps, metrics, seq_len, *flags)
+                procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
+            logs.append(log)
+        return procs, logs
+
     def train(
         self,
         name: str,
@@ -149,6 +183,7 @@ class MaxText:
         kill_after: int | None = None,
         expect_failure: bool = False,
         retry: bool = True,
+        seq_len: int = 64,
     ) -> list[str]:
         """Run to the end (or kill -9 once checkpoint `kill_after` exists); the logs.
 
@@ -158,18 +193,8 @@ class MaxText:
         Gloo's fixed 30 s after the other; that launch is retried once, from scratch.
         """
         started = time.monotonic()
-        devices = 4 // processes
-        procs, logs = [], []
-        launch = len(list(self.work.glob(f"{name}-*-p0.log")))
-        for i in range(processes):
-            log = self.work / f"{name}-{launch}-p{i}.log"
-            metrics = log.with_suffix(".jsonl")
-            flags = [*extra] + (["skip_jax_distributed_system=true"] if processes == 1 else [])
-            env = self.env(devices, i if processes > 1 else None, processes)
-            with log.open("w") as out:
-                command = self.command(name, data, steps, metrics, *flags)
-                procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
-            logs.append(log)
+        procs, logs = self.launch(name, [data] * processes, steps, extra, seq_len)
+        launch = logs[0].name.split("-")[-2]
         killed = False
         deadline = time.monotonic() + 900
         while any(p.poll() is None for p in procs):
@@ -182,7 +207,7 @@ class MaxText:
                 killed = True
             time.sleep(0.2)
         codes = [p.returncode for p in procs]
-        what = f"{processes} process{'es' if processes > 1 else ''} x {devices} CPU devices"
+        what = self.what(processes)
         took = f"{time.monotonic() - started:.0f} s"
         if killed:
             self.say(f"== {name}: {what}: kill -9 once checkpoint {kill_after} exists ({took})")
@@ -194,10 +219,9 @@ class MaxText:
             text = logs[0].read_text()
             if processes > 1 and GLOO_TIMEOUT in text and retry:
                 self.say(f"== {name}: {what}: {GLOO_TIMEOUT} ({took}), once more")
-                for path in [*logs, *(log.with_suffix(".jsonl") for log in logs)]:
-                    path.unlink(missing_ok=True)
-                shutil.rmtree(self.work / "out" / name, ignore_errors=True)
-                return self.train(name, data, steps, *extra, processes=processes, retry=False)
+                self.forget(name, logs)
+                return self.train(name, data, steps, *extra, processes=processes, retry=False,
+                                  seq_len=seq_len)  # fmt: skip
             if any(codes):
                 tail = text.strip().splitlines()[-15:]
                 raise Failed(f"{name}: exited {codes}:\n" + "\n".join(tail))
@@ -209,15 +233,70 @@ class MaxText:
             )
         return [log.read_text() for log in logs]
 
+    def stop_on_data_error(
+        self, name: str, data: list[Path], replace: Callable[[], None], retry: bool = True
+    ) -> list[str]:
+        """Start `len(data)` processes for STOP_STEPS steps, call `replace()` once step
+        STOP_AFTER is logged, then wait for every process to end; the logs."""
+        started = time.monotonic()
+        procs, logs = self.launch(name, data, STOP_STEPS, (), 64)
+        metrics = logs[0].with_suffix(".jsonl")
+        deadline = time.monotonic() + 900
+        while not (metrics.exists() and f'"step": {STOP_AFTER}' in metrics.read_text()):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                text = logs[0].read_text()
+                if GLOO_TIMEOUT in text and retry:
+                    self.say(f"== {name}: {GLOO_TIMEOUT}, once more")
+                    self.forget(name, logs)
+                    return self.stop_on_data_error(name, data, replace, retry=False)
+                tail = text.strip().splitlines()[-15:]
+                raise Failed(f"{name}: ended before step {STOP_AFTER}:\n" + "\n".join(tail))
+            time.sleep(0.2)
+        replace()
+        replaced = time.monotonic()
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() - replaced > STOP_WAIT:
+                for p in procs:
+                    p.kill()
+                raise Failed(f"{name}: still running {STOP_WAIT} s after the replacement")
+            time.sleep(0.2)
+        codes = [p.returncode for p in procs]
+        last = max(self.losses(name), default=-1)
+        self.say(f"== {name}: {self.what(len(data))}: store replaced after step {STOP_AFTER}, "
+                 f"stopped after step {last} in {time.monotonic() - replaced:.0f} s, exit "
+                 f"codes {codes} ({time.monotonic() - started:.0f} s)")  # fmt: skip
+        if codes != [2] * len(data):
+            raise Failed(f"{name}: exit codes {codes}, expected 2 (a data error) from each")
+        return [log.read_text() for log in logs]
+
+    def what(self, processes: int) -> str:
+        return f"{processes} process{'es' if processes > 1 else ''} x {4 // processes} CPU devices"
+
+    def forget(self, name: str, logs: list[Path]) -> None:
+        """Remove a launch's files, to launch it once more from scratch."""
+        for path in [*logs, *(log.with_suffix(".jsonl") for log in logs)]:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.work / "out" / name, ignore_errors=True)
+
     def losses(self, name: str, launch: int | str = "*") -> dict[int, float]:
         """step -> loss over the metrics files of run `name`, in launch order (MaxText writes
         one per launch here: its own file is rewritten by a step-0 record and shared by
         processes)."""
+        return self.metric(name, "learning/loss", launch)
+
+    def weights(self, name: str) -> dict[int, int]:
+        """step -> MaxText's `total_weights`: the targets its loss counted."""
+        return {s: int(w) for s, w in self.metric(name, "learning/total_weights").items()}
+
+    def metric(self, name: str, key: str, launch: int | str = "*") -> dict[int, float]:
         out: dict[int, float] = {}
         for path in sorted(self.work.glob(f"{name}-{launch}-p0.jsonl")):
             for line in path.read_text().splitlines():
                 record = json.loads(line)
-                out[int(record["step"])] = record["learning/loss"]
+                out[int(record["step"])] = record[key]
         return out
 
 
@@ -245,6 +324,39 @@ def same_losses(
             f">= {shift:.1e})")  # fmt: skip
         if shift <= 10 * tolerance:
             raise Failed(f"{name}: the losses cannot tell batches apart (steps differ by {shift})")
+
+
+def same_trained_targets(say: Transcript, mt: MaxText, python: Path, data: Path) -> None:
+    """MaxText's `total_weights` (its loss weights, `targets_segmentation != 0`, summed) of
+    every step equals the trained targets of the plan's batch, fewer than its real targets:
+    the prompts and the rows' padded tails carried no loss in MaxText's own train step."""
+    count = (
+        "import json, sys\n"
+        "from pipeline.config import load_config\n"
+        "from pipeline.plan.plan import Plan\n"
+        "plan = Plan.from_config(load_config(sys.argv[1]))\n"
+        "for step in range(int(sys.argv[2])):\n"
+        "    batch = plan.batch(step)\n"
+        "    print(json.dumps([int((batch[k] != 0).sum()) for k in "
+        "('targets_segmentation', 'inputs_segmentation')] + [batch['inputs'].size]))\n"
+    )
+    out = run([str(python), "-c", count, str(data), str(SFT_STEPS)]).stdout.splitlines()
+    planned = [json.loads(line) for line in out]
+    weights = mt.weights("sft")
+    if sorted(weights) != list(range(SFT_STEPS)):
+        raise Failed(f"sft: logged steps {sorted(weights)}, expected 0..{SFT_STEPS - 1}")
+    for step, (trained, real, _) in enumerate(planned):
+        if weights[step] != trained:
+            raise Failed(f"sft: step {step}: MaxText's total_weights {weights[step]} != the "
+                         f"plan's {trained} trained targets")  # fmt: skip
+        if trained >= real:
+            raise Failed(f"sft: step {step}: {trained} trained of {real} targets: no prompt")
+    trained, real, slots = map(sum, zip(*planned))
+    if real == slots:
+        raise Failed(f"sft: {slots} target slots and no padding: no row was packed best-fit")
+    say(f"   sft: MaxText's total_weights of all {SFT_STEPS} steps equal the planned trained "
+        f"targets: {trained:,} of {real:,} document targets ({slots:,} slots; prompts and "
+        "padding have targets_segmentation 0)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,8 +391,14 @@ def main(argv: list[str] | None = None) -> int:
 
         mt.train("resume", data, STEPS, kill_after=SWITCH_AT)
         log = mt.train("resume", data, STEPS)[0]
-        if "restored the data state" not in log:
-            raise Failed("resume: the data state was not restored")
+        model = re.search(r"restoring from this run's directory step (\d+)", log)
+        data_step = re.search(r"restored the data state at step (\d+)", log)
+        if model is None or data_step is None:
+            raise Failed("resume: the model or the data state was not restored")
+        if int(data_step[1]) != int(model[1]) + 1:  # what set_state cannot check itself
+            raise Failed(f"resume: checkpoint {model[1]} restored data step {data_step[1]}")
+        say(f"   resume: MaxText restored checkpoint {model[1]}, the data state step "
+            f"{data_step[1]} (the step after it)")  # fmt: skip
         same_losses(say, mt, "resume", reference)
 
         # Across process counts the train step itself rounds differently, and the optimizer
@@ -308,6 +426,29 @@ def main(argv: list[str] | None = None) -> int:
         if starts != [0, SWITCH_AT + 1]:
             raise Failed(f"switch: ledger segments start at {starts}")
         say(f"   switch: the ledger records the switch: segments start at steps {starts}")
+
+        sft_store = work / "docstrings"
+        run([str(python), "-m", "pipeline", "prepare", "builtin:python-docstrings", "--out",
+             str(sft_store), "--num-shards", "2", "--no-progress"])  # fmt: skip
+        sft = work / "data-sft.yaml"
+        sft.write_text(SFT % sft_store)
+        mt.train("sft", sft, SFT_STEPS, seq_len=SFT_SEQ_LEN)
+        same_trained_targets(say, mt, python, sft)
+
+        copy = work / "docs-p1"  # process 1 reads its own copy: the error is on one host
+        shutil.copytree(docs, copy)
+        configs = [work / "data-p0.yaml", work / "data-p1.yaml"]
+        for config, store in zip(configs, (docs, copy)):
+            config.write_text(DATA % store + "mix: {docs: 1}\n")
+        overwrite = [str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out",
+                     str(copy), "--num-shards", "3", "--overwrite", "--no-progress"]  # fmt: skip
+        logs = mt.stop_on_data_error("hoststop", configs, lambda: run(overwrite))
+        line = f"{copy / 'manifest.json'}: {REPLACED}"
+        for i, text in enumerate(logs):
+            found = [x for x in text.splitlines() if line in x]
+            if not found:
+                raise Failed(f"hoststop: process {i}'s log does not say '{line}'")
+            say(f"   p{i}: {found[-1].strip()}")
     except Failed as error:
         say(f"FAILED: {error}")
         return 1

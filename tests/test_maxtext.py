@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import eval_config
 from pipeline.plan.plan import Plan
 from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.store.token_store import MANIFEST
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store
 
@@ -369,6 +373,68 @@ def test_every_key_has_an_environment_variable(data_yaml, mesh, monkeypatch):
     monkeypatch.setenv("PIPELINE_EVAL_SOURCE", "nope")
     with pytest.raises(ConfigError, match=r"'nope' \(PIPELINE_EVAL_SOURCE\) is not an eval source"):
         create_data_iterator(config, mesh)
+
+
+MAXTEXT_LOOP = """
+import sys, threading, time
+import jax, numpy as np
+from jax.sharding import Mesh
+from pipeline.feed import host_stop
+from pipeline.feed.maxtext import create_data_iterator
+from tests.test_maxtext import maxtext_config
+host_stop.STORE_CHECK_S, host_stop.GRACE_S = 0.05, 1.0
+mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+train, _ = create_data_iterator(maxtext_config(sys.argv[1], eval_interval=-1), mesh)
+next(train)
+print("serving", flush=True)
+sys.stdin.readline()  # the store is replaced now
+# a thread the interpreter waits for at exit, as Orbax's checkpoint finalize waiting on a peer
+threading.Thread(target=threading.Event().wait).start()
+try:  # MaxText's loop: any Exception of next() ends the run "gracefully", exit status 0
+    while True:
+        next(train)
+        time.sleep(0.01)
+except Exception as error:
+    print(f"Training stopped: {error}", flush=True)
+"""
+
+
+def test_a_data_error_ends_maxtexts_loop_with_status_2_and_its_line(tmp_path):
+    """MaxText catches every `Exception` of `next(data_iterator)` and ends the run with
+    "Training stopped" and exit status 0 (data_loader.py's `loader_exception_guard`); a store
+    replaced under the run must end the process with status 2 and the line, even when a
+    non-daemon thread would keep the interpreter alive."""
+    from tests.test_faults import corpus
+
+    store = tmp_path / "store"
+
+    def prepare_store(words: str, overwrite: bool) -> None:
+        texts = corpus(tmp_path / words, words, 60)
+        prepare(PrepareOptions([str(texts)], store, num_shards=1, overwrite=overwrite,
+                               progress=False))  # fmt: skip
+
+    prepare_store("alpha", overwrite=False)
+    raw = {"seed": 3, "seq_len": 8, "global_batch_size": 8, "sources": {"s": {"path": str(store)}}}
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump({**raw, "mix": {"s": 1}}))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).parent.parent))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    child = subprocess.Popen(
+        [sys.executable, "-c", MAXTEXT_LOOP, str(tmp_path / "data.yaml")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline() == "serving\n", child.stderr.read()
+        prepare_store("omega", overwrite=True)
+        out, err = child.communicate("\n", timeout=60)
+    finally:
+        child.kill()
+    line = (
+        f"error: {store / MANIFEST}: the store was replaced or changed after it was opened (by "
+        "`prepare --overwrite`?); restart the job to read the new store"
+    )
+    assert child.returncode == 2, err
+    assert "Training stopped" not in out
+    assert err.strip().splitlines()[-1].endswith(line), err
 
 
 def test_pydantic_enum_dataset_type_is_accepted(data_yaml, mesh):

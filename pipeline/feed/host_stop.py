@@ -15,6 +15,10 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   `GRACE_S` after it was seen, the watcher leaves JAX's coordination service (as the stopped
   process does at exit), logs the line once more and ends the process with exit status 2, so
   that host's log ends with the same line.
+* a trainer that exits on a data error may still not end: the MaxText adapter raises a
+  `SystemExit` (`pipeline.feed.maxtext.DataStop`), and the interpreter then waits for its
+  non-daemon threads, such as an Orbax checkpoint save waiting for a peer that stops too.
+  `end_process_after` ends such a process the same way `GRACE_S` later.
 * the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it
   opened (`TokenStore.check_unchanged`), so a host that never opens a replaced shard still
   stops on the replacement; `next()` raises and publishes it. A local store is checked by every
@@ -192,14 +196,33 @@ class HostStop:
 
     def _end_process(self) -> None:
         """The training thread did not come back to `next()`: it waits in a collective for the
-        stopped host, and would stop later with JAX's message, not this one. Leave the
-        coordination service as the stopped host does (its exit waits in JAX's shutdown barrier
-        for every process; a process gone without it would fail that barrier with JAX's
-        message there), then end this process with the line last in its log."""
+        stopped host, and would stop later with JAX's message, not this one."""
+        end_process(self._failure or "")
+
+
+def end_process(line: str) -> None:
+    """Leave JAX's coordination service as a stopped host does (its exit waits in JAX's
+    shutdown barrier for every process; a process gone without it would fail that barrier with
+    JAX's message there), then end this process with `line` last in its log, status 2."""
+    try:
         leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
         leaving.start()
         leaving.join(SHUTDOWN_S)
-        log.error("%s", self._failure)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(EXIT_STATUS)
+    except RuntimeError:  # the interpreter is exiting: JAX's own exit handler leaves the service
+        time.sleep(SHUTDOWN_S)
+    log.error("%s", line)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(EXIT_STATUS)
+
+
+def end_process_after(line: str) -> None:
+    """`end_process(line)` in `GRACE_S` seconds unless the process has ended by then.
+
+    For a trainer that is told to exit on a data error but may not manage to: a `SystemExit`
+    waits for the interpreter's non-daemon threads, and one of them (e.g. Orbax's checkpoint
+    finalize) can wait on a barrier of a peer that is stopping too.
+    """
+    timer = threading.Timer(GRACE_S, end_process, args=(line,))
+    timer.daemon = True
+    timer.start()

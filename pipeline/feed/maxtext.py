@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -47,9 +48,10 @@ from pipeline.config.maxtext_keys import (
     MaxTextKey,
     parse_bool,
 )
-from pipeline.errors import ConfigError, LedgerError
+from pipeline.errors import ConfigError, LedgerError, PipelineError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import EvalFeed
+from pipeline.feed.host_stop import end_process_after
 from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan import data_state
 from pipeline.store.token_store import TokenStore
@@ -63,6 +65,39 @@ SWITCH_FLAG = f"{DATA_SWITCH.name}=true (or {DATA_SWITCH.env}=true)"
 """How a MaxText user declares a data switch: what the refusal of an undeclared one names."""
 
 _MISSING = object()
+
+log = logging.getLogger("pipeline")
+
+
+class DataStop(SystemExit):
+    """A data error in `next()`, ending the process with its line and exit status 2.
+
+    MaxText's loop wraps `next(data_iterator)` in `except Exception` (its
+    `loader_exception_guard`) and turns whatever it catches into "Training stopped: ..." with
+    exit status 0, as after a run's last step: a job scheduler would count a replaced shard or a
+    failed read as a finished run. A `SystemExit` passes through that handler; MaxText's
+    `finally` blocks still run (metrics flushed) and JAX's exit barrier still waits for the
+    other hosts, which stop on the same line (`pipeline.feed.host_stop`). A process that has not
+    ended `host_stop.GRACE_S` later (an Orbax checkpoint save waiting for a stopped peer keeps
+    the interpreter alive) is ended with the line by `host_stop.end_process_after`.
+    """
+
+    def __init__(self, error: PipelineError) -> None:
+        super().__init__(error.exit_code)
+        self.line = str(error)
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def _next_or_stop(feed: DataFeed) -> dict[str, jax.Array]:
+    try:
+        return next(feed)
+    except PipelineError as error:
+        line = f"error: {error}"
+        log.error("%s", line)
+        end_process_after(line)
+        raise DataStop(error) from error
 
 
 def _get(config: Any, key: str, default: Any = _MISSING) -> Any:
@@ -139,7 +174,7 @@ class LocalIterator:
         return self
 
     def __next__(self) -> dict[str, jax.Array]:
-        return next(self._feed)
+        return _next_or_stop(self._feed)
 
 
 def _restore_on_any_process_count() -> None:
@@ -197,7 +232,7 @@ class TrainIterator:
         return self
 
     def __next__(self) -> dict[str, jax.Array]:
-        return next(self.feed)
+        return _next_or_stop(self.feed)
 
 
 class EvalIterator:
