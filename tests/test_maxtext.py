@@ -230,6 +230,32 @@ def test_any_processs_file_restores_after_a_host_count_change(data_yaml, mesh, t
         read_iter_state(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "files", [["process_0.json"], ["process_1-of-2.json", "process_0-of-2.json"]]
+)
+def test_the_cli_reads_the_ledger_of_a_maxtext_checkpoint_step(
+    data_yaml, mesh, tmp_path, capsys, files
+):
+    """`--ledger CKPT/STEP` finds MaxText's `iter` item, in either layout, as it finds ours."""
+    from pipeline.commands.cli import main
+
+    text, _ = state_after_4_steps(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    step = tmp_path / "checkpoints" / "3"
+    (step / "iter").mkdir(parents=True)
+    for name in files:
+        (step / "iter" / name).write_text(text)
+    outputs = []
+    for ledger in ([], ["--ledger", str(step)], ["--ledger", str(step / "iter")]):
+        assert main(["inspect", str(data_yaml), "--step", "4", *ledger]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0].startswith("step 4: ") and outputs[1] == outputs[0] == outputs[2]
+    assert main(["inspect", str(data_yaml), "--step", "4", "--ledger", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path}: no data/data_state.json or MaxText iter/process_0.json here (not a "
+        "checkpoint step directory)"
+    )
+
+
 def test_restore_from_checks_the_step_exactly_by_maxtexts_numbering(data_yaml, mesh, tmp_path):
     """MaxText saves checkpoint N after training step N: `N/iter` holds data step N + 1."""
     config = maxtext_config(data_yaml, eval_interval=-1)

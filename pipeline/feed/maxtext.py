@@ -271,23 +271,15 @@ class EvalIterator:
 
 
 def read_iter_state(directory: str | os.PathLike) -> data_state.DataState:
-    """The data state in a MaxText `iter` item directory, from any process's file.
-
-    Every process saves the same state, so one file is enough whatever the number of processes
-    now: `process_0.json` (MaxText's shared-state layout), else process 0's
-    `process_0-of-<n>.json`, else the lowest-numbered one.
-    """
+    """The data state in a MaxText `iter` item directory, from any process's file
+    (`data_state.maxtext_iter_file`)."""
     path = location(directory)  # a local directory or a gs:// checkpoint
-    files = [(-1, path / "process_0.json")] if (path / "process_0.json").is_file() else []
-    for file in path.glob("process_*-of-*.json"):
-        index = file.name[len("process_") :].split("-of-")[0]
-        if index.isdigit():
-            files.append((int(index), file))
-    if not files:
+    file = data_state.maxtext_iter_file(path)
+    if file is None:
         raise LedgerError(
             f"{path}: no process_0.json or process_<i>-of-<n>.json file (not a MaxText 'iter' item)"
         )
-    return data_state.load(min(files)[1])
+    return data_state.load(file)
 
 
 # -- building the iterators -------------------------------------------------------------------

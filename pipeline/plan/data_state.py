@@ -29,6 +29,8 @@ FILENAME = "data_state.json"
 """The data state's file name inside the checkpoint item directory (`STEP/data/`)."""
 ITEM = "data"
 """The item name under which trainers save the data state in a `CheckpointManager`."""
+MAXTEXT_ITEM = "iter"
+"""The item name of MaxText's data iterator state (`pipeline.feed.maxtext`)."""
 STATE_VERSION = 2
 """Version 2 added `digest`; version-1 states (no digest) are refused by name."""
 
@@ -100,14 +102,39 @@ def parse(text: str | bytes, origin: str) -> DataState:
 
 
 def state_file(path: str | Path) -> Any:
-    """`path` itself, or the state file of a checkpoint step directory or its data item."""
+    """`path` itself, or the state file of a checkpoint step directory or its data item: ours
+    (`data/data_state.json`) or MaxText's `iter` item (`iter/process_0.json`, ...)."""
     path = location(path)  # a local path or a gs:// checkpoint
+    if not path.is_dir():
+        return path
     for candidate in (path / ITEM / FILENAME, path / FILENAME):
-        if path.is_dir() and candidate.is_file():
+        if candidate.is_file():
             return candidate
-    if path.is_dir():
-        raise LedgerError(f"{path}: no {ITEM}/{FILENAME} here (not a checkpoint step directory)")
-    return path
+    for item in (path / MAXTEXT_ITEM, path):
+        found = maxtext_iter_file(item) if item.is_dir() else None
+        if found is not None:
+            return found
+    raise LedgerError(
+        f"{path}: no {ITEM}/{FILENAME} or MaxText {MAXTEXT_ITEM}/process_0.json here (not a "
+        "checkpoint step directory)"
+    )
+
+
+def maxtext_iter_file(directory: Any) -> Any | None:
+    """The data state file of a MaxText `iter` item directory, None if it has none.
+
+    Every process saves the same state, so one file is enough whatever the number of processes
+    now: `process_0.json` (MaxText's shared-state layout), else process 0's
+    `process_0-of-<n>.json`, else the lowest-numbered `process_<i>-of-<n>.json`.
+    """
+    files = [(-1, directory / "process_0.json")]
+    if not files[0][1].is_file():
+        files = []
+    for file in directory.glob("process_*-of-*.json"):
+        index = file.name[len("process_") :].split("-of-")[0]
+        if index.isdigit():
+            files.append((int(index), file))
+    return min(files)[1] if files else None
 
 
 def load(path: str | Path) -> DataState:
