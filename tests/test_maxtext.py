@@ -405,10 +405,8 @@ MAXTEXT_LOOP = """
 import sys, threading, time
 import jax, numpy as np
 from jax.sharding import Mesh
-from pipeline.feed import host_stop
 from pipeline.feed.maxtext import create_data_iterator
 from tests.test_maxtext import maxtext_config
-host_stop.STORE_CHECK_S, host_stop.GRACE_S = 0.05, 1.0
 mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
 train, _ = create_data_iterator(maxtext_config(sys.argv[1], eval_interval=-1), mesh)
 next(train)
@@ -443,6 +441,7 @@ def test_a_data_error_ends_maxtexts_loop_with_status_2_and_its_line(tmp_path):
     raw = {"seed": 3, "seq_len": 8, "global_batch_size": 8, "sources": {"s": {"path": str(store)}}}
     (tmp_path / "data.yaml").write_text(yaml.safe_dump({**raw, "mix": {"s": 1}}))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).parent.parent))
+    env.update(PIPELINE_STOP_STORE_CHECK_S="0.05", PIPELINE_STOP_GRACE_S="1")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     child = subprocess.Popen(
         [sys.executable, "-c", MAXTEXT_LOOP, str(tmp_path / "data.yaml")],

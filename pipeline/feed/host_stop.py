@@ -217,12 +217,13 @@ def end_process(line: str) -> None:
 
 
 def end_process_after(line: str) -> None:
-    """`end_process(line)` in `GRACE_S` seconds unless the process has ended by then.
+    """`end_process(line)` in `GRACE_S` seconds (`PIPELINE_STOP_GRACE_S`) unless the process
+    has ended by then.
 
     For a trainer that is told to exit on a data error but may not manage to: a `SystemExit`
     waits for the interpreter's non-daemon threads, and one of them (e.g. Orbax's checkpoint
     finalize) can wait on a barrier of a peer that is stopping too.
     """
-    timer = threading.Timer(GRACE_S, end_process, args=(line,))
+    timer = threading.Timer(seconds(GRACE_ENV, GRACE_S), end_process, args=(line,))
     timer.daemon = True
     timer.start()
