@@ -444,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                      str(copy), "--num-shards", "3", "--overwrite", "--no-progress"]  # fmt: skip
         logs = mt.stop_on_data_error("hoststop", configs, lambda: run(overwrite))
         line = f"{copy / 'manifest.json'}: {REPLACED}"
-        for i, text in enumerate(logs):
-            found = [x for x in text.splitlines() if line in x]
+        for i, text in enumerate(logs):  # process 0 names the host that failed
+            found = [x for x in text.splitlines() if ("host 1: " if i == 0 else "") + line in x]
             if not found:
                 raise Failed(f"hoststop: process {i}'s log does not say '{line}'")
             say(f"   p{i}: {found[-1].strip()}")
