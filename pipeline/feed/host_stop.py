@@ -39,6 +39,7 @@ is nothing to publish or poll, and the store re-check is the watcher's only work
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -204,26 +205,47 @@ def end_process(line: str) -> None:
     """Leave JAX's coordination service as a stopped host does (its exit waits in JAX's
     shutdown barrier for every process; a process gone without it would fail that barrier with
     JAX's message there), then end this process with `line` last in its log, status 2."""
-    try:
-        leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
-        leaving.start()
-        leaving.join(SHUTDOWN_S)
-    except RuntimeError:  # the interpreter is exiting: JAX's own exit handler leaves the service
-        time.sleep(SHUTDOWN_S)
+    leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+    leaving.start()
+    leaving.join(SHUTDOWN_S)
+    exit_with(line)
+
+
+def exit_with(line: str) -> None:
+    """End this process now with `line` last in its log and status 2."""
     log.error("%s", line)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(EXIT_STATUS)
 
 
+_exit_handlers_started = threading.Event()
+
+
 def end_process_after(line: str) -> None:
-    """`end_process(line)` in `GRACE_S` seconds (`PIPELINE_STOP_GRACE_S`) unless the process
-    has ended by then.
+    """End the process with `line` `GRACE_S` seconds (`PIPELINE_STOP_GRACE_S`) from now, as
+    `end_process` does, unless it has ended by then.
 
     For a trainer that is told to exit on a data error but may not manage to: a `SystemExit`
     waits for the interpreter's non-daemon threads, and one of them (e.g. Orbax's checkpoint
-    finalize) can wait on a barrier of a peer that is stopping too.
+    finalize) can wait on a barrier of a peer that is stopping too. Both timers start now: at
+    interpreter exit Python 3.12 starts no new thread. If the exit handlers have begun by then,
+    JAX's own handler is leaving the coordination service; otherwise the first timer leaves it.
+    The second ends the process `SHUTDOWN_S` later whatever JAX's shutdown barrier does.
     """
-    timer = threading.Timer(seconds(GRACE_ENV, GRACE_S), end_process, args=(line,))
-    timer.daemon = True
-    timer.start()
+    atexit.register(_exit_handlers_started.set)  # runs before JAX's (registered earlier)
+    grace = seconds(GRACE_ENV, GRACE_S)
+    for delay, action in ((grace, _leave_and_exit), (grace + SHUTDOWN_S, exit_with)):
+        timer = threading.Timer(delay, action, args=(line,))
+        timer.daemon = True
+        timer.start()
+
+
+def _leave_and_exit(line: str) -> None:
+    if _exit_handlers_started.is_set():
+        return  # JAX's exit handler is leaving; the process ends with it, or at the deadline
+    try:
+        jax.distributed.shutdown()
+    except Exception as error:  # a peer gone already: JAX's barrier fails, the line still ends
+        log.warning("leaving JAX's coordination service: %s", error)
+    exit_with(line)
