@@ -22,14 +22,13 @@ both give the same tokens. ArrayRecord stays the canonical store, the one Grain 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import math
 import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from pathlib import Path
@@ -43,7 +42,34 @@ from pipeline.errors import StoreError
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.urls import is_url, location, object_version
+from pipeline.store.store_files import (
+    CHECKSUMS,
+    FLAT_SUFFIX,
+    FileIdentity,
+    check_files,
+    file_sha256,
+    identity_or_none,
+    sha256_of,
+    shard_identity,
+    store_identity,
+)
+from pipeline.urls import is_url, location
+
+__all__ = [
+    "CHECKSUMS",
+    "DEFAULT_RETRY",
+    "FLAT_SUFFIX",
+    "MAX_OPEN_ENV",
+    "MAX_OPEN_SHARDS",
+    "READER_OPTIONS",
+    "FileIdentity",
+    "TokenSpan",
+    "TokenStore",
+    "file_sha256",
+    "is_store",
+    "read_pieces",
+    "store_identity",
+]
 
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
@@ -58,17 +84,6 @@ T = TypeVar("T")
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
-# (file key, checksum key) of every file of a shard listed in the manifest.
-# A file whose key is absent from a shard's entry (the optional "flat"; "untrained", which only
-# a masked store has) is not checked.
-CHECKSUMS = (
-    ("file", "sha256"),
-    ("index", "index_sha256"),
-    ("docs", "docs_sha256"),
-    ("flat", "flat_sha256"),
-    ("untrained", "untrained_sha256"),
-)
-FLAT_SUFFIX = "flat.bin"
 
 
 @dataclass(frozen=True)
@@ -77,36 +92,6 @@ class TokenSpan:
 
     tokens: np.ndarray
     doc_starts: np.ndarray
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """What changes when a file is replaced or rewritten: its version (a local file's device,
-    inode and mtime; a cloud object's generation number) and its size."""
-
-    version: tuple[int, ...]
-    size: int
-
-
-def _file_identity(path: Path) -> FileIdentity:
-    if is_url(path):
-        try:
-            found = object_version(path)
-        except Exception as error:  # gcsfs retried what was transient
-            raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
-        if found is None:
-            raise FileNotFoundError(path)
-        return FileIdentity((found[0],), found[1])
-    stat = path.stat()
-    return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
 
 
 class TokenStore:
@@ -168,7 +153,7 @@ class TokenStore:
         self._locks = [threading.Lock() for _ in shards]
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
         self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
-        self._file_identities = self._check_files()
+        self._file_identities = check_files(self.path, self.manifest, self.dtype)
         if verify:
             self.verify()
 
@@ -432,7 +417,7 @@ class TokenStore:
                 if key not in entry:
                     continue
                 path = self.path / entry[key]
-                if _sha256_of(path) != entry[checksum_key]:
+                if sha256_of(path) != entry[checksum_key]:
                     raise StoreError(
                         f"{path}: content checksum does not match {self.path / MANIFEST}; the "
                         "file was altered or truncated: prepare the store again"
@@ -489,8 +474,8 @@ class TokenStore:
         self.check_unchanged()
         known = self._file_identities[shard].get("file")
         if known is None:  # a cloud shard, opened first now: its identity is taken now
-            self._file_identities[shard]["file"] = self._shard_identity(entry)
-        elif _identity_or_none(file) != known:
+            self._file_identities[shard]["file"] = shard_identity(self.path, entry)
+        elif identity_or_none(file) != known:
             raise StoreError(
                 f"{file}: the shard was replaced or changed after the store was opened; "
                 "restart the job, or prepare the store again"
@@ -512,7 +497,7 @@ class TokenStore:
         open and that its sampled records match the manifest's `sample_sha256` (a sidecar of
         another store or an older prepare is refused; `verify` checks every byte)."""
         path = self.path / self.manifest["shards"][shard]["flat"]
-        if _identity_or_none(path) != self._file_identities[shard].get("flat"):
+        if identity_or_none(path) != self._file_identities[shard].get("flat"):
             raise StoreError(
                 f"{path}: the flat token sidecar was replaced or changed after the store was "
                 "opened; restart the job, or prepare the store again"
@@ -597,7 +582,7 @@ class TokenStore:
             data = path.read_bytes()
         except OSError as error:
             raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
-        if _sha256_of(data) != self.manifest["shards"][shard][checksum_key]:
+        if sha256_of(data) != self.manifest["shards"][shard][checksum_key]:
             raise StoreError(
                 f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
                 "file was altered or truncated; prepare the store again"
@@ -769,49 +754,6 @@ class TokenStore:
             f"{records[0]}..{records[-1]}",
         )
 
-    def _shard_identity(self, entry: dict) -> FileIdentity:
-        """The identity of a shard's data file, which must exist and have the manifest's size."""
-        path = self.path / entry["file"]
-        identity = _identity_or_none(path)
-        if identity is None:
-            raise StoreError(f"{path}: shard listed in the manifest is missing")
-        if identity.size != entry["bytes"]:
-            raise StoreError(
-                f"{path}: {identity.size} bytes, the manifest says {entry['bytes']}; "
-                "the shard is truncated or altered: prepare the store again"
-            )
-        return identity
-
-    def _check_files(self) -> list[dict[str, FileIdentity]]:
-        """Every listed file exists, every shard and flat sidecar has the manifest's size; the
-        identities of each shard's data file and sidecar, by manifest key (none for a cloud
-        store, whose open reads the manifest only: a shard's identity is taken, and its size
-        checked, when it is first opened; see the class docstring)."""
-        if is_url(self.path):
-            return [{} for _ in range(self.num_shards)]
-        listed = set(os.listdir(self.path))  # the indexes' existence: one listing, no stats
-        identities = []
-        for entry in self.manifest["shards"]:
-            identity = {"file": self._shard_identity(entry)}
-            for key in ("index", "docs", "untrained"):
-                if key not in entry:
-                    continue  # "untrained": only in a masked store (identity.check_manifest)
-                if entry[key] not in listed:
-                    raise StoreError(
-                        f"{self.path / entry[key]}: index listed in the manifest is missing"
-                    )
-            if "flat" in entry:
-                flat = self.path / entry["flat"]
-                size = entry["tokens"] * self.dtype.itemsize
-                identity["flat"] = _identity_or_none(flat)
-                if identity["flat"] is None or identity["flat"].size != size:
-                    raise StoreError(
-                        f"{flat}: flat token sidecar listed in the manifest is missing or not "
-                        f"{size} bytes; prepare the store again"
-                    )
-            identities.append(identity)
-        return identities
-
 
 def _default_max_open() -> int:
     text = os.environ.get(MAX_OPEN_ENV, "").strip()
@@ -837,25 +779,6 @@ def _discard(reader: ArrayRecordReader) -> None:
         reader.close()
 
 
-def store_identity(path: Path) -> Hashable | None:
-    """The identity of the store at `path` now: what changes when it is replaced or rewritten.
-
-    Local: the manifest's (device, inode, size, mtime), as `prepare` writes the manifest last
-    and `--overwrite` swaps the whole directory. A cloud store: the manifest object's
-    generation number and size (one metadata request), as a bucket commit writes the manifest
-    last and `--overwrite` deletes it first. None for a missing manifest.
-    """
-    return _identity_or_none(path / MANIFEST)
-
-
-def _identity_or_none(path: Path) -> FileIdentity | None:
-    """A local file's or a cloud object's identity; None for a missing one."""
-    try:
-        return _file_identity(path)
-    except OSError:
-        return None
-
-
 def _npy_array(data: bytes) -> np.ndarray:
     """The array of a .npy file's bytes, read-only and without a copy: numpy parses the header
     (`np.load` of a byte stream copies the data in small reads, slower than the hash of it)."""
@@ -872,16 +795,6 @@ def _npy_array(data: bytes) -> np.ndarray:
         raise ValueError("an index holds numbers, not Python objects")
     array = np.frombuffer(data, dtype, math.prod(shape), offset=stream.tell())
     return array.reshape(shape, order="F" if fortran else "C")
-
-
-def _sha256_of(source: Path | bytes) -> str:
-    """SHA-256 of a file, or of bytes already read."""
-    if isinstance(source, bytes):
-        return hashlib.sha256(source).hexdigest()
-    try:
-        return file_sha256(source)
-    except OSError as error:
-        raise StoreError(f"{source}: cannot read: {error.strerror}") from None
 
 
 def read_pieces(

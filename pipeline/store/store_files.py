@@ -1,0 +1,140 @@
+"""A store's files as files: their names, their identities and their checksums.
+
+A store is read by long-running jobs while `prepare --overwrite` may replace it, and a job
+must never mix two stores' bytes. So opening a store takes the identity of each file it will
+serve from (`check_files`: existence and sizes against the manifest, once), a shard's first use
+compares it again, and a running feed compares the manifest's (`store_identity`). The content
+checks of a shard's files (indexes, mask, sidecar, records) are `shard_check`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.store.meta import MANIFEST
+from pipeline.urls import is_url, object_version
+
+# (file key, checksum key) of every file of a shard listed in the manifest.
+# A file whose key is absent from a shard's entry (the optional "flat"; "untrained", which only
+# a masked store has) is not checked.
+CHECKSUMS = (
+    ("file", "sha256"),
+    ("index", "index_sha256"),
+    ("docs", "docs_sha256"),
+    ("flat", "flat_sha256"),
+    ("untrained", "untrained_sha256"),
+)
+FLAT_SUFFIX = "flat.bin"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_of(source: Path | bytes) -> str:
+    """SHA-256 of a file, or of bytes already read."""
+    if isinstance(source, bytes):
+        return hashlib.sha256(source).hexdigest()
+    try:
+        return file_sha256(source)
+    except OSError as error:
+        raise StoreError(f"{source}: cannot read: {error.strerror}") from None
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What changes when a file is replaced or rewritten: its version (a local file's device,
+    inode and mtime; a cloud object's generation number) and its size."""
+
+    version: tuple[int, ...]
+    size: int
+
+
+def _file_identity(path: Path) -> FileIdentity:
+    if is_url(path):
+        try:
+            found = object_version(path)
+        except Exception as error:  # gcsfs retried what was transient
+            raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
+        if found is None:
+            raise FileNotFoundError(path)
+        return FileIdentity((found[0],), found[1])
+    stat = path.stat()
+    return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
+
+
+def identity_or_none(path: Path) -> FileIdentity | None:
+    """A local file's or a cloud object's identity; None for a missing one."""
+    try:
+        return _file_identity(path)
+    except OSError:
+        return None
+
+
+def store_identity(path: Path) -> Hashable | None:
+    """The identity of the store at `path` now: what changes when it is replaced or rewritten.
+
+    Local: the manifest's (device, inode, size, mtime), as `prepare` writes the manifest last
+    and `--overwrite` swaps the whole directory. A cloud store: the manifest object's
+    generation number and size (one metadata request), as a bucket commit writes the manifest
+    last and `--overwrite` deletes it first. None for a missing manifest.
+    """
+    return identity_or_none(path / MANIFEST)
+
+
+def shard_identity(root: Path, entry: dict[str, Any]) -> FileIdentity:
+    """The identity of the data file of the shard whose manifest entry is `entry`, in the store
+    at `root`, which must exist and have the manifest's size."""
+    path = root / entry["file"]
+    identity = identity_or_none(path)
+    if identity is None:
+        raise StoreError(f"{path}: shard listed in the manifest is missing")
+    if identity.size != entry["bytes"]:
+        raise StoreError(
+            f"{path}: {identity.size} bytes, the manifest says {entry['bytes']}; "
+            "the shard is truncated or altered: prepare the store again"
+        )
+    return identity
+
+
+def check_files(
+    root: Path, manifest: dict[str, Any], dtype: np.dtype
+) -> list[dict[str, FileIdentity]]:
+    """Every file the manifest of the store at `root` lists exists, every shard and flat
+    sidecar has the manifest's size; the identities of each shard's data file and sidecar, by
+    manifest key (none for a cloud store, whose open reads the manifest only: a shard's identity
+    is taken, and its size checked, when it is first opened; see `TokenStore`)."""
+    if is_url(root):
+        return [{} for _ in manifest["shards"]]
+    listed = set(os.listdir(root))  # the indexes' existence: one listing, no stats
+    identities = []
+    for entry in manifest["shards"]:
+        identity = {"file": shard_identity(root, entry)}
+        for key in ("index", "docs", "untrained"):
+            if key not in entry:
+                continue  # "untrained": only in a masked store (identity.check_manifest)
+            if entry[key] not in listed:
+                raise StoreError(f"{root / entry[key]}: index listed in the manifest is missing")
+        if "flat" in entry:
+            flat = root / entry["flat"]
+            size = entry["tokens"] * dtype.itemsize
+            identity["flat"] = identity_or_none(flat)
+            if identity["flat"] is None or identity["flat"].size != size:
+                raise StoreError(
+                    f"{flat}: flat token sidecar listed in the manifest is missing or not "
+                    f"{size} bytes; prepare the store again"
+                )
+        identities.append(identity)
+    return identities
