@@ -22,9 +22,6 @@ both give the same tokens. ArrayRecord stays the canonical store, the one Grain 
 from __future__ import annotations
 
 import contextlib
-import io
-import math
-import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -36,12 +33,11 @@ from typing import TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
-from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
-from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store.shard_check import check_records, load_index, load_mask, map_flat
 from pipeline.store.store_files import (
     CHECKSUMS,
     FLAT_SUFFIX,
@@ -81,9 +77,6 @@ MAX_OPEN_SHARDS = 256
 MAX_OPEN_ENV = "PIPELINE_MAX_OPEN_SHARDS"  # overrides MAX_OPEN_SHARDS
 DEFAULT_RETRY = RetryPolicy()
 T = TypeVar("T")
-# numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
-# ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
-_NPY_LOAD_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -480,11 +473,12 @@ class TokenStore:
                 f"{file}: the shard was replaced or changed after the store was opened; "
                 "restart the job, or prepare the store again"
             )
-        offsets = self._load_index(shard, "index", "index_sha256", entry["records"])
-        docs = self._load_index(shard, "docs", "docs_sha256", entry["documents"])
-        untrained = self._load_mask(shard) if self.masked else None
+        offsets = load_index(self.path, entry, "index", "index_sha256", entry["records"])
+        docs = load_index(self.path, entry, "docs", "docs_sha256", entry["documents"])
+        untrained = load_mask(self.path, entry) if self.masked else None
         if self._use_flat[shard]:
-            self._flats[shard] = self._map_flat(shard, offsets)
+            seen = self._file_identities[shard].get("flat")
+            self._flats[shard] = map_flat(self.path, entry, seen, self.dtype, offsets)
         else:
             self._check_records(shard, offsets)
         self._indexes["index"][shard] = offsets
@@ -492,139 +486,18 @@ class TokenStore:
         self._indexes["untrained"][shard] = untrained
         self._opened[shard] = True
 
-    def _map_flat(self, shard: int, offsets: np.ndarray) -> np.ndarray:
-        """The shard's flat sidecar, memory-mapped, after checking that it is the file seen at
-        open and that its sampled records match the manifest's `sample_sha256` (a sidecar of
-        another store or an older prepare is refused; `verify` checks every byte)."""
-        path = self.path / self.manifest["shards"][shard]["flat"]
-        if identity_or_none(path) != self._file_identities[shard].get("flat"):
-            raise StoreError(
-                f"{path}: the flat token sidecar was replaced or changed after the store was "
-                "opened; restart the job, or prepare the store again"
-            )
-        size = int(self.shard_tokens[shard])
-        if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
-            return np.empty(0, self.dtype)
-        try:  # the map outlives the file object; np.memmap costs 0.2 ms more per shard
-            with path.open("rb") as file:
-                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as error:
-            raise StoreError(f"{path}: cannot read: {error.strerror}") from None
-        flat = np.frombuffer(mapped, self.dtype, size)
-        bounds = offsets.view(np.ndarray)
-        sample = sample_digest(
-            len(bounds) - 1, lambda record: flat[bounds[record] : bounds[record + 1]].tobytes()
-        )
-        if sample != self.manifest["shards"][shard]["sample_sha256"]:
-            raise StoreError(
-                f"{path}: its sampled records do not match the manifest's sample_sha256: the "
-                "sidecar is another store's or was altered; prepare the store again"
-            )
-        return flat
-
     def _check_records(self, shard: int, offsets: np.ndarray) -> None:
         """First read of a shard through ArrayRecord (call with its lock held): open its reader
-        and check the record count, and the sampled records' lengths against the index and
-        their digest against the manifest's `sample_sha256` (again after `_forget`, on the
+        and check its records (`shard_check.check_records`; again after `_forget`, on the
         reader a retried read left open, if any)."""
         if self._records_checked[shard]:
             return
         file = self.shard_file(shard)
         entry = self.manifest["shards"][shard]
         reader, self._readers[shard] = self._readers[shard] or self._new_reader(shard), None
-        lengths: dict[int, int] = {}
-
-        def read(record: int) -> bytes:
-            data = reader.read(record, record + 1)[0]
-            lengths[record] = len(data)
-            return data
-
-        def sample_records() -> tuple[int, str]:
-            count = reader.num_records()
-            return count, sample_digest(count, read)
-
-        try:  # transient faults are retried, as on every read
-            found, sample = self.retry.call(sample_records)
-        except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-            _discard(reader)
-            tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
-            raise StoreError(f"{file}: cannot read the shard{tries}: {error}") from None
-        if found != entry["records"]:
-            _discard(reader)
-            raise StoreError(
-                f"{file}: {found} records, the manifest says {entry['records']}; the shard "
-                "is not this store's: prepare the store again"
-            )
-        for record, size in lengths.items():
-            expected = int(offsets[record + 1] - offsets[record])
-            if size != expected * self.dtype.itemsize:
-                _discard(reader)
-                raise StoreError(
-                    f"{file}: record {record} holds {size} bytes, not the {expected} tokens "
-                    f"of {self.manifest['dtype']} the index and manifest say; prepare the "
-                    "store again"
-                )
-        if sample != entry["sample_sha256"]:
-            _discard(reader)
-            raise StoreError(
-                f"{file}: its sampled records do not match the manifest's sample_sha256: "
-                "the shard is another store's or was altered; prepare the store again"
-            )
+        check_records(reader, file, entry, offsets, self.dtype, self.retry)
         self._readers[shard] = reader
         self._records_checked[shard] = True
-
-    def _load_npy(self, shard: int, key: str, checksum_key: str) -> tuple[Path, np.ndarray]:
-        """A shard's .npy file listed under `key`, checked against its manifest checksum: read
-        once, into memory (8 bytes per record or document, less than the reader's own index),
-        so the array served is the bytes hashed."""
-        path = self.path / self.manifest["shards"][shard][key]
-        try:  # one read (one download from gs://), both hashed and parsed
-            data = path.read_bytes()
-        except OSError as error:
-            raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
-        if sha256_of(data) != self.manifest["shards"][shard][checksum_key]:
-            raise StoreError(
-                f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
-                "file was altered or truncated; prepare the store again"
-            )
-        try:
-            return path, _npy_array(data)
-        except (OSError, ValueError, EOFError) as error:
-            raise StoreError(f"{path}: not a readable .npy index: {error}") from None
-
-    def _load_index(self, shard: int, key: str, checksum_key: str, count: int) -> np.ndarray:
-        """A shard's record or document index, checked against the manifest."""
-        entry = self.manifest["shards"][shard]
-        path, index = self._load_npy(shard, key, checksum_key)
-        if index.shape != (count + 1,) or index.dtype != np.int64:
-            raise StoreError(
-                f"{path}: {index.dtype}{list(index.shape)}, the manifest needs int64[{count + 1}]; "
-                "prepare the store again"
-            )
-        if int(index[0]) != 0 or int(index[-1]) != entry["tokens"]:
-            raise StoreError(
-                f"{path}: spans tokens {int(index[0])}..{int(index[-1])}, the manifest says "
-                f"0..{entry['tokens']}; prepare the store again"
-            )
-        return index
-
-    def _load_mask(self, shard: int) -> np.ndarray:
-        """A masked store's untrained spans of a shard: int64 [k, 2] token ranges, ordered, not
-        overlapping and inside the shard, checked against the manifest's checksum."""
-        path, spans = self._load_npy(shard, "untrained", "untrained_sha256")
-        size = int(self.shard_tokens[shard])
-        if spans.ndim != 2 or spans.shape[1:] != (2,) or spans.dtype != np.int64:
-            found = f"{spans.dtype}{list(spans.shape)}"
-            raise StoreError(
-                f"{path}: {found}, a loss mask is int64[k, 2]; prepare the store again"
-            )
-        flat = spans.view(np.ndarray).reshape(-1)
-        if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(flat[1:] < flat[:-1])):
-            raise StoreError(
-                f"{path}: untrained spans are not ordered ranges inside the shard's {size} "
-                "tokens; prepare the store again"
-            )
-        return spans
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
@@ -771,30 +644,6 @@ def is_store(path: str | Path) -> bool:
     except StoreError:
         return False
     return True
-
-
-def _discard(reader: ArrayRecordReader) -> None:
-    """Close the reader of a shard found damaged; closing a damaged file can fail too."""
-    with contextlib.suppress(Exception):
-        reader.close()
-
-
-def _npy_array(data: bytes) -> np.ndarray:
-    """The array of a .npy file's bytes, read-only and without a copy: numpy parses the header
-    (`np.load` of a byte stream copies the data in small reads, slower than the hash of it)."""
-    stream = io.BytesIO(data)
-    with _NPY_LOAD_LOCK:
-        version = npy_format.read_magic(stream)
-        if version not in ((1, 0), (2, 0)):
-            raise ValueError(f".npy format version {version} is not supported")
-        read_header = npy_format.read_array_header_1_0
-        if version == (2, 0):
-            read_header = npy_format.read_array_header_2_0
-        shape, fortran, dtype = read_header(stream)
-    if dtype.hasobject:
-        raise ValueError("an index holds numbers, not Python objects")
-    array = np.frombuffer(data, dtype, math.prod(shape), offset=stream.tell())
-    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def read_pieces(

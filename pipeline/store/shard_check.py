@@ -1,0 +1,201 @@
+"""A shard's first-use checks: what its files hold is what the manifest says.
+
+Opening a store reads its manifest only; each shard is checked when it is first used, at the
+cost of reading its two small indexes and hashing a few records, so a 10,000-shard store starts
+at once and a damaged or foreign shard still stops with one line naming the file. These
+functions load what a shard serves from and refuse it when it does not match: the record and
+document indexes and a masked store's loss mask (checksummed .npy files, read once into
+memory), the flat sidecar (its sampled records, memory-mapped) and the ArrayRecord records
+(their count and sampled records, through an open reader). `TokenStore` decides when they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import mmap
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
+from numpy.lib import format as npy_format
+
+from pipeline.errors import StoreError
+from pipeline.store.identity import sample_digest
+from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
+
+# numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
+# ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
+_NPY_LOAD_LOCK = threading.Lock()
+
+
+def _npy_array(data: bytes) -> np.ndarray:
+    """The array of a .npy file's bytes, read-only and without a copy: numpy parses the header
+    (`np.load` of a byte stream copies the data in small reads, slower than the hash of it)."""
+    stream = io.BytesIO(data)
+    with _NPY_LOAD_LOCK:
+        version = npy_format.read_magic(stream)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f".npy format version {version} is not supported")
+        read_header = npy_format.read_array_header_1_0
+        if version == (2, 0):
+            read_header = npy_format.read_array_header_2_0
+        shape, fortran, dtype = read_header(stream)
+    if dtype.hasobject:
+        raise ValueError("an index holds numbers, not Python objects")
+    array = np.frombuffer(data, dtype, math.prod(shape), offset=stream.tell())
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _load_npy(
+    root: Path, entry: dict[str, Any], key: str, checksum_key: str
+) -> tuple[Path, np.ndarray]:
+    """The .npy file listed under `key` in a shard's manifest entry (in the store at `root`),
+    checked against its manifest checksum: read once, into memory (8 bytes per record or
+    document, less than the reader's own index), so the array served is the bytes hashed."""
+    path = root / entry[key]
+    try:  # one read (one download from gs://), both hashed and parsed
+        data = path.read_bytes()
+    except OSError as error:
+        raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
+    if sha256_of(data) != entry[checksum_key]:
+        raise StoreError(
+            f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
+            "file was altered or truncated; prepare the store again"
+        )
+    try:
+        return path, _npy_array(data)
+    except (OSError, ValueError, EOFError) as error:
+        raise StoreError(f"{path}: not a readable .npy index: {error}") from None
+
+
+def load_index(
+    root: Path, entry: dict[str, Any], key: str, checksum_key: str, count: int
+) -> np.ndarray:
+    """A shard's record or document index, checked against the manifest."""
+    path, index = _load_npy(root, entry, key, checksum_key)
+    if index.shape != (count + 1,) or index.dtype != np.int64:
+        raise StoreError(
+            f"{path}: {index.dtype}{list(index.shape)}, the manifest needs int64[{count + 1}]; "
+            "prepare the store again"
+        )
+    if int(index[0]) != 0 or int(index[-1]) != entry["tokens"]:
+        raise StoreError(
+            f"{path}: spans tokens {int(index[0])}..{int(index[-1])}, the manifest says "
+            f"0..{entry['tokens']}; prepare the store again"
+        )
+    return index
+
+
+def load_mask(root: Path, entry: dict[str, Any]) -> np.ndarray:
+    """A masked store's untrained spans of a shard: int64 [k, 2] token ranges, ordered, not
+    overlapping and inside the shard, checked against the manifest's checksum."""
+    path, spans = _load_npy(root, entry, "untrained", "untrained_sha256")
+    size = int(entry["tokens"])
+    if spans.ndim != 2 or spans.shape[1:] != (2,) or spans.dtype != np.int64:
+        found = f"{spans.dtype}{list(spans.shape)}"
+        raise StoreError(f"{path}: {found}, a loss mask is int64[k, 2]; prepare the store again")
+    flat = spans.view(np.ndarray).reshape(-1)
+    if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(flat[1:] < flat[:-1])):
+        raise StoreError(
+            f"{path}: untrained spans are not ordered ranges inside the shard's {size} "
+            "tokens; prepare the store again"
+        )
+    return spans
+
+
+def map_flat(
+    root: Path,
+    entry: dict[str, Any],
+    known: FileIdentity | None,
+    dtype: np.dtype,
+    offsets: np.ndarray,
+) -> np.ndarray:
+    """A shard's flat sidecar, memory-mapped, after checking that it is the file seen at open
+    (`known`) and that its sampled records match the manifest's `sample_sha256` (a sidecar of
+    another store or an older prepare is refused; `TokenStore.verify` checks every byte)."""
+    path = root / entry["flat"]
+    if identity_or_none(path) != known:
+        raise StoreError(
+            f"{path}: the flat token sidecar was replaced or changed after the store was "
+            "opened; restart the job, or prepare the store again"
+        )
+    size = int(entry["tokens"])
+    if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
+        return np.empty(0, dtype)
+    try:  # the map outlives the file object; np.memmap costs 0.2 ms more per shard
+        with path.open("rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as error:
+        raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+    flat = np.frombuffer(mapped, dtype, size)
+    bounds = offsets.view(np.ndarray)
+    sample = sample_digest(
+        len(bounds) - 1, lambda record: flat[bounds[record] : bounds[record + 1]].tobytes()
+    )
+    if sample != entry["sample_sha256"]:
+        raise StoreError(
+            f"{path}: its sampled records do not match the manifest's sample_sha256: the "
+            "sidecar is another store's or was altered; prepare the store again"
+        )
+    return flat
+
+
+def _discard(reader: ArrayRecordReader) -> None:
+    """Close the reader of a shard found damaged; closing a damaged file can fail too."""
+    with contextlib.suppress(Exception):
+        reader.close()
+
+
+def check_records(
+    reader: ArrayRecordReader,
+    file: Path,
+    entry: dict[str, Any],
+    offsets: np.ndarray,
+    dtype: np.dtype,
+    retry: RetryPolicy,
+) -> None:
+    """Check, through `reader`, a shard's record count, and its sampled records' lengths
+    against the index `offsets` and their digest against the manifest's `sample_sha256`; a
+    shard that fails is refused, its reader closed."""
+    lengths: dict[int, int] = {}
+
+    def read(record: int) -> bytes:
+        data = reader.read(record, record + 1)[0]
+        lengths[record] = len(data)
+        return data
+
+    def sample_records() -> tuple[int, str]:
+        count = reader.num_records()
+        return count, sample_digest(count, read)
+
+    try:  # transient faults are retried, as on every read
+        found, sample = retry.call(sample_records)
+    except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+        _discard(reader)
+        tries = f" ({retry.attempts} tries)" if is_transient(error) else ""
+        raise StoreError(f"{file}: cannot read the shard{tries}: {error}") from None
+    if found != entry["records"]:
+        _discard(reader)
+        raise StoreError(
+            f"{file}: {found} records, the manifest says {entry['records']}; the shard "
+            "is not this store's: prepare the store again"
+        )
+    for record, size in lengths.items():
+        expected = int(offsets[record + 1] - offsets[record])
+        if size != expected * dtype.itemsize:
+            _discard(reader)
+            raise StoreError(
+                f"{file}: record {record} holds {size} bytes, not the {expected} tokens "
+                f"of {dtype.name} the index and manifest say; prepare the store again"
+            )
+    if sample != entry["sample_sha256"]:
+        _discard(reader)
+        raise StoreError(
+            f"{file}: its sampled records do not match the manifest's sample_sha256: "
+            "the shard is another store's or was altered; prepare the store again"
+        )
