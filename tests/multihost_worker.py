@@ -49,7 +49,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import pipeline.store.token_store as token_store
+import pipeline.store.shard_readers as shard_readers
 from pipeline.config import parse_config
 from pipeline.errors import PipelineError
 from pipeline.feed.checkpoint import DataRestore, DataSave
@@ -197,7 +197,7 @@ def stop(config, task: dict, out: Path) -> None:
     mesh = make_mesh([jax.device_count()], ["data"])
     faulty = task["fault"] == "read" and jax.process_index() == task["faulty"]
     if faulty:
-        token_store.ArrayRecordReader = FailingReader
+        shard_readers.ArrayRecordReader = FailingReader
     total = jax.jit(lambda batch: row_checksums(batch).sum())  # a cross-process reduction
     with DataFeed(config, mesh) as feed:
         for step in range(100_000):

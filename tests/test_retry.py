@@ -12,12 +12,13 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 from jax.sharding import Mesh
 
-import pipeline.store.token_store as token_store
+import pipeline.store.shard_readers as shard_readers
 from pipeline.errors import StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store.token_store import TokenStore
 from tests.feedstores import two_stage_config
 from tests.storegen import write_synthetic_store
 
@@ -63,7 +64,7 @@ def test_transient_faults_are_retried_and_the_batches_are_identical(tmp_path, mo
     plan = Plan.from_config(config)
     expected = [plan.batch(step) for step in range(12)]
     readers = FlakyReaders(fail=3)
-    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
+    monkeypatch.setattr(shard_readers, "ArrayRecordReader", readers)
     with DataFeed(config, Mesh(np.array(jax.devices()[:4]), ("data",))) as feed:
         for want in expected:
             batch = next(feed)
@@ -75,8 +76,8 @@ def test_transient_faults_are_retried_and_the_batches_are_identical(tmp_path, mo
 def test_a_persistent_fault_stops_with_one_line_naming_the_file(tmp_path, monkeypatch):
     store = write_synthetic_store(tmp_path / "s", [[5, 7], [9]])
     readers = FlakyReaders(fail=10**9)
-    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
-    flaky = token_store.TokenStore(store.path, retry=FAST)
+    monkeypatch.setattr(shard_readers, "ArrayRecordReader", readers)
+    flaky = TokenStore(store.path, retry=FAST)
     with pytest.raises(StoreError) as error:
         flaky.read_tokens(0, 21)
     message = str(error.value)
@@ -89,9 +90,9 @@ def test_a_persistent_fault_stops_with_one_line_naming_the_file(tmp_path, monkey
 def test_a_permanent_error_is_not_retried(tmp_path, monkeypatch):
     store = write_synthetic_store(tmp_path / "s", [[5, 7]])
     readers = FlakyReaders(fail=10**9, error="Permanent error, status code: 503")
-    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
+    monkeypatch.setattr(shard_readers, "ArrayRecordReader", readers)
     with pytest.raises(StoreError, match=r"cannot read the shard: Permanent error"):
-        token_store.TokenStore(store.path, retry=FAST).read_tokens(0, 3)
+        TokenStore(store.path, retry=FAST).read_tokens(0, 3)
     assert sum(readers.failed.values()) == 1
 
 
@@ -115,8 +116,8 @@ def test_open_readers_are_bounded_and_reads_stay_right(tmp_path: Path, monkeypat
     shards = [[3, 4], [5], [6, 1], [2, 2, 2], [7]]
     write_synthetic_store(tmp_path / "s", shards)
     readers = FlakyReaders(fail=0)
-    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
-    store = token_store.TokenStore(tmp_path / "s", max_open_shards=2)
+    monkeypatch.setattr(shard_readers, "ArrayRecordReader", readers)
+    store = TokenStore(tmp_path / "s", max_open_shards=2)
     total = store.num_tokens
     for _ in range(3):
         for shard in (4, 0, 3, 1, 2):
@@ -129,12 +130,12 @@ def test_open_readers_are_bounded_and_reads_stay_right(tmp_path: Path, monkeypat
     store.close()
     assert readers.alive == 0
     with pytest.raises(StoreError, match="max_open_shards must be at least 1"):
-        token_store.TokenStore(tmp_path / "s", max_open_shards=0)
+        TokenStore(tmp_path / "s", max_open_shards=0)
     monkeypatch.setenv("PIPELINE_MAX_OPEN_SHARDS", "3")
-    assert token_store.TokenStore(tmp_path / "s")._max_open == 3
+    assert TokenStore(tmp_path / "s")._readers.max_open == 3
     monkeypatch.setenv("PIPELINE_MAX_OPEN_SHARDS", "many")
     with pytest.raises(StoreError, match=r"^\$PIPELINE_MAX_OPEN_SHARDS: expected a number"):
-        token_store.TokenStore(tmp_path / "s")
+        TokenStore(tmp_path / "s")
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["array_record", "sidecar"])
@@ -147,8 +148,8 @@ def test_the_feed_with_one_open_shard_per_store_gives_the_plans_batches(
     plan = Plan.from_config(config)
     expected = [plan.batch(step) for step in range(12)]
     readers = FlakyReaders(fail=0)
-    monkeypatch.setattr(token_store, "ArrayRecordReader", readers)
-    monkeypatch.setattr(token_store, "MAX_OPEN_SHARDS", 1)
+    monkeypatch.setattr(shard_readers, "ArrayRecordReader", readers)
+    monkeypatch.setattr(shard_readers, "MAX_OPEN_SHARDS", 1)
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
     with DataFeed(config, mesh, threads=4) as feed:
         for want in expected:

@@ -21,23 +21,26 @@ both give the same tokens. ArrayRecord stays the canonical store, the one Grain 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
-from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import check_records, load_index, load_mask, map_flat
+from pipeline.store.shard_readers import (
+    MAX_OPEN_ENV,
+    MAX_OPEN_SHARDS,
+    READER_OPTIONS,
+    ShardReaders,
+    default_max_open,
+    open_reader,
+)
 from pipeline.store.store_files import (
     CHECKSUMS,
     FLAT_SUFFIX,
@@ -67,16 +70,7 @@ __all__ = [
     "store_identity",
 ]
 
-# Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
-# chunk index stays in memory (~12 B per record, read with the footer in one request): an
-# "offloaded" index costs a second read per record, a second round trip on gs://. What bounds
-# it is the number of open readers (`max_open_shards`), not the corpus.
-READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0,index_storage_option:in_memory"
-# Open shard readers (and their indexes) kept per store; the least recently read is closed.
-MAX_OPEN_SHARDS = 256
-MAX_OPEN_ENV = "PIPELINE_MAX_OPEN_SHARDS"  # overrides MAX_OPEN_SHARDS
 DEFAULT_RETRY = RetryPolicy()
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -117,14 +111,11 @@ class TokenStore:
         flat: bool = True,
     ) -> None:
         if max_open_shards is None:
-            max_open_shards = _default_max_open()
+            max_open_shards = default_max_open()
         if max_open_shards < 1:
             raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
         self.retry = retry
-        self._max_open = max_open_shards
-        self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
-        self._open_lock = threading.Lock()
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self._identity = store_identity(self.path)
         self.manifest = load_manifest(self.path)
@@ -140,10 +131,16 @@ class TokenStore:
         self._indexes: dict[str, list[np.ndarray | None]] = {
             key: [None] * len(shards) for key in ("index", "docs", "untrained")
         }
-        self._readers: list[ArrayRecordReader | None] = [None] * len(shards)
         self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
         self._flats: list[np.ndarray | None] = [None] * len(shards)
-        self._locks = [threading.Lock() for _ in shards]
+        self._readers = ShardReaders(
+            len(shards),
+            max_open_shards,
+            retry,
+            new_reader=self._new_reader,
+            forget=self._forget,
+            name=self.shard_file,
+        )
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
         self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
         self._file_identities = check_files(self.path, self.manifest, self.dtype)
@@ -191,7 +188,7 @@ class TokenStore:
             and self._identity == other._identity
             and self._file_identities == other._file_identities
             and self._use_flat == other._use_flat
-            and self._max_open == other._max_open
+            and self._readers.max_open == other._readers.max_open
             and self.retry == other.retry
         )
 
@@ -359,7 +356,7 @@ class TokenStore:
             self._open_shard(shard)
             flat = self._flats[shard]
         else:
-            self._touch(shard)
+            self._readers.touch(shard)
         return flat
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
@@ -454,8 +451,8 @@ class TokenStore:
         """
         if self._opened[shard]:
             return
-        self._touch(shard)  # an opened shard counts against the bound on open readers
-        with self._locks[shard]:
+        self._readers.touch(shard)  # an opened shard counts against the bound on open readers
+        with self._readers.locks[shard]:
             self._open_shard_locked(shard)
 
     def _open_shard_locked(self, shard: int) -> None:
@@ -494,24 +491,14 @@ class TokenStore:
             return
         file = self.shard_file(shard)
         entry = self.manifest["shards"][shard]
-        reader, self._readers[shard] = self._readers[shard] or self._new_reader(shard), None
+        reader = self._readers.take(shard)
         check_records(reader, file, entry, offsets, self.dtype, self.retry)
-        self._readers[shard] = reader
+        self._readers.put(shard, reader)
         self._records_checked[shard] = True
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
-        failures = []
-        for shard in range(self.num_shards):
-            with self._locks[shard]:
-                reader = self._forget(shard)
-                try:
-                    if reader is not None:
-                        reader.close()
-                except RuntimeError as error:
-                    failures.append(f"{self.shard_file(shard)}: {error}")
-        if failures:
-            raise StoreError("cannot close " + "; ".join(failures))
+        self._readers.close()
 
     def __enter__(self) -> TokenStore:
         return self
@@ -529,112 +516,39 @@ class TokenStore:
         return shard
 
     def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
-        return self._read(shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}")
+        return self._readers.read(
+            shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}", self._first_read
+        )
 
-    def _read(self, shard: int, read: Callable[[ArrayRecordReader], T], records: str) -> T:
-        """`read(reader)` under the shard's lock, after the shard's first-use checks and those
-        of its records (`_check_records`), retried by the policy (a failed attempt drops the
-        reader, so the next one starts afresh); a failure names the file."""
+    def _first_read(self, shard: int) -> None:
+        """The checks before a read through ArrayRecord (`ShardReaders.read` calls it with the
+        shard's lock held): the shard's first-use checks and those of its records."""
+        self._open_shard_locked(shard)
+        self._check_records(shard, self._indexes["index"][shard])
 
-        def attempt() -> T:
-            try:
-                return read(self._open_reader(shard))
-            except Exception:
-                self._drop_reader(shard)
-                raise
-
-        self._touch(shard)  # before opening: the bound holds while this one opens
-        with self._locks[shard]:
-            self._open_shard_locked(shard)
-            self._check_records(shard, self._indexes["index"][shard])
-            try:
-                result = self.retry.call(attempt)
-            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-                tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
-                raise StoreError(
-                    f"{self.shard_file(shard)}: cannot read records {records}{tries}: {error}"
-                ) from error
-        return result
-
-    def _open_reader(self, shard: int) -> ArrayRecordReader:
-        """The shard's reader; call with the shard's lock held, after `_open_shard`."""
-        reader = self._readers[shard]
-        if reader is None:
-            reader = self._new_reader(shard)
-            self._readers[shard] = reader
-        return reader
-
-    def _drop_reader(self, shard: int) -> None:
-        """Forget the shard's reader and indexes (call with its lock held); a reader of a
-        damaged or vanished file may fail to close, which changes nothing here."""
-        reader = self._forget(shard)
-        if reader is not None:
-            with contextlib.suppress(RuntimeError):
-                reader.close()
-
-    def _forget(self, shard: int) -> ArrayRecordReader | None:
+    def _forget(self, shard: int) -> None:
         """Forget what the shard's first use opened and checked, so that its next use opens
-        and checks it again (call with its lock held); returns its reader, to close."""
-        reader, self._readers[shard] = self._readers[shard], None
+        and checks it again (`ShardReaders` calls it with the shard's lock held, when it drops
+        the shard's reader)."""
         self._opened[shard] = self._records_checked[shard] = False
         self._flats[shard] = None  # a reader thread copying from it keeps its own reference
         for cache in self._indexes.values():
             cache[shard] = None
-        return reader
-
-    def _touch(self, shard: int) -> None:
-        """Mark the shard most recently read; close the least recent beyond the bound (one
-        that another thread is reading right now is skipped and closed later)."""
-        with self._open_lock:
-            self._open[shard] = None
-            self._open.move_to_end(shard)
-            over = len(self._open) - self._max_open
-            if over <= 0:  # the common case on the read path: nothing to scan
-                return
-            excess = [s for s in self._open if s != shard][:over]
-        for victim in excess:
-            lock = self._locks[victim]
-            if lock.acquire(blocking=False):
-                try:
-                    self._drop_reader(victim)
-                    with self._open_lock:
-                        self._open.pop(victim, None)
-                finally:
-                    lock.release()
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
-        """A reader of the shard. A cloud shard's reader reads the generation checked at its
-        first open (ArrayRecord's `gs://b/o#GENERATION`): once the object is replaced, its reads
-        fail (the generation no longer exists) rather than return the new object's bytes."""
-        path = str(self.shard_file(shard))
-        identity = self._file_identities[shard].get("file")
-        if is_url(path) and identity is not None:
-            path = f"{path}#{identity.version[0]}"
-        try:
-            return ArrayRecordReader(path, READER_OPTIONS)
-        except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-            raise StoreError(
-                f"{self.shard_file(shard)}: not a readable ArrayRecord shard: {error}"
-            ) from None
+        """A reader of the shard, of the generation checked at its first open."""
+        return open_reader(self.shard_file(shard), self._file_identities[shard].get("file"))
 
     def _read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
         0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
         reading its records one by one (docs/benchmarks.md has the measurement)."""
-        return self._read(
+        return self._readers.read(
             shard,
             lambda reader: [reader.read(record, record + 1)[0] for record in records],
             f"{records[0]}..{records[-1]}",
+            self._first_read,
         )
-
-
-def _default_max_open() -> int:
-    text = os.environ.get(MAX_OPEN_ENV, "").strip()
-    if not text:
-        return MAX_OPEN_SHARDS
-    if not text.isdigit() or int(text) < 1:
-        raise StoreError(f"${MAX_OPEN_ENV}: expected a number of shards >= 1, got {text!r}")
-    return int(text)
 
 
 def is_store(path: str | Path) -> bool:

@@ -1,0 +1,186 @@
+"""The open shards of a store: their ArrayRecord readers, a bound on how many stay open, retries.
+
+A feed that reads every shard of a large corpus over an epoch would otherwise keep a reader (and
+its chunk index), the indexes and the sidecar map of every shard it ever read: host memory would
+grow with the corpus. `ShardReaders` keeps at most `max_open` shards open per store and closes
+the least recently read; it serialises each shard's reader and first use behind the shard's own
+lock, and retries a read that failed transiently on a fresh reader. What a shard's first use
+checks and keeps is the store's (`TokenStore`, `shard_check`); this module opens, bounds, retries
+and closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipeline.errors import StoreError
+from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store.store_files import FileIdentity
+from pipeline.urls import is_url
+
+# Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
+# chunk index stays in memory (~12 B per record, read with the footer in one request): an
+# "offloaded" index costs a second read per record, a second round trip on gs://. What bounds
+# it is the number of open readers (`max_open_shards`), not the corpus.
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0,index_storage_option:in_memory"
+# Open shard readers (and their indexes) kept per store; the least recently read is closed.
+MAX_OPEN_SHARDS = 256
+MAX_OPEN_ENV = "PIPELINE_MAX_OPEN_SHARDS"  # overrides MAX_OPEN_SHARDS
+T = TypeVar("T")
+
+
+def default_max_open() -> int:
+    """$PIPELINE_MAX_OPEN_SHARDS, else `MAX_OPEN_SHARDS`."""
+    text = os.environ.get(MAX_OPEN_ENV, "").strip()
+    if not text:
+        return MAX_OPEN_SHARDS
+    if not text.isdigit() or int(text) < 1:
+        raise StoreError(f"${MAX_OPEN_ENV}: expected a number of shards >= 1, got {text!r}")
+    return int(text)
+
+
+def open_reader(path: Path, identity: FileIdentity | None) -> ArrayRecordReader:
+    """A reader of the shard at `path`. A cloud shard's reader reads the generation of
+    `identity`, the one checked at its first open (ArrayRecord's `gs://b/o#GENERATION`): once
+    the object is replaced, its reads fail (the generation no longer exists) rather than return
+    the new object's bytes."""
+    source = str(path)
+    if is_url(source) and identity is not None:
+        source = f"{source}#{identity.version[0]}"
+    try:
+        return ArrayRecordReader(source, READER_OPTIONS)
+    except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+        raise StoreError(f"{path}: not a readable ArrayRecord shard: {error}") from None
+
+
+class ShardReaders:
+    """The readers, locks and open-shard bound of one store's `count` shards.
+
+    `new_reader(shard)` opens a shard's reader; `forget(shard)` drops what the shard's first
+    use opened and checked (the store's), called whenever its reader is dropped: when the shard
+    is closed as the least recently read, after a failed read attempt, and by `close`. `name`
+    names a shard's file in errors.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        max_open: int,
+        retry: RetryPolicy,
+        *,
+        new_reader: Callable[[int], ArrayRecordReader],
+        forget: Callable[[int], None],
+        name: Callable[[int], Path],
+    ) -> None:
+        self.max_open = max_open
+        self.retry = retry
+        self.locks = [threading.Lock() for _ in range(count)]
+        self._readers: list[ArrayRecordReader | None] = [None] * count
+        self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
+        self._open_lock = threading.Lock()
+        self._new_reader, self._forget_checks, self._name = new_reader, forget, name
+
+    def read(
+        self,
+        shard: int,
+        read: Callable[[ArrayRecordReader], T],
+        records: str,
+        first_use: Callable[[int], None],
+    ) -> T:
+        """`read(reader)` under the shard's lock, after `first_use(shard)` (the shard's
+        first-use checks and those of its records), retried by the policy (a failed attempt
+        drops the reader, so the next one starts afresh); a failure names the file."""
+
+        def attempt() -> T:
+            try:
+                return read(self._reader(shard))
+            except Exception:
+                self._drop(shard)
+                raise
+
+        self.touch(shard)  # before opening: the bound holds while this one opens
+        with self.locks[shard]:
+            first_use(shard)
+            try:
+                result = self.retry.call(attempt)
+            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                tries = f" ({self.retry.attempts} tries)" if is_transient(error) else ""
+                raise StoreError(
+                    f"{self._name(shard)}: cannot read records {records}{tries}: {error}"
+                ) from error
+        return result
+
+    def take(self, shard: int) -> ArrayRecordReader:
+        """The shard's reader, a new one if it has none, taken out (call with the shard's lock
+        held): `put` it back once its records are checked."""
+        reader, self._readers[shard] = self._readers[shard] or self._new_reader(shard), None
+        return reader
+
+    def put(self, shard: int, reader: ArrayRecordReader) -> None:
+        """Keep `reader` as the shard's (call with its lock held)."""
+        self._readers[shard] = reader
+
+    def touch(self, shard: int) -> None:
+        """Mark the shard most recently read; close the least recent beyond the bound (one
+        that another thread is reading right now is skipped and closed later)."""
+        with self._open_lock:
+            self._open[shard] = None
+            self._open.move_to_end(shard)
+            over = len(self._open) - self.max_open
+            if over <= 0:  # the common case on the read path: nothing to scan
+                return
+            excess = [s for s in self._open if s != shard][:over]
+        for victim in excess:
+            lock = self.locks[victim]
+            if lock.acquire(blocking=False):
+                try:
+                    self._drop(victim)
+                    with self._open_lock:
+                        self._open.pop(victim, None)
+                finally:
+                    lock.release()
+
+    def close(self) -> None:
+        """Close every open shard reader; a reader of a damaged file may fail to close."""
+        failures = []
+        for shard, lock in enumerate(self.locks):
+            with lock:
+                reader = self._forget(shard)
+                try:
+                    if reader is not None:
+                        reader.close()
+                except RuntimeError as error:
+                    failures.append(f"{self._name(shard)}: {error}")
+        if failures:
+            raise StoreError("cannot close " + "; ".join(failures))
+
+    def _reader(self, shard: int) -> ArrayRecordReader:
+        """The shard's reader; call with the shard's lock held, after its first use."""
+        reader = self._readers[shard]
+        if reader is None:
+            reader = self._new_reader(shard)
+            self._readers[shard] = reader
+        return reader
+
+    def _drop(self, shard: int) -> None:
+        """Forget the shard's reader and indexes (call with its lock held); a reader of a
+        damaged or vanished file may fail to close, which changes nothing here."""
+        reader = self._forget(shard)
+        if reader is not None:
+            with contextlib.suppress(RuntimeError):
+                reader.close()
+
+    def _forget(self, shard: int) -> ArrayRecordReader | None:
+        """Forget the shard's reader and what its first use opened and checked, so that its next
+        use opens and checks it again (call with its lock held); returns its reader, to close."""
+        reader, self._readers[shard] = self._readers[shard], None
+        self._forget_checks(shard)
+        return reader
