@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
+from pipeline.store.piece_reads import read_pieces
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import check_records, load_index, load_mask, map_flat
 from pipeline.store.shard_readers import (
@@ -193,7 +193,7 @@ class TokenStore:
         )
 
     def shard_file(self, shard: int) -> Path:
-        return self.path / self.manifest["shards"][self._check_shard(shard)]["file"]
+        return self.path / self.manifest["shards"][self.check_shard(shard)]["file"]
 
     def record_offsets(self, shard: int) -> np.ndarray:
         """Prefix sums of the shard's record lengths, in memory (length records + 1)."""
@@ -251,7 +251,7 @@ class TokenStore:
         return mask
 
     def _index(self, shard: int, key: str) -> np.ndarray:
-        index = self._indexes[key][self._check_shard(shard)]
+        index = self._indexes[key][self.check_shard(shard)]
         if index is None:
             self._open_shard(shard)
             index = self._indexes[key][shard]
@@ -265,7 +265,7 @@ class TokenStore:
 
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of one shard, reading only the records that overlap the range."""
-        self._check_shard(shard)
+        self.check_shard(shard)
         if not 0 <= start <= stop <= self.shard_tokens[shard]:
             raise StoreError(
                 f"{self.shard_file(shard)}: token range [{start}, {stop}) is outside the shard "
@@ -305,52 +305,11 @@ class TokenStore:
         pieces = (which, shards, lo, hi, out, out_rows, out_cols)
         return read_pieces([self], *pieces, doc_starts=doc_starts)
 
-    def _piece_view(self, shard: int) -> tuple[np.ndarray | None, np.ndarray]:
-        """(flat tokens, or None when the shard is read through ArrayRecord; document
-        offsets) of a shard, as plain arrays (a memmap's slicing costs more)."""
-        flat = self._flat(shard) if self._use_flat[shard] else None
-        return flat, self.doc_offsets(shard).view(np.ndarray)
-
-    def _copy_records(
-        self,
-        shard: int,
-        starts: list[int],
-        stops: list[int],
-        rows: list[int],
-        cols: list[int],
-        out: np.ndarray,
-    ) -> None:
-        """`read_pieces`'s copy through ArrayRecord: each needed record read once."""
-        offsets = self.record_offsets(shard).view(np.ndarray)
-        # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
-        ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
-        firsts = (ends[: len(starts)] - 1).tolist()
-        lasts = ends[len(starts) :].tolist()
-        # A few pieces and records per shard and step: plain Python beats numpy calls here.
-        needed = sorted(set(chain.from_iterable(map(range, firsts, lasts))))
-        raw = self._read_record_list(shard, needed)
-        # All records in one buffer; a piece's records are consecutive in `needed`, so in it.
-        joined = b"".join(raw)
-        itemsize = self.dtype.itemsize
-        ends = list(accumulate(map(len, raw)))  # byte offsets in `joined`
-        where = dict(zip(needed, [0, *ends]))
-        where_end = dict(zip(needed, ends))
-        tokens = np.frombuffer(joined, dtype=np.uint8)
-        for first, last, start, stop, row, col in zip(firsts, lasts, starts, stops, rows, cols):
-            bounds = offsets[first : last + 1].tolist()
-            held = where_end[last - 1] - where[first]
-            if held != (bounds[-1] - bounds[0]) * itemsize:
-                raise StoreError(
-                    f"{self.shard_file(shard)}: records {first}..{last - 1} hold {held} bytes "
-                    f"but the index says {bounds[-1] - bounds[0]} tokens of {itemsize} bytes; "
-                    "the store is corrupt"
-                )
-            source = where[first] + (start - bounds[0]) * itemsize
-            window = tokens[source : source + (stop - start) * itemsize].view(self.dtype)
-            out[row, col : col + stop - start] = window
-
-    def _flat(self, shard: int) -> np.ndarray:
-        """The shard's flat sidecar, memory-mapped and checked by the shard's first use."""
+    def flat_tokens(self, shard: int) -> np.ndarray | None:
+        """The shard's tokens from its flat sidecar, memory-mapped and checked by the shard's
+        first use; None for a shard read through ArrayRecord (`read_record_list`)."""
+        if not self._use_flat[shard]:
+            return None
         flat = self._flats[shard]
         if flat is None:
             self._open_shard(shard)
@@ -401,7 +360,7 @@ class TokenStore:
         below the tokenizer's vocabulary size. Reads those shards whole, once.
         """
         for shard in range(self.num_shards) if shards is None else shards:
-            entry = self.manifest["shards"][self._check_shard(shard)]
+            entry = self.manifest["shards"][self.check_shard(shard)]
             self._open_shard(shard)
             for key, checksum_key in CHECKSUMS:
                 if key not in entry:
@@ -506,8 +465,9 @@ class TokenStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_shard(self, shard: int) -> int:
-        # A negative index would silently read another shard; numpy would raise IndexError.
+    def check_shard(self, shard: int) -> int:
+        """`shard`, refused unless the store has it: a negative index would silently read
+        another shard; numpy would raise IndexError."""
         if not 0 <= shard < self.num_shards:
             raise StoreError(
                 f"{self.path}: shard {shard} does not exist (the store has shards "
@@ -539,7 +499,7 @@ class TokenStore:
         """A reader of the shard, of the generation checked at its first open."""
         return open_reader(self.shard_file(shard), self._file_identities[shard].get("file"))
 
-    def _read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
+    def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
         0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
         reading its records one by one (docs/benchmarks.md has the measurement)."""
@@ -558,69 +518,3 @@ def is_store(path: str | Path) -> bool:
     except StoreError:
         return False
     return True
-
-
-def read_pieces(
-    stores: Sequence[TokenStore],
-    which: Sequence[int],
-    shards: Sequence[int],
-    lo: Sequence[int],
-    hi: Sequence[int],
-    out: np.ndarray,
-    out_rows: Sequence[int],
-    out_cols: Sequence[int],
-    *,
-    doc_starts: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Copy tokens [lo[i], hi[i]) of shard shards[i] of stores[which[i]] into
-    `out[out_rows[i], out_cols[i]:]`, cast to its dtype; returns (row, column) in `out` of every
-    document start inside the pieces. `doc_starts=False` skips that lookup (and returns none)
-    for a caller that knows them: a best-fit row reads whole documents.
-
-    The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
-    with a flat sidecar is one slice copy from its memory map, and its document starts one
-    `searchsorted` of the shard's document index (a few pieces per shard and step: one Python
-    loop over the pieces costs less than numpy calls per shard); the pieces of a shard without
-    one are copied by reading each record they overlap once (`_copy_records`).
-    """
-    which, shards, lo, hi, rows, cols = (
-        np.asarray(a, dtype=np.int64).reshape(-1)
-        for a in (which, shards, lo, hi, out_rows, out_cols)
-    )
-    counts = np.array([store.num_shards for store in stores], dtype=np.int64)
-    bad = np.flatnonzero((shards < 0) | (shards >= counts[which]))
-    if bad.size:  # a negative shard would silently read another one
-        stores[int(which[bad[0]])]._check_shard(int(shards[bad[0]]))
-    sizes = np.empty_like(lo)
-    for k in np.unique(which).tolist():
-        mask = which == k
-        sizes[mask] = stores[k].shard_tokens[shards[mask]]
-    bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
-    if bad.size:
-        i = int(bad[0])
-        raise StoreError(
-            f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
-            f"is not a non-empty range inside the shard (0..{sizes[i]})"
-        )
-    width = out.shape[1]
-    views: dict[tuple[int, int], tuple[np.ndarray | None, np.ndarray]] = {}
-    by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    found = [np.empty(0, np.int64)]  # flat indices in `out` of document starts
-    pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
-    for k, shard, start, stop, row, col in pieces:
-        view = views.get((k, shard))
-        if view is None:
-            view = views[k, shard] = stores[k]._piece_view(shard)
-        flat, docs = view
-        if flat is None:
-            by_record.setdefault((k, shard), []).append((start, stop, row, col))
-        else:
-            out[row, col : col + stop - start] = flat[start:stop]
-        if not doc_starts:
-            continue
-        first, last = docs.searchsorted((start, stop)).tolist()
-        if last > first:
-            found.append(docs[first:last] + (row * width + col - start))
-    for (k, shard), group in by_record.items():
-        stores[k]._copy_records(shard, *map(list, zip(*group)), out)
-    return np.divmod(np.concatenate(found), width)

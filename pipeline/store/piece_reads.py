@@ -1,0 +1,133 @@
+"""The plan's hot path: copy a batch's pieces, of every source, out of their stores in one pass.
+
+A batch is a few hundred pieces (token ranges of shards) of a few stores; per piece the work is
+one slice copy, so what it costs is the Python and numpy calls around it. `read_pieces` checks
+every range at once, copies a piece of a shard with a flat sidecar from its memory map, and
+copies the pieces of a shard without one by reading each ArrayRecord record they overlap once
+(`_copy_records`). It reads through a `TokenStore`'s public methods only: what is checked, open
+or cached is the store's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate, chain
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.errors import StoreError
+
+if TYPE_CHECKING:
+    from pipeline.store.token_store import TokenStore
+
+
+def read_pieces(
+    stores: Sequence[TokenStore],
+    which: Sequence[int],
+    shards: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    out: np.ndarray,
+    out_rows: Sequence[int],
+    out_cols: Sequence[int],
+    *,
+    doc_starts: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copy tokens [lo[i], hi[i]) of shard shards[i] of stores[which[i]] into
+    `out[out_rows[i], out_cols[i]:]`, cast to its dtype; returns (row, column) in `out` of every
+    document start inside the pieces. `doc_starts=False` skips that lookup (and returns none)
+    for a caller that knows them: a best-fit row reads whole documents.
+
+    The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
+    with a flat sidecar is one slice copy from its memory map, and its document starts one
+    `searchsorted` of the shard's document index (a few pieces per shard and step: one Python
+    loop over the pieces costs less than numpy calls per shard); the pieces of a shard without
+    one are copied by reading each record they overlap once (`_copy_records`).
+    """
+    which, shards, lo, hi, rows, cols = (
+        np.asarray(a, dtype=np.int64).reshape(-1)
+        for a in (which, shards, lo, hi, out_rows, out_cols)
+    )
+    counts = np.array([store.num_shards for store in stores], dtype=np.int64)
+    bad = np.flatnonzero((shards < 0) | (shards >= counts[which]))
+    if bad.size:  # a negative shard would silently read another one
+        stores[int(which[bad[0]])].check_shard(int(shards[bad[0]]))
+    sizes = np.empty_like(lo)
+    for k in np.unique(which).tolist():
+        mask = which == k
+        sizes[mask] = stores[k].shard_tokens[shards[mask]]
+    bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
+    if bad.size:
+        i = int(bad[0])
+        raise StoreError(
+            f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
+            f"is not a non-empty range inside the shard (0..{sizes[i]})"
+        )
+    width = out.shape[1]
+    views: dict[tuple[int, int], tuple[np.ndarray | None, np.ndarray]] = {}
+    by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    found = [np.empty(0, np.int64)]  # flat indices in `out` of document starts
+    pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
+    for k, shard, start, stop, row, col in pieces:
+        view = views.get((k, shard))
+        if view is None:
+            view = views[k, shard] = _piece_view(stores[k], shard)
+        flat, docs = view
+        if flat is None:
+            by_record.setdefault((k, shard), []).append((start, stop, row, col))
+        else:
+            out[row, col : col + stop - start] = flat[start:stop]
+        if not doc_starts:
+            continue
+        first, last = docs.searchsorted((start, stop)).tolist()
+        if last > first:
+            found.append(docs[first:last] + (row * width + col - start))
+    for (k, shard), group in by_record.items():
+        _copy_records(stores[k], shard, *map(list, zip(*group)), out)
+    return np.divmod(np.concatenate(found), width)
+
+
+def _piece_view(store: TokenStore, shard: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(flat tokens, or None when the shard is read through ArrayRecord; document
+    offsets) of a shard, as plain arrays (a memmap's slicing costs more)."""
+    return store.flat_tokens(shard), store.doc_offsets(shard).view(np.ndarray)
+
+
+def _copy_records(
+    store: TokenStore,
+    shard: int,
+    starts: list[int],
+    stops: list[int],
+    rows: list[int],
+    cols: list[int],
+    out: np.ndarray,
+) -> None:
+    """`read_pieces`'s copy through ArrayRecord: each needed record read once."""
+    offsets = store.record_offsets(shard).view(np.ndarray)
+    # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
+    ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
+    firsts = (ends[: len(starts)] - 1).tolist()
+    lasts = ends[len(starts) :].tolist()
+    # A few pieces and records per shard and step: plain Python beats numpy calls here.
+    needed = sorted(set(chain.from_iterable(map(range, firsts, lasts))))
+    raw = store.read_record_list(shard, needed)
+    # All records in one buffer; a piece's records are consecutive in `needed`, so in it.
+    joined = b"".join(raw)
+    itemsize = store.dtype.itemsize
+    ends = list(accumulate(map(len, raw)))  # byte offsets in `joined`
+    where = dict(zip(needed, [0, *ends]))
+    where_end = dict(zip(needed, ends))
+    tokens = np.frombuffer(joined, dtype=np.uint8)
+    for first, last, start, stop, row, col in zip(firsts, lasts, starts, stops, rows, cols):
+        bounds = offsets[first : last + 1].tolist()
+        held = where_end[last - 1] - where[first]
+        if held != (bounds[-1] - bounds[0]) * itemsize:
+            raise StoreError(
+                f"{store.shard_file(shard)}: records {first}..{last - 1} hold {held} bytes "
+                f"but the index says {bounds[-1] - bounds[0]} tokens of {itemsize} bytes; "
+                "the store is corrupt"
+            )
+        source = where[first] + (start - bounds[0]) * itemsize
+        window = tokens[source : source + (stop - start) * itemsize].view(store.dtype)
+        out[row, col : col + stop - start] = window
