@@ -17,6 +17,12 @@ the index (never inferred from token values: a tokenizer may emit the eod id ins
 The plan's hot path, `read_pieces`, copies from the flat sidecar through a memory map when
 the manifest lists one (no per-record Python loop), and reads ArrayRecord records otherwise;
 both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
+
+`TokenStore` is the public API and holds what a store knows of its shards; the work is done
+by one module per job: `store_files` (the files' identities and checksums: opened, replaced?),
+`shard_check` (a shard's first-use checks of its indexes, mask, sidecar and records),
+`shard_readers` (the ArrayRecord readers, the bound on open shards, retries) and `piece_reads`
+(`read_pieces`, the batched copy). Every name this module had is still importable from here.
 """
 
 from __future__ import annotations
@@ -84,21 +90,23 @@ class TokenSpan:
 class TokenStore:
     """A verified, read-only view of a token store. Cheap to open; shards open on first read.
 
-    Opening checks the manifest (its checksum and fields) and every shard's size. A shard's
-    first use (`_open_shard`) checks that neither the manifest nor the shard was replaced since,
-    the record and document indexes (checksums, lengths, totals), a masked store's loss mask
-    (checksum, shape, ranges) and the sampled-record identity of what the shard is served from:
-    its flat sidecar when it has one, else its ArrayRecord records, whose count and sample are
-    checked by the first read through its reader (`_check_records`). `verify()` is the full
-    pass: every byte and every record.
+    Opening checks the manifest (its checksum and fields) and every shard's size
+    (`store_files.check_files`). A shard's first use (`_open_shard`) checks that neither the
+    manifest nor the shard was replaced since, the record and document indexes (checksums,
+    lengths, totals), a masked store's loss mask (checksum, shape, ranges) and the
+    sampled-record identity of what the shard is served from: its flat sidecar when it has one,
+    else its ArrayRecord records, whose count and sample are checked by the first read through
+    its reader (`_check_records`); the checks are `shard_check`'s. `verify()` is the full pass:
+    every byte and every record.
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
     checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
     else `MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least recently
-    read closed first), so host memory does not grow with the corpus; reads that fail
-    transiently are retried by `retry`. `flat=False` ignores the flat sidecars and reads every
-    token through ArrayRecord (so does a cloud store: sidecars are memory-mapped local files).
+    read closed first; `ShardReaders`), so host memory does not grow with the corpus; reads
+    that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars and
+    reads every token through ArrayRecord (so does a cloud store: sidecars are memory-mapped
+    local files).
     """
 
     def __init__(
@@ -195,6 +203,16 @@ class TokenStore:
     def shard_file(self, shard: int) -> Path:
         return self.path / self.manifest["shards"][self.check_shard(shard)]["file"]
 
+    def check_shard(self, shard: int) -> int:
+        """`shard`, refused unless the store has it: a negative index would silently read
+        another shard; numpy would raise IndexError."""
+        if not 0 <= shard < self.num_shards:
+            raise StoreError(
+                f"{self.path}: shard {shard} does not exist (the store has shards "
+                f"0..{self.num_shards - 1})"
+            )
+        return shard
+
     def record_offsets(self, shard: int) -> np.ndarray:
         """Prefix sums of the shard's record lengths, in memory (length records + 1)."""
         return self._index(shard, "index")
@@ -250,19 +268,6 @@ class TokenStore:
             mask[lo:hi] = False
         return mask
 
-    def _index(self, shard: int, key: str) -> np.ndarray:
-        index = self._indexes[key][self.check_shard(shard)]
-        if index is None:
-            self._open_shard(shard)
-            index = self._indexes[key][shard]
-        return index
-
-    def _doc_starts(self, shard: int, start: int, stop: int) -> np.ndarray:
-        """Shard offsets of the documents that start inside [start, stop)."""
-        docs = self.doc_offsets(shard)
-        first, last = np.searchsorted(docs, (start, stop), side="left")
-        return np.asarray(docs[first:last], dtype=np.int64)
-
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of one shard, reading only the records that overlap the range."""
         self.check_shard(shard)
@@ -286,37 +291,6 @@ class TokenStore:
             )
         starts = self._doc_starts(shard, start, stop) - start
         return TokenSpan(tokens[start - base : stop - base], starts)
-
-    def read_pieces_into(
-        self,
-        shards: Sequence[int],
-        lo: Sequence[int],
-        hi: Sequence[int],
-        out: np.ndarray,
-        out_rows: Sequence[int],
-        out_cols: Sequence[int],
-        *,
-        doc_starts: bool = True,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`:
-        `read_pieces` of this store alone. Returns (row, column) in `out` of every document
-        start inside the pieces (none with `doc_starts=False`)."""
-        which = np.zeros(np.size(shards), dtype=np.int64)
-        pieces = (which, shards, lo, hi, out, out_rows, out_cols)
-        return read_pieces([self], *pieces, doc_starts=doc_starts)
-
-    def flat_tokens(self, shard: int) -> np.ndarray | None:
-        """The shard's tokens from its flat sidecar, memory-mapped and checked by the shard's
-        first use; None for a shard read through ArrayRecord (`read_record_list`)."""
-        if not self._use_flat[shard]:
-            return None
-        flat = self._flats[shard]
-        if flat is None:
-            self._open_shard(shard)
-            flat = self._flats[shard]
-        else:
-            self._readers.touch(shard)
-        return flat
 
     def read_tokens(self, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of the store's natural stream (shards in order)."""
@@ -351,6 +325,48 @@ class TokenStore:
             )
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
+    def read_pieces_into(
+        self,
+        shards: Sequence[int],
+        lo: Sequence[int],
+        hi: Sequence[int],
+        out: np.ndarray,
+        out_rows: Sequence[int],
+        out_cols: Sequence[int],
+        *,
+        doc_starts: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`:
+        `read_pieces` of this store alone. Returns (row, column) in `out` of every document
+        start inside the pieces (none with `doc_starts=False`)."""
+        which = np.zeros(np.size(shards), dtype=np.int64)
+        pieces = (which, shards, lo, hi, out, out_rows, out_cols)
+        return read_pieces([self], *pieces, doc_starts=doc_starts)
+
+    def flat_tokens(self, shard: int) -> np.ndarray | None:
+        """The shard's tokens from its flat sidecar, memory-mapped and checked by the shard's
+        first use; None for a shard read through ArrayRecord (`read_record_list`)."""
+        if not self._use_flat[shard]:
+            return None
+        flat = self._flats[shard]
+        if flat is None:
+            self._open_shard(shard)
+            flat = self._flats[shard]
+        else:
+            self._readers.touch(shard)
+        return flat
+
+    def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
+        """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
+        0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
+        reading its records one by one (docs/benchmarks.md has the measurement)."""
+        return self._readers.read(
+            shard,
+            lambda reader: [reader.read(record, record + 1)[0] for record in records],
+            f"{records[0]}..{records[-1]}",
+            self._first_read,
+        )
+
     def verify(self, shards: Iterable[int] | None = None) -> None:
         """The full pass over `shards` (default: all): every file's checksum, then the manifest
         against every record.
@@ -372,6 +388,34 @@ class TokenStore:
                         "file was altered or truncated: prepare the store again"
                     )
             self._verify_records(shard)
+
+    def close(self) -> None:
+        """Close every open shard reader; a reader of a damaged file may fail to close."""
+        self._readers.close()
+
+    def __enter__(self) -> TokenStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _index(self, shard: int, key: str) -> np.ndarray:
+        index = self._indexes[key][self.check_shard(shard)]
+        if index is None:
+            self._open_shard(shard)
+            index = self._indexes[key][shard]
+        return index
+
+    def _doc_starts(self, shard: int, start: int, stop: int) -> np.ndarray:
+        """Shard offsets of the documents that start inside [start, stop)."""
+        docs = self.doc_offsets(shard)
+        first, last = np.searchsorted(docs, (start, stop), side="left")
+        return np.asarray(docs[first:last], dtype=np.int64)
+
+    def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
+        return self._readers.read(
+            shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}", self._first_read
+        )
 
     def _verify_records(self, shard: int, batch: int = 4096) -> None:
         offsets = np.asarray(self.record_offsets(shard))
@@ -455,31 +499,6 @@ class TokenStore:
         self._readers.put(shard, reader)
         self._records_checked[shard] = True
 
-    def close(self) -> None:
-        """Close every open shard reader; a reader of a damaged file may fail to close."""
-        self._readers.close()
-
-    def __enter__(self) -> TokenStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def check_shard(self, shard: int) -> int:
-        """`shard`, refused unless the store has it: a negative index would silently read
-        another shard; numpy would raise IndexError."""
-        if not 0 <= shard < self.num_shards:
-            raise StoreError(
-                f"{self.path}: shard {shard} does not exist (the store has shards "
-                f"0..{self.num_shards - 1})"
-            )
-        return shard
-
-    def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
-        return self._readers.read(
-            shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}", self._first_read
-        )
-
     def _first_read(self, shard: int) -> None:
         """The checks before a read through ArrayRecord (`ShardReaders.read` calls it with the
         shard's lock held): the shard's first-use checks and those of its records."""
@@ -498,17 +517,6 @@ class TokenStore:
     def _new_reader(self, shard: int) -> ArrayRecordReader:
         """A reader of the shard, of the generation checked at its first open."""
         return open_reader(self.shard_file(shard), self._file_identities[shard].get("file"))
-
-    def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
-        """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
-        0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
-        reading its records one by one (docs/benchmarks.md has the measurement)."""
-        return self._readers.read(
-            shard,
-            lambda reader: [reader.read(record, record + 1)[0] for record in records],
-            f"{records[0]}..{records[-1]}",
-            self._first_read,
-        )
 
 
 def is_store(path: str | Path) -> bool:
