@@ -1,7 +1,10 @@
 """The store layer: text in, token stores out, and the reader every other layer uses.
 
 `token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
-checksummed manifest) from a directory or a `gs://` URL, retrying transient faults (`retry`);
+checksummed manifest) from a directory or a `gs://` URL, with one module per job: the files'
+identities and checksums (`store_files`), a shard's first-use checks (`shard_check`), the
+bounded pool of shard readers that retries transient faults (`shard_readers`, `retry`) and
+the batched copy of a batch's pieces (`piece_reads`);
 `meta` is what planning needs of a store (shard sizes, content fingerprint, tokenizer identity),
 read from its manifest alone; `identity` is what makes a store itself (the manifest's checksum,
 each shard's sampled records, the tokenizer's identity); `writer` writes one atomically;

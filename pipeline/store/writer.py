@@ -33,8 +33,8 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from pipeline.errors import PrepareError
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
+from pipeline.store.shard_readers import READER_OPTIONS
 from pipeline.store.store_files import FLAT_SUFFIX, file_sha256
-from pipeline.store.token_store import READER_OPTIONS
 from pipeline.urls import clear_prefix, copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
