@@ -1,7 +1,7 @@
 """`pipeline bench` on a tiny store, and the batched read path against the per-row reference.
 
 The bench's timings are never asserted; its table's structure and token accounting are. The
-batched read (`layout.window_pieces`, `token_store.read_pieces`, `batch.fields`) replaced
+batched read (`layout.window_pieces`, `piece_reads.read_pieces`, `batch.fields`) replaced
 a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
 the fast path must equal bit for bit, through the flat sidecars and through ArrayRecord.
 """
