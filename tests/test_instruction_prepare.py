@@ -249,7 +249,7 @@ def test_the_mask_is_checked_at_open_first_use_and_verify(tmp_path: Path) -> Non
         TokenStore(tmp_path / "s", verify=True)
     spans.unlink()
     with pytest.raises(
-        StoreError, match=r"untrained\.npy: index listed in the manifest is missing"
+        StoreError, match=r"untrained\.npy: loss mask listed in the manifest is missing"
     ):
         TokenStore(tmp_path / "s")
 

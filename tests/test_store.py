@@ -212,10 +212,10 @@ def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
 def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
     path = _prepare_jsonl(tmp_path, ["one", "two", "three"], num_shards=2, seed=0)
     entry = TokenStore(path).manifest["shards"][1]
-    for key in ("docs", "index"):
+    for key, kind in (("docs", "document index"), ("index", "record index")):
         index = path / entry[key]
         index.unlink()
-        with pytest.raises(StoreError, match=f"{index}: index listed in the manifest is missing"):
+        with pytest.raises(StoreError, match=f"{index}: {kind} listed in the manifest is missing"):
             TokenStore(path)
     shard = path / "shard-00000-of-00002.array_record"
     shard.unlink()

@@ -33,6 +33,8 @@ CHECKSUMS = (
     ("untrained", "untrained_sha256"),
 )
 FLAT_SUFFIX = "flat.bin"
+LISTED_ARRAYS = {"index": "record index", "docs": "document index", "untrained": "loss mask"}
+"""A shard's `.npy` files by manifest key, with the name a missing one is reported by."""
 
 
 def file_sha256(path: Path) -> str:
@@ -122,11 +124,11 @@ def check_files(
     identities = []
     for entry in manifest["shards"]:
         identity = {"file": shard_identity(root, entry)}
-        for key in ("index", "docs", "untrained"):
+        for key, kind in LISTED_ARRAYS.items():
             if key not in entry:
                 continue  # "untrained": only in a masked store (identity.check_manifest)
             if entry[key] not in listed:
-                raise StoreError(f"{root / entry[key]}: index listed in the manifest is missing")
+                raise StoreError(f"{root / entry[key]}: {kind} listed in the manifest is missing")
         if "flat" in entry:
             flat = root / entry["flat"]
             size = entry["tokens"] * dtype.itemsize
