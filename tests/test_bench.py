@@ -21,7 +21,7 @@ from pipeline.commands.cli import main
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
 from pipeline.store.token_store import TokenStore
-from tests.storegen import arrayrecord_only
+from tests.storegen import arrayrecord_only, write_synthetic_store
 from tests.test_plan import build, setups
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -203,3 +203,26 @@ def test_bench_help_lists_the_benchmark_options_loaded_on_demand(capsys):
         main(["bench", "--no-such-option"])
     assert stop.value.code == 2
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess  # one contender process, importing JAX
+def test_a_free_running_contender_prints_no_input_bound_warnings(tmp_path, capfd):
+    """A contender's feed is input-bound by design; the feed's warning about it, every 100
+    steps, flooded `make bench`'s output (93 lines in one run)."""
+    from benchmarks.bench import Worker, close_all
+
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,
+              "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
+    spec = {"config": config, "contenders": {"feed": "feed", "maxtext": "maxtext"},
+            "grain": {}, "tmp": str(tmp_path)}  # fmt: skip
+    worker = Worker(spec, tmp_path, 2, "feeds")
+    try:
+        worker.wait_ready()
+        runs = [
+            worker.ask({"run": name, "steps": 250, "pace": 0.0}) for name in ("feed", "maxtext")
+        ]
+    finally:
+        close_all([worker])
+    assert [run["tokens"] for run in runs] == [250 * 8 * 64] * 2
+    assert "input-bound" not in capfd.readouterr().err
