@@ -107,8 +107,9 @@ def test_jsonl_lines_keys_and_blank_lines(tmp_path: Path) -> None:
             b'{"text": "ok"}\n{"body": "x", "id": 3}\n',
             r"line 2 has no field 'text' \(keys: body, id\)",
         ),
-        (b'["text"]\n', r"line 1 is a JSON list"),
-        (b'{"text": null}\n', r"line 1: field 'text' is a NoneType"),
+        (b'["text"]\n', r"line 1 is a list, not an object"),
+        (b'{"text": null}\n', r"line 1: field 'text' is null, not a string"),
+        (b'{"text": 7}\n', r"line 1: field 'text' is a number, not a string"),
         (b'{"text": "caf\xe9"}\n', r"line 1 is not valid UTF-8"),
     ],
 )

@@ -127,8 +127,10 @@ def test_hf_tokenizer_uses_the_chat_template_of_its_config(
         ({"messages": []}, "empty conversation"),
         (_chat("q") | {"messages": [{"role": "robot", "content": "x"}]}, "unknown role 'robot'"),
         ({"messages": [{"role": "user", "content": "only a question"}]}, "nothing to train on"),
-        ({"messages": "hello"}, "not a list of messages"),
-        ([1, 2], "not an object"),
+        ({"messages": "hello"}, "field 'messages' is a string, not a list of messages"),
+        ([1, 2], "is a list, not an object"),
+        ({"messages": [{"role": "user", "content": 3}]}, "message 0: content is a number, not"),
+        ({"messages": [{"role": "user", "content": {"a": 1}}]}, "content is an object, not"),
     ],
 )
 def test_a_bad_row_stops_with_file_and_line_or_is_skipped(

@@ -183,6 +183,20 @@ def _from_file(path: str) -> ChatTemplate:
     return ChatTemplate(source, os.path.basename(path), tuple(specials))
 
 
+def json_kind(value: Any) -> str:
+    """What a row's value is, in the words of the JSON (or Parquet) the user wrote: "a number",
+    "null", "a list"; a Python type name ("a int", "a NoneType") reads as our bug, not theirs."""
+    if value is None:
+        return "null"
+    kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+             (Mapping, "an object"), (Sequence, "a list"))  # fmt: skip
+    for types, kind in kinds:
+        if isinstance(value, types):
+            return kind
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def render(
     row: Mapping[str, Any],
     fields: RowFields,
@@ -191,7 +205,7 @@ def render(
 ) -> list[Segment]:
     """The row's text as segments; raises `BadRow` for a row that cannot be trained on."""
     if not isinstance(row, Mapping):
-        raise BadRow(f"is a JSON {type(row).__name__}, not an object")
+        raise BadRow(f"is {json_kind(row)}, not an object")
     if fields.format == "prompt-completion":
         prompt = _string(row, fields.prompt)
         completion = _string(row, fields.completion)
@@ -247,7 +261,7 @@ def _string(row: Mapping[str, Any], field: str) -> str:
         raise BadRow(f"has no field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
     value = row[field]
     if not isinstance(value, str):
-        raise BadRow(f"field {field!r} is a {type(value).__name__}, not a string")
+        raise BadRow(f"field {field!r} is {json_kind(value)}, not a string")
     return value
 
 
@@ -256,7 +270,7 @@ def _messages(row: Mapping[str, Any], field: str) -> list[dict[str, str]]:
         raise BadRow(f"has no field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
     value = row[field]
     if not isinstance(value, Sequence) or isinstance(value, str):
-        raise BadRow(f"field {field!r} is a {type(value).__name__}, not a list of messages")
+        raise BadRow(f"field {field!r} is {json_kind(value)}, not a list of messages")
     if not value:
         raise BadRow(f"field {field!r} is an empty conversation")
     messages = []
@@ -269,7 +283,7 @@ def _messages(row: Mapping[str, Any], field: str) -> list[dict[str, str]]:
                 f"message {i} has unknown role {role!r} (roles: {', '.join(sorted(ROLES))})"
             )
         if not isinstance(content, str):
-            raise BadRow(f"message {i}: content is a {type(content).__name__}, not a string")
+            raise BadRow(f"message {i}: content is {json_kind(content)}, not a string")
         messages.append({"role": role, "content": content})
     return messages
 

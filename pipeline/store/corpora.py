@@ -51,7 +51,7 @@ from typing import Any
 
 from pipeline.errors import PrepareError
 from pipeline.extras import require
-from pipeline.store.chat import RowFields
+from pipeline.store.chat import RowFields, json_kind
 from pipeline.store.docstrings import SYSTEM_PROMPT, module_files, pairs
 
 __all__ = [
@@ -515,7 +515,7 @@ def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iter
                 continue
             if not isinstance(record, dict):
                 raise PrepareError(
-                    f"{path} line {number} is a JSON {type(record).__name__}, not an object; "
+                    f"{path} line {number} is {json_kind(record)}, not an object; "
                     f"JSON Lines need one object per line with field {field!r}"
                 )
             if field not in record:
@@ -526,7 +526,7 @@ def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iter
             text = record[field]
             if not isinstance(text, str):
                 raise PrepareError(
-                    f"{path} line {number}: field {field!r} is a {type(text).__name__}, not a "
+                    f"{path} line {number}: field {field!r} is {json_kind(text)}, not a "
                     "string; store the text as a JSON string"
                 )
             yield Document(f"{key}:{number}", text)
