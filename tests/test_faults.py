@@ -742,8 +742,16 @@ def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, 
     )
 
 
+@pytest.fixture
+def quick_stop(monkeypatch):
+    """The stop watcher's periods cut for the 2-process tests (their workers inherit the
+    environment): at the defaults (2 s poll, 10 s store check and grace) a test only waits."""
+    for variable, value in [("STORE_CHECK_ENV", "0.25"), ("POLL_ENV", "0.25"), ("GRACE_ENV", "2")]:
+        monkeypatch.setenv(getattr(host_stop, variable), value)
+
+
 @pytest.mark.multiprocess
-def test_a_store_replaced_under_two_processes_stops_both_with_its_line(tmp_path):
+def test_a_store_replaced_under_two_processes_stops_both_with_its_line(tmp_path, quick_stop):
     """One shard, opened by the first step on both processes: what finds the replacement is
     the feed's periodic identity check, on one host or both."""
     out = tmp_path / "store"
@@ -767,7 +775,7 @@ def test_a_store_replaced_under_two_processes_stops_both_with_its_line(tmp_path)
 
 @pytest.mark.multiprocess
 def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both(
-    tmp_path, monkeypatch
+    tmp_path, quick_stop
 ):
     """A gs:// store is one object for every host, and each check a billed request: one process
     re-checks it, whatever the host count, and its stop ends the other with the same line. Each
@@ -776,8 +784,6 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
     from tests.gcs_emulator import ENDPOINTS, point_at, serving
     from tests.test_multihost import worker_output
 
-    for variable, value in [("STORE_CHECK_ENV", "0.25"), ("POLL_ENV", "0.25"), ("GRACE_ENV", "2")]:
-        monkeypatch.setenv(getattr(host_stop, variable), value)  # the workers inherit them
     log = tmp_path / "requests.log"
     old = corpus(tmp_path / "old", "alpha", 60)
     new = corpus(tmp_path / "new", "omega", 60)
@@ -855,7 +861,9 @@ def test_exactly_one_process_checks_each_bucket_store(fingerprint, processes):
 
 
 @pytest.mark.multiprocess
-def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_line(tmp_path):
+def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_line(
+    tmp_path, quick_stop
+):
     raw = two_stage_raw(tmp_path / "stores", flat=False)  # every read goes through ArrayRecord
     task = {"kind": "stop", "fault": "read", "faulty": 1}
     codes, lines = launch_until_ready(tmp_path, raw, task, lambda: None)
