@@ -226,3 +226,21 @@ def test_a_free_running_contender_prints_no_input_bound_warnings(tmp_path, capfd
         close_all([worker])
     assert [run["tokens"] for run in runs] == [250 * 8 * 64] * 2
     assert "input-bound" not in capfd.readouterr().err
+
+
+def test_the_scale_benchmarks_parts_run_on_a_small_store(tmp_path):
+    """benchmarks/scale_bench.py takes minutes to hours at its sizes, so it is run by hand: its
+    store builder and measurements, on a 3-shard store, in the fresh processes it uses."""
+    from benchmarks import scale_bench
+
+    store = scale_bench.build(tmp_path / "s", 3, 50)
+    built = (store / "manifest.json").stat().st_mtime_ns
+    assert scale_bench.build(tmp_path / "s", 3, 50) == store  # built once
+    assert (store / "manifest.json").stat().st_mtime_ns == built
+    assert TokenStore(store).num_tokens == 3 * 50 * scale_bench.DOC
+    rss = scale_bench.child(["rss", str(store), "2"])
+    assert rss["rss_mb"] >= rss["baseline_mb"] > 0
+    start = scale_bench.child(["start", str(store)])
+    assert set(start) == {"open_s", "reopen_s", "first_batch_s"} and min(start.values()) > 0
+    cost = scale_bench.host_cost(str(store), 4, 2, reps=2)
+    assert cost["ms"] > 0 and cost["peak_kb"] > 0
