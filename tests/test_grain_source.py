@@ -54,3 +54,30 @@ def test_grain_transforms_chain_on_the_dataset(tmp_path):
     assert [element["tokens_sum"] for element in dataset.to_iter_dataset()][:4] == (
         whole["inputs"].sum(axis=1).tolist()
     )
+
+
+def test_a_transform_cannot_write_into_a_row_and_change_its_other_fields(tmp_path):
+    """`inputs` and `targets` are overlapping views of one buffer (so are the segment and the
+    position pairs): writing a target in place would change an input. The fields are read-only;
+    a transform that copies first changes only its copy."""
+    plan = make_plan(tmp_path)
+    dataset = host_dataset(plan, num_steps=2)
+
+    def mask_first_target(example):
+        example["targets"][0] = -1
+        return example
+
+    with pytest.raises(ValueError, match="read-only"):
+        dataset.map(mask_first_target)[0]
+    for field in plan.batch(0):
+        with pytest.raises(ValueError, match="read-only"):
+            plan.batch(0)[field][0, 0] = -1
+
+    def copy_then_mask(example):
+        example = {**example, "targets": example["targets"].copy()}
+        example["targets"][0] = -1
+        return example
+
+    masked = dataset.map(copy_then_mask)[1]
+    np.testing.assert_array_equal(masked["inputs"], plan.batch(0)["inputs"][1])
+    assert masked["targets"][0] == -1 and plan.batch(0)["targets"][1, 0] != -1

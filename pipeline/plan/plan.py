@@ -297,10 +297,19 @@ class Plan:
         )
 
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """The six fields of the drawn rows. The shard pieces of every concat source's window
-        are found in one pass over all sources (`window_pieces`) and copied in one pass
-        (`read_pieces`) straight into one [rows, seq_len + 1] buffer; a best-fit source's rows
-        are assembled by `PackedLayout.read_fields`."""
+        """The six fields of the drawn rows, read-only: fields share buffers (`inputs` and
+        `targets` are overlapping views of one array, as are the segment and position pairs),
+        so a write into one would silently change another; copy a field to change it."""
+        batch = self._read(draws)
+        for values in batch.values():
+            values.flags.writeable = False
+        return batch
+
+    def _read(self, draws: Draws) -> dict[str, np.ndarray]:
+        """The shard pieces of every concat source's window are found in one pass over all
+        sources (`window_pieces`) and copied in one pass (`read_pieces`) straight into one
+        [rows, seq_len + 1] buffer; a best-fit source's rows are assembled by
+        `PackedLayout.read_fields`."""
         plan = self.segment_plan(draws.segment_index)
         sources = np.unique(draws.source).tolist()
         layouts = {s: plan.layouts[draws.source_names[s]] for s in sources}
