@@ -244,3 +244,29 @@ def test_the_scale_benchmarks_parts_run_on_a_small_store(tmp_path):
     assert set(start) == {"open_s", "reopen_s", "first_batch_s"} and min(start.values()) > 0
     cost = scale_bench.host_cost(str(store), 4, 2, reps=2)
     assert cost["ms"] > 0 and cost["peak_kb"] > 0
+
+
+@pytest.mark.multiprocess  # a fresh process per variant and round, each importing JAX
+def test_the_feed_ab_prints_each_variants_figures(tmp_path):
+    """benchmarks/feed_ab.py produces docs/benchmarks.md's A/B tables: one column per variant,
+    every figure a positive time, in both modes."""
+    import subprocess
+    import sys
+
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    base = [sys.executable, "benchmarks/feed_ab.py", "--store", str(store.path), "--rows", "8",
+            "--seq-len", "64", "--devices", "2", "--rounds", "1"]  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    for extra, keys in (
+        (["--steps", "30", "--paced", "3", "--threads", "1", "--threads", "auto"],
+         ["cpu_ms", "wall_ms", "paced_cpu_ms", "next_ms"]),
+        (["--restore", "--at", "1000"], ["restore_ms"]),
+    ):  # fmt: skip
+        out = subprocess.run(base + extra, cwd=root, capture_output=True, text=True, check=True)
+        rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("| ")]
+        header, table = rows[0], rows[2:]
+        assert [row[0].removeprefix("| ") for row in table] == keys
+        variants = len(header) - 2
+        assert variants == (2 if "--threads" in extra else 1)
+        for row in table:
+            assert all(float(cell.split()[0]) > 0 for cell in row[1 : 1 + variants]), row
