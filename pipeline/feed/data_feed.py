@@ -67,7 +67,7 @@ from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawSummary, Plan
-from pipeline.plan.report import ScheduledSources
+from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import open_stores
 from pipeline.store.token_store import TokenStore
 
@@ -259,7 +259,7 @@ class DataFeed:
         self._geometries: dict[tuple[int, int], _Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)
-        self._span: tuple[Plan | None, int, int, _Geometry | None] = (None, 0, 0, None)
+        self._span: tuple[Plan | None, int, float, _Geometry | None] = (None, 0, 0, None)
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
             self._geometry(size, self.config.seq_len)
         self._readers: Readers | None = None
@@ -438,18 +438,9 @@ class DataFeed:
         plan, first, end, geometry = self._span
         if plan is self._plan and first <= step < end:
             return geometry
-        plan = self._plan
-        index = plan.ledger.segment_index(step)
-        segment = plan.segment_plan(index)
+        segment, end = batch_span(self._plan, step)
         geometry = self._geometry(segment.batch_size(step), segment.config.seq_len)
-        # the same until the batch schedule's next point or the ledger's next segment
-        ends = [math.inf]
-        if index + 1 < len(plan.ledger.segments):
-            ends.append(plan.ledger.segments[index + 1].start_step)
-        change = segment.clock.next_change(step - segment.anchor)
-        if change is not None:
-            ends.append(change + segment.anchor)
-        self._span = (plan, step, min(ends), geometry)
+        self._span = (self._plan, step, end, geometry)
         return geometry
 
     def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:

@@ -44,6 +44,20 @@ def segment_stop(plan: Plan, index: int) -> int | None:
     return plan.segment_plan(index).end_step()
 
 
+def batch_span(plan: Plan, step: int) -> tuple[SegmentPlan, float]:
+    """The segment plan of `step`, and the first later step whose batch may differ: the batch
+    schedule's next point or the ledger's next segment (inf: neither). A caller that asks at
+    every step (the feed's geometry, `ScheduledSources`) recomputes only there."""
+    index = plan.ledger.segment_index(step)
+    segment = plan.segment_plan(index)
+    segments = plan.ledger.segments
+    end = segments[index + 1].start_step if index + 1 < len(segments) else math.inf
+    change = segment.clock.next_change(step - segment.anchor)
+    if change is not None:
+        end = min(end, segment.anchor + change)
+    return segment, end
+
+
 def stage_rows(plan: Plan) -> list[StageRow]:
     """Each segment's stages in absolute steps, from the one that holds the segment's start.
 
@@ -272,9 +286,7 @@ class ScheduledSources:
 
     def _at(self, step: int) -> tuple[frozenset[str], float]:
         """The sources at `step`, and the step up to which they hold at least."""
-        ledger = self.plan.ledger
-        index = ledger.segment_index(step)
-        seg = self.plan.segment_plan(index)
+        seg, end = batch_span(self.plan, step)
         local = step - seg.anchor
         first = seg.position_of(step)
         last = first + seg.rows_per_lane(step) - 1
@@ -288,12 +300,7 @@ class ScheduledSources:
         if lo != hi:  # the step straddles a stage boundary
             return frozenset(names), step + 1
         stage = seg.table.stages[lo]
-        ends = [math.inf]
-        if index + 1 < len(ledger.segments):
-            ends.append(ledger.segments[index + 1].start_step)
-        change = seg.clock.next_change(local)
-        if change is not None:
-            ends.append(seg.anchor + change)
+        ends = [end]
         if stage.end is not None:  # the first step holding a row of the next stage
             ends.append(seg.anchor + int(seg.clock.step_of(stage.end)))
         points = np.append(stage.mixture.starts, stage.mixture.horizon) + stage.first_step
