@@ -110,8 +110,7 @@ class _Geometry:
         else:
             shapes = [self.shape, self.shape[:-1]]
             placed = jax.make_array_from_process_local_data(shardings, local, shapes)
-        arrays = dict(zip(tokens + rows, placed[0] + placed[1]))
-        return {name: arrays[name] for name in host}
+        return dict(zip(tokens + rows, placed[0] + placed[1]))  # host's order: fields first
 
 
 @dataclass
