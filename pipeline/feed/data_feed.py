@@ -216,7 +216,7 @@ class DataFeed:
         *,
         step: int = 0,
         prefetch: int | None = None,
-        threads: int | None = None,
+        threads: int | str | None = None,
         log_events: bool = True,
         provenance: Sequence[str] | None = None,
         metrics_port: int | None = None,

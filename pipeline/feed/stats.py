@@ -85,7 +85,7 @@ class FeedStats:
     epochs: dict[str, int]  # the epoch each source's next window comes from
     prefetch: int  # steps read ahead at most
     prefetch_ready: int  # steps already read when the last next() began
-    read_s: Quantiles  # reader time per step: first chunk's start to last chunk's end
+    read_s: Quantiles  # reader time per step: the step's reader task, start to end
     wait_s: Quantiles  # time the consumer spent inside next() per step
     last_wait_s: float
     input_bound_steps: int

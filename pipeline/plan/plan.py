@@ -318,7 +318,8 @@ class Plan:
         if len(packed) == len(sources) == 1:  # one best-fit source draws every row
             return layouts[packed[0]].read_fields(draws.window)
         source, epoch, start = draws.source, draws.epoch, draws.start
-        if packed:  # the concat sources' rows only (no copies when every row is one's)
+        # the concat sources' rows only: no fancy-index copies when no best-fit source drew a row
+        if packed:
             windows = np.flatnonzero(np.isin(source, concat))
             source, epoch, start = source[windows], epoch[windows], start[windows]
         tokens = np.empty((len(source), plan.config.seq_len + 1), dtype=np.int32)
