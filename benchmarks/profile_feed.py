@@ -55,13 +55,12 @@ def main() -> None:
 
     from pipeline.config import parse_config
     from pipeline.feed.data_feed import DataFeed, _read_chunk, _read_step
-    from pipeline.plan.report import ScheduledSources
 
     config = parse_config(bench.config_mapping(bench.resolve_sources(args), args), origin="bench")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh) as feed:
         plan, geometry = feed.plan, feed._geometry_at(0)
-        scheduled = ScheduledSources(plan)
+        scheduled = feed._scheduled
         host = _read_chunk(plan, 0, geometry.rows, (), False).batch
         parts = {
             "Plan.draws": lambda s: plan.draws(s, geometry.rows),
@@ -123,9 +122,9 @@ def main() -> None:
     for fresh in range(5):
         with DataFeed(config, mesh) as feed:
             geometry = feed._geometry_at(10**6)
+            scheduled = feed._scheduled
             if fresh:
                 profile.enable()
-            scheduled = ScheduledSources(feed.plan)
             jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True, scheduled).batch)
             profile.disable()
     print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
