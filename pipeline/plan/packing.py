@@ -213,7 +213,10 @@ class PackedLayout:
         begin: np.ndarray,
     ) -> np.ndarray:
         """`segment` with 0 on each untrained target: token t >= 1 of the document whose slots
-        begin at begin[i] is the target of slot begin[i] + t - 1 (its first token is none)."""
+        begin at begin[i] is the target of slot begin[i] + t - 1 (its first token is none).
+        An unmasked store has none: `segment` itself, as batch fields are read-only."""
+        if not self.store.masked:
+            return segment
         trained = segment.copy()
         piece, lo, hi = self.store.untrained_spans(shards, first, first + tokens)
         before = begin[piece] - 1
