@@ -433,12 +433,23 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     )
 
 
+def is_count(value: Any) -> bool:
+    """Whether `value` is an integer >= 1 (True is not one)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def is_thread_count(value: Any) -> bool:
+    """Whether `value` is a reader-thread count, of the config's `feed.threads` or of
+    `DataFeed(threads=)`: `auto` (lower case only, like every other word of the config) or an
+    integer >= 1."""
+    return value == AUTO_THREADS or is_count(value)
+
+
 def _threads(value: Any, where: _Where) -> int | str:
-    """`auto` (lower case only, like every other word of the config) or an integer >= 1."""
+    if not is_thread_count(value):
+        raise where.fail("feed.threads", f"expected an integer >= 1 or auto, got {value!r}")
     if value == AUTO_THREADS:
         return AUTO_THREADS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise where.fail("feed.threads", f"expected an integer >= 1 or auto, got {value!r}")
     return where.integer(value, "feed.threads", minimum=1, maximum=MAX_THREADS)
 
 

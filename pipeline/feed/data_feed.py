@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import DataConfig
-from pipeline.config.parse import AUTO_THREADS, PROVENANCE
+from pipeline.config.parse import PROVENANCE, is_count, is_thread_count
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop
@@ -157,10 +157,6 @@ def _read_step(
     return chunk
 
 
-def _is_count(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
-
-
 def _release_stores(stores: list[TokenStore]) -> None:
     """Hand a feed's shared stores back (`shared_stores.release`): the last user closes one."""
     for store in stores:
@@ -243,9 +239,9 @@ class DataFeed:
         self.batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
         self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
         self.threads = self.config.feed.threads if threads is None else threads
-        if not _is_count(self.prefetch):
+        if not is_count(self.prefetch):
             raise FeedError(f"DataFeed prefetch: expected an integer >= 1, got {self.prefetch!r}")
-        if self.threads != AUTO_THREADS and not _is_count(self.threads):
+        if not is_thread_count(self.threads):
             raise FeedError(
                 f"DataFeed threads: expected an integer >= 1 or auto, got {self.threads!r}"
             )
