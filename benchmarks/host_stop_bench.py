@@ -104,8 +104,7 @@ def main() -> None:
     print("measured on | per step: check() | per step: try + check() | watcher: KV poll | "
           "watcher: store stat | watcher share of a second")  # fmt: skip
     print("--- | --- | --- | --- | --- | ---")
-    poll = host_stop.seconds(host_stop.POLL_ENV, host_stop.POLL_S)  # as the feed reads them
-    check = host_stop.seconds(host_stop.STORE_CHECK_ENV, host_stop.STORE_CHECK_S)
+    poll, check, _ = host_stop.stop_periods()  # as the feed reads them
     for index, r in enumerate(results):
         share = r["poll_us"] / 1e6 / poll + r["stat_us"] / 1e6 / check
         print(

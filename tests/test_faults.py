@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
-from pipeline.feed import host_stop
+from pipeline.feed import host_stop, shared_stores
 from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
@@ -846,12 +846,17 @@ def test_the_stop_periods_come_from_the_environment(monkeypatch):
 @pytest.mark.parametrize("variable", ["POLL_ENV", "STORE_CHECK_ENV", "GRACE_ENV"])
 def test_a_bad_stop_period_is_refused_by_the_feed_in_one_line(tmp_path, monkeypatch, variable,
                                                                value):  # fmt: skip
+    """Before the feed acquires a store or starts a thread: nothing is left held."""
     name = getattr(host_stop, variable)
     monkeypatch.setenv(name, value)
     config = parse_config(config_over(tmp_path, {"s": synthetic(tmp_path)}), "r.yaml")
+    acquired = []
+    monkeypatch.setattr(shared_stores, "acquire", lambda path: acquired.append(path))
+    threads = threading.enumerate()
     with pytest.raises(ConfigError) as info:
         DataFeed(config, mesh())
     assert one_line(info.value) == f"${name}: expected a number of seconds > 0, got {value!r}"
+    assert acquired == [] and threading.enumerate() == threads
 
 
 @given(st.text("0123456789abcdef", min_size=16, max_size=16), st.integers(1, 5000))

@@ -60,7 +60,7 @@ from pipeline.config import DataConfig
 from pipeline.config.parse import PROVENANCE, is_count, is_thread_count
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
-from pipeline.feed.host_stop import HostStop
+from pipeline.feed.host_stop import HostStop, stop_periods
 from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
 from pipeline.feed.store_check import BackgroundVerify, verify_share
@@ -218,6 +218,8 @@ class DataFeed:
         metrics_port: int | None = None,
         stats: bool = True,
     ) -> None:
+        # first: a bad $PIPELINE_STOP_*_S fails before any store is acquired or collective run
+        periods = stop_periods()
         # epoch rollovers and stage changes, one line each; input-bound warnings
         self.log_events = log_events
         self._shared: list[TokenStore] = []
@@ -263,8 +265,7 @@ class DataFeed:
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
-        # first: it reads its periods from the environment and may refuse them
-        self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)))
+        self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)), periods)
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None

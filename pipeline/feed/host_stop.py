@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -87,6 +87,25 @@ def seconds(variable: str, default: float) -> float:
     return value
 
 
+class Periods(NamedTuple):
+    """The watcher's periods in seconds: `POLL_S`, `STORE_CHECK_S` and `GRACE_S`, or their
+    environment variables' values."""
+
+    poll_s: float
+    store_check_s: float
+    grace_s: float
+
+
+def stop_periods() -> Periods:
+    """The periods from the environment (ConfigError if one is not a number of seconds > 0);
+    the feed reads them before it acquires anything, so a bad value leaves nothing to undo."""
+    return Periods(
+        seconds(POLL_ENV, POLL_S),
+        seconds(STORE_CHECK_ENV, STORE_CHECK_S),
+        seconds(GRACE_ENV, GRACE_S),
+    )
+
+
 def checks_remote(fingerprint: str, process: int, processes: int) -> bool:
     """Whether `process` (of `processes`) is the one that re-checks the cloud store of this
     content fingerprint: the same answer on every process, whatever stores each one holds open
@@ -107,11 +126,9 @@ def _coordination_client() -> Any | None:
 class HostStop:
     """Publishes this process's fatal data error; watches the peers' and the stores' identity."""
 
-    def __init__(self, stores: Callable[[], Sequence[TokenStore]]) -> None:
+    def __init__(self, stores: Callable[[], Sequence[TokenStore]], periods: Periods) -> None:
         """`stores` gives the stores open now: a switch or a later stage opens more of them."""
-        self._poll_s = seconds(POLL_ENV, POLL_S)
-        self._store_check_s = seconds(STORE_CHECK_ENV, STORE_CHECK_S)
-        self._grace_s = seconds(GRACE_ENV, GRACE_S)
+        self._poll_s, self._store_check_s, self._grace_s = periods
         self._client = _coordination_client()
         self._index = jax.process_index()
         self._processes = jax.process_count()
