@@ -22,6 +22,7 @@ import pipeline.store.writer as writer
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import FeedError, StoreError
+from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.maxtext import create_data_iterator, read_iter_state
 from pipeline.plan import data_state
@@ -321,6 +322,23 @@ def test_a_bucket_shard_rewritten_after_its_first_open_is_named(prefix, corpus):
     with pytest.raises(StoreError, match=f"{shard}: the shard was replaced or changed"):
         opened.read_shard_tokens(0, 0, 5)
     np.testing.assert_array_equal(TokenStore(store).read_shard_tokens(0, 0, 5).tokens, first)
+
+
+def test_a_bucket_store_that_has_read_a_shard_is_still_shared(prefix, corpus):
+    """A cloud shard's identity is taken at its first read, not at open: the store that took it
+    is still the same store as a fresh open of it, so a second feed shares it."""
+    store = f"{prefix}/web"
+    prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
+    held = shared_stores.acquire(store)
+    try:
+        held.read_shard_tokens(0, 0, 5)
+        assert held.same_as(TokenStore(store))
+        again = shared_stores.acquire(store)
+        assert again is held
+        shared_stores.release(again)
+    finally:
+        shared_stores.release(held)
+    assert not shared_stores.holds(held)
 
 
 def upload(local: Path, url: str) -> str:

@@ -151,7 +151,10 @@ class TokenStore:
         )
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
         self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
+        # The identities taken at open (what `same_as` compares), and those of cloud shards,
+        # taken at their first use (a later open of the unchanged store has none: still equal).
         self._file_identities = check_files(self.path, self.manifest, self.dtype)
+        self._first_use_identities: list[FileIdentity | None] = [None] * len(shards)
         if verify:
             self.verify()
 
@@ -465,9 +468,9 @@ class TokenStore:
         entry = self.manifest["shards"][shard]
         file = self.path / entry["file"]
         self.check_unchanged()
-        known = self._file_identities[shard].get("file")
+        known = self._shard_identity(shard)
         if known is None:  # a cloud shard, opened first now: its identity is taken now
-            self._file_identities[shard]["file"] = shard_identity(self.path, entry)
+            self._first_use_identities[shard] = shard_identity(self.path, entry)
         elif identity_or_none(file) != known:
             raise StoreError(
                 f"{file}: the shard was replaced or changed after the store was opened; "
@@ -514,9 +517,14 @@ class TokenStore:
         for cache in self._indexes.values():
             cache[shard] = None
 
+    def _shard_identity(self, shard: int) -> FileIdentity | None:
+        """The identity of the shard's data file: taken at open, or (a cloud shard) at its
+        first use; None for a cloud shard not used yet."""
+        return self._file_identities[shard].get("file") or self._first_use_identities[shard]
+
     def _new_reader(self, shard: int) -> ArrayRecordReader:
         """A reader of the shard, of the generation checked at its first open."""
-        return open_reader(self.shard_file(shard), self._file_identities[shard].get("file"))
+        return open_reader(self.shard_file(shard), self._shard_identity(shard))
 
 
 def is_store(path: str | Path) -> bool:
