@@ -72,7 +72,7 @@ def read_pieces(
     for k, shard, start, stop, row, col in pieces:
         view = views.get((k, shard))
         if view is None:
-            view = views[k, shard] = _piece_view(stores[k], shard)
+            view = views[k, shard] = (stores[k].flat_tokens(shard), stores[k].doc_offsets(shard))
         flat, docs = view
         if flat is None:
             by_record.setdefault((k, shard), []).append((start, stop, row, col))
@@ -88,12 +88,6 @@ def read_pieces(
     return np.divmod(np.concatenate(found), width)
 
 
-def _piece_view(store: TokenStore, shard: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """(flat tokens, or None when the shard is read through ArrayRecord; document
-    offsets) of a shard, as plain arrays (a memmap's slicing costs more)."""
-    return store.flat_tokens(shard), store.doc_offsets(shard).view(np.ndarray)
-
-
 def _copy_records(
     store: TokenStore,
     shard: int,
@@ -104,7 +98,7 @@ def _copy_records(
     out: np.ndarray,
 ) -> None:
     """`read_pieces`'s copy through ArrayRecord: each needed record read once."""
-    offsets = store.record_offsets(shard).view(np.ndarray)
+    offsets = store.record_offsets(shard)
     # first record of [lo, hi): the last offset <= lo; one past its last: offsets <= hi - 1
     ends = np.searchsorted(offsets, starts + [stop - 1 for stop in stops], side="right")
     firsts = (ends[: len(starts)] - 1).tolist()

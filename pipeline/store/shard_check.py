@@ -99,7 +99,7 @@ def load_mask(root: Path, entry: dict[str, Any]) -> np.ndarray:
     if spans.ndim != 2 or spans.shape[1:] != (2,) or spans.dtype != np.int64:
         found = f"{spans.dtype}{list(spans.shape)}"
         raise StoreError(f"{path}: {found}, a loss mask is int64[k, 2]; prepare the store again")
-    flat = spans.view(np.ndarray).reshape(-1)
+    flat = spans.reshape(-1)
     if flat.size and (flat[0] < 0 or flat[-1] > size or np.any(flat[1:] < flat[:-1])):
         raise StoreError(
             f"{path}: untrained spans are not ordered ranges inside the shard's {size} "
@@ -133,9 +133,8 @@ def map_flat(
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
     flat = np.frombuffer(mapped, dtype, size)
-    bounds = offsets.view(np.ndarray)
     sample = sample_digest(
-        len(bounds) - 1, lambda record: flat[bounds[record] : bounds[record + 1]].tobytes()
+        len(offsets) - 1, lambda record: flat[offsets[record] : offsets[record + 1]].tobytes()
     )
     if sample != entry["sample_sha256"]:
         raise StoreError(

@@ -242,7 +242,7 @@ class TokenStore:
         order = np.argsort(shards, kind="stable")
         numbers, cuts = np.unique(shards[order], return_index=True)
         cuts = np.append(cuts, order.size).tolist()
-        spans = [self._index(n, "untrained").view(np.ndarray) for n in numbers.tolist()]
+        spans = [self._index(n, "untrained") for n in numbers.tolist()]
         # In a shard's spans flattened (ascending), n(<= start) // 2 spans end by `start` and
         # (n(<= stop - 1) + 1) // 2 begin before `stop`.
         found = np.stack([starts[order], stops[order] - 1], axis=1)
@@ -413,7 +413,7 @@ class TokenStore:
         """Shard offsets of the documents that start inside [start, stop)."""
         docs = self.doc_offsets(shard)
         first, last = np.searchsorted(docs, (start, stop), side="left")
-        return np.asarray(docs[first:last], dtype=np.int64)
+        return docs[first:last]
 
     def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
         return self._readers.read(
@@ -421,7 +421,7 @@ class TokenStore:
         )
 
     def _verify_records(self, shard: int, batch: int = 4096) -> None:
-        offsets = np.asarray(self.record_offsets(shard))
+        offsets = self.record_offsets(shard)
         itemsize = self.dtype.itemsize
         for first in range(0, len(offsets) - 1, batch):
             last = min(first + batch, len(offsets) - 1)
