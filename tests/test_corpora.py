@@ -138,13 +138,19 @@ def test_parquet_binary_column_and_custom_field(tmp_path: Path) -> None:
 
 def test_parquet_errors(tmp_path: Path) -> None:
     path = tmp_path / "cols.parquet"
-    pq.write_table(pa.table({"body": ["x", None], "id": [1, 2]}), path)
-    with pytest.raises(PrepareError, match=r"has no column 'text' \(columns: body, id\)") as error:
+    pq.write_table(pa.table({"body": ["x", None], "id": [1, 2], "tags": [["a"], ["b"]]}), path)
+    with pytest.raises(
+        PrepareError, match=r"has no column 'text' \(columns: body, id, tags\)"
+    ) as error:
         resolve_inputs([str(path)])
     assert str(path) in str(error.value)
     [spec] = resolve_inputs([str(path)], text_field="body")
-    with pytest.raises(PrepareError, match=r"row 1 column 'body' is null"):
+    with pytest.raises(PrepareError, match=r"row 1 column 'body' is null, not text"):
         list(iter_documents(spec))
+    for field, kind in (("id", "a number"), ("tags", "a list")):
+        [spec] = resolve_inputs([str(path)], text_field=field)
+        with pytest.raises(PrepareError, match=rf"row 0 column '{field}' is {kind}, not text"):
+            list(iter_documents(spec))
     fake = _write(tmp_path / "fake.parquet", b"not parquet at all")
     with pytest.raises(PrepareError, match=f"{fake} is not a readable Parquet file"):
         resolve_inputs([str(fake)])

@@ -96,6 +96,20 @@ def test_prompt_completion_in_jsonl_and_parquet_with_own_field_names(tmp_path: P
     assert inputs == sorted(f"question {i}? answer {i}" for i in range(5) for _ in range(2))
 
 
+def test_a_parquet_binary_column_is_named_bytes_not_a_list(tmp_path: Path) -> None:
+    """A binary column reads as Python bytes, a Sequence: it is neither a string nor a list of
+    messages, and the error says what it is."""
+    path = tmp_path / "binary.parquet"
+    rows = {"prompt": [b"q"], "completion": ["a"], "messages": [b"m"]}
+    pq.write_table(pa.table(rows), path)
+    for fields, field, wanted in (
+        (PROMPTS, "prompt", "a string"),
+        (MESSAGES, "messages", "a list"),
+    ):
+        with pytest.raises(PrepareError, match=rf"field '{field}' is bytes, not {wanted}"):
+            _prepare([str(path)], tmp_path / "s", fields=fields)
+
+
 def test_hf_tokenizer_uses_the_chat_template_of_its_config(
     tmp_path: Path, hf_tokenizer_json: Path
 ) -> None:

@@ -185,11 +185,12 @@ def _from_file(path: str) -> ChatTemplate:
 
 def json_kind(value: Any) -> str:
     """What a row's value is, in the words of the JSON (or Parquet) the user wrote: "a number",
-    "null", "a list"; a Python type name ("a int", "a NoneType") reads as our bug, not theirs."""
+    "null", "a list", "bytes" (a Parquet binary column; a Sequence, not a list); a Python type
+    name ("a int", "a NoneType") reads as our bug, not theirs."""
     if value is None:
         return "null"
     kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
-             (Mapping, "an object"), (Sequence, "a list"))  # fmt: skip
+             (bytes, "bytes"), (Mapping, "an object"), (Sequence, "a list"))  # fmt: skip
     for types, kind in kinds:
         if isinstance(value, types):
             return kind
@@ -269,7 +270,7 @@ def _messages(row: Mapping[str, Any], field: str) -> list[dict[str, str]]:
     if field not in row or row[field] is None:
         raise BadRow(f"has no field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
     value = row[field]
-    if not isinstance(value, Sequence) or isinstance(value, str):
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
         raise BadRow(f"field {field!r} is {json_kind(value)}, not a list of messages")
     if not value:
         raise BadRow(f"field {field!r} is an empty conversation")

@@ -607,10 +607,7 @@ def _as_text(value: Any, where: str) -> str:
             raise PrepareError(
                 f"{where} is not valid UTF-8 ({error.reason}); store UTF-8 text"
             ) from None
-    raise PrepareError(
-        f"{where} is {'null' if value is None else type(value).__name__}, not text; "
-        "store a string in every row"
-    )
+    raise PrepareError(f"{where} is {json_kind(value)}, not text; store a string in every row")
 
 
 def _iter_tfds(spec: InputSpec) -> Iterator[Document]:
