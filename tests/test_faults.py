@@ -585,6 +585,14 @@ def test_a_manifest_without_shards_is_one_line(tmp_path, capsys, redo):
     assert code == 2 and f"{store / MANIFEST}: " in err and expected in err
 
 
+def test_a_store_whose_manifest_has_no_created_record_verifies(tmp_path, capsys):
+    """`created` (how the store was prepared) is informative: a manifest need not have it."""
+    store = synthetic(tmp_path)
+    edit_manifest(store, lambda m: m.pop("created"), redo_checksum=True)
+    code = main(["verify-store", str(store)])
+    assert code == 0 and capsys.readouterr().out.startswith(f"ok: {store}: ")
+
+
 @pytest.mark.parametrize("suffix", ["array_record", "flat.bin"])
 def test_verify_store_and_the_feed_on_a_zeroed_file_name_it(tmp_path, capsys, suffix):
     """A zeroed shard (in a store without sidecars, where the feed reads it) or sidecar (which

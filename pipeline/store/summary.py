@@ -13,7 +13,7 @@ from pipeline.store.tokenizers import Tokenizer, load_tokenizer
 
 def describe_store(store: TokenStore) -> str:
     """One line; it names rows that `prepare --skip-bad-rows` left out, whatever printed it."""
-    skipped = store.manifest["created"].get("bad_rows_skipped") or 0
+    skipped = (store.manifest.get("created") or {}).get("bad_rows_skipped") or 0
     return (
         f"{store.path}: {store.num_documents:,} documents, {store.num_tokens:,} tokens, "
         f"{store.num_shards} shards, tokenizer {store.manifest['tokenizer']['name']}, "
