@@ -22,7 +22,8 @@ both give the same tokens. ArrayRecord stays the canonical store, the one Grain 
 by one module per job: `store_files` (the files' identities and checksums: opened, replaced?),
 `shard_check` (a shard's first-use checks of its indexes, mask, sidecar and records),
 `shard_readers` (the ArrayRecord readers, the bound on open shards, retries) and `piece_reads`
-(`read_pieces`, the batched copy). Every name this module had is still importable from here.
+(`read_pieces`, the batched copy); `read_pieces`, `READER_OPTIONS` and `file_sha256` are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from pipeline.store.piece_reads import read_pieces
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import check_records, load_index, load_mask, map_flat
 from pipeline.store.shard_readers import (
-    MAX_OPEN_ENV,
-    MAX_OPEN_SHARDS,
     READER_OPTIONS,
     ShardReaders,
     default_max_open,
@@ -49,7 +48,6 @@ from pipeline.store.shard_readers import (
 )
 from pipeline.store.store_files import (
     CHECKSUMS,
-    FLAT_SUFFIX,
     FileIdentity,
     check_files,
     file_sha256,
@@ -61,19 +59,13 @@ from pipeline.store.store_files import (
 from pipeline.urls import is_url, location
 
 __all__ = [
-    "CHECKSUMS",
     "DEFAULT_RETRY",
-    "FLAT_SUFFIX",
-    "MAX_OPEN_ENV",
-    "MAX_OPEN_SHARDS",
     "READER_OPTIONS",
-    "FileIdentity",
     "TokenSpan",
     "TokenStore",
     "file_sha256",
     "is_store",
     "read_pieces",
-    "store_identity",
 ]
 
 DEFAULT_RETRY = RetryPolicy()
@@ -102,11 +94,11 @@ class TokenStore:
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
     checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
-    else `MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least recently
-    read closed first; `ShardReaders`), so host memory does not grow with the corpus; reads
-    that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars and
-    reads every token through ArrayRecord (so does a cloud store: sidecars are memory-mapped
-    local files).
+    else `shard_readers.MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least
+    recently read closed first; `ShardReaders`), so host memory does not grow with the corpus;
+    reads that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars
+    and reads every token through ArrayRecord (so does a cloud store: sidecars are
+    memory-mapped local files).
     """
 
     def __init__(
