@@ -64,10 +64,12 @@ def open_reader(path: Path, identity: FileIdentity | None) -> ArrayRecordReader:
 class ShardReaders:
     """The readers, locks and open-shard bound of one store's `count` shards.
 
-    `new_reader(shard)` opens a shard's reader; `forget(shard)` drops what the shard's first
-    use opened and checked (the store's), called whenever its reader is dropped: when the shard
-    is closed as the least recently read, after a failed read attempt, and by `close`. `name`
-    names a shard's file in errors.
+    `new_reader(shard)` opens a shard's reader; `first_read(shard)` runs the store's checks
+    before each read (its first-use checks and those of its records), with the shard's lock
+    held; `on_drop(shard)` is called whenever the shard's reader is dropped (when the shard is
+    closed as the least recently read, after a failed read attempt, and by `close`), for the
+    store to forget what the shard's first use opened and checked. `name` names a shard's file
+    in errors.
     """
 
     def __init__(
@@ -77,7 +79,8 @@ class ShardReaders:
         retry: RetryPolicy,
         *,
         new_reader: Callable[[int], ArrayRecordReader],
-        forget: Callable[[int], None],
+        first_read: Callable[[int], None],
+        on_drop: Callable[[int], None],
         name: Callable[[int], Path],
     ) -> None:
         self.max_open = max_open
@@ -86,18 +89,13 @@ class ShardReaders:
         self._readers: list[ArrayRecordReader | None] = [None] * count
         self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
         self._open_lock = threading.Lock()
-        self._new_reader, self._forget_checks, self._name = new_reader, forget, name
+        self._new_reader, self._first_read = new_reader, first_read
+        self._on_drop, self._name = on_drop, name
 
-    def read(
-        self,
-        shard: int,
-        read: Callable[[ArrayRecordReader], T],
-        records: str,
-        first_use: Callable[[int], None],
-    ) -> T:
-        """`read(reader)` under the shard's lock, after `first_use(shard)` (the shard's
-        first-use checks and those of its records), retried by the policy (a failed attempt
-        drops the reader, so the next one starts afresh); a failure names the file."""
+    def read(self, shard: int, read: Callable[[ArrayRecordReader], T], records: str) -> T:
+        """`read(reader)` under the shard's lock, after `first_read(shard)`, retried by the
+        policy (a failed attempt drops the reader, so the next one starts afresh); a failure
+        names the file and the `records` read."""
 
         def attempt() -> T:
             try:
@@ -108,7 +106,7 @@ class ShardReaders:
 
         self.touch(shard)  # before opening: the bound holds while this one opens
         with self.locks[shard]:
-            first_use(shard)
+            self._first_read(shard)
             try:
                 result = self.retry.call(attempt)
             except Exception as error:  # ArrayRecord raises plain RuntimeErrors
@@ -182,5 +180,5 @@ class ShardReaders:
         """Forget the shard's reader and what its first use opened and checked, so that its next
         use opens and checks it again (call with its lock held); returns its reader, to close."""
         reader, self._readers[shard] = self._readers[shard], None
-        self._forget_checks(shard)
+        self._on_drop(shard)
         return reader

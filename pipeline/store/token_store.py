@@ -138,7 +138,8 @@ class TokenStore:
             max_open_shards,
             retry,
             new_reader=self._new_reader,
-            forget=self._forget,
+            first_read=self._first_read,
+            on_drop=self._forget,
             name=self.shard_file,
         )
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
@@ -359,7 +360,6 @@ class TokenStore:
             shard,
             lambda reader: [reader.read(record, record + 1)[0] for record in records],
             f"{records[0]}..{records[-1]}",
-            self._first_read,
         )
 
     def verify(self, shards: Iterable[int] | None = None) -> None:
@@ -409,7 +409,7 @@ class TokenStore:
 
     def _read_records(self, shard: int, first: int, last: int) -> list[bytes]:
         return self._readers.read(
-            shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}", self._first_read
+            shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}"
         )
 
     def _verify_records(self, shard: int, batch: int = 4096) -> None:
