@@ -366,9 +366,10 @@ class TokenStore:
         """The full pass over `shards` (default: all): every file's checksum, then the manifest
         against every record.
 
-        Per shard: the shard's first-open checks, the SHA-256 of its three files, its record
-        count, every record's length against the index (so the dtype too), and every token id
-        below the tokenizer's vocabulary size. Reads those shards whole, once.
+        Per shard: the shard's first-open checks, the SHA-256 of each of its files that
+        `CHECKSUMS` lists (data, indexes, and the sidecar and loss mask where it has them), its
+        record count, every record's length against the index (so the dtype too), and every
+        token id below the tokenizer's vocabulary size. Reads those shards whole, once.
         """
         for shard in range(self.num_shards) if shards is None else shards:
             entry = self.manifest["shards"][self.check_shard(shard)]
