@@ -192,6 +192,28 @@ def test_a_bad_thread_count_is_refused(config, threads):
         DataFeed(config, mesh_of((2,), ("data",)), threads=threads)
 
 
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ({"threads": 0}, "DataFeed threads: expected"),
+        ({"prefetch": 0}, "DataFeed prefetch: expected"),
+        ({"provenance": ["nope"]}, "provenance: expected names"),
+        ({"batch_axes": "model"}, "batch_axes ('model',): each must be"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_any_store_is_acquired(
+    config, monkeypatch, argument, message
+):
+    """A refused feed holds nothing: its stores are only released when it is collected."""
+    from pipeline.feed import shared_stores
+
+    acquired = []
+    monkeypatch.setattr(shared_stores, "acquire", lambda path: acquired.append(path))
+    with pytest.raises(FeedError) as info:
+        DataFeed(config, mesh_of((2,), ("data",)), **argument)
+    assert str(info.value).startswith(message) and acquired == []
+
+
 def test_state_is_small_json(config):
     import json
 

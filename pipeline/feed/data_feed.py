@@ -218,27 +218,20 @@ class DataFeed:
         metrics_port: int | None = None,
         stats: bool = True,
     ) -> None:
-        # first: a bad $PIPELINE_STOP_*_S fails before any store is acquired or collective run
+        # first, every argument and $PIPELINE_STOP_*_S: a bad one fails before any store is
+        # acquired or collective run
         periods = stop_periods()
-        # epoch rollovers and stage changes, one line each; input-bound warnings
-        self.log_events = log_events
-        self._shared: list[TokenStore] = []
         if isinstance(config_or_plan, Plan):
-            self._plan = config_or_plan
             self.config = config_or_plan.config
         elif isinstance(config_or_plan, DataConfig):
             self.config = config_or_plan
-            self._plan = _plan_on_every_process(config_or_plan)
-            self._shared = self._plan.stores()  # released, not closed, by close()
         else:
             raise FeedError(
                 f"DataFeed takes a DataConfig or a Plan, got {type(config_or_plan).__name__}"
             )
-        self._scheduled = ScheduledSources(self._plan)  # for the event log, in the readers
-        # close() hands the shared stores back; so does collecting a feed never closed
-        self._release = weakref.finalize(self, _release_stores, self._shared)
         self.mesh = mesh
         self.batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+        self._check_axes()
         self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
         self.threads = self.config.feed.threads if threads is None else threads
         if not is_count(self.prefetch):
@@ -247,12 +240,22 @@ class DataFeed:
             raise FeedError(
                 f"DataFeed threads: expected an integer >= 1 or auto, got {self.threads!r}"
             )
-        # decided once, from the stores open now: a later switch to a remote store keeps it
-        self.reader_threads = reader_count(self.threads, self.prefetch, self._plan.stores())
         self.provenance = tuple(self.config.feed.provenance if provenance is None else provenance)
         if any(name not in PROVENANCE for name in self.provenance):
             raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
-        self._check_axes()
+        # epoch rollovers and stage changes, one line each; input-bound warnings
+        self.log_events = log_events
+        self._shared: list[TokenStore] = []
+        if isinstance(config_or_plan, Plan):
+            self._plan = config_or_plan
+        else:
+            self._plan = _plan_on_every_process(self.config)
+            self._shared = self._plan.stores()  # released, not closed, by close()
+        self._scheduled = ScheduledSources(self._plan)  # for the event log, in the readers
+        # close() hands the shared stores back; so does collecting a feed never closed
+        self._release = weakref.finalize(self, _release_stores, self._shared)
+        # decided once, from the stores open now: a later switch to a remote store keeps it
+        self.reader_threads = reader_count(self.threads, self.prefetch, self._plan.stores())
         self._geometries: dict[tuple[int, int], _Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)
