@@ -16,6 +16,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import jax
@@ -358,12 +359,16 @@ def corpus(directory: Path, words: str, count: int) -> Path:
     return directory
 
 
-def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(tmp_path):
-    old = corpus(tmp_path / "old", "alpha", 60)
-    new = corpus(tmp_path / "new", "omega", 60)
-    out = tmp_path / "store"
+def feed_across_a_replacement(tmp: Path, out: Any, **overrides) -> str:
+    """Feed a store of 8 shards (`out`: a local path or a bucket URL's `location`), replace it
+    after the first step by `prepare --overwrite` of a corpus of the same lengths (the same
+    record layout: only the tokens differ), and feed until the feed stops. Every batch served
+    must be the old store's: a fresh prepare of it (prepare is deterministic) gives them. Returns
+    the stop's one-line error."""
+    old = corpus(tmp / "old", "alpha", 60)
+    new = corpus(tmp / "new", "omega", 60)
     prepare(PrepareOptions([str(old)], out, num_shards=8, progress=False))
-    config = parse_config(config_over(tmp_path, {"s": out}, lanes=1, global_batch_size=2), "r.yaml")
+    config = parse_config(config_over(tmp, {"s": out}, **overrides), "r.yaml")
     served = []
     with DataFeed(config, mesh(), prefetch=1, threads=1) as feed:
         served.append(np.asarray(next(feed)["inputs"]))
@@ -371,15 +376,20 @@ def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(t
         with pytest.raises(FeedError) as info:
             for _ in range(500):
                 served.append(np.asarray(next(feed)["inputs"]))
-    message = one_line(info.value)
-    assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in message
-    reference = tmp_path / "reference"  # the old store again: prepare is deterministic
+    reference = tmp / "reference"
     prepare(PrepareOptions([str(old)], reference, num_shards=8, progress=False))
-    raw = config_over(tmp_path, {"s": reference}, lanes=1, global_batch_size=2)
-    expected = Plan.from_config(parse_config(raw, "r.yaml"))
-    for step, batch in enumerate(served):  # every batch served came from the old store
+    expected = Plan.from_config(
+        parse_config(config_over(tmp, {"s": reference}, **overrides), "r.yaml")
+    )
+    for step, batch in enumerate(served):
         np.testing.assert_array_equal(batch, expected.batch(step)["inputs"])
-    assert len(served) >= 1
+    return one_line(info.value)
+
+
+def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(tmp_path):
+    out = tmp_path / "store"
+    message = feed_across_a_replacement(tmp_path, out, lanes=1, global_batch_size=2)
+    assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in message
 
 
 def test_a_flat_sidecar_replaced_after_open_is_refused_at_its_first_use(tmp_path):

@@ -7,6 +7,7 @@ and gcsfs; nothing here is a mock.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -21,7 +22,7 @@ from jax.sharding import Mesh
 import pipeline.store.writer as writer
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
-from pipeline.errors import FeedError, StoreError
+from pipeline.errors import StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.maxtext import create_data_iterator, read_iter_state
@@ -37,6 +38,7 @@ from tests.gcs_emulator import serving
 from tests.storegen import write_synthetic_store
 from tests.test_cli_plan import SHARDS, write_config
 from tests.test_faults import corpus as corpus_of
+from tests.test_faults import feed_across_a_replacement
 from tests.test_feed import reader_threads
 from tests.test_maxtext import maxtext_config, write_data_yaml
 
@@ -255,29 +257,16 @@ def test_a_bucket_store_replaced_under_a_running_feed_stops_it_and_serves_nothin
     """Readers of a bucket shard read the generation checked when it was opened: once
     `--overwrite` replaces the store, every read fails, naming its object, and no batch
     holds a token of the new store."""
-    old = corpus_of(tmp_path / "old", "alpha", 60)
-    new = corpus_of(tmp_path / "new", "omega", 60)  # the same lengths: the same record layout
     store = location(f"{prefix}/web")
-    prepare(PrepareOptions([str(old)], store, num_shards=8, progress=False))
     # 8 lanes: the first step opens a shard per lane, whose readers the next steps read on
-    raw = {"seed": 3, "seq_len": 8, "global_batch_size": 8, "lanes": 8, "mix": {"s": 1}}
-    config = parse_config({**raw, "sources": {"s": {"path": str(store)}}})
-    served = []
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    with DataFeed(config, mesh, prefetch=1, threads=1) as feed:
-        served.append(np.asarray(next(feed)["inputs"]))
-        prepare(PrepareOptions([str(new)], store, num_shards=8, overwrite=True, progress=False))
-        with pytest.raises(FeedError) as info:
-            for _ in range(500):
-                served.append(np.asarray(next(feed)["inputs"]))
-    message = str(info.value)
-    assert "\n" not in message and f"{store}/" in message, message
-    reference = prepare(PrepareOptions([str(old)], tmp_path / "ref", num_shards=8, progress=False))
-    expected = Plan.from_config(
-        parse_config({**raw, "sources": {"s": {"path": str(reference["train"])}}})
-    )
-    for step, batch in enumerate(served):
-        np.testing.assert_array_equal(batch, expected.batch(step)["inputs"])
+    message = feed_across_a_replacement(tmp_path, store, lanes=8, global_batch_size=8)
+    # Which stops the feed depends on timing: a reader opened before the replacement asks for
+    # the generation it opened, now gone (404), within a step; a shard opened after it (or, on
+    # a slow run, the feed's periodic identity check, unprefixed) finds the new manifest.
+    read = r"shard-0000[0-7]-of-00008\.array_record: cannot read records \d+\.\.\d+: .* 404;"
+    replaced = r"manifest\.json: the store was replaced or changed after it was opened "
+    step = r"step \d+: cannot read the batch: "
+    assert re.match(rf"({step})?{re.escape(str(store))}/({read}|{replaced})", message), message
 
 
 def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
