@@ -737,6 +737,17 @@ def launch_until_ready(tmp: Path, raw: dict, task: dict, between) -> tuple[list[
     return codes, [last_line(log) for log in sorted(tmp.glob("spec-*-*.log"))]
 
 
+def feed_until_error(feed: DataFeed) -> str:
+    """Step `feed` until it raises, for up to 30 s: the watcher's identity check runs on its own
+    period, not per step. Returns the one-line error."""
+    with pytest.raises(FeedError) as info:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            next(feed)
+            time.sleep(0.01)
+    return one_line(info.value)
+
+
 def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, monkeypatch):
     """No shard opens after the replacement: the feed's periodic identity check finds it."""
     monkeypatch.setenv(host_stop.STORE_CHECK_ENV, "0.05")
@@ -749,12 +760,8 @@ def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, 
         assert feed.plan.stores()[0].num_shards == 1  # opened by the first step
         new = corpus(tmp_path / "new", "omega", 60)
         prepare(PrepareOptions([str(new)], out, num_shards=1, overwrite=True, progress=False))
-        with pytest.raises(FeedError) as info:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                next(feed)
-                time.sleep(0.01)
-    assert one_line(info.value) == (
+        message = feed_until_error(feed)
+    assert message == (
         f"{out / MANIFEST}: the store was replaced or changed after it was opened (by "
         "`prepare --overwrite`?); restart the job to read the new store"
     )
@@ -764,8 +771,9 @@ def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, 
 def quick_stop(monkeypatch):
     """The stop watcher's periods cut for the 2-process tests (their workers inherit the
     environment): at the defaults (2 s poll, 10 s store check and grace) a test only waits."""
-    for variable, value in [("STORE_CHECK_ENV", "0.25"), ("POLL_ENV", "0.25"), ("GRACE_ENV", "2")]:
-        monkeypatch.setenv(getattr(host_stop, variable), value)
+    monkeypatch.setenv(host_stop.STORE_CHECK_ENV, "0.25")
+    monkeypatch.setenv(host_stop.POLL_ENV, "0.25")
+    monkeypatch.setenv(host_stop.GRACE_ENV, "2")
 
 
 @pytest.mark.multiprocess
@@ -904,7 +912,7 @@ def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
     """The identity check follows the feed's current plan, not the stores open at its start."""
     from pipeline.plan.resume import reconcile
 
-    monkeypatch.setattr(host_stop, "STORE_CHECK_S", 0.05)
+    monkeypatch.setenv(host_stop.STORE_CHECK_ENV, "0.05")
     first = tmp_path / "first"
     added = tmp_path / "added"
     for out, word in ((first, "alpha"), (added, "beta")):
@@ -923,9 +931,5 @@ def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
         assert len(feed.plan.stores()) == 2  # the switch opened the added store
         prepare(PrepareOptions([str(corpus(tmp_path / "new", "omega", 60))], added, num_shards=1,
                                overwrite=True, progress=False))  # fmt: skip
-        with pytest.raises(FeedError) as info:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                next(feed)
-                time.sleep(0.01)
-    assert one_line(info.value).startswith(f"{added / MANIFEST}: the store was replaced")
+        message = feed_until_error(feed)
+    assert message.startswith(f"{added / MANIFEST}: the store was replaced")

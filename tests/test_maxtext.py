@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
+from pipeline.feed import host_stop
 from pipeline.feed.maxtext import (
     EvalIterator,
     TrainIterator,
@@ -441,7 +442,7 @@ def test_a_data_error_ends_maxtexts_loop_with_status_2_and_its_line(tmp_path):
     raw = {"seed": 3, "seq_len": 8, "global_batch_size": 8, "sources": {"s": {"path": str(store)}}}
     (tmp_path / "data.yaml").write_text(yaml.safe_dump({**raw, "mix": {"s": 1}}))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).parent.parent))
-    env.update(PIPELINE_STOP_STORE_CHECK_S="0.05", PIPELINE_STOP_GRACE_S="1")
+    env.update({host_stop.STORE_CHECK_ENV: "0.05", host_stop.GRACE_ENV: "1"})
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     child = subprocess.Popen(
         [sys.executable, "-c", MAXTEXT_LOOP, str(tmp_path / "data.yaml")],
