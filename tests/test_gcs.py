@@ -156,7 +156,7 @@ def test_an_interrupted_upload_never_opens_and_the_same_prepare_finishes_it(
 
 
 def test_an_interrupted_overwrite_leaves_no_store_until_it_is_run_again(
-    prefix, corpus, monkeypatch
+    tmp_path: Path, prefix, corpus, monkeypatch
 ):
     """--overwrite deletes the old manifest first: no moment mixes the old and new stores."""
     store = location(f"{prefix}/web")
@@ -170,7 +170,9 @@ def test_an_interrupted_overwrite_leaves_no_store_until_it_is_run_again(
     assert not [p for p in store.iterdir() if p.name.endswith("of-00003.array_record")]
     prepare(again)
     assert TokenStore(str(store), verify=True).num_shards == 2
-    assert sorted(p.name for p in store.iterdir())[0] == "manifest.json"  # no marker
+    assert writer.INCOMPLETE not in [p.name for p in store.iterdir()]
+    local = prepare(PrepareOptions([corpus], tmp_path / "web", num_shards=2, progress=False))
+    assert files(store) == files(local["train"])  # no file of the first prepare is left
 
 
 def test_a_prefix_of_other_objects_is_not_taken_for_an_interrupted_upload(prefix, corpus):
