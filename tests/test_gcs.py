@@ -221,10 +221,10 @@ def test_the_bare_emulator_lacks_suffix_ranges_and_generations(tmp_path: Path):
         PrepareOptions([big_corpus(tmp_path / "big")], tmp_path / "s", num_shards=1, progress=False)
     )["train"]
     small = tmp_path / "small.array_record"
-    writer = ArrayRecordWriter(str(small), "group_size:1")
+    records = ArrayRecordWriter(str(small), "group_size:1")
     for record in (b"a", b"b", b"c"):
-        writer.write(record)
-    writer.close()
+        records.write(record)
+    records.close()
     with serving(bare=True) as bucket:
         endpoint = os.environ["STORAGE_EMULATOR_HOST"]
         fs = gcsfs.GCSFileSystem(endpoint_url=endpoint, skip_instance_cache=True)
