@@ -54,7 +54,7 @@ def serve(ports: list[int], bucket: str, log: str | None = None) -> None:
         params = request.params
         try:
             live = storage.get_file_obj(params["bucket_name"], params["object_id"])
-            size = len(storage.get_file(params["bucket_name"], params["object_id"]))
+            size = int(live["size"])  # the object's metadata: no read of its bytes
         except NotFound:
             live, size = None, 0  # the emulator's handler answers 404
         asked = request.query.get("generation", [None])[0]
