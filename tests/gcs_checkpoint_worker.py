@@ -18,36 +18,32 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from jax.sharding import Mesh
 
-from pipeline.feed.checkpoint import DataRestore, DataSave
+from pipeline.feed.checkpoint import DataRestore
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan.batch import FIELDS
 from tests.feedstores import two_stage_config
+from tests.test_checkpoint import manager, mesh, save
 
 STEP = 3
 
 
 def main(phase: str, stores: str, checkpoint: str, out: str) -> None:
     config = two_stage_config(Path(stores))
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    model = {"w": jnp.arange(4.0) * STEP}
     with (
-        DataFeed(config, mesh) as feed,
-        ocp.CheckpointManager(epath.Path(checkpoint), options=options) as manager,
+        DataFeed(config, mesh()) as feed,
+        manager(epath.Path(checkpoint), async_save=False) as mngr,
     ):
         if phase == "save":
             for _ in range(STEP):
                 next(feed)
-            args = {"state": ocp.args.StandardSave(model), "data": DataSave(feed)}
-            manager.save(STEP, args=ocp.args.Composite(**args))
-            manager.wait_until_finished()
+            save(mngr, STEP, feed)
+            mngr.wait_until_finished()
         else:
             abstract = jax.ShapeDtypeStruct((4,), jnp.float32)
             args = {"state": ocp.args.StandardRestore({"w": abstract}), "data": DataRestore(feed)}
-            restored = manager.restore(STEP, args=ocp.args.Composite(**args))
-            np.testing.assert_array_equal(restored["state"]["w"], model["w"])
+            restored = mngr.restore(STEP, args=ocp.args.Composite(**args))
+            np.testing.assert_array_equal(restored["state"]["w"], np.arange(4.0) * STEP)
         batches = {}
         for step in (feed.step, feed.step + 1):
             batch = next(feed)

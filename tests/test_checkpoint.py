@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ def mesh() -> Mesh:
     return Mesh(np.array(jax.devices()[:2]), ("data",))
 
 
-def manager(directory: Path, *, async_save: bool) -> ocp.CheckpointManager:
+def manager(directory: os.PathLike, *, async_save: bool) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save)
     return ocp.CheckpointManager(directory, options=options)
 

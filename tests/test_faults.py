@@ -19,21 +19,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from jax.sharding import Mesh
 
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
 from pipeline.feed import host_stop, shared_stores
-from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave
+from pipeline.feed.checkpoint import FILENAME, DataRestore
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
@@ -44,6 +41,8 @@ from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import MANIFEST, TokenStore
 from tests.feedstores import two_stage_config, two_stage_raw
 from tests.storegen import write_synthetic_store
+from tests.test_checkpoint import manager as checkpoint_manager
+from tests.test_checkpoint import mesh, save
 
 SHARDS = [[30, 50, 20], [40, 60], [25, 35, 45, 55]]
 
@@ -97,20 +96,9 @@ def config_over(directory: Path, sources: dict[str, Path], **overrides) -> dict:
 # -- 1. an edited checkpoint data state ------------------------------------------------------
 
 
-def mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()[:2]), ("data",))
-
-
-def save(mngr: ocp.CheckpointManager, step: int, feed: DataFeed) -> None:
-    model = {"w": jnp.arange(4.0) * step}
-    mngr.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(model), data=DataSave(feed))
-    )
-
-
 def manager(root: Path) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    return ocp.CheckpointManager(root / "ckpt", options=options)
+    """A synchronous manager of the checkpoints under `root`/ckpt."""
+    return checkpoint_manager(root / "ckpt", async_save=False)
 
 
 def switched_raw(root: Path) -> dict:
