@@ -20,7 +20,6 @@ import yaml
 from jax.sharding import Mesh
 
 import pipeline.store.writer as writer
-from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import StoreError
 from pipeline.feed import shared_stores
@@ -36,7 +35,7 @@ from pipeline.urls import copy_file, location
 from tests.feedstores import two_stage_config
 from tests.gcs_emulator import serving
 from tests.storegen import write_synthetic_store
-from tests.test_cli_plan import SHARDS, write_config
+from tests.test_cli_plan import SHARDS, run, write_config
 from tests.test_faults import corpus as corpus_of
 from tests.test_faults import feed_across_a_replacement
 from tests.test_feed import reader_threads
@@ -61,12 +60,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def files(store) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(location(store).iterdir())}
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_round_trip_prepare_verify_feed_inspect(tmp_path: Path, prefix, corpus, capsys):
