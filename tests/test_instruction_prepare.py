@@ -217,6 +217,50 @@ def test_cli_refuses_a_row_option_its_format_does_not_read(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        (["--prompt-field", "q"], "--prompt-field is not read with --format text"),
+        (["--chat-template", "builtin"], "--chat-template is not read with --format text"),
+    ],
+)
+def test_cli_refuses_for_a_builtin_corpus_what_its_format_does_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], refused: str
+) -> None:
+    """The prompt-completion corpus keeps its own fields and renders no chat template."""
+    out = tmp_path / "s"
+    argv = ["prepare", "builtin:python-docstrings", "--out", str(out), "--no-progress"]
+    assert main([*argv, *options]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {refused}; it is for --format ")
+    assert not out.exists()
+
+
+def test_cli_train_on_reaches_a_builtin_corpus_of_its_own_format(tmp_path: Path) -> None:
+    """builtin:python-docstrings is prompt-completion rows under the default --format text."""
+    argv = ["prepare", "builtin:python-docstrings", "--no-progress", "--num-shards", "1"]
+    assert main([*argv, "--out", str(tmp_path / "default")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "all"), "--train-on", "all"]) == 0
+    default, every = TokenStore(tmp_path / "default"), TokenStore(tmp_path / "all")
+    assert every.manifest["created"]["train_on"] == "all"
+    assert not all(mask.all() for _, mask in _documents(default))
+    assert all(mask.all() for _, mask in _documents(every))
+
+
+@pytest.mark.parametrize("template", ["builtin", "chatml.jinja"])
+def test_cli_chat_template_reaches_the_builtin_chat_corpus(tmp_path: Path, template: str) -> None:
+    """builtin:python-docstrings-chat is messages rows under the default --format text."""
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    choice = template if template == "builtin" else str(tmp_path / template)
+    out = tmp_path / "s"
+    argv = ["prepare", "builtin:python-docstrings-chat", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--num-shards", "1", "--chat-template", choice]) == 0
+    store = TokenStore(out)
+    assert store.manifest["created"]["chat_template"]["name"] == template
+    tokens, _ = _documents(store)[0]
+    assert (b"<|im_start|>" in bytes(tokens[:-1].tolist())) == (template == "chatml.jinja")
+
+
 def test_cli_names_skipped_bad_rows_even_without_progress(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 from pipeline.errors import PrepareError
 from pipeline.store.chat import ROW_FORMATS, TRAIN_ON, RowFields
+from pipeline.store.corpora import INSTRUCTION_CORPORA
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.summary import describe_store
 from pipeline.store.token_store import TokenStore
@@ -112,13 +113,30 @@ ROW_OPTIONS = {
     "chat_template": ("messages",),
     "skip_bad_rows": ("messages", "prompt-completion"),
 }
+# the options naming a row field, and the field each names
+FIELD_OPTIONS = {
+    "messages_field": "messages",
+    "prompt_field": "prompt",
+    "completion_field": "completion",
+}
 
 
 def row_options(args: argparse.Namespace) -> dict[str, object]:
-    """The row options given; one the --format does not read is refused, not ignored."""
+    """The row options given; one no input's format reads is refused, not ignored.
+
+    A builtin instruction corpus brings its own format (and fields): its rows read --train-on,
+    --skip-bad-rows and (chat) --chat-template whatever --format says; the --*-field options
+    are read only with --format.
+    """
+    builtin = {
+        INSTRUCTION_CORPORA[name].format
+        for name in (arg.removeprefix("builtin:") for arg in args.inputs)
+        if name in INSTRUCTION_CORPORA
+    }
     given = {name: getattr(args, name) for name in ROW_OPTIONS if getattr(args, name) is not None}
     for name in given:
-        if args.format not in ROW_OPTIONS[name]:
+        formats = {args.format} if name in FIELD_OPTIONS else {args.format, *builtin}
+        if not formats & set(ROW_OPTIONS[name]):
             raise PrepareError(
                 f"--{name.replace('_', '-')} is not read with --format {args.format}; it is for "
                 f"--format {' or '.join(ROW_OPTIONS[name])} (docs/instruction-data.md)"
@@ -128,12 +146,7 @@ def row_options(args: argparse.Namespace) -> dict[str, object]:
 
 def run_prepare(args: argparse.Namespace) -> int:
     given = row_options(args)
-    field_names = {
-        "messages_field": "messages",
-        "prompt_field": "prompt",
-        "completion_field": "completion",
-    }
-    fields = {field_names[name]: value for name, value in given.items() if name in field_names}
+    fields = {FIELD_OPTIONS[name]: value for name, value in given.items() if name in FIELD_OPTIONS}
     options = PrepareOptions(
         inputs=args.inputs,
         out=args.out,
@@ -150,7 +163,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         fields=RowFields(args.format, args.text_field, **fields),
-        **{name: value for name, value in given.items() if name not in field_names},
+        **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )
     if args.runner == "beam":
         from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra
