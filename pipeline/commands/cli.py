@@ -42,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command} takes no options after --")
     args.passthrough = passthrough
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # output still buffered meets a closed pipe here, in the handler
+        return code
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
