@@ -115,6 +115,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # `tests.storegen`: a script's own path is benchmarks/
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         worker(json.loads(sys.argv[2]), int(sys.argv[3]))
     else:

@@ -33,6 +33,8 @@ from pipeline.store.token_store import TokenStore, is_store
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 from pipeline.urls import copy_file, location
 
+ROOT = Path(__file__).resolve().parent.parent
+
 DOC = 4  # tokens per document (= per record)
 TOKENIZER = {
     "name": "synthetic",
@@ -220,4 +222,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # `tests.gcs_emulator`: a script's own path is benchmarks/
     main()
