@@ -66,6 +66,17 @@ class Failed(Exception):
     pass
 
 
+def cpu_flake(logs: list[Path]) -> str | None:
+    """The known timeout of the simulated CPU setup (not ours) that ended a launch, if any:
+    XLA:CPU's stuck all-reduce in any process's log, or with several processes Gloo's."""
+    every = "\n".join(log.read_text() for log in logs)  # either process may be stuck
+    if any(sign in every for sign in XLA_CPU_STUCK):
+        return XLA_CPU_STUCK[0]
+    if len(logs) > 1 and GLOO_TIMEOUT in every:
+        return GLOO_TIMEOUT
+    return None
+
+
 class Transcript:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,10 +234,8 @@ class MaxText:
             self.say(f"== {name}: {what}: refused as expected ({took})")
         elif any(codes) or steps - 1 not in self.losses(name, launch):
             text = logs[0].read_text()
-            every = "\n".join(log.read_text() for log in logs)  # either process may be stuck
-            stuck = any(sign in every for sign in XLA_CPU_STUCK)
-            if retry and (stuck or (processes > 1 and GLOO_TIMEOUT in every)):
-                cause = XLA_CPU_STUCK[0] if stuck else GLOO_TIMEOUT
+            cause = cpu_flake(logs)
+            if retry and cause:
                 self.say(f"== {name}: {what}: {cause} ({took}), once more")
                 self.forget(name, logs)
                 return self.train(name, data, steps, *extra, processes=processes, retry=False,
@@ -256,12 +265,12 @@ class MaxText:
                 for p in procs:
                     p.kill()
                     p.wait()
-                text = logs[0].read_text()
-                if GLOO_TIMEOUT in text and retry:
-                    self.say(f"== {name}: {GLOO_TIMEOUT}, once more")
+                cause = cpu_flake(logs)
+                if retry and cause:
+                    self.say(f"== {name}: {cause}, once more")
                     self.forget(name, logs)
                     return self.stop_on_data_error(name, data, replace, retry=False)
-                tail = text.strip().splitlines()[-15:]
+                tail = logs[0].read_text().strip().splitlines()[-15:]
                 raise Failed(f"{name}: ended before step {STOP_AFTER}:\n" + "\n".join(tail))
             time.sleep(0.2)
         replace()
@@ -270,6 +279,7 @@ class MaxText:
             if time.monotonic() - replaced > STOP_WAIT:
                 for p in procs:
                     p.kill()
+                    p.wait()
                 raise Failed(f"{name}: still running {STOP_WAIT} s after the replacement")
             time.sleep(0.2)
         codes = [p.returncode for p in procs]
