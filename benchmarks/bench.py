@@ -111,7 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed: int = 0) -> None:
     """uint32 documents with geometric lengths (mean `doc_len`), random ids below 50,257."""
-    from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+    from pipeline.store.writer import (
+        commit,
+        staging_dir,
+        synthetic_tokenizer,
+        write_manifest,
+        write_shard,
+    )
 
     rng = np.random.default_rng(seed)
     staging = staging_dir(path)
@@ -125,14 +131,7 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
         docs = np.split(data, np.cumsum(lengths)[:-1])
         infos.append(write_shard(staging, shard, shards, docs, np.dtype(np.uint32)))
     # vocab above 2**16 keeps the dtype uint32, as for a 100k+ vocabulary
-    tokenizer = {
-        "name": "synthetic",
-        "kind": "synthetic",
-        "model_sha256": "",
-        "spec": "synthetic",
-        "vocab_size": 100_277,
-        "eod_id": eod,
-    }
+    tokenizer = synthetic_tokenizer(vocab_size=100_277, eod_id=eod)
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 

@@ -30,20 +30,19 @@ import numpy as np
 from pipeline.config import parse_config
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.store.token_store import TokenStore, is_store
-from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+from pipeline.store.writer import (
+    commit,
+    staging_dir,
+    synthetic_tokenizer,
+    write_manifest,
+    write_shard,
+)
 from pipeline.urls import copy_file, location
 
 ROOT = Path(__file__).resolve().parent.parent
 
 DOC = 4  # tokens per document (= per record)
-TOKENIZER = {
-    "name": "synthetic",
-    "kind": "synthetic",
-    "model_sha256": "",
-    "spec": "synthetic",
-    "vocab_size": 1000,
-    "eod_id": 999,
-}
+TOKENIZER = synthetic_tokenizer(vocab_size=1000, eod_id=999)
 
 
 def build(path: Path, shards: int, records: int) -> Path:

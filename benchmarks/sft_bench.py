@@ -48,7 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sft_store(path: Path, documents: int, mean: int, seed: int = 0) -> None:
     """uint16 documents of log-normal lengths, the first third of each untrained."""
-    from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+    from pipeline.store.writer import (
+        commit,
+        staging_dir,
+        synthetic_tokenizer,
+        write_manifest,
+        write_shard,
+    )
 
     rng = np.random.default_rng(seed)
     lengths = np.maximum(rng.lognormal(np.log(mean) - 0.5, 1.0, documents).astype(int), 2)
@@ -62,8 +68,7 @@ def sft_store(path: Path, documents: int, mean: int, seed: int = 0) -> None:
             docs.append((tokens, np.array([[0, length // 3]], np.int64).reshape(-1, 2)))
         infos.append(write_shard(staging, shard, shards, docs, np.dtype(np.uint16), 1 << 30,
                                  masked=True))  # fmt: skip
-    tokenizer = {"name": "synthetic", "kind": "synthetic", "spec": "synthetic",
-                 "model_sha256": "", "vocab_size": eod + 1, "eod_id": eod}  # fmt: skip
+    tokenizer = synthetic_tokenizer(vocab_size=eod + 1, eod_id=eod)
     write_manifest(staging, infos, tokenizer, np.dtype(np.uint16), {"synthetic": True})
     commit(staging, path, overwrite=True)
 

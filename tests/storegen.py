@@ -16,17 +16,16 @@ import numpy as np
 from pipeline.plan.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
-from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
+from pipeline.store.writer import (
+    commit,
+    staging_dir,
+    synthetic_tokenizer,
+    write_manifest,
+    write_shard,
+)
 
 EOD = 2**32 - 1  # never a position, so it never appears in a synthetic stream
-TOKENIZER = {  # the manifest's tokenizer entry of every synthetic store
-    "name": "synthetic",
-    "kind": "synthetic",
-    "model_sha256": "",
-    "spec": "synthetic",
-    "vocab_size": 2**32,
-    "eod_id": EOD,
-}
+TOKENIZER = synthetic_tokenizer(vocab_size=2**32, eod_id=EOD)  # of every synthetic store
 
 
 def write_synthetic_store(

@@ -202,6 +202,19 @@ def write_manifest(
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def synthetic_tokenizer(vocab_size: int, eod_id: int) -> dict[str, Any]:
+    """The manifest's tokenizer entry of a synthetic store (tests, benchmarks): no model, so
+    nothing can tokenize text for it, only the ids it declares."""
+    return {
+        "name": "synthetic",
+        "kind": "synthetic",
+        "model_sha256": "",
+        "spec": "synthetic",
+        "vocab_size": vocab_size,
+        "eod_id": eod_id,
+    }
+
+
 def _entry(shard: ShardInfo) -> dict[str, Any]:
     """A shard's manifest entry; optional files that were not written are not listed."""
     return {key: value for key, value in asdict(shard).items() if value is not None}
