@@ -12,11 +12,11 @@ machine hits them alike; the bench's config and mesh (8 simulated devices, 32 x 
 A round: 20 warm-up steps, `--steps` free-running `next()` calls (process CPU and wall per step,
 ending with `block_until_ready`), then `--paced` calls each after a `--pace-ms` sleep (a
 simulated training step; the prefetch is ahead): process CPU per paced step and the median wall
-time of `next()`. With `--restore`, a round is instead a restore in a new process (JAX, Orbax
-and `pipeline` imported and a checkpoint of step `--at` saved first, untimed): `DataFeed`, the
-documented `CheckpointManager.restore(..., Composite(data=DataRestore(feed)))` and the first
-`next()`, wall time. Prints medians (range) per variant and how many rounds the last beat the
-first.
+time of `next()`. With `--restore`, a round is instead a restore in a new process: a checkpoint
+of step `--at` saved by a process of its own, then, in a fresh one (JAX, Orbax and `pipeline`
+imported, untimed), `DataFeed`, the documented `CheckpointManager.restore(...,
+Composite(data=DataRestore(feed)))` and the first `next()`, wall time. Prints medians (range)
+per variant and how many rounds the last beat the first.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def measure(spec: dict) -> dict[str, float]:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     options = {} if spec["threads"] is None else {"threads": spec["threads"]}
     if spec["restore"] is not None:
-        return {"restore_ms": restore(config, mesh, options, spec["restore"])}
+        return restore(config, mesh, options, spec["restore"], Path(spec["checkpoint"]))
     with DataFeed(config, mesh, **options) as feed:
         for _ in range(WARMUP):
             batch = next(feed)
@@ -80,28 +80,30 @@ def measure(spec: dict) -> dict[str, float]:
     return result
 
 
-def restore(config, mesh, options: dict, step: int) -> float:
+def restore(config, mesh, options: dict, step: int, directory: Path) -> dict[str, float]:
+    """Save the data state of `step` under an empty `directory` (the round's first process),
+    or restore it (the second: a new process, as after a restart)."""
     import jax
     import orbax.checkpoint as ocp
 
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
 
-    with tempfile.TemporaryDirectory() as tmp:
-        mngr = ocp.CheckpointManager(tmp)
+    mngr = ocp.CheckpointManager(directory)
+    if mngr.latest_step() is None:
         with DataFeed(config, mesh, step=step, **options) as feed:
             mngr.save(step, args=ocp.args.Composite(data=DataSave(feed)))
         mngr.wait_until_finished()
         mngr.close()
-        mngr = ocp.CheckpointManager(tmp)  # a new process has a new manager
-        start = time.perf_counter()
-        feed = DataFeed(config, mesh, **options)
-        mngr.restore(step, args=ocp.args.Composite(data=DataRestore(feed)))
-        jax.block_until_ready(next(feed))
-        took = time.perf_counter() - start
-        feed.close()
-        mngr.close()
-    return took * 1e3
+        return {}
+    start = time.perf_counter()
+    feed = DataFeed(config, mesh, **options)
+    mngr.restore(step, args=ocp.args.Composite(data=DataRestore(feed)))
+    jax.block_until_ready(next(feed))
+    took = time.perf_counter() - start
+    feed.close()
+    mngr.close()
+    return {"restore_ms": took * 1e3}
 
 
 def run_child(root: Path, spec: dict, devices: int) -> dict[str, float]:
@@ -142,11 +144,15 @@ def main() -> None:
     spec = {"config": config, "steps": args.steps, "paced": args.paced,
             "pace_ms": args.pace_ms, "restore": args.at if args.restore else None}  # fmt: skip
     results: list[list[dict[str, float]]] = [[] for _ in variants]
-    for round_ in range(args.rounds):
-        order = list(range(len(variants)))
-        for index in order[::-1] if round_ % 2 else order:
-            root, threads = variants[index]
-            results[index].append(run_child(root, {**spec, "threads": threads}, args.devices))
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            order = list(range(len(variants)))
+            for index in order[::-1] if round_ % 2 else order:
+                root, threads = variants[index]
+                child = {**spec, "threads": threads, "checkpoint": f"{tmp}/{round_}-{index}"}
+                if args.restore:  # saved by a process of its own, untimed
+                    run_child(root, child, args.devices)
+                results[index].append(run_child(root, child, args.devices))
     keys = RESTORE_KEYS if args.restore else RUN_KEYS
     names = [f"{root.name} threads={threads or 'default'}" for root, threads in variants]
     print(
