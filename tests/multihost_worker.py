@@ -17,11 +17,12 @@ and a list of tasks:
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
   (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
   at that step, either after logging it ("step") or right after starting a save ("save").
-* {"kind": "stop", "fault": "replace" | "read", "faulty": P, "out"}: train until the feed
-  stops. After 3 steps every process writes OUT/ready-<id> and waits for OUT/go (the test
-  replaces the store in between, "replace"); with "read", process P's ArrayRecord reads fail
-  from then on (a persistent fault: every retry fails too). A PipelineError is printed as the
-  CLI prints it, "error: <line>", exit status 2.
+* {"kind": "stop", "fault": "replace" | "read" | "verify", "faulty": P, "out"}: train until
+  the feed stops. After 3 steps every process writes OUT/ready-<id> and waits for OUT/go (the
+  test replaces the store in between, "replace"); with "read", process P's ArrayRecord reads
+  fail from then on (a persistent fault: every retry fails too); with "verify", the test
+  damaged P's share of the store before the launch, for the config's background verification
+  to find. A PipelineError is printed as the CLI prints it, "error: <line>", exit status 2.
 * {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
   of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
   shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at checkpoint

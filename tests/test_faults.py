@@ -896,6 +896,28 @@ def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_l
     assert lines[0].endswith(f"host 1: {failing.removeprefix('error: ')}"), lines[0]
 
 
+@pytest.mark.multiprocess
+def test_a_failed_background_verification_on_one_process_stops_every_process_with_its_line(
+    tmp_path, quick_stop
+):
+    """Damage only the full pass finds, in shard 2: process 0's share of 2 (shard i on process
+    i mod 2), so process 1's pass succeeds and it learns of the failure from the published stop."""
+    from tests.test_multihost import launch, worker_output
+
+    store = synthetic(tmp_path)
+    shard = damage_an_unsampled_record(store)
+    raw = config_over(tmp_path, {"s": store}, feed={"verify": "background"})
+    (tmp_path / "go").touch()  # no pause at step 2: the failure may come before it
+    task = {"kind": "stop", "fault": "verify", "faulty": 0}
+    codes = launch(tmp_path, raw, [task], 2, 2, timeout=60)
+    assert codes == [2, 2], worker_output(tmp_path)
+    failing, other = (last_line(log) for log in sorted(tmp_path.glob("spec-*-*.log")))
+    assert failing.startswith(
+        f"error: background store verification failed: {shard}: content checksum does not match"
+    ), failing
+    assert other.endswith(f"host 0: {failing.removeprefix('error: ')}"), other
+
+
 def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
     """The identity check follows the feed's current plan, not the stores open at its start."""
     from pipeline.plan.resume import reconcile
