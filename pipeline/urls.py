@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,14 @@ def read_bytes(url: str) -> bytes:
 def write_atomically(path: Any, data: bytes) -> None:
     """Replace the file or object at `path` with `data`, so that a reader sees the old bytes or
     the new, never a part: a local file is written beside it and renamed over it; a cloud
-    object is one upload, which Cloud Storage makes visible only once it is complete."""
+    object is one upload, which Cloud Storage makes visible only once it is complete. The local
+    partial file's name is unique per call (pid and a random tag), so threads of one process
+    writing the same path at once never rename or remove each other's."""
     if is_url(path):
         location(path).write_bytes(data)
         return
     path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
     try:
         partial.write_bytes(data)
         os.replace(partial, path)
