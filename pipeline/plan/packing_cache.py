@@ -8,23 +8,24 @@ the seed, source name, `seq_len`, lanes, `too_long` and `PACKING_VERSION`, bumpe
 packing algorithm changes. A file is used only if it names exactly that key and its arrays
 match the SHA-256 it carries, with the shapes the store implies; anything else (damaged,
 truncated, stale, another key's) is logged, rebuilt and rewritten, never used. Files are
-written beside their final name and renamed, so readers on the same host never see half of one.
+written atomically (`write_atomically`), so readers on the same host never see half of one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
-import uuid
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline.urls import write_atomically
 
 log = logging.getLogger("pipeline")
 
@@ -108,13 +109,11 @@ def _read(path: Path, text: str, documents: int) -> tuple[Packing | None, str]:
 
 def _write(path: Path, text: str, packing: Packing) -> None:
     """Keep `packing` under `path`, atomically; a cache that cannot be written is skipped."""
-    partial = path.with_name(f".{path.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.npz")
+    arrays = {name: np.asarray(packing[name], dtype=np.int64) for name in ARRAYS}
+    data = io.BytesIO()  # serialised first: write_atomically takes bytes
+    np.savez(data, key=np.array(text), sha256=np.array(_digest(text, packing)), **arrays)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {name: np.asarray(packing[name], dtype=np.int64) for name in ARRAYS}
-        np.savez(partial, key=np.array(text), sha256=np.array(_digest(text, packing)), **arrays)
-        os.replace(partial, path)
+        write_atomically(path, data.getvalue())
     except OSError as error:
         log.warning("%s: packing not kept (%s); set %s=off to silence", path, error, CACHE_ENV)
-        with contextlib.suppress(OSError):  # e.g. the cache "directory" is a file: no partial
-            partial.unlink(missing_ok=True)
