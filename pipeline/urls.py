@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import StoreError
+
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
 _COPY_BLOCK = 16 << 20  # a streamed copy holds at most this much of a shard in memory
@@ -71,14 +73,21 @@ def write_atomically(path: Any, data: bytes) -> None:
 
 def object_version(url: Any) -> tuple[int, int] | None:
     """(generation, size) of a cloud object, None when there is none. Cloud Storage gives every
-    write of an object a new generation number: what an inode and mtime are to a local file."""
+    write of an object a new generation number: what an inode and mtime are to a local file.
+    A backend that gives none (not Cloud Storage) is refused: a constant stand-in would let a
+    same-size replacement go unnoticed, and shard readers read `gs://b/o#GENERATION`."""
     fs, path = _filesystem(url)
     fs.invalidate_cache(path)  # asked of the server, never of a listing this process cached
     try:
         info = fs.info(path)
     except FileNotFoundError:
         return None
-    return int(info.get("generation") or 0), int(info["size"])
+    if not info.get("generation"):
+        raise StoreError(
+            f"{url}: the object store gives no generation number, so a replaced object "
+            "could not be detected; keep stores on local disk or in Cloud Storage (gs://)"
+        )
+    return int(info["generation"]), int(info["size"])
 
 
 def copy_file(source: Any, destination: Any) -> None:

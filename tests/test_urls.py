@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
-from pipeline.urls import write_atomically
+import pytest
+
+from pipeline import urls
+from pipeline.errors import StoreError
+from pipeline.store.store_files import store_identity
+from pipeline.urls import location, write_atomically
 
 WRITERS, WRITES = 8, 20
 
@@ -33,3 +39,21 @@ def test_threads_writing_one_path_at_once_each_write_it_whole(tmp_path: Path) ->
     assert not errors, errors
     assert path.read_bytes() in contents
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left
+
+
+class _NoGenerations:
+    """An fsspec filesystem whose objects have a size and an etag but no generation number
+    (the Cloud Storage emulator always gives one, so it cannot serve this case)."""
+
+    def invalidate_cache(self, path: str) -> None:
+        pass
+
+    def info(self, path: str) -> dict[str, Any]:
+        return {"name": path, "size": 10, "etag": "abc"}
+
+
+def test_a_store_whose_objects_have_no_generation_is_refused(monkeypatch) -> None:
+    """A constant stand-in generation would make a same-size replacement look unchanged."""
+    monkeypatch.setattr(urls, "_filesystem", lambda url: (_NoGenerations(), str(url)))
+    with pytest.raises(StoreError, match=r"^gs://b/web/manifest.json: .* no generation number"):
+        store_identity(location("gs://b/web"))

@@ -68,6 +68,8 @@ def _file_identity(path: Path) -> FileIdentity:
     if is_url(path):
         try:
             found = object_version(path)
+        except StoreError:
+            raise
         except Exception as error:  # gcsfs retried what was transient
             raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
         if found is None:
