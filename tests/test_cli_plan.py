@@ -421,3 +421,21 @@ def test_dump_names_the_file_it_wrote_when_npz_is_left_out(tmp_path, stores, cap
     code, out, _ = run(capsys, "dump", config, "--steps", "0:2", "--out", tmp_path / "h1")
     assert code == 0 and out.startswith(f"wrote {tmp_path / 'h1.npz'}: steps 0..1")
     assert np.load(tmp_path / "h1.npz")["inputs"].shape == (2, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "--step", 2**62],  # rows per lane x step overflows int64
+        ["inspect", "--step", 2**63 - 1],  # wrapped silently to another step's rows
+        ["inspect", "--step", 10**20],  # past int64 itself
+        ["verify", "--steps", f"0:{10**20}"],
+        ["dump", "--steps", f"{10**20 - 2}:{10**20}", "--out", "x.npz"],
+    ],
+)
+def test_a_step_past_the_last_addressable_one_is_one_line(tmp_path, stores, capsys, argv):
+    config = write_config(tmp_path, stores)
+    code, out, err = run(capsys, argv[0], config, *argv[1:])
+    assert code == 2 and out == ""
+    assert err.startswith("error: step ") and len(err.strip().splitlines()) == 1
+    assert f"last step this plan can address ({2**62 // 4 - 1:,})" in err  # 4 rows per lane

@@ -117,6 +117,7 @@ def audit(
     """Check steps [start, stop) of `plan` (see the module docstring)."""
     if not 0 <= start < stop:
         raise ConfigError(f"steps {start}:{stop}: expected 0 <= A < B")
+    plan.batch_size(stop - 1)  # refuses a step past the plan's last before a loop counts them
     report = AuditReport(start, stop)
     counts = None if process_counts is None else tuple(process_counts)
     hosts: dict[int, Plan] = {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.config.parse import MAX_POSITION
+
 
 class StepClock:
     def __init__(self, batch_sizes: tuple[tuple[int, int], ...], lanes: int) -> None:
@@ -23,6 +25,11 @@ class StepClock:
     def horizon(self) -> int:
         """The first step from which rows per lane never change."""
         return int(self.points[-1])
+
+    @property
+    def last_step(self) -> int:
+        """The last step whose rows end at a lane position int64 holds (`MAX_POSITION`)."""
+        return int(self.points[-1] + (MAX_POSITION - self.starts[-1]) // self.rows[-1] - 1)
 
     def rows_per_lane(self, steps: np.ndarray | int) -> np.ndarray:
         return self.rows[self._piece(steps)]

@@ -163,11 +163,22 @@ class SegmentPlan:
 
     def position_of(self, step: int) -> int:
         """The lane position of the first row of `step` (an absolute step of the run)."""
-        return int(self.clock.position(step - self.anchor))
+        return int(self.clock.position(self._from_anchor(step)))
 
     def rows_per_lane(self, step: int) -> int:
         """Rows per lane of `step` (the batch schedule's, counted from the anchor)."""
-        return int(self.clock.rows_per_lane(step - self.anchor))
+        return int(self.clock.rows_per_lane(self._from_anchor(step)))
+
+    def _from_anchor(self, step: int) -> int:
+        """`step - anchor`, refused past the last step int64 lane positions hold (which would
+        overflow, or wrap silently to another step's rows)."""
+        last = self.anchor + self.clock.last_step
+        if step > last:
+            raise LedgerError(
+                f"step {step:,} is beyond the last step this plan can address ({last:,}); "
+                "past it, lane positions overflow int64"
+            )
+        return step - self.anchor
 
     def batch_size(self, step: int) -> int:
         return self.rows_per_lane(step) * self.config.lanes
