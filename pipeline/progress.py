@@ -19,7 +19,9 @@ class _SummaryBar(tqdm):
     """A bar that never redraws (`delay` and `mininterval` are infinite) and ends with a line."""
 
     def close(self) -> None:
-        if not self.disable:  # the first close only: tqdm's close disables the bar
+        # the first close only (tqdm's close disables the bar), and not while an error ends the
+        # work: the command's one error line would follow a count of what it cut short
+        if not self.disable and sys.exc_info()[0] is None:
             self.fp.write(self.format_meter(**self.format_dict) + "\n")
             self.fp.flush()
         super().close()

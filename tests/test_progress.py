@@ -72,3 +72,18 @@ def test_off_a_terminal_a_bar_is_one_line_or_nothing(capsys, enabled):
         assert err.count("\n") == 1 and "\r" not in err and "40/40" in err, err
     else:
         assert err == ""
+
+
+def test_off_a_terminal_a_bar_ended_by_an_error_writes_nothing(capsys):
+    """The error is the one line a failed command prints: no count of the work cut short."""
+    with pytest.raises(ValueError):
+        for _ in progress.progress_bar(range(5), desc="verify", unit=" step"):
+            raise ValueError
+    bar = progress.progress_bar(desc="prepare", unit=" doc")
+    with pytest.raises(ValueError):
+        try:
+            bar.update(1)
+            raise ValueError
+        finally:
+            bar.close()
+    assert capsys.readouterr().err == ""
