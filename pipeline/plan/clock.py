@@ -20,16 +20,15 @@ class StepClock:
         self.points = np.array([step for step, _ in batch_sizes], dtype=np.int64)
         self.rows = np.array([size // lanes for _, size in batch_sizes], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(np.diff(self.points) * self.rows[:-1])])
+        # the last step whose rows end at a lane position int64 holds with room (`MAX_POSITION`)
+        self.last_step = int(
+            self.points[-1] + (MAX_POSITION - self.starts[-1]) // self.rows[-1] - 1
+        )
 
     @property
     def horizon(self) -> int:
         """The first step from which rows per lane never change."""
         return int(self.points[-1])
-
-    @property
-    def last_step(self) -> int:
-        """The last step whose rows end at a lane position int64 holds (`MAX_POSITION`)."""
-        return int(self.points[-1] + (MAX_POSITION - self.starts[-1]) // self.rows[-1] - 1)
 
     def rows_per_lane(self, steps: np.ndarray | int) -> np.ndarray:
         return self.rows[self._piece(steps)]
