@@ -83,7 +83,7 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
     store = arrayrecord_only(plan).stores()[0]
     index = store.record_offsets(0)
     out = np.empty((1, 9), np.int32)
-    store._indexes["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
+    store._loaded["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
     with pytest.raises(StoreError, match="corrupt"):
         store.read_pieces_into([0], [0], [9], out, [0], [0])
     with pytest.raises(StoreError, match="inside the shard"):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -325,3 +327,41 @@ def test_a_stale_missing_or_altered_sidecar_is_refused_by_name(tmp_path: Path) -
     TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
     with pytest.raises(StoreError, match=f"{sidecar}: content checksum does not match"):
         TokenStore(path, verify=True)
+
+
+class _CloseOtherOnRelease:
+    """A shard's lock whose first `with` exit lets `close_other` run just after the release,
+    as another thread's read might: the interleaving in which the shard is closed between its
+    first use and the caller's look at what that use loaded."""
+
+    def __init__(self, lock: threading.Lock, close_other: Callable[[], None] | None) -> None:
+        self.lock, self.close_other = lock, close_other
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self.lock.acquire(blocking)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+        close_other, self.close_other = self.close_other, None
+        if close_other is not None:
+            close_other()
+
+
+@pytest.mark.parametrize("read", ["flat_tokens", "doc_offsets"])
+def test_a_shard_closed_right_after_its_first_use_still_serves_that_read(tmp_path, read) -> None:
+    """With one open shard allowed, another thread reading shard 1 just after shard 0's first
+    use released its lock closes shard 0; the read that opened it still gets what it loaded
+    (not None: no fall back to ArrayRecord, no missing index)."""
+    path = _prepare_jsonl(tmp_path, [f"text number {i}" for i in range(30)], 2, seed=0)
+    expected = getattr(TokenStore(path), read)(0)
+    store = TokenStore(path, max_open_shards=1)
+    readers = store._readers
+    readers.locks[0] = _CloseOtherOnRelease(readers.locks[0], lambda: readers.touch(1))
+    np.testing.assert_array_equal(getattr(store, read)(0), expected)
+    assert store._loaded["flat"][0] is None  # the interleaving happened: shard 0 was closed

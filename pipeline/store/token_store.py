@@ -128,11 +128,11 @@ class TokenStore:
         self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
         self.shard_starts = self.meta.shard_starts
         self.masked = self.meta.masked
-        self._indexes: dict[str, list[np.ndarray | None]] = {
-            key: [None] * len(shards) for key in ("index", "docs", "untrained")
+        # What a shard's first use loads, per shard: its indexes, loss mask and sidecar map.
+        self._loaded: dict[str, list[np.ndarray | None]] = {
+            key: [None] * len(shards) for key in ("index", "docs", "untrained", "flat")
         }
         self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
-        self._flats: list[np.ndarray | None] = [None] * len(shards)
         self._readers = ShardReaders(
             len(shards),
             max_open_shards,
@@ -344,12 +344,10 @@ class TokenStore:
         first use; None for a shard read through ArrayRecord (`read_record_list`)."""
         if not self._use_flat[shard]:
             return None
-        flat = self._flats[shard]
+        flat = self._loaded["flat"][shard]
         if flat is None:
-            self._open_shard(shard)
-            flat = self._flats[shard]
-        else:
-            self._readers.touch(shard)
+            return self._open_shard(shard, "flat")
+        self._readers.touch(shard)
         return flat
 
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
@@ -396,11 +394,8 @@ class TokenStore:
         self.close()
 
     def _index(self, shard: int, key: str) -> np.ndarray:
-        index = self._indexes[key][self.check_shard(shard)]
-        if index is None:
-            self._open_shard(shard)
-            index = self._indexes[key][shard]
-        return index
+        index = self._loaded[key][self.check_shard(shard)]
+        return self._open_shard(shard, key) if index is None else index
 
     def _doc_starts(self, shard: int, start: int, stop: int) -> np.ndarray:
         """Shard offsets of the documents that start inside [start, stop)."""
@@ -437,8 +432,10 @@ class TokenStore:
                     "the store is corrupt: prepare it again"
                 )
 
-    def _open_shard(self, shard: int) -> None:
-        """First use of a shard: check it is still the store's, and is what the manifest says.
+    def _open_shard(self, shard: int, key: str = "index") -> np.ndarray | None:
+        """First use of a shard: check it is still the store's, and is what the manifest says;
+        returns what it loaded under `key` (`_loaded`), taken with the shard's lock held, so
+        that another thread closing the shard once the lock is released cannot take it away.
 
         Costs a few `stat`s, reading the two small indexes, and hashing four records of what
         the shard serves from: the manifest and the shard must be the files seen when the store
@@ -448,11 +445,10 @@ class TokenStore:
         sidecar's bytes and opens no ArrayRecord reader; the first read through ArrayRecord
         checks the records it reads from (`_check_records`).
         """
-        if self._opened[shard]:
-            return
         self._readers.touch(shard)  # an opened shard counts against the bound on open readers
         with self._readers.locks[shard]:
             self._open_shard_locked(shard)
+            return self._loaded[key][shard]
 
     def _open_shard_locked(self, shard: int) -> None:
         """`_open_shard` with the shard's lock held."""
@@ -474,12 +470,12 @@ class TokenStore:
         untrained = load_mask(self.path, entry) if self.masked else None
         if self._use_flat[shard]:
             seen = self._file_identities[shard].get("flat")
-            self._flats[shard] = map_flat(self.path, entry, seen, self.dtype, offsets)
+            self._loaded["flat"][shard] = map_flat(self.path, entry, seen, self.dtype, offsets)
         else:
             self._check_records(shard, offsets)
-        self._indexes["index"][shard] = offsets
-        self._indexes["docs"][shard] = docs
-        self._indexes["untrained"][shard] = untrained
+        self._loaded["index"][shard] = offsets
+        self._loaded["docs"][shard] = docs
+        self._loaded["untrained"][shard] = untrained
         self._opened[shard] = True
 
     def _check_records(self, shard: int, offsets: np.ndarray) -> None:
@@ -499,16 +495,15 @@ class TokenStore:
         """The checks before a read through ArrayRecord (`ShardReaders.read` calls it with the
         shard's lock held): the shard's first-use checks and those of its records."""
         self._open_shard_locked(shard)
-        self._check_records(shard, self._indexes["index"][shard])
+        self._check_records(shard, self._loaded["index"][shard])
 
     def _forget(self, shard: int) -> None:
         """Forget what the shard's first use opened and checked, so that its next use opens
         and checks it again (`ShardReaders` calls it with the shard's lock held, when it drops
         the shard's reader)."""
         self._opened[shard] = self._records_checked[shard] = False
-        self._flats[shard] = None  # a reader thread copying from it keeps its own reference
-        for cache in self._indexes.values():
-            cache[shard] = None
+        for loaded in self._loaded.values():  # a thread copying from a map keeps its reference
+            loaded[shard] = None
 
     def _shard_identity(self, shard: int) -> FileIdentity | None:
         """The identity of the shard's data file: taken at open, or (a cloud shard) at its
