@@ -380,11 +380,11 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
 
 def stats_call_seconds(config: dict, calls: int = 2000) -> float:
     """What the feed's statistics add to a step, timed alone on a real step's draws: the
-    reader task's `ChunkRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
+    reader task's `StepRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
     import time
 
     from pipeline.config import parse_config
-    from pipeline.feed.stats import ChunkRead, Recorder
+    from pipeline.feed.stats import Recorder, StepRead
     from pipeline.plan.plan import Plan
 
     plan = Plan.from_config(parse_config(config, origin="bench"))
@@ -392,7 +392,7 @@ def stats_call_seconds(config: dict, calls: int = 2000) -> float:
     draws = plan.draws(0, np.arange(config["global_batch_size"]))  # one read per step
     start = time.perf_counter()
     for step in range(calls):
-        read = ChunkRead.of(plan, draws, time.perf_counter())
+        read = StepRead.of(plan, draws, time.perf_counter())
         recorder.served(step, read, time.perf_counter(), time.perf_counter(), ready=2)
     return (time.perf_counter() - start) / calls
 

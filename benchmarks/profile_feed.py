@@ -54,18 +54,18 @@ def main() -> None:
     from jax.sharding import Mesh
 
     from pipeline.config import parse_config
-    from pipeline.feed.data_feed import DataFeed, _read_chunk, _read_step
+    from pipeline.feed.data_feed import DataFeed, _read_rows, _read_step
 
     config = parse_config(bench.config_mapping(bench.resolve_sources(args), args), origin="bench")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh) as feed:
         plan, geometry = feed.plan, feed._geometry_at(0)
         scheduled = feed._scheduled
-        host = _read_chunk(plan, 0, geometry.rows, (), False).batch
+        host = _read_rows(plan, 0, geometry.rows, (), False).batch
         parts = {
             "Plan.draws": lambda s: plan.draws(s, geometry.rows),
             "Plan.read (draws + read + fields)": lambda s: (
-                _read_chunk(plan, s, geometry.rows, (), False).batch
+                _read_rows(plan, s, geometry.rows, (), False).batch
             ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
             "the reader task (_read_step)": lambda s: (

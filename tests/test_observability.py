@@ -18,7 +18,7 @@ from pipeline.config import parse_config
 from pipeline.errors import ConfigError, FeedError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.metrics import PREFIX
-from pipeline.feed.stats import ChunkRead, Recorder
+from pipeline.feed.stats import Recorder, StepRead
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, micro_batch_rows
 from tests.feedstores import two_stage_config, two_stage_raw
@@ -114,8 +114,8 @@ def test_a_feed_without_stats_says_so(tmp_path):
 def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
     segment = Plan.from_config(two_stage_config(tmp_path)).segment_plan(0)
 
-    def chunk(started: float, finished: float) -> ChunkRead:  # 3 code rows, 1 docs row
-        return ChunkRead.counted(segment, np.array([3, 1]), started, finished)
+    def task(started: float, finished: float) -> StepRead:  # 3 code rows, 1 docs row
+        return StepRead.counted(segment, np.array([3, 1]), started, finished)
 
     recorder = Recorder(0, prefetch=2, share=0.25, window=4, warn=True)
     # (next() entered, left) per step; a step is the time between two returns
@@ -125,7 +125,7 @@ def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
     timings += [(7.95, 8.0)]  # the window of steps 5..8 holds 3 bound steps
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         for step, (entered, left) in enumerate(timings):
-            recorder.served(step, chunk(entered - 0.2, entered), entered, left, ready=0)
+            recorder.served(step, task(entered - 0.2, entered), entered, left, ready=0)
     lines = [r.getMessage() for r in caplog.records if r.name == "pipeline"]
     assert lines == [
         "steps 5..8: input-bound on 3 of 4 steps: next() took 500.0 ms of a 1000.0 ms step "
@@ -133,7 +133,7 @@ def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
         "the input-bound steps); see docs/observability.md"
     ]
     recorder.restart()  # after a seek the gap is no step
-    recorder.served(9, chunk(99.0, 99.1), 100.0, 100.5, ready=0)
+    recorder.served(9, task(99.0, 99.1), 100.0, 100.5, ready=0)
     assert recorder._recent == []  # the first step after a restart is not judged
     stats = recorder.snapshot(Plan.from_config(two_stage_config(tmp_path)), 10)
     assert stats.steps == 10 and stats.input_bound_steps == 3

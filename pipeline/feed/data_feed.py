@@ -62,7 +62,7 @@ from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop, stop_periods
 from pipeline.feed.readers import Readers, reader_count
-from pipeline.feed.stats import ChunkRead, FeedStats, Recorder
+from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
@@ -114,23 +114,27 @@ class _Geometry:
 
 
 @dataclass
-class _Chunk:
+class _StepRows:
+    """One step's rows as a reader task read them, with what `next()` needs besides."""
+
     batch: dict[str, Any]  # the six fields and the provenance asked for (host, then global)
     summary: DrawSummary
-    read: ChunkRead | None  # None when the feed keeps no statistics
+    read: StepRead | None  # None when the feed keeps no statistics
     # the sources with a scheduled share at the step, for the event log (None: no log);
     # found here, in the reader thread, so that next() makes no numpy call for it
     mixed: frozenset[str] | None = None
 
 
-def _read_chunk(
+def _read_rows(
     plan: Plan,
     step: int,
     rows: np.ndarray,
     provenance: tuple[str, ...],
     measure: bool,
     scheduled: ScheduledSources | None = None,
-) -> _Chunk:
+) -> _StepRows:
+    """This process's `rows` of `step`, read on the host (`_read_step` then transfers them);
+    `measure`: counted for the feed's statistics."""
     started = time.perf_counter()
     draws = plan.draws(step, rows)
     batch = plan.read(draws)
@@ -138,9 +142,9 @@ def _read_chunk(
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
-    read = ChunkRead.of(plan, draws, started) if measure else None
+    read = StepRead.of(plan, draws, started) if measure else None
     mixed = None if scheduled is None else scheduled(step)
-    return _Chunk(batch, draws.summary(), read, mixed)
+    return _StepRows(batch, draws.summary(), read, mixed)
 
 
 def _read_step(
@@ -150,11 +154,11 @@ def _read_step(
     provenance: tuple[str, ...],
     measure: bool,
     scheduled: ScheduledSources | None = None,
-) -> _Chunk:
+) -> _StepRows:
     """A reader thread's task: one step's local rows, read and transferred to the devices."""
-    chunk = _read_chunk(plan, step, geometry.rows, provenance, measure, scheduled)
-    chunk.batch = geometry.to_global(chunk.batch)
-    return chunk
+    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled)
+    rows.batch = geometry.to_global(rows.batch)
+    return rows
 
 
 def _release_stores(stores: list[TokenStore]) -> None:
@@ -398,7 +402,7 @@ class DataFeed:
         self._fill()
         ready = self._readers.finished()
         try:
-            chunk = self._readers.take(step)
+            rows = self._readers.take(step)
         except PipelineError as error:
             self._drop_pending()
             raise FeedError(f"step {step}: cannot read the batch: {error}") from error
@@ -408,12 +412,12 @@ class DataFeed:
                 f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
             ) from error
         self._step = step + 1
-        if chunk.mixed is not None:
-            self._log_events(step, chunk.summary, chunk.mixed)
+        if rows.mixed is not None:
+            self._log_events(step, rows.summary, rows.mixed)
         self._fill()
         if self._stats is not None:
-            self._stats.served(step, chunk.read, entered, time.perf_counter(), ready)
-        return chunk.batch
+            self._stats.served(step, rows.read, entered, time.perf_counter(), ready)
+        return rows.batch
 
     def __enter__(self) -> DataFeed:
         return self

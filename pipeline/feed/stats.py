@@ -1,7 +1,7 @@
 """Feed statistics: what the feed served, how long reads took, how long the consumer waited.
 
 The feed calls this module at three points: each step's reader task counts its rows, tokens
-and bytes per source (`ChunkRead.of`, in the reader thread), each `next()` hands the step's
+and bytes per source (`StepRead.of`, in the reader thread), each `next()` hands the step's
 counts and its own timing to `Recorder.served` (a few additions in the consumer thread), and
 `seek` calls `Recorder.restart`. Percentiles, ledger totals and epochs are computed only when
 asked for (`DataFeed.stats()`, a Prometheus scrape), so a step costs tens of microseconds
@@ -33,7 +33,7 @@ RECENT_STEPS = 1024
 
 
 @dataclass(frozen=True)
-class ChunkRead:
+class StepRead:
     """One step's reader task: (source, rows, tokens, token bytes) of each source it read
     rows of, and when it ran. Counted in the reader thread, so `next()` only adds."""
 
@@ -42,14 +42,14 @@ class ChunkRead:
     finished: float
 
     @classmethod
-    def of(cls, plan: Plan, draws: Draws, started: float) -> ChunkRead:
+    def of(cls, plan: Plan, draws: Draws, started: float) -> StepRead:
         rows = np.bincount(draws.source, minlength=len(draws.source_names))
         return cls.counted(plan.segment_plan(draws.segment_index), rows, started)
 
     @classmethod
     def counted(
         cls, segment: SegmentPlan, rows: np.ndarray, started: float, finished: float | None = None
-    ) -> ChunkRead:
+    ) -> StepRead:
         """`rows` [source index of the segment] read from `started` to `finished` (now)."""
         length = segment.config.seq_len
         served = tuple(
@@ -117,11 +117,11 @@ class Recorder:
         """After a seek the time since the last step is no step time."""
         self._previous = None
 
-    def served(self, step: int, chunk: ChunkRead, entered: float, left: float, ready: int) -> None:
+    def served(self, step: int, task: StepRead, entered: float, left: float, ready: int) -> None:
         """Step `step` was returned by a next() that ran from `entered` to `left`
         (`time.perf_counter()`), with `ready` prefetched steps already read when it began."""
         wait = left - entered
-        read = chunk.finished - chunk.started
+        read = task.finished - task.started
         step_s = None if self._previous is None else left - self._previous
         self._previous = left
         bound = step_s is not None and wait > self.share * step_s
@@ -129,7 +129,7 @@ class Recorder:
             self._steps += 1
             self._bound += bound
             self._ready = ready
-            for name, rows, tokens, size in chunk.served:
+            for name, rows, tokens, size in task.served:
                 self._rows[name] += rows
                 self._tokens[name] += tokens
                 self._bytes[name] += size
