@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipeline.commands.cli import main
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
-from pipeline.store.token_store import TokenStore
+from pipeline.store.token_store import TokenStore, read_pieces
 from tests.storegen import arrayrecord_only, write_synthetic_store
 from tests.test_plan import build, setups
 
@@ -85,9 +85,9 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
     out = np.empty((1, 9), np.int32)
     store._loaded["index"][0] = np.array(index) + np.array([0, 1, 1, 1])  # no longer fits
     with pytest.raises(StoreError, match="corrupt"):
-        store.read_pieces_into([0], [0], [9], out, [0], [0])
+        read_pieces([store], [0], [0], [0], [9], out, [0], [0])
     with pytest.raises(StoreError, match="inside the shard"):
-        store.read_pieces_into([0], [5], [500], out, [0], [0])
+        read_pieces([store], [0], [0], [5], [500], out, [0], [0])
 
 
 @pytest.mark.multiprocess  # about ten worker processes, each importing JAX and Grain

@@ -38,7 +38,7 @@ from pipeline.plan.plan import Plan
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.token_store import MANIFEST, TokenStore
+from pipeline.store.token_store import MANIFEST, TokenStore, read_pieces
 from tests.feedstores import two_stage_config, two_stage_raw
 from tests.storegen import write_synthetic_store
 from tests.test_checkpoint import manager as checkpoint_manager
@@ -388,7 +388,7 @@ def test_a_flat_sidecar_replaced_after_open_is_refused_at_its_first_use(tmp_path
     flat.write_bytes(content)  # the same bytes in another file: still not the one opened
     out = np.zeros((1, 5), np.uint32)
     with pytest.raises(StoreError) as info:
-        store.read_pieces_into([0], [0], [5], out, [0], [0])
+        read_pieces([store], [0], [0], [0], [5], out, [0], [0])
     assert one_line(info.value).startswith(f"{flat}: the flat token sidecar was replaced")
     np.testing.assert_array_equal(TokenStore(store.path).read_tokens(0, 5).tokens, np.arange(5))
 

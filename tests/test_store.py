@@ -18,7 +18,7 @@ from pipeline.errors import PrepareError, StoreError
 from pipeline.store.doc_order import Placement, place
 from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.token_store import TokenStore, is_store
+from pipeline.store.token_store import TokenStore, is_store, read_pieces
 
 EOD = 256
 # Any text that is valid UTF-8: no lone surrogates. Empty texts are included on purpose.
@@ -269,7 +269,9 @@ def test_flat_sidecar_reads_equal_arrayrecord_reads(tmp_path: Path) -> None:
         outs, docs = [], []
         for store in (flat, records):
             out = np.full((12, 50), -1, np.int32)
-            docs.append(store.read_pieces_into(np.full(12, shard), lo, hi, out, rows, cols))
+            docs.append(
+                read_pieces([store], np.zeros(12, int), np.full(12, shard), lo, hi, out, rows, cols)
+            )
             outs.append(out)
         np.testing.assert_array_equal(outs[0], outs[1])
         for a, b in zip(*docs):
@@ -294,7 +296,7 @@ def test_a_store_without_sidecars_reads_through_arrayrecord(tmp_path: Path) -> N
     starts = [0, int(store.shard_tokens[0])]
     for shard in range(2):
         size = int(store.shard_tokens[shard])
-        store.read_pieces_into([shard], [0], [size], tokens, [0], [starts[shard]])
+        read_pieces([store], [0], [shard], [0], [size], tokens, [0], [starts[shard]])
     expected = np.concatenate([d for shard in _expected_shards(texts, 2, 0) for d in shard])
     np.testing.assert_array_equal(tokens[0], expected)
 
@@ -317,14 +319,14 @@ def test_a_stale_missing_or_altered_sidecar_is_refused_by_name(tmp_path: Path) -
     # hashes the sidecar's sampled records against the manifest's sample_sha256.
     sidecar.write_bytes(data[2:] + data[:2])
     with pytest.raises(StoreError, match=f"{sidecar}: its sampled records do not match"):
-        TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
-    TokenStore(path, flat=False).read_pieces_into([0], [0], [4], out, [0], [0])  # still readable
+        read_pieces([TokenStore(path)], [0], [0], [0], [4], out, [0], [0])
+    read_pieces([TokenStore(path, flat=False)], [0], [0], [0], [4], out, [0], [0])  # still readable
 
     # A change in the middle passes the spot check; the full checksum finds it.
     altered = bytearray(data)
     altered[len(altered) // 2] ^= 0xFF
     sidecar.write_bytes(bytes(altered))
-    TokenStore(path).read_pieces_into([0], [0], [4], out, [0], [0])
+    read_pieces([TokenStore(path)], [0], [0], [0], [4], out, [0], [0])
     with pytest.raises(StoreError, match=f"{sidecar}: content checksum does not match"):
         TokenStore(path, verify=True)
 

@@ -35,7 +35,7 @@ from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.store.identity import MANIFEST_CHECKSUM
-from pipeline.store.token_store import TokenStore
+from pipeline.store.token_store import TokenStore, read_pieces
 
 BLOCK_DOCUMENTS = 4096
 # Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
@@ -170,8 +170,9 @@ class PackedLayout:
         buffer = np.empty(size + self.seq_len + 1, dtype=np.int32)
         buffer[size:] = 0
         shards, start = self.doc_shard[docs], self.doc_start[docs]
-        pieces = (shards, start, start + tokens, buffer[None], np.zeros_like(docs), at[:-1])
-        self.store.read_pieces_into(*pieces, doc_starts=False)
+        zeros = np.zeros_like(docs)  # every piece: of store 0 (the only one), into row 0
+        pieces = (zeros, shards, start, start + tokens, buffer[None], zeros, at[:-1])
+        read_pieces([self.store], *pieces, doc_starts=False)
         # Entries: each row's documents, then its padding (maybe empty), read from the zeros.
         filled = np.concatenate([[0], np.cumsum(tokens - 1)])
         entry = np.arange(docs.size) + np.repeat(np.arange(rows.size), counts)

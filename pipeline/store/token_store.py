@@ -321,24 +321,6 @@ class TokenStore:
             )
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
-    def read_pieces_into(
-        self,
-        shards: Sequence[int],
-        lo: Sequence[int],
-        hi: Sequence[int],
-        out: np.ndarray,
-        out_rows: Sequence[int],
-        out_cols: Sequence[int],
-        *,
-        doc_starts: bool = True,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy tokens [lo[i], hi[i]) of shard shards[i] into `out[out_rows[i], out_cols[i]:]`:
-        `read_pieces` of this store alone. Returns (row, column) in `out` of every document
-        start inside the pieces (none with `doc_starts=False`)."""
-        which = np.zeros(np.size(shards), dtype=np.int64)
-        pieces = (which, shards, lo, hi, out, out_rows, out_cols)
-        return read_pieces([self], *pieces, doc_starts=doc_starts)
-
     def flat_tokens(self, shard: int) -> np.ndarray | None:
         """The shard's tokens from its flat sidecar, memory-mapped and checked by the shard's
         first use; None for a shard read through ArrayRecord (`read_record_list`)."""
