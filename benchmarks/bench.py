@@ -264,36 +264,35 @@ HOST_ONLY = ("plan", "plan_arrayrecord", "format_per_record", "format_batched", 
 
 
 def throughput(
-    base: dict, args: argparse.Namespace, tmp: Path, bar
+    specs: dict[str, dict], host: dict | None, args: argparse.Namespace, tmp: Path, bar
 ) -> tuple[dict[str, dict], dict[str, Worker]]:
-    """Interleaved rounds over every contender; returns per-contender medians and the workers
-    (kept open for the restore timings)."""
-    workers: dict[str, Worker] = {}
-    for name, (kind, grain) in contender_table(args).items():
-        spec = dict(base, contenders={name: kind}, grain=grain)
-        workers[name] = Worker(spec, tmp, args.devices, name)
-    host = dict(base, contenders={name: name for name in HOST_ONLY})
-    workers["host"] = Worker(host, tmp, 1, "host")
+    """Interleaved rounds over every contender: one worker of `--devices` devices per spec
+    (name -> its worker spec) and one worker of one device for the host-only contenders of
+    `host`; returns per-contender medians and the workers (kept open for the restores)."""
+    workers = {name: Worker(spec, tmp, args.devices, name) for name, spec in specs.items()}
+    host_only = list(host["contenders"]) if host else []
+    if host:
+        workers["host"] = Worker(host, tmp, 1, "host")
     for worker in workers.values():
         worker.wait_ready()
         bar.update()
-    order = [name for name in workers if name != "host"] + list(HOST_ONLY)
+    order = list(specs) + host_only
     runs: dict[str, list[dict]] = {name: [] for name in order}
     paced: dict[str, list[dict]] = {name: [] for name in order}
     for rep in range(args.reps):
         shift = rep % len(order)
         for name in order[shift:] + order[:shift]:
-            worker = workers["host"] if name in HOST_ONLY else workers[name]
+            worker = workers["host"] if name in host_only else workers[name]
             command = {"run": name, "steps": args.steps, "pace": 0.0, "seconds": args.round_s}
             runs[name].append(worker.ask(command))
         bar.update()
     for name in order:  # the training thread's share, with the prefetch ahead
-        worker = workers["host"] if name in HOST_ONLY else workers[name]
+        worker = workers["host"] if name in host_only else workers[name]
         for _ in range(PACED_RUNS):
             pace = args.pace_ms / 1e3
             paced[name].append(worker.ask({"run": name, "steps": 10, "pace": pace}))
     bar.update()
-    return {name: summarise(runs[name], paced[name], name in HOST_ONLY) for name in order}, workers
+    return {name: summarise(runs[name], paced[name], name in host_only) for name in order}, workers
 
 
 def summarise(runs: list[dict], paced: list[dict], host_only: bool) -> dict[str, float]:
@@ -418,7 +417,12 @@ def run(args: argparse.Namespace) -> dict:
         base["tmp"] = tmp
         workers: dict[str, Worker] = {}
         try:
-            results, workers = throughput(base, args, Path(tmp), bar)
+            specs = {
+                name: dict(base, contenders={name: kind}, grain=grain)
+                for name, (kind, grain) in contender_table(args).items()
+            }
+            host = dict(base, contenders={name: name for name in HOST_ONLY})
+            results, workers = throughput(specs, host, args, Path(tmp), bar)
             single = [n for n in results if n.startswith("grain_t")]
             grain_best = max(single, key=lambda n: results[n]["tokens_per_s"])
             restore = restore_times(workers, grain_best, args, bar)
@@ -607,7 +611,7 @@ def report(args: argparse.Namespace) -> int:
         result = run(args)
         print(table(result))
     if not args.no_sft:
-        result["sft"] = sft_bench.run_sft(args)
+        result["sft"] = sft_bench.run_sft(args, throughput, close_all)
         print("\n" + sft_bench.sft_table(result["sft"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

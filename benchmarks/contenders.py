@@ -319,11 +319,13 @@ def grain_dataset(spec: dict[str, Any]):
 class Grain:
     """Grain's packed pipeline, then the same global arrays as ours (one call for six fields)."""
 
+    build = staticmethod(grain_dataset)  # spec -> the dataset; the packed-SFT rows' differs
+
     def __init__(self, spec: dict[str, Any]) -> None:
         from jax.sharding import NamedSharding, PartitionSpec
 
         self.spec = spec
-        self.dataset = grain_dataset(spec)
+        self.dataset = self.build(spec)
         self.iterator = iter(self.dataset)
         sharding = NamedSharding(mesh(spec), PartitionSpec("data", None))
         shape = (spec["config"]["global_batch_size"], spec["config"]["seq_len"])
@@ -353,7 +355,7 @@ class Grain:
         state["parent_state"]["next_index"] = round(step * self.spec["docs_per_batch"])
         state["remainder_slices"] = template["remainder_slices"]  # keep the tuples
         start = time.perf_counter()
-        iterator = iter(grain_dataset(self.spec))  # a restarted job builds its pipeline anew
+        iterator = iter(self.build(self.spec))  # a restarted job builds its pipeline anew
         iterator.set_state(state)
         jax.block_until_ready(self.to_global(next(iterator)))
         return {"total": time.perf_counter() - start}
@@ -362,6 +364,74 @@ class Grain:
         close = getattr(self.iterator, "close", None)
         if close is not None:
             close()
+
+
+class SftSplit:
+    """A document's record -> inputs / targets truncated to seq_len (picklable for workers)."""
+
+    def __init__(self, dtype: str, seq_len: int) -> None:
+        self.dtype, self.seq_len = np.dtype(dtype), seq_len
+
+    def __call__(self, record: bytes) -> dict[str, np.ndarray]:
+        tokens = np.frombuffer(record, dtype=self.dtype).astype(np.int32)[: self.seq_len + 1]
+        return {"inputs": tokens[:-1], "targets": tokens[1:]}
+
+
+class PackedFields:
+    """Grain's packer keys -> the six MaxText fields (as MaxText's Grain pipeline renames)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        renamed = {"inputs_segment_ids": "inputs_segmentation", "inputs_positions":
+                   "inputs_position", "targets_segment_ids": "targets_segmentation",
+                   "targets_positions": "targets_position"}  # fmt: skip
+        return {renamed.get(key, key): value for key, value in batch.items()}
+
+
+def grain_sft_dataset(spec: dict[str, Any]):
+    """One record per document -> shuffle -> repeat -> split -> to_iter_dataset(ReadOptions) ->
+    First/BestFitPack (bins = rows, as MaxText sets it) -> batch -> fields [-> mp_prefetch]."""
+    import grain
+    import grain.experimental as gx
+
+    from pipeline.store.token_store import TokenStore
+
+    (source,) = spec["config"]["sources"].values()
+    store = TokenStore(source["path"])
+    options, seq_len = spec["grain"], spec["config"]["seq_len"]
+    rows = spec["config"]["global_batch_size"]
+    files = [str(store.shard_file(s)) for s in range(store.num_shards)]
+    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files))
+    ds = ds.shuffle(seed=1).repeat().map(SftSplit(store.dtype.name, seq_len))
+    read = grain.ReadOptions(num_threads=options["threads"], prefetch_buffer_size=options["buffer"])
+    pack = {"first_fit": gx.FirstFitPackIterDataset, "best_fit": gx.BestFitPackIterDataset}
+    it = pack[options["packer"]](ds.to_iter_dataset(read), num_packing_bins=rows,
+                                 length_struct={"inputs": seq_len, "targets": seq_len})  # fmt: skip
+    it = it.batch(rows).map(PackedFields())
+    if options["workers"]:
+        from absl import flags
+
+        flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; no absl app here
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=options["workers"]))
+    return it
+
+
+class GrainSft(Grain):
+    """Grain's packer -> the same global arrays; counts padding (target segment id 0)."""
+
+    build = staticmethod(grain_sft_dataset)
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.slots = self.padded = 0
+
+    def __next__(self):
+        batch = next(self.iterator)
+        self.slots += batch["targets_segmentation"].size
+        self.padded += int((batch["targets_segmentation"] == 0).sum())
+        return self.to_global(batch)
+
+    def padding(self) -> float:
+        return self.padded / self.slots
 
 
 KINDS = {
@@ -374,6 +444,7 @@ KINDS = {
     "format_batched": lambda spec: FormatLimit(spec, batched=True),
     "copy": CopyLimit,
     "grain": Grain,
+    "grain_sft": GrainSft,
 }
 
 
@@ -463,6 +534,8 @@ def main() -> None:
                 steps, pace, seconds = command["steps"], command["pace"], command.get("seconds", 0)
                 result = run(contender, steps, pace, tokens_per_step, processes, seconds)
             result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if isinstance(contender, GrainSft):
+                result["padding"] = contender.padding()  # since the worker started
             answer(result)
     for contender in contenders.values():
         contender.close()

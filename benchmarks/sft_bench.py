@@ -3,18 +3,25 @@
 On one masked store of instruction-like documents (log-normal lengths, a loss mask over each
 document's first third), one row length and batch, interleaved and repeated (medians):
 
-* ours best_fit: `Plan.batch` of a `packing: best_fit` source (whole documents, the mask);
-* ours concat: `Plan.batch` of the same store as a concatenated source (the throughput target:
-  best_fit within 2x of it);
+* ours, the headline row: `DataFeed(config, mesh)` of a `packing: best_fit` source (whole
+  documents, the mask) -> the six global `jax.Array`s on `--devices` simulated CPU devices;
 * Grain first-fit / best-fit: `ArrayRecordDataSource` (one record per document) ->
   `shuffle().repeat()` -> `map(inputs = d[:-1], targets = d[1:], truncated to seq_len)` ->
-  `to_iter_dataset()` -> `FirstFitPackIterDataset` / `BestFitPackIterDataset` (`num_packing_bins`
-  = rows, as MaxText sets it) -> `batch(rows)`.
+  `to_iter_dataset(ReadOptions)` -> `FirstFitPackIterDataset` / `BestFitPackIterDataset`
+  (`num_packing_bins` = rows, as MaxText sets it) -> `batch(rows)` -> the six fields ->
+  `make_array_from_process_local_data`, all reading with GRAIN_READ; and best-fit with
+  `mp_prefetch(--grain-workers)` (default: the cores);
+* host only, in this process: `Plan.batch` of the best_fit source, and of the same store as a
+  concatenated source (the throughput target: best_fit within 2x of it).
 
-Padding fraction is the share of target slots that are padding (input segment id 0; for Grain
-target segment id 0). Then restore to the first batch of the best_fit source at steps 0, 10^3,
-10^6, each in a new process (JAX imported first, as in a trainer): `Plan(ledger).batch(step)`,
-which opens the store and reads the packing this process kept on disk (packing_cache.py); and
+The DataFeed and Grain rows run in contenders.py workers through bench.py's `throughput`
+(tokens/s, and CPU seconds per M target slots of the worker and its children; the host rows'
+CPU is this process's). Padding fraction is the share of target slots that are padding (input
+segment id 0; for Grain target segment id 0); DataFeed serves `Plan.batch`'s batches, so its
+padding is the best_fit row's. Then restore to the first batch of the best_fit source at steps
+0, 10^3, 10^6, each in a new process (JAX imported first, as in a trainer):
+`Plan(ledger).batch(step)`, which opens the store and reads the packing this process kept on
+disk (packing_cache.py); and
 once with nothing kept (`PIPELINE_PACKING_CACHE=off`), which packs the source.
 """
 
@@ -26,7 +33,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +44,11 @@ from store_cache import store_dir, usable  # beside this file, as bench.py impor
 from pipeline.plan.packing_cache import CACHE_ENV
 
 RESUME_STEPS = (0, 10**3, 10**6)
+# Grain's (num_threads, prefetch_buffer_size) for its packers: bench.py's GRAIN_MP_READ, the
+# best of its GRAIN_READ_OPTIONS for them here (best-fit by hand, 15-batch medians, two runs on
+# the loaded shared cores: (1, 16) 0.40 / 1.76 M target slots/s, (0, 0) 0.27 / 1.85 M,
+# Grain's default (16, 500) 0.14 / 0.56 M)
+GRAIN_READ = (1, 16)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,19 +87,24 @@ def sft_store(path: Path, documents: int, mean: int, seed: int = 0) -> None:
     commit(staging, path, overwrite=True)
 
 
+def _config(store: Path, args: argparse.Namespace, packing: str) -> dict:
+    source = {"path": str(store.resolve())}
+    if packing != "concat":
+        source["packing"] = packing
+    return {"seed": 1, "seq_len": args.sft_seq_len, "global_batch_size": args.rows,
+            "sources": {"sft": source}, "mix": {"sft": 1}}  # fmt: skip
+
+
 def _plan(store: Path, args: argparse.Namespace, packing: str):
     from pipeline.config import parse_config
     from pipeline.plan.plan import Plan
 
-    source = {"path": str(store.resolve())}
-    if packing != "concat":
-        source["packing"] = packing
-    raw = {"seed": 1, "seq_len": args.sft_seq_len, "global_batch_size": args.rows,
-           "sources": {"sft": source}, "mix": {"sft": 1}}  # fmt: skip
-    return Plan.from_config(parse_config(raw, origin="bench"))
+    return Plan.from_config(parse_config(_config(store, args, packing), origin="bench"))
 
 
 class OursSft:
+    """`Plan.batch`, host only: the batches DataFeed serves, without devices or threads."""
+
     def __init__(self, plan) -> None:
         self.plan, self.step, self.slots, self.padding = plan, 0, 0, 0
 
@@ -95,36 +114,6 @@ class OursSft:
             self.step += 1
             self.slots += batch["inputs"].size
             self.padding += int((batch["inputs_segmentation"] == 0).sum())
-
-
-class GrainSft:
-    def __init__(self, store, args: argparse.Namespace, packer: str) -> None:
-        import grain
-        import grain.experimental as gx
-
-        seq_len = args.sft_seq_len
-        dtype = store.dtype
-
-        def split(record: bytes) -> dict[str, np.ndarray]:
-            tokens = np.frombuffer(record, dtype=dtype).astype(np.int32)[: seq_len + 1]
-            return {"inputs": tokens[:-1], "targets": tokens[1:]}
-
-        files = [str(store.shard_file(s)) for s in range(store.num_shards)]
-        ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files))
-        ds = ds.shuffle(seed=1).repeat().map(split).to_iter_dataset()
-        pack = {"first_fit": gx.FirstFitPackIterDataset, "best_fit": gx.BestFitPackIterDataset}
-        ds = pack[packer](
-            ds, length_struct={"inputs": seq_len, "targets": seq_len}, num_packing_bins=args.rows
-        )
-        self.iterator = iter(ds.batch(args.rows))
-        self.slots, self.padding = 0, 0
-
-    def batches(self, n: int) -> None:
-        for _ in range(n):
-            batch = next(self.iterator)
-            segments = batch["targets_segment_ids"]
-            self.slots += segments.size
-            self.padding += int((segments == 0).sum())
 
 
 RESTORE = """
@@ -151,7 +140,41 @@ def _restore(plan, step: int, packings: str) -> float:
     return float(result.stdout.split()[-1])
 
 
-def run_sft(args: argparse.Namespace) -> dict:
+def worker_rows(
+    path: Path, args: argparse.Namespace, throughput: Callable, close_all: Callable
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """The DataFeed and Grain rows, each in its contenders.py worker (bench.py's `throughput`,
+    interleaved rounds): their summaries and Grain's padding fractions."""
+    from pipeline.progress import progress_bar
+
+    base = {"config": _config(path, args, "best_fit")}
+    read = dict(zip(("threads", "buffer"), GRAIN_READ))
+    grain = {
+        "grain_first_fit": dict(read, workers=0, packer="first_fit"),
+        "grain_best_fit": dict(read, workers=0, packer="best_fit"),
+        "grain_best_fit_mp": dict(read, workers=args.grain_workers, packer="best_fit"),
+    }
+    specs = {"feed": dict(base, contenders={"feed": "feed"})}
+    for name, options in grain.items():
+        specs[name] = dict(base, contenders={name: "grain_sft"}, grain=options)
+    bar = progress_bar(total=len(specs) + args.reps + 1, desc="sft", unit=" phase",
+                       enabled=not args.no_progress)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        workers = {}
+        try:
+            rows, workers = throughput(specs, None, args, Path(tmp), bar)
+            padding = {
+                name: workers[name].ask({"run": name, "steps": 1, "pace": 0.0})["padding"]
+                for name in grain
+            }
+        finally:
+            close_all(list(workers.values()))
+    bar.close()
+    return rows, padding
+
+
+def run_sft(args: argparse.Namespace, throughput: Callable, close_all: Callable) -> dict:
+    """`throughput` and `close_all` are bench.py's, which imports this file."""
     from pipeline.store.token_store import TokenStore
 
     path = store_dir(args.cache_dir) / f"sft-{args.sft_documents}-{args.sft_mean_len}"
@@ -159,23 +182,26 @@ def run_sft(args: argparse.Namespace) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         sft_store(path, args.sft_documents, args.sft_mean_len)
     store = TokenStore(path)
+    rows, padding = worker_rows(path, args, throughput, close_all)
     best_fit = _plan(path, args, "best_fit")
     contenders = {
         "ours_best_fit": OursSft(best_fit),
         "ours_concat": OursSft(_plan(path, args, "concat")),
-        "grain_first_fit": GrainSft(store, args, "first_fit"),
-        "grain_best_fit": GrainSft(store, args, "best_fit"),
     }
     for contender in contenders.values():
-        contender.batches(2)  # open files, fill the packers' bins
+        contender.batches(2)  # open files
         contender.slots = contender.padding = 0
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu = dict.fromkeys(contenders, 0.0)
     for _ in range(args.reps):
         for name, contender in contenders.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             contender.batches(args.steps)
             seconds[name].append(time.perf_counter() - start)
+            cpu[name] += time.process_time() - start_cpu
     slots = args.steps * args.rows * args.sft_seq_len
+    padding.update({name: c.padding / c.slots for name, c in contenders.items()})
+    padding["feed"] = padding["ours_best_fit"]  # the same batches
     packings = os.environ.get(CACHE_ENV, "")  # the packing this process kept (or "off")
     resume = {
         step: statistics.median(_restore(best_fit, step, packings) for _ in range(args.reps))
@@ -189,8 +215,15 @@ def run_sft(args: argparse.Namespace) -> dict:
         "tokens": store.num_tokens,
         "seq_len": args.sft_seq_len,
         "rows": args.rows,
-        "tokens_per_s": {n: slots / statistics.median(s) for n, s in seconds.items()},
-        "padding": {n: c.padding / c.slots for n, c in contenders.items()},
+        "devices": args.devices,
+        "grain_workers": args.grain_workers,
+        "grain_read": GRAIN_READ,
+        "tokens_per_s": {n: r["tokens_per_s"] for n, r in rows.items()}
+        | {n: slots / statistics.median(s) for n, s in seconds.items()},
+        "cpu_s_per_mtok": {n: r["cpu_s_per_mtok"] for n, r in rows.items()}
+        | {n: c / (slots * args.reps) * 1e6 for n, c in cpu.items()},
+        "worker_tokens": {n: r["tokens"] for n, r in rows.items()},  # counted from the arrays
+        "padding": padding,
         "packing": {"rows": stats.rows, "truncated": stats.truncated, "dropped": stats.dropped,
                     "padding_fraction": stats.padding_fraction},
         "resume_s": {str(k): v for k, v in resume.items()},
@@ -198,25 +231,34 @@ def run_sft(args: argparse.Namespace) -> dict:
     }  # fmt: skip
 
 
+SFT_LABELS = {
+    "feed": "**ours: DataFeed (best_fit) -> global arrays**",
+    "grain_first_fit": "Grain FirstFitPackIterDataset (bins = rows) -> global arrays",
+    "grain_best_fit": "Grain BestFitPackIterDataset (bins = rows) -> global arrays",
+    "grain_best_fit_mp": "Grain BestFitPack + mp_prefetch({workers}) -> global arrays",
+    "ours_best_fit": "ours: best_fit source, Plan.batch, host only",
+    "ours_concat": "ours: the same store as a concat source, Plan.batch, host only",
+}
+
+
 def sft_table(result: dict) -> str:
-    tps, padding = result["tokens_per_s"], result["padding"]
+    tps, cpu, padding = result["tokens_per_s"], result["cpu_s_per_mtok"], result["padding"]
     mean = result["tokens"] / result["documents"]
     lines = [
         f"packed SFT: {result['documents']:,} documents ({mean:.0f} tokens/document, "
-        f"log-normal), rows of {result['seq_len']} target slots, batch {result['rows']}",
+        f"log-normal), rows of {result['seq_len']} target slots, batch {result['rows']}, "
+        f"{result['devices']} simulated CPU devices; Grain's ReadOptions(num_threads, "
+        f"prefetch_buffer_size) = {tuple(result['grain_read'])}",
         "",
-        "| packed SFT (one process) | target slots/s | padding | ours best_fit / this |",
-        "| --- | ---: | ---: | ---: |",
+        "| packed SFT (one process) | target slots/s | DataFeed / this | CPU s per M slots "
+        "| padding |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
-    labels = {
-        "ours_best_fit": "ours: best_fit source, Plan.batch",
-        "ours_concat": "ours: the same store as a concat source",
-        "grain_first_fit": "Grain FirstFitPackIterDataset (bins = rows)",
-        "grain_best_fit": "Grain BestFitPackIterDataset (bins = rows)",
-    }
-    for name, label in labels.items():
-        ratio = tps["ours_best_fit"] / tps[name]
-        lines.append(f"| {label} | {tps[name]:,.0f} | {padding[name]:.1%} | {ratio:.2f} |")
+    for name, label in SFT_LABELS.items():
+        workers = result["grain_workers"]
+        label = label.format(workers=f"{workers} worker{'s' if workers != 1 else ''}")
+        lines.append(f"| {label} | {tps[name]:,.0f} | {tps['feed'] / tps[name]:.2f} | "
+                     f"{cpu[name]:.4f} | {padding[name]:.1%} |")  # fmt: skip
     packing = result["packing"]
     cells = " | ".join(f"{t * 1e3:.1f} ms" for t in result["resume_s"].values())
     cold = f"{result['resume_cold_s'] * 1e3:.0f} ms"

@@ -128,25 +128,34 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
     assert "sft" not in result and "packed SFT" not in printed
 
 
-@pytest.mark.multiprocess  # a restore in a new process (importing JAX) per step and round
+@pytest.mark.multiprocess  # contender workers, and a restore in a new process per step and round
 def test_bench_sft_only_prints_the_packed_sft_table(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--sft-only", "--cache-dir", str(tmp_path / "cache"), "--rows", "8",
-        "--steps", "2", "--reps", "2", "--json", str(out),
+        "--steps", "2", "--reps", "2", "--round-s", "0", "--pace-ms", "1", "--devices", "2",
+        "--grain-workers", "1", "--no-progress", "--json", str(out),
         "--sft-documents", "400", "--sft-seq-len", "64", "--sft-mean-len", "20",
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    for label in ("packed SFT: 400 documents", "ours: best_fit source", "Grain FirstFitPack",
-                  "Grain BestFitPack", "restore to first batch, in a new process",
+    for label in ("packed SFT: 400 documents", "**ours: DataFeed (best_fit) -> global arrays**",
+                  "Grain FirstFitPackIterDataset (bins = rows) -> global arrays",
+                  "Grain BestFitPack + mp_prefetch(1 worker) -> global arrays",
+                  "ours: best_fit source, Plan.batch, host only",
+                  "restore to first batch, in a new process",
                   "the packing kept on disk", "nothing kept"):  # fmt: skip
         assert label in printed, label
     assert "DataFeed -> global arrays" not in printed  # the other tables did not run
     sft = json.loads(out.read_text())["sft"]
-    names = {"ours_best_fit", "ours_concat", "grain_first_fit", "grain_best_fit"}
-    assert set(sft["tokens_per_s"]) == set(sft["padding"]) == names
+    workers = {"feed", "grain_first_fit", "grain_best_fit", "grain_best_fit_mp"}
+    names = workers | {"ours_best_fit", "ours_concat"}
+    assert set(sft["tokens_per_s"]) == set(sft["cpu_s_per_mtok"]) == set(sft["padding"]) == names
+    assert min(sft["tokens_per_s"].values()) > 0 and min(sft["cpu_s_per_mtok"].values()) >= 0
+    # Each worker counts the target slots of the global arrays it built: 8 rows x 64 per step.
+    assert sft["worker_tokens"] == dict.fromkeys(workers, 2 * 2 * 8 * 64)
     assert sft["padding"]["ours_concat"] == 0  # windows never pad
+    assert 0 < sft["padding"]["grain_best_fit_mp"] < 1  # Grain's bins pad
     assert 0 <= sft["padding"]["ours_best_fit"] < 1 and sft["packing"]["rows"] > 0
     assert set(sft["resume_s"]) == {"0", "1000", "1000000"}
     assert min(sft["resume_s"].values()) > 0 and sft["resume_cold_s"] > 0
