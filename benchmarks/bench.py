@@ -30,7 +30,8 @@ first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-pr
 setting), and ours in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
 (CPU per token per process).
 Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`, alone with `--sft-only`):
-a best_fit source against Grain's first-fit and best-fit packers.
+DataFeed of a best_fit source against Grain's first-fit and best-fit packers (and best-fit with
+mp_prefetch), all ending in the global arrays, in workers of this file's `throughput`.
 """
 
 from __future__ import annotations
