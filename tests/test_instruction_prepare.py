@@ -203,6 +203,14 @@ def test_cli_bad_row_is_one_line_and_exit_2(tmp_path: Path) -> None:
             ["--format", "prompt-completion", "--chat-template", "builtin"],
             "--chat-template is not read with --format prompt-completion",
         ),
+        (
+            ["--format", "messages", "--text-field", "text"],
+            "--text-field is not read with --format messages",
+        ),
+        (
+            ["--format", "prompt-completion", "--text-field", "body"],
+            "--text-field is not read with --format prompt-completion",
+        ),
     ],
 )
 def test_cli_refuses_a_row_option_its_format_does_not_read(
@@ -215,6 +223,20 @@ def test_cli_refuses_a_row_option_its_format_does_not_read(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {refused}; it is for --format ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "text_field"),
+    [(["--format", "messages"], "text"), (["--text-field", "body"], "body")],
+)
+def test_cli_takes_text_field_with_format_text_and_its_default_with_any(
+    tmp_path: Path, options: list[str], text_field: str
+) -> None:
+    """Only a --text-field the user gives is checked: its default is no reason to refuse."""
+    path = _jsonl(tmp_path / "chat.jsonl", [{**_chat("q", "a"), "body": "b"}])
+    out = tmp_path / "s"
+    assert main(["prepare", path, "--out", str(out), "--no-progress", *options]) == 0
+    assert TokenStore(out).manifest["created"]["text_field"] == text_field
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="bytes",
         help="bytes (default), sentencepiece:MODEL or hf:TOKENIZER_JSON (local files)",
     )
-    p.add_argument("--text-field", default="text", help="JSONL/Parquet/TFDS text field")
+    # default None, like the row options below: a given --text-field a row format ignores is refused
+    p.add_argument(
+        "--text-field", help="JSONL/Parquet/TFDS text field, with --format text (default text)"
+    )
     rows = p.add_argument_group("instruction and chat rows (JSONL / Parquet)")
     rows.add_argument(
         "--format",
@@ -106,6 +109,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 # each row option and the --format values that read it
 ROW_OPTIONS = {
+    "text_field": ("text",),
     "messages_field": ("messages",),
     "prompt_field": ("prompt-completion",),
     "completion_field": ("prompt-completion",),
@@ -115,6 +119,7 @@ ROW_OPTIONS = {
 }
 # the options naming a row field, and the field each names
 FIELD_OPTIONS = {
+    "text_field": "text",
     "messages_field": "messages",
     "prompt_field": "prompt",
     "completion_field": "completion",
@@ -147,6 +152,7 @@ def row_options(args: argparse.Namespace) -> dict[str, object]:
 def run_prepare(args: argparse.Namespace) -> int:
     given = row_options(args)
     fields = {FIELD_OPTIONS[name]: value for name, value in given.items() if name in FIELD_OPTIONS}
+    row_fields = RowFields(args.format, **fields)
     options = PrepareOptions(
         inputs=args.inputs,
         out=args.out,
@@ -158,11 +164,11 @@ def run_prepare(args: argparse.Namespace) -> int:
         workers=args.workers,
         eval_fraction=args.eval_fraction,
         eval_out=args.eval_out,
-        text_field=args.text_field,
+        text_field=row_fields.text,
         tfds_data_dir=args.tfds_data_dir,
         overwrite=args.overwrite,
         progress=not args.no_progress,
-        fields=RowFields(args.format, args.text_field, **fields),
+        fields=row_fields,
         **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )
     if args.runner == "beam":
