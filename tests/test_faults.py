@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -296,9 +297,10 @@ def test_a_same_size_shard_of_a_twin_store_is_refused_not_served(tmp_path, capsy
     with pytest.raises(StoreError) as info:
         for step in range(40):
             plan.batch(step)
-    assert one_line(info.value).startswith(f"{named}: its sampled records do not match")
+    key = f"{config}: sources.s.path: {named}"  # named by its config key, as at open
+    assert one_line(info.value).startswith(f"{key}: its sampled records do not match")
     code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "d.npz")
-    assert code == 2 and str(named) in err
+    assert code == 2 and key in err
 
 
 def test_a_twin_shard_behind_its_own_sidecar_is_named_when_read_through(tmp_path, capsys):
@@ -323,18 +325,38 @@ def test_a_twin_shard_behind_its_own_sidecar_is_named_when_read_through(tmp_path
     assert code == 2 and err.startswith(f"error: {victim}: ")
 
 
-def test_an_edited_document_index_value_is_refused(tmp_path, capsys):
-    store = synthetic(tmp_path)
+def edit_document_index(store: Path) -> Path:
+    """Move a document boundary of shard 2 (the file keeps its size); returns the index."""
     docs = TokenStore(store).path / "shard-00002-of-00003.docs.npy"
     values = np.load(docs)
     values[2] += 3  # same file size, other document boundaries
     np.save(docs, values)
+    return docs
+
+
+def test_an_edited_document_index_value_is_refused(tmp_path, capsys):
+    store = synthetic(tmp_path)
+    docs = edit_document_index(store)
     with pytest.raises(StoreError) as info:
         TokenStore(store).read_tokens(0, int(TokenStore(store).num_tokens))
     assert one_line(info.value).startswith(f"{docs}: does not match its checksum")
     config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
     code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "d.npz")
-    assert code == 2 and f"{docs}: does not match its checksum" in err
+    assert code == 2 and f"{config}: sources.s.path: {docs}: does not match its checksum" in err
+
+
+def test_a_best_fit_source_names_a_damaged_document_index_by_its_key(tmp_path, monkeypatch):
+    """Packing reads every document index when the plan is made (no packing kept: off)."""
+    monkeypatch.setenv("PIPELINE_PACKING_CACHE", "off")
+    store = synthetic(tmp_path)
+    docs = edit_document_index(store)
+    raw = config_over(tmp_path, {"s": store}, seed=11)  # a seed no packing in memory has
+    raw["sources"]["s"]["packing"] = "best_fit"
+    config = write_yaml(tmp_path / "data.yaml", raw)
+    with pytest.raises(StoreError) as info:
+        Plan.from_config(load_config(config))
+    key = f"{config}: sources.s.path: {docs}"
+    assert one_line(info.value).startswith(f"{key}: does not match its checksum")
 
 
 # -- 4. a store replaced under a running feed ------------------------------------------------
@@ -602,7 +624,8 @@ def test_verify_store_and_the_feed_on_a_zeroed_file_name_it(tmp_path, capsys, su
     assert code == 2 and err.startswith(f"error: {zeroed}: ")
     config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
     code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz")
-    assert code == 2 and err.startswith(f"error: {zeroed}: ") and "[0, 0)" not in err
+    named = f"error: {config}: sources.s.path: {zeroed}: "  # the source's key, as at open
+    assert code == 2 and err.startswith(named) and "[0, 0)" not in err
 
 
 def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, capsys):
@@ -893,6 +916,7 @@ def test_a_persistent_read_failure_on_one_process_stops_every_process_with_its_l
     assert failing.startswith("error: step "), failing
     assert "(6 tries): UNAVAILABLE: injected persistent fault" in failing
     assert ".array_record" in failing  # names the shard file
+    assert re.search(r": sources\.(code|docs)\.path: \S+\.array_record: ", failing), failing
     assert lines[0].endswith(f"host 1: {failing.removeprefix('error: ')}"), lines[0]
 
 

@@ -301,20 +301,21 @@ def test_a_feed_never_closed_exits_quietly(tmp_path):
 
 @pytest.mark.parametrize("damage", ["garbage", "delete"])
 def test_a_reader_failure_surfaces_in_next_with_its_cause(config, damage):
+    """Only the docs source is damaged: the error names it by its config key, as at open."""
     feed = DataFeed(config, mesh_of((2,), ("data",)), prefetch=2, threads=2)
     try:
-        for layout in feed.plan.segment_plan(0).layouts.values():
-            store = feed.plan.store(layout.meta)
-            for shard in range(store.num_shards):
-                path = store.shard_file(shard)
-                if damage == "delete":
-                    path.unlink()
-                else:
-                    path.write_bytes(b"\x5a" * path.stat().st_size)
+        store = feed.plan.store(feed.plan.segment_plan(0).layouts["docs"].meta)
+        for shard in range(store.num_shards):
+            path = store.shard_file(shard)
+            if damage == "delete":
+                path.unlink()
+            else:
+                path.write_bytes(b"\x5a" * path.stat().st_size)
         with pytest.raises(FeedError, match="step 0: cannot read the batch") as info:
             next(feed)
         assert isinstance(info.value.__cause__, StoreError)
-        assert "shard-0000" in str(info.value)
+        key = f"feed-test.yaml: sources.docs.path: {store.path}/shard-0000"
+        assert key in str(info.value)
     finally:
         feed.close()
     assert feed_threads() == []

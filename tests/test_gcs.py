@@ -260,7 +260,7 @@ def test_a_bucket_store_replaced_under_a_running_feed_stops_it_and_serves_nothin
     # a slow run, the feed's periodic identity check, unprefixed) finds the new manifest.
     read = r"shard-0000[0-7]-of-00008\.array_record: cannot read records \d+\.\.\d+: .* 404;"
     replaced = r"manifest\.json: the store was replaced or changed after it was opened "
-    step = r"step \d+: cannot read the batch: "
+    step = r"step \d+: cannot read the batch: r\.yaml: sources\.s\.path: "
     assert re.match(rf"({step})?{re.escape(str(store))}/({read}|{replaced})", message), message
 
 

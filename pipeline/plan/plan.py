@@ -40,13 +40,13 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
-from pipeline.errors import ConfigError, LedgerError
+from pipeline.errors import ConfigError, LedgerError, StoreError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.sources import open_stores
+from pipeline.plan.sources import open_stores, path_key
 from pipeline.plan.stages import StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
@@ -310,8 +310,17 @@ class Plan:
     def read(self, draws: Draws) -> dict[str, np.ndarray]:
         """The six fields of the drawn rows, read-only: fields share buffers (`inputs` and
         `targets` are overlapping views of one array, as are the segment and position pairs),
-        so a write into one would silently change another; copy a field to change it."""
-        batch = self._read(draws)
+        so a write into one would silently change another; copy a field to change it.
+
+        A store error (a shard damaged, found at its first use) is prefixed with the config key
+        of the source whose store it names, as at open (`sources.path_key`)."""
+        try:
+            batch = self._read(draws)
+        except StoreError as error:
+            key = self._source_key(draws.segment_index, str(error))
+            if key is None:
+                raise
+            raise StoreError(f"{key}: {error}") from error
         for values in batch.values():
             values.flags.writeable = False
         return batch
@@ -369,6 +378,18 @@ class Plan:
                     store = _open(meta.path, meta.fingerprint, f"store {meta.path}")
                     self._stores[meta.fingerprint] = store
         return store
+
+    def _source_key(self, index: int, message: str) -> str | None:
+        """The config key (`sources.path_key`) of segment `index`'s first source whose store
+        (at the path it was read from) `message` names first, as every store error does."""
+        plan = self.segment_plan(index)
+        for name in plan.config.source_names:
+            meta = plan.layouts[name].meta
+            store = self._stores.get(meta.fingerprint)
+            root = str(meta.path if store is None else store.path)
+            if message.startswith((f"{root}/", f"{root}:")):
+                return path_key(plan.config, name)
+        return None
 
     def stores(self) -> list[TokenStore]:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
@@ -445,11 +466,16 @@ def _draw_windows(
 
 def _layout(spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore) -> Layout:
     """A concat source is laid out from its metadata; a best-fit one packs its documents, so
-    it opens its store (the document index) when the plan is made."""
+    it opens its store (the document index) when the plan is made: a shard damaged there is
+    named by the source's config key, as at open (`sources.path_key`)."""
     if spec.packing == "best_fit":
-        return PackedLayout(
-            spec.name, open_store(meta), config.seed, config.seq_len, config.lanes, spec.too_long
-        )
+        try:
+            store = open_store(meta)
+            return PackedLayout(
+                spec.name, store, config.seed, config.seq_len, config.lanes, spec.too_long
+            )
+        except StoreError as error:
+            raise StoreError(f"{path_key(config, spec.name)}: {error}") from error
     return SourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes)
 
 

@@ -1,7 +1,8 @@
 """A config's sources as stores: opened to read, or only their metadata to plan.
 
 A store that cannot be opened is named by its config key (`FILE: sources.NAME.path: ...`), so a
-wrong path in a data config reads as a config error, before any step runs.
+wrong path in a data config reads as a config error, before any step runs; damage found later,
+at a shard's first use, is named by the same key (`Plan.read`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
     return _each_source(config, StoreMeta.load)
 
 
+def path_key(config: DataConfig, name: str) -> str:
+    """The config key of source `name`'s store, for messages: `FILE: sources.NAME.path`."""
+    return f"{config.origin}: sources.{name}.path"
+
+
 def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
     out = {}
     for spec in config.sources:
         try:
             out[spec.name] = load(spec.path)
         except StoreError as error:
-            raise ConfigError(f"{config.origin}: sources.{spec.name}.path: {error}") from error
+            raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error
     return out
