@@ -84,6 +84,19 @@ def test_inspect_shows_rows_sources_and_documents(tmp_path, stores, capsys):
     assert f"'{first_token} " in out
 
 
+@pytest.mark.parametrize(
+    ("batch", "stages_says"),
+    [(1, "batch 1, 1 row per lane"), ({"step": {0: 1, 10: 2}}, "2 from step 10 (1 lane)")],
+    ids=["constant", "ramp"],
+)
+def test_counts_of_one_are_singular(tmp_path, stores, capsys, batch, stages_says):
+    config = write_config(tmp_path, stores, global_batch_size=batch, lanes=1)
+    code, out, _ = run(capsys, "inspect", config, "--step", 0)
+    assert code == 0 and "1 row x seq_len 8, 1 lane of 1 row\n" in out
+    code, out, _ = run(capsys, "stages", config)
+    assert code == 0 and stages_says in out
+
+
 def test_inspect_rejects_rows_outside_the_batch(tmp_path, stores, capsys):
     config = write_config(tmp_path, stores)
     code, _, err = run(capsys, "inspect", config, "--step", 0, "--rows", "8")

@@ -243,6 +243,14 @@ def test_rows_split_evenly_over_lanes_or_refused(tmp_path: Path) -> None:
         PackedLayout("sft", store, 0, 64, 8, "truncate")
 
 
+def test_cli_epochs_of_one_packed_row_of_one_document_is_singular(tmp_path: Path, capsys) -> None:
+    store = write_masked_store(tmp_path / "s", [[(4, 0)]])
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump(_config(store.path, 64, 1, 1)))
+    assert main(["epochs", str(config)]) == 0
+    assert "best_fit: 1 row per epoch of 1 document, padding" in capsys.readouterr().out
+
+
 def test_mixed_with_a_concat_source_in_epochized_stages(tmp_path: Path) -> None:
     sft = write_masked_store(tmp_path / "sft", [[(6 + i % 11, 2) for i in range(30)]])
     text = write_synthetic_store(tmp_path / "text", [[300, 200], [400]])

@@ -27,6 +27,7 @@ from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.sources import open_stores
 from pipeline.store.summary import decode_preview
 from pipeline.urls import location
+from pipeline.wording import counted
 
 MAX_PRINTED_VIOLATIONS = 50
 
@@ -182,8 +183,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     summary = draws.summary()
     print(
         f"step {args.step}: ledger segment {draws.segment_index} (from step "
-        f"{seg.segment.start_step}), {batch} rows x seq_len {config.seq_len}, {config.lanes} "
-        f"lanes of {batch // config.lanes} rows\n"
+        f"{seg.segment.start_step}), {counted(batch, 'row')} x seq_len {config.seq_len}, "
+        f"{counted(config.lanes, 'lane')} of {counted(batch // config.lanes, 'row')}\n"
         f"these rows: stage {summary.stage_label}; epochs {summary.epochs_label}"
     )
     header = f"{'row':>5} {'lane':>4}  {'stage':<14} {'source':<10} {'epoch':>5} "
@@ -236,8 +237,8 @@ def _print_packed_row(layout: PackedLayout, row: int, preview: int) -> None:
         text = decode_preview(store, store.document(shard, index)[:tokens], limit=preview)
         text = text.replace("\n", "⏎").replace("\t", " ")
         print(
-            f"{'':>44}{store.shard_file(shard).name}  document {index}  {tokens:,} tokens{cut}"
-            f"  trained {spans}\n{'':>44}  {text!r}"
+            f"{'':>44}{store.shard_file(shard).name}  document {index}  "
+            f"{counted(tokens, 'token')}{cut}  trained {spans}\n{'':>44}  {text!r}"
         )
     print(f"{'':>44}padding: {layout.seq_len - used:,} of {layout.seq_len:,} target slots")
 
@@ -378,9 +379,9 @@ def describe_batch(config: DataConfig) -> str:
     """`batch 16, 4 rows per lane`, or the schedule: `batch 8 from step 0, 16 from step 50`."""
     if not config.batch_is_scheduled:
         batch = config.global_batch_size
-        return f"batch {batch}, {batch // config.lanes} rows per lane"
+        return f"batch {batch}, {counted(batch // config.lanes, 'row')} per lane"
     steps = ", ".join(f"{size} from step {step:,}" for step, size in config.batch_sizes)
-    return f"batch {steps} ({config.lanes} lanes)"
+    return f"batch {steps} ({counted(config.lanes, 'lane')})"
 
 
 def run_plot(args: argparse.Namespace) -> int:

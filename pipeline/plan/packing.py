@@ -36,6 +36,7 @@ from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.token_store import TokenStore, read_pieces
+from pipeline.wording import counted
 
 BLOCK_DOCUMENTS = 4096
 # Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
@@ -81,7 +82,8 @@ class PackingStats:
     def describe(self) -> str:
         """One line for `epochs` and `verify`."""
         return (
-            f"best_fit: {self.rows:,} rows per epoch of {self.documents:,} documents, padding "
+            f"best_fit: {counted(self.rows, 'row')} per epoch of "
+            f"{counted(self.documents, 'document')}, padding "
             f"{self.padding_fraction:.1%} of target slots, {self.truncated:,} truncated, "
             f"{self.dropped:,} dropped (too long)"
         )

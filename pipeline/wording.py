@@ -1,0 +1,8 @@
+"""Counts in messages people read: `1 lane`, `4 lanes`, never `1 lanes`."""
+
+from __future__ import annotations
+
+
+def counted(count: int, noun: str) -> str:
+    """`count` with thousands separators and `noun`, plural (noun + "s") unless it is 1."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
