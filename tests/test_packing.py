@@ -344,12 +344,16 @@ def test_audit_checks_whole_documents_and_each_document_once(tmp_path: Path) -> 
 
 
 def test_cli_inspect_epochs_and_verify_describe_best_fit(tmp_path: Path, capsys) -> None:
-    _, config = _mixed_plan(tmp_path)
+    plan, config = _mixed_plan(tmp_path)
     assert main(["inspect", str(config), "--step", "0"]) == 0
     out = capsys.readouterr().out
     assert "packed row" in out and "trained 2.." in out and "padding:" in out
     assert main(["epochs", str(config)]) == 0
     out = capsys.readouterr().out
+    header, *lines = out.splitlines()
+    assert header.split()[1] == "rows/lane"  # a best_fit source's epoch is packed rows
+    sft = next(line.split() for line in lines if line.startswith("sft "))
+    assert sft[1] == f"{plan.segment_plan(0).layouts['sft'].windows_per_lane:,}"
     assert "best_fit: " in out and "rows per epoch of 60 documents" in out
     assert main(["verify", str(config), "--steps", "0:40", "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -312,7 +312,7 @@ def run_epochs(args: argparse.Namespace) -> int:
     table = epoch_table(plan, args.count)
     many = len(plan.ledger.segments) > 1
     print(
-        f"{'segment  ' if many else ''}{'source':<10} {'windows/lane':>12} {'lanes':>5} "
+        f"{'segment  ' if many else ''}{'source':<10} {'rows/lane':>12} {'lanes':>5} "
         f"{'tokens/epoch':>14} {'store tokens':>14}  epoch starts (step, row in lane)"
     )
     for info in table:
@@ -323,7 +323,7 @@ def run_epochs(args: argparse.Namespace) -> int:
                 starts[-1] += f" r{where[1]}"
         print(
             f"{f'{info.segment_index:>7}  ' if many else ''}{info.name:<10} "
-            f"{info.windows_per_lane:>12,} {info.lanes:>5} {info.tokens_per_epoch:>14,} "
+            f"{info.rows_per_lane:>12,} {info.lanes:>5} {info.tokens_per_epoch:>14,} "
             f"{info.store_tokens:>14,}  {'; '.join(starts)}"
         )
         if info.packing is not None:

@@ -171,7 +171,7 @@ def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, in
 class EpochInfo:
     name: str
     segment_index: int
-    windows_per_lane: int
+    rows_per_lane: int  # each lane's rows of an epoch: windows, or best_fit's packed rows
     lanes: int
     seq_len: int
     store_tokens: int
@@ -181,11 +181,11 @@ class EpochInfo:
     @property
     def tokens_per_epoch(self) -> int:
         """Target tokens one epoch feeds the model (all lanes)."""
-        return self.windows_per_lane * self.lanes * self.seq_len
+        return self.rows_per_lane * self.lanes * self.seq_len
 
 
 def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
-    """Per segment and source: windows per epoch and where epochs 1..count begin.
+    """Per segment and source: rows per lane per epoch and where epochs 1..count begin.
 
     A rollover is reported in the first segment whose counters reach it; a source whose weight
     falls to 0 for good never rolls over (None).
