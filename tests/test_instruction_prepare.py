@@ -29,6 +29,7 @@ from tests.test_prepare_beam import _assert_same_stores
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = RowFields("messages")
 PROMPTS = RowFields("prompt-completion")
+ROBOT = {"role": "robot", "content": "x"}  # a message of no known role
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
@@ -139,11 +140,15 @@ def test_hf_tokenizer_uses_the_chat_template_of_its_config(
     [
         ({"text": "no messages"}, "has no field 'messages'"),
         ({"messages": []}, "empty conversation"),
-        (_chat("q") | {"messages": [{"role": "robot", "content": "x"}]}, "unknown role 'robot'"),
+        (
+            {"messages": [*_chat("q")["messages"], ROBOT]},
+            "message 2 has unknown role 'robot'",
+        ),
+        ({"messages": [*_chat("q")["messages"], "hi"]}, "message 2 is not an object with 'role'"),
         ({"messages": [{"role": "user", "content": "only a question"}]}, "nothing to train on"),
         ({"messages": "hello"}, "field 'messages' is a string, not a list of messages"),
         ([1, 2], "is a list, not an object"),
-        ({"messages": [{"role": "user", "content": 3}]}, "message 0: content is a number, not"),
+        ({"messages": [{"role": "user", "content": 3}]}, "message 1: content is a number, not"),
         ({"messages": [{"role": "user", "content": {"a": 1}}]}, "content is an object, not"),
     ],
 )
@@ -176,17 +181,49 @@ def test_a_template_that_fails_names_the_row(tmp_path: Path) -> None:
         _prepare([path], tmp_path / "s", fields=MESSAGES, chat_template=str(template))
 
 
-def test_cli_bad_row_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "p", "completion": "c"}, {"prompt": "p"}])
+def test_a_template_that_renders_the_assistant_as_nothing_names_the_message(
+    tmp_path: Path,
+) -> None:
+    template = tmp_path / "mute.jinja"
+    template.write_text(
+        "{% for m in messages if m.role != 'assistant' %}{{ m.content }}{% endfor %}"
+    )
+    path = _jsonl(tmp_path / "chat.jsonl", [_chat("q", "a")])
+    with pytest.raises(
+        PrepareError, match=r"chat\.jsonl line 1: the template renders message 2 as nothing"
+    ):
+        _prepare([path], tmp_path / "s", fields=MESSAGES, chat_template=str(template))
+
+
+@pytest.mark.parametrize(
+    ("form", "rows", "reason"),
+    [
+        (
+            "prompt-completion",
+            [{"prompt": "p", "completion": "c"}, {"prompt": "p"}],
+            "line 2: has no field 'completion' (fields: prompt)",
+        ),
+        (  # docs/instruction-data.md's example: the second message is message 2
+            "messages",
+            [_chat("q", "a")] * 6 + [{"messages": [*_chat("q")["messages"], ROBOT]}],
+            "line 7: message 2 has unknown role 'robot' (roles: assistant, system, tool, user)",
+        ),
+    ],
+    ids=["prompt-completion", "messages"],
+)
+def test_cli_bad_row_is_one_line_and_exit_2(
+    tmp_path: Path, form: str, rows: list, reason: str
+) -> None:
+    path = _jsonl(tmp_path / "rows.jsonl", rows)
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", "prepare", path, "--out", str(tmp_path / "s"),
-         "--format", "prompt-completion", "--no-progress"],
+         "--format", form, "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {path} line 2: has no field 'completion' (fields: prompt) (fix the row, or pass "
-        "--skip-bad-rows to leave bad rows out and count them)"
+        f"error: {path} {reason} (fix the row, or pass --skip-bad-rows to leave bad rows out and "
+        "count them)"
     ]
 
 

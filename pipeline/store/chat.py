@@ -231,7 +231,7 @@ def render(
         start = len(_prefix(template, full, messages[:i], True))
         stop = len(_prefix(template, full, messages[: i + 1], False))
         if start < done or stop <= start:
-            raise BadRow(f"the template renders message {i} as nothing: nothing to train on")
+            raise BadRow(f"the template renders message {i + 1} as nothing: nothing to train on")
         segments += [Segment(full[done:start], False), Segment(full[start:stop], True)]
         done = stop
     segments.append(Segment(full[done:], False))
@@ -275,7 +275,7 @@ def _messages(row: Mapping[str, Any], field: str) -> list[dict[str, str]]:
     if not value:
         raise BadRow(f"field {field!r} is an empty conversation")
     messages = []
-    for i, message in enumerate(value):
+    for i, message in enumerate(value, 1):  # numbered from 1, as lines are
         if not isinstance(message, Mapping) or not {"role", "content"} <= set(message):
             raise BadRow(f"message {i} is not an object with 'role' and 'content'")
         role, content = message["role"], message["content"]
