@@ -20,15 +20,18 @@ figures are medians over rounds:
   [mp_prefetch] -> `make_array_from_process_local_data`, for every ReadOptions in
   GRAIN_READ_OPTIONS (num_threads=0 included) and for mp_prefetch with 1..cores workers;
 * limits (host only): ArrayRecord reading exactly the records our batches need, batched and
-  per record; `np.copyto` of the batch's bytes.
+  per record; `np.copyto` of the batch's bytes;
+* the transfer limit, in its own worker: the feed's transfer call alone, per step, on fresh
+  copies of one step's six fields (read before the clock starts): what every contender ending
+  in these global arrays pays, Grain's rows too.
 
 Per contender: tokens/s; CPU seconds per million tokens (the worker process and its children,
 all the work it did from its first timed round to the end of its last, background prefetch
 included); the time the consumer thread spends inside `next()` per step when a simulated
 training step of `--pace-ms` keeps the prefetch ahead. Then the documented restore path to the
 first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
-setting), and ours in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
-(CPU per token per process).
+setting), and ours and the transfer limit in 1, 2 and 4 localhost `jax.distributed` processes on
+the same global batch (CPU per token per process).
 Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`, alone with `--sft-only`):
 DataFeed of a best_fit source against Grain's first-fit and best-fit packers (and best-fit with
 mp_prefetch), all ending in the global arrays, in workers of this file's `throughput`.
@@ -250,6 +253,7 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
         "feed": ("feed", {}),
         "feed_nostats": ("feed_nostats", {}),
         "maxtext": ("maxtext", {}),
+        "transfer": ("transfer", {}),
     }
     for threads, buffer in GRAIN_READ_OPTIONS:
         options = {"threads": threads, "buffer": buffer, "workers": 0}
@@ -339,8 +343,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SCALED = {"feed": "feed", "transfer": "transfer"}  # the contenders of every scale process
+
+
+def cpu_per_mtok(runs: list[dict]) -> float:
+    """Mean CPU seconds per million tokens per process of one run in every process."""
+    return statistics.mean((r["cpu_end"] - r["cpu_start"]) / r["tokens"] * 1e6 for r in runs)
+
+
 def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dict]:
-    """DataFeed in 1, 2, 4 localhost processes on the same global batch (devices split)."""
+    """DataFeed in 1, 2, 4 localhost processes on the same global batch (devices split),
+    then the transfer limit in the same processes: the part no loader can shed."""
     result = {}
     for processes in SCALE_PROCESSES:
         if args.devices % processes or args.rows % args.devices:
@@ -348,9 +361,7 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
         port = free_port()
         workers = [
             Worker(
-                dict(
-                    base, contenders={"feed": "feed"}, processes=processes, process_id=i, port=port
-                ),
+                dict(base, contenders=SCALED, processes=processes, process_id=i, port=port),
                 tmp,
                 args.devices // processes,
                 f"scale{processes}-{i}",
@@ -360,19 +371,20 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
         try:
             for worker in workers:
                 worker.wait_ready()
-            steps = args.steps * args.reps
-            for worker in workers:
-                worker.send({"run": "feed", "steps": steps, "pace": 0.0})
-            runs = [worker.receive() for worker in workers]
+            runs = {}
+            for name in SCALED:  # the feed first: its peak RSS is its own
+                for worker in workers:
+                    worker.send({"run": name, "steps": args.steps * args.reps, "pace": 0.0})
+                runs[name] = [worker.receive() for worker in workers]
         finally:
             close_all(workers)
+        feed = runs["feed"]
         result[str(processes)] = {
-            "tokens_per_s_per_process": statistics.mean(r["tokens"] / r["wall"] for r in runs),
-            "cpu_s_per_mtok_per_process": statistics.mean(
-                (r["cpu_end"] - r["cpu_start"]) / r["tokens"] * 1e6 for r in runs
-            ),
+            "tokens_per_s_per_process": statistics.mean(r["tokens"] / r["wall"] for r in feed),
+            "cpu_s_per_mtok_per_process": cpu_per_mtok(feed),
+            "transfer_cpu_s_per_mtok_per_process": cpu_per_mtok(runs["transfer"]),
             "rows_per_process": args.rows // processes,
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in feed),
         }
         bar.update()
     return result
@@ -486,6 +498,7 @@ LABELS = {
     "format_per_record": "limit: ArrayRecord read(i, i+1) of the needed records",
     "format_batched": "limit: ArrayRecord read(list) of the needed records",
     "copy": "limit: np.copyto of the batch's token bytes",
+    "transfer": "limit: transfer of the six fields only",
 }
 
 
@@ -545,6 +558,13 @@ def table(result: dict) -> str:
             f"{feed['tokens_per_s'] / mp['tokens_per_s']:.1f}x tokens/s, "
             f"{ratio(mp['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token"
         )
+    transfer = c["transfer"]["cpu_s_per_mtok"]
+    lines.append(
+        f"transfer limit: {transfer:.4f} CPU s per M tokens, "
+        f"{ratio(transfer, feed['cpu_s_per_mtok']):.0%} of DataFeed's CPU per token; the most "
+        "any loader ending in these arrays could reach against Grain's best single process: "
+        f"{ratio(single['cpu_s_per_mtok'], transfer):.1f}x less CPU per token"
+    )
     lines.append(
         f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%} in "
         f"tokens/s, {ratio(limit_cpu, c['plan']['cpu_s_per_mtok']):.0%} in CPU per token; "
@@ -575,18 +595,23 @@ def table(result: dict) -> str:
         f"{first['first_next'] * 1e3:.1f} ms"
     )
     if result["scale"]:
-        base = result["scale"]["1"]["cpu_s_per_mtok_per_process"]
+        first = result["scale"]["1"]
+        base = first["cpu_s_per_mtok_per_process"]
+        limit = first["transfer_cpu_s_per_mtok_per_process"]
         lines += [
             "",
             "| DataFeed, processes | rows per process | tokens/s per process | "
-            "CPU s per M tokens per process | vs 1 process | peak RSS per process |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            "CPU s per M tokens per process | vs 1 process | peak RSS per process | "
+            "limit: transfer only, CPU s per M tokens per process | vs 1 process |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for processes, r in result["scale"].items():
+            transfer = r["transfer_cpu_s_per_mtok_per_process"]
             lines.append(
                 f"| {processes} | {r['rows_per_process']} | "
                 f"{r['tokens_per_s_per_process']:,.0f} | {r['cpu_s_per_mtok_per_process']:.4f} | "
-                f"{ratio(r['cpu_s_per_mtok_per_process'], base):.2f} | {r['peak_rss_mb']:.0f} MB |"
+                f"{ratio(r['cpu_s_per_mtok_per_process'], base):.2f} | {r['peak_rss_mb']:.0f} MB | "
+                f"{transfer:.4f} | {ratio(transfer, limit):.2f} |"
             )
     overhead = result["stats_overhead"]
     lines += [

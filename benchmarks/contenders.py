@@ -20,7 +20,8 @@ The worker builds the contenders its spec names, takes one warm-up batch of each
 
 A spec with `processes` > 1 joins a localhost `jax.distributed` job first (the scale rows).
 Every contender ends where a trainer starts: the six MaxText fields as global `jax.Array`s over
-the process's simulated CPU devices (except the host-only rows: `Plan.batch` and the limits).
+the process's simulated CPU devices (except the host-only rows: `Plan.batch` and the host
+limits); the transfer limit ends there too, from fields read before the clock starts.
 """
 
 from __future__ import annotations
@@ -242,6 +243,53 @@ class FormatLimit(PlanBatch):
         self.step += 1
 
 
+def fresh_copy(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """New buffers for `host`'s fields, each field the same view into its copy: `Plan.read`'s
+    fields are strided views sharing three [rows, seq_len + 1] buffers, which JAX must copy,
+    where contiguous copies might be aliased (a transfer cheaper than the feed's)."""
+    copies: dict[int, np.ndarray] = {}
+    fresh = {}
+    for name, view in host.items():
+        base = view.base
+        if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
+            raise TypeError(f"field {name} is not a view of a contiguous array")
+        if id(base) not in copies:
+            copies[id(base)] = base.copy()
+        offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        fresh[name] = np.ndarray(view.shape, view.dtype, copies[id(base)], offset, view.strides)
+    return fresh
+
+
+class TransferLimit:
+    """The feed's transfer alone: its own call (`_Geometry.to_global`, what its reader threads
+    run), sharding and local rows, on one step's six fields from `Plan.batch`, read once. What
+    any loader ending in these global arrays pays per step, whatever its host work.
+
+    The feed transfers fresh arrays every step (`Plan.read` allocates them), so each step here
+    transfers a fresh copy (`fresh_copy`), never the same arrays again. The copies are made
+    with the clock paused (`prepare`, like FormatLimit's record lists), since in the feed that
+    writing is `Plan.read`'s work; made ahead, they are colder in cache than the feed's
+    just-written arrays, so the row errs dear, not cheap. The previous step's arrays are
+    dropped when the next ones arrive, as in a trainer (`run`)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from pipeline.feed.data_feed import DataFeed
+
+        with DataFeed(data_config(spec), mesh(spec)) as feed:
+            self.geometry = feed._geometry_at(0)
+            self.host = feed.plan.batch(0, self.geometry.rows)
+        self.queue: list[dict[str, np.ndarray]] = []
+
+    def prepare(self, steps: int) -> None:
+        self.queue += [fresh_copy(self.host) for _ in range(steps)]
+
+    def __next__(self):
+        return self.geometry.to_global(self.queue.pop(0))
+
+    def close(self) -> None:
+        pass
+
+
 class CopyLimit:
     """`np.copyto` of as many token bytes as a batch holds, between two buffers."""
 
@@ -443,6 +491,7 @@ KINDS = {
     "format_per_record": lambda spec: FormatLimit(spec, batched=False),
     "format_batched": lambda spec: FormatLimit(spec, batched=True),
     "copy": CopyLimit,
+    "transfer": TransferLimit,
     "grain": Grain,
     "grain_sft": GrainSft,
 }
@@ -460,7 +509,8 @@ def run(
     seconds: float = 0.0,
 ) -> dict[str, float]:
     """At least `steps` batches, and more until `seconds` have passed. A limit contender's
-    record lists are made in batches of `steps` with the clock (wall and CPU) paused."""
+    inputs (record lists, fresh fields) are made in batches of `steps` with the clock (wall
+    and CPU) paused."""
     import jax
 
     inside = inside_cpu = paused = paused_cpu = 0.0
@@ -478,7 +528,7 @@ def run(
         batch = next(contender)
         inside += time.perf_counter() - before
         inside_cpu += time.thread_time() - before_cpu
-        # a process's share of the global arrays' tokens; the limits copy bytes, no fields
+        # a process's share of the global arrays' tokens; the host limits make no fields
         tokens += tokens_per_step if batch is None else batch["inputs"].size // processes
         if pace:
             time.sleep(pace)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.commands.cli import main
+from pipeline.config import parse_config
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
 from pipeline.store.token_store import TokenStore, read_pieces
@@ -94,6 +95,8 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
 def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batches(
     tmp_path, capsys
 ):
+    from benchmarks.bench import table
+
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--cache-dir", str(tmp_path / "cache"), "--synthetic-tokens", "200000",
@@ -108,11 +111,13 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
                   "Grain ReadOptions(num_threads=0, prefetch_buffer_size=0)",
                   "Grain + mp_prefetch(1 worker)", "limit: ArrayRecord read(i, i+1)",
                   "DataFeed / Grain's best single process", "DataFeed / Grain's best mp_prefetch",
-                  "step 1,000,000,000", "Orbax restore"):  # fmt: skip
+                  "step 1,000,000,000", "Orbax restore",
+                  "limit: transfer of the six fields only"):  # fmt: skip
         assert label in printed, label
     contenders = result["contenders"]
     expected = {"feed", "feed_nostats", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0",
-                "grain_t16_b500", "grain_mp1", "format_per_record", "copy"}  # fmt: skip
+                "grain_t16_b500", "grain_mp1", "format_per_record", "copy",
+                "transfer"}  # fmt: skip
     assert expected <= set(contenders)
     for name, row in contenders.items():
         assert row["tokens_per_s"] > 0 and row["next_ms_per_step"] > 0, name
@@ -126,6 +131,23 @@ def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batc
     assert "feed statistics: DataFeed step" in printed
     assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
     assert "sft" not in result and "packed SFT" not in printed
+    # The transfer limit's line: its CPU per token against DataFeed's and Grain's best.
+    grain, transfer = contenders[result["grain_best_single"]], contenders["transfer"]
+    line = next(line for line in printed.splitlines() if line.startswith("transfer limit:"))
+    assert f"{transfer['cpu_s_per_mtok']:.4f} CPU s per M tokens" in line
+    share = transfer["cpu_s_per_mtok"] / contenders["feed"]["cpu_s_per_mtok"]
+    reach = grain["cpu_s_per_mtok"] / transfer["cpu_s_per_mtok"]
+    assert f"{share:.0%} of DataFeed's" in line and line.endswith(
+        f"{reach:.1f}x less CPU per token"
+    )
+    # The scale table's transfer columns, from a scale run's figures.
+    result["scale"] = {
+        str(n): {"rows_per_process": 8 // n, "tokens_per_s_per_process": 1e6,
+                 "cpu_s_per_mtok_per_process": 0.02 * n, "peak_rss_mb": 500,
+                 "transfer_cpu_s_per_mtok_per_process": 0.01 * n}
+        for n in (1, 2)
+    }  # fmt: skip
+    assert "| 2 | 4 | 1,000,000 | 0.0400 | 2.00 | 500 MB | 0.0200 | 2.00 |" in table(result)
 
 
 @pytest.mark.multiprocess  # contender workers, and a restore in a new process per step and round
@@ -280,3 +302,34 @@ def test_the_feed_ab_prints_each_variants_figures(tmp_path):
         assert variants == (2 if "--threads" in extra else 1)
         for row in table:
             assert all(float(cell.split()[0]) > 0 for cell in row[1 : 1 + variants]), row
+
+
+def test_the_transfer_limit_transfers_fresh_copies_of_the_feeds_six_fields(tmp_path):
+    """The limit row is the feed's transfer of the real fields: the six of `Plan.batch` with
+    the feed's sharding, each step from new host buffers laid out as `Plan.read` lays them."""
+    import jax
+
+    from benchmarks.contenders import TransferLimit, fresh_copy
+    from pipeline.plan.batch import FIELDS
+
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,
+              "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
+    limit = TransferLimit({"config": config})
+    host = limit.host
+    copy = fresh_copy(host)
+    for name, view in host.items():
+        assert copy[name].strides == view.strides and not np.shares_memory(copy[name], view)
+        np.testing.assert_array_equal(copy[name], view)
+    assert np.shares_memory(copy["inputs"], copy["targets"])  # one buffer, as in Plan.read
+    limit.prepare(2)
+    first, second = limit.queue
+    assert not np.shares_memory(first["inputs"], second["inputs"])
+    expected = Plan.from_config(parse_config(config, origin="test")).batch(0)
+    for _ in range(2):
+        batch = next(limit)
+        assert list(batch) == list(FIELDS)
+        for name, values in batch.items():
+            assert isinstance(values, jax.Array) and len(values.sharding.device_set) == 8
+            np.testing.assert_array_equal(np.asarray(values), expected[name], err_msg=name)
+    assert limit.queue == []
