@@ -300,15 +300,21 @@ def throughput(
     return {name: summarise(runs[name], paced[name], name in host_only) for name in order}, workers
 
 
+def spent(run: dict) -> float:
+    """CPU seconds of one run, its paused preparation left out."""
+    return run["cpu_end"] - run["cpu_start"] - run["paused_cpu"]
+
+
 def summarise(runs: list[dict], paced: list[dict], host_only: bool) -> dict[str, float]:
     """Medians over rounds; CPU from the first round's start to the last round's end for a
     worker of one contender (its background work between rounds included), per run for the
-    host-only rows, which share a worker and have no background work."""
+    host-only rows, which share a worker and have no background work; a limit's paused
+    preparation (record lists, the transfer limit's copies) left out of both."""
     tokens = sum(r["tokens"] for r in runs)
     if host_only:
-        cpu = sum(r["cpu_end"] - r["cpu_start"] for r in runs)
+        cpu = sum(spent(r) for r in runs)
     else:
-        cpu = runs[-1]["cpu_end"] - runs[0]["cpu_start"]
+        cpu = runs[-1]["cpu_end"] - runs[0]["cpu_start"] - sum(r["paused_cpu"] for r in runs)
     return {
         "tokens": tokens,  # counted from the global arrays each run built
         "tokens_per_s": statistics.median(r["tokens"] / r["wall"] for r in runs),
@@ -348,7 +354,7 @@ SCALED = {"feed": "feed", "transfer": "transfer"}  # the contenders of every sca
 
 def cpu_per_mtok(runs: list[dict]) -> float:
     """Mean CPU seconds per million tokens per process of one run in every process."""
-    return statistics.mean((r["cpu_end"] - r["cpu_start"]) / r["tokens"] * 1e6 for r in runs)
+    return statistics.mean(spent(r) / r["tokens"] * 1e6 for r in runs)
 
 
 def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dict]:
