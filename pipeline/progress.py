@@ -18,10 +18,17 @@ from tqdm import tqdm
 class _SummaryBar(tqdm):
     """A bar that never redraws (`delay` and `mininterval` are infinite) and ends with a line."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # an error already being handled when the bar is made (it runs inside an `except`) is
+        # not one that ends the bar's work
+        self._outer_error = sys.exc_info()[1]
+        super().__init__(*args, **kwargs)
+
     def close(self) -> None:
         # the first close only (tqdm's close disables the bar), and not while an error ends the
         # work: the command's one error line would follow a count of what it cut short
-        if not self.disable and sys.exc_info()[0] is None:
+        error = sys.exc_info()[1]
+        if not self.disable and (error is None or error is self._outer_error):
             self.fp.write(self.format_meter(**self.format_dict) + "\n")
             self.fp.flush()
         super().close()

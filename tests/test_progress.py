@@ -87,3 +87,21 @@ def test_off_a_terminal_a_bar_ended_by_an_error_writes_nothing(capsys):
         finally:
             bar.close()
     assert capsys.readouterr().err == ""
+
+
+def test_off_a_terminal_a_bar_run_inside_an_error_handler_still_writes_its_line(capsys):
+    """An error handled around the whole bar (a store found missing, then prepared) is not the
+    bar's: a bar that ends without an error of its own writes its line."""
+    try:
+        raise KeyError("no store yet")
+    except KeyError:
+        for _ in progress.progress_bar(range(5), desc="prepare", unit=" doc"):
+            pass
+        bar = progress.progress_bar(desc="verify", unit=" step", total=2)
+        bar.update(2)
+        bar.close()
+        with pytest.raises(ValueError):  # an error of its own still ends it silently
+            for _ in progress.progress_bar(range(5), desc="verify", unit=" step"):
+                raise ValueError from None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "5/5" in err and "2/2" in err, err
