@@ -628,6 +628,17 @@ def test_verify_store_and_the_feed_on_a_zeroed_file_name_it(tmp_path, capsys, su
     assert code == 2 and err.startswith(named) and "[0, 0)" not in err
 
 
+def test_damage_in_a_store_nested_in_another_names_the_nested_source(tmp_path, capsys):
+    """Both roots prefix the damaged file's path: the longer one, the nested store's, is it."""
+    outer = synthetic(tmp_path, "web")
+    inner = synthetic(outer, "eval", first=7)  # other content: a store of its own
+    zeroed = inner / "shard-00000-of-00003.flat.bin"
+    zeroed.write_bytes(bytes(zeroed.stat().st_size))
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"a": outer, "b": inner}))
+    code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz")
+    assert code == 2 and err.startswith(f"error: {config}: sources.b.path: {zeroed}: "), err
+
+
 def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, capsys):
     text = corpus(tmp_path / "text", "hello", 3)
     out = tmp_path / "notes.txt"

@@ -380,16 +380,19 @@ class Plan:
         return store
 
     def _source_key(self, index: int, message: str) -> str | None:
-        """The config key (`sources.path_key`) of segment `index`'s first source whose store
-        (at the path it was read from) `message` names first, as every store error does."""
+        """The config key (`sources.path_key`) of segment `index`'s source whose store (at the
+        path it was read from) `message` names first, as every store error does; of stores
+        nested in one another, the innermost (the longest root), which holds the file."""
         plan = self.segment_plan(index)
+        roots = {}
         for name in plan.config.source_names:
             meta = plan.layouts[name].meta
             store = self._stores.get(meta.fingerprint)
-            root = str(meta.path if store is None else store.path)
-            if message.startswith((f"{root}/", f"{root}:")):
-                return path_key(plan.config, name)
-        return None
+            roots[name] = str(meta.path if store is None else store.path)
+        named = [n for n, root in roots.items() if message.startswith((f"{root}/", f"{root}:"))]
+        if not named:
+            return None
+        return path_key(plan.config, max(named, key=lambda name: len(roots[name])))
 
     def stores(self) -> list[TokenStore]:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
