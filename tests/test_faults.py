@@ -584,8 +584,8 @@ def test_a_damaged_index_is_one_line_naming_it(tmp_path, capsys, damage):
     store = synthetic(tmp_path)
     for index in store.glob("*.index.npy"):  # every shard's, so any read meets one
         index.write_bytes(damage(index.read_bytes()))
-    named = f"{store}/shard-0000"
     config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    named = f"{config}: sources.s.path: {store}/shard-0000"  # the source's key, as at open
     dump = ["dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz"]
     for command in (["inspect", config, "--step", 0], dump):
         code, err = cli(capsys, *command)

@@ -22,9 +22,9 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import check_eval
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import Draws, Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
-from pipeline.plan.sources import open_stores
+from pipeline.plan.sources import keyed, open_stores
 from pipeline.store.summary import decode_preview
 from pipeline.urls import location
 from pipeline.wording import counted
@@ -192,36 +192,46 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(header)
     print("-" * len(header))
     for i, row in enumerate(rows):
-        name = draws.source_names[draws.source[i]]
-        layout = seg.layouts[name]
-        store = plan.store(layout.meta)
-        epoch, start = int(draws.epoch[i]), int(draws.start[i])
-        if isinstance(layout, PackedLayout):
-            print(
-                f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} "
-                f"{name:<10} {epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
-                f"packed row {int(draws.window[i]):,}"
-            )
-            _print_packed_row(layout, int(draws.window[i]), args.preview)
-            continue
-        print(
-            f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} {name:<10} "
-            f"{epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
-            f"stream tokens {start:,}..{start + config.seq_len + 1:,}"
-        )
-        for shard, lo, hi in layout.pieces(epoch, start, start + config.seq_len + 1):
-            offsets = store.record_offsets(shard)
-            first = int(np.searchsorted(offsets, lo, side="right")) - 1
-            last = int(np.searchsorted(offsets, hi, side="left")) - 1
-            tokens = store.read_shard_tokens(shard, lo, hi).tokens
-            preview = decode_preview(store, tokens, limit=args.preview)
-            preview = preview.replace("\n", "⏎").replace("\t", " ")
-            records = f"record {first}" if first == last else f"records {first}..{last}"
-            print(
-                f"{'':>44}{store.shard_file(shard).name}  {records}  tokens {lo:,}..{hi:,}"
-                f"\n{'':>44}  {preview!r}"
-            )
+        # a store's error names its source by its config key, as at open
+        with keyed(config, draws.source_names[draws.source[i]]):
+            _print_row(plan, draws, i, row, args.preview)
     return 0
+
+
+def _print_row(plan: Plan, draws: Draws, i: int, row: int, preview: int) -> None:
+    """Row `row` (the `i`th drawn): its lane, stage, source, epoch, counter and window, then
+    where its tokens are (shard records, or a packed row's documents), with a preview."""
+    seg = plan.segment_plan(draws.segment_index)
+    config = seg.config
+    name = draws.source_names[draws.source[i]]
+    layout = seg.layouts[name]
+    store = plan.store(layout.meta)
+    epoch, start = int(draws.epoch[i]), int(draws.start[i])
+    if isinstance(layout, PackedLayout):
+        print(
+            f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} "
+            f"{name:<10} {epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
+            f"packed row {int(draws.window[i]):,}"
+        )
+        _print_packed_row(layout, int(draws.window[i]), preview)
+        return
+    print(
+        f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} {name:<10} "
+        f"{epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "
+        f"stream tokens {start:,}..{start + config.seq_len + 1:,}"
+    )
+    for shard, lo, hi in layout.pieces(epoch, start, start + config.seq_len + 1):
+        offsets = store.record_offsets(shard)
+        first = int(np.searchsorted(offsets, lo, side="right")) - 1
+        last = int(np.searchsorted(offsets, hi, side="left")) - 1
+        tokens = store.read_shard_tokens(shard, lo, hi).tokens
+        text = decode_preview(store, tokens, limit=preview)
+        text = text.replace("\n", "⏎").replace("\t", " ")
+        records = f"record {first}" if first == last else f"records {first}..{last}"
+        print(
+            f"{'':>44}{store.shard_file(shard).name}  {records}  tokens {lo:,}..{hi:,}"
+            f"\n{'':>44}  {text!r}"
+        )
 
 
 def _print_packed_row(layout: PackedLayout, row: int, preview: int) -> None:

@@ -46,7 +46,7 @@ from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
 from pipeline.plan.ledger import Ledger, Segment
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.sources import open_stores, path_key
+from pipeline.plan.sources import keyed, open_stores, path_key
 from pipeline.plan.stages import StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
@@ -472,13 +472,11 @@ def _layout(spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: O
     it opens its store (the document index) when the plan is made: a shard damaged there is
     named by the source's config key, as at open (`sources.path_key`)."""
     if spec.packing == "best_fit":
-        try:
+        with keyed(config, spec.name):
             store = open_store(meta)
             return PackedLayout(
                 spec.name, store, config.seed, config.seq_len, config.lanes, spec.too_long
             )
-        except StoreError as error:
-            raise StoreError(f"{path_key(config, spec.name)}: {error}") from error
     return SourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes)
 
 

@@ -2,12 +2,13 @@
 
 A store that cannot be opened is named by its config key (`FILE: sources.NAME.path: ...`), so a
 wrong path in a data config reads as a config error, before any step runs; damage found later,
-at a shard's first use, is named by the same key (`Plan.read`).
+at a shard's first use, is named by the same key (`Plan.read`, `keyed`, `Plan.keyed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +35,16 @@ def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
 def path_key(config: DataConfig, name: str) -> str:
     """The config key of source `name`'s store, for messages: `FILE: sources.NAME.path`."""
     return f"{config.origin}: sources.{name}.path"
+
+
+@contextmanager
+def keyed(config: DataConfig, name: str) -> Iterator[None]:
+    """Prefix a `StoreError` raised inside with source `name`'s config key (`path_key`): with
+    many sources, the one whose store is at fault."""
+    try:
+        yield
+    except StoreError as error:
+        raise StoreError(f"{path_key(config, name)}: {error}") from error
 
 
 def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
