@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite = [str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out",
                      str(copy), "--num-shards", "3", "--overwrite", "--no-progress"]  # fmt: skip
         logs = mt.stop_on_data_error("hoststop", configs, lambda: run(overwrite))
-        line = f"{copy / 'manifest.json'}: {REPLACED}"
+        line = f"{configs[1]}: sources.docs.path: {copy / 'manifest.json'}: {REPLACED}"
         for i, text in enumerate(logs):  # process 0 names the host that failed
             found = [x for x in text.splitlines() if ("host 1: " if i == 0 else "") + line in x]
             if not found:

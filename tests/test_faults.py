@@ -508,17 +508,33 @@ def test_the_feed_verify_policy_finds_damage_the_identity_cannot(tmp_path, polic
     shard = damage_an_unsampled_record(store)
     raw = config_over(tmp_path, {"s": store}, feed={"verify": policy})
     TokenStore(store).record_offsets(2)  # the shard's identity checks pass: not sampled
+    named = f"v.yaml: sources.s.path: {shard}"  # the source's config key, as at open
     if policy == "open":
         with pytest.raises(StoreError) as info:
             DataFeed(parse_config(raw, "v.yaml"), mesh()).close()
-        assert one_line(info.value).startswith(f"{shard}: content checksum does not match")
+        assert one_line(info.value).startswith(f"{named}: content checksum does not match")
         return
     with DataFeed(parse_config(raw, "v.yaml"), mesh()) as feed:
         feed._verifier._thread.join()  # let the pass finish, so the next step must see it
         with pytest.raises(FeedError) as info:
             next(feed)
     message = one_line(info.value)
-    assert message.startswith(f"background store verification failed: {shard}: content")
+    assert message.startswith(f"background store verification failed: {named}: content")
+
+
+def test_a_store_shared_by_two_sources_is_named_by_the_first(tmp_path):
+    """One store (one fingerprint, verified once) under two keys: the first of the config's
+    sources (by name) finds its path, the same under both, and the line keeps the one-key
+    format of a read."""
+    store = synthetic(tmp_path)
+    shard = damage_an_unsampled_record(store)
+    raw = config_over(tmp_path, {"web": store, "code": store}, feed={"verify": "background"})
+    with DataFeed(parse_config(raw, "v.yaml"), mesh()) as feed:
+        feed._verifier._thread.join()
+        with pytest.raises(FeedError) as info:
+            next(feed)
+    named = f"v.yaml: sources.code.path: {shard}: content checksum does not match"
+    assert one_line(info.value).startswith(f"background store verification failed: {named}")
 
 
 @pytest.mark.parametrize(("value", "policy"), [(False, "off"), ("off", "off"), ("open", "open")])
@@ -784,8 +800,8 @@ def test_a_store_replaced_after_every_shard_was_opened_stops_the_feed(tmp_path, 
         prepare(PrepareOptions([str(new)], out, num_shards=1, overwrite=True, progress=False))
         message = feed_until_error(feed)
     assert message == (
-        f"{out / MANIFEST}: the store was replaced or changed after it was opened (by "
-        "`prepare --overwrite`?); restart the job to read the new store"
+        f"r.yaml: sources.s.path: {out / MANIFEST}: the store was replaced or changed after it "
+        "was opened (by `prepare --overwrite`?); restart the job to read the new store"
     )
 
 
@@ -874,8 +890,9 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
         codes, lines = launch_until_ready(tmp_path, raw, task, replace)
     assert codes == [2, 2], worker_output(tmp_path)
     assert lines[checker] == (
-        f"error: {url}/{MANIFEST}: the store was replaced or changed after it was opened (by "
-        "`prepare --overwrite`?); restart the job to read the new store"
+        f"error: multihost.yaml: sources.s.path: {url}/{MANIFEST}: the store was "
+        "replaced or changed after it was opened (by `prepare --overwrite`?); restart the job "
+        "to read the new store"
     )
     assert lines[1 - checker].endswith(f"host {checker}: {lines[checker].removeprefix('error: ')}")
     assert counts[1 - checker] == 0, counts  # never asked: the other process checks it
@@ -947,8 +964,9 @@ def test_a_failed_background_verification_on_one_process_stops_every_process_wit
     codes = launch(tmp_path, raw, [task], 2, 2, timeout=60)
     assert codes == [2, 2], worker_output(tmp_path)
     failing, other = (last_line(log) for log in sorted(tmp_path.glob("spec-*-*.log")))
+    named = f"multihost.yaml: sources.s.path: {shard}"  # the source's config key, as at open
     assert failing.startswith(
-        f"error: background store verification failed: {shard}: content checksum does not match"
+        f"error: background store verification failed: {named}: content checksum does not match"
     ), failing
     assert other.endswith(f"host 0: {failing.removeprefix('error: ')}"), other
 
@@ -977,4 +995,6 @@ def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
         prepare(PrepareOptions([str(corpus(tmp_path / "new", "omega", 60))], added, num_shards=1,
                                overwrite=True, progress=False))  # fmt: skip
         message = feed_until_error(feed)
-    assert message.startswith(f"{added / MANIFEST}: the store was replaced")
+    # named by the key of the segment that added it (adopted: labelled by its ledger segment)
+    key = "ledger segment 1 (from step 1): sources.t.path"
+    assert message.startswith(f"{key}: {added / MANIFEST}: the store was replaced")

@@ -455,8 +455,9 @@ def test_a_data_error_ends_maxtexts_loop_with_status_2_and_its_line(tmp_path):
     finally:
         child.kill()
     line = (
-        f"error: {store / MANIFEST}: the store was replaced or changed after it was opened (by "
-        "`prepare --overwrite`?); restart the job to read the new store"
+        f"error: {tmp_path / 'data.yaml'}: sources.s.path: {store / MANIFEST}: the store was "
+        "replaced or changed after it was opened (by `prepare --overwrite`?); restart the job "
+        "to read the new store"
     )
     assert child.returncode == 2, err
     assert "Training stopped" not in out

@@ -198,11 +198,11 @@ def _plan_on_every_process(config: DataConfig) -> Plan:
     return plan
 
 
-def _stores_of_plan(feed: weakref.ref[DataFeed]) -> list[TokenStore]:
-    """The stores a feed's current plan holds; a weak reference, so that the watcher thread
-    does not keep a forgotten feed alive."""
+def _plan_of(feed: weakref.ref[DataFeed]) -> Plan | None:
+    """A feed's current plan (None once the feed is collected); a weak reference, so that the
+    watcher thread does not keep a forgotten feed alive."""
     live = feed()
-    return live._plan.stores() if live is not None else []
+    return live._plan if live is not None else None
 
 
 class DataFeed:
@@ -272,7 +272,7 @@ class DataFeed:
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
-        self._host_stop = HostStop(partial(_stores_of_plan, weakref.ref(self)), periods)
+        self._host_stop = HostStop(partial(_plan_of, weakref.ref(self)), periods)
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None

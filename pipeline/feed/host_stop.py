@@ -21,7 +21,8 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   `end_process_after` ends such a process the same way `GRACE_S` later.
 * the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it
   opened (`TokenStore.check_unchanged`), so a host that never opens a replaced shard still
-  stops on the replacement; `next()` raises and publishes it. A local store is checked by every
+  stops on the replacement; `next()` raises and publishes it, after the config key of the
+  store's source (`Plan.store_message`), as a read's error. A local store is checked by every
   process (one `stat` of its manifest: each host may hold its own copy). A cloud store is one
   object for all hosts and its check is a billed metadata request, so one process checks it
   (`checks_remote`: its fingerprint modulo the process count) and the others learn of a
@@ -46,13 +47,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from pipeline.errors import ConfigError, FeedError, StoreError
-from pipeline.store.token_store import TokenStore
+from pipeline.plan.plan import Plan
 from pipeline.urls import is_url
 
 log = logging.getLogger("pipeline")
@@ -126,13 +127,14 @@ def _coordination_client() -> Any | None:
 class HostStop:
     """Publishes this process's fatal data error; watches the peers' and the stores' identity."""
 
-    def __init__(self, stores: Callable[[], Sequence[TokenStore]], periods: Periods) -> None:
-        """`stores` gives the stores open now: a switch or a later stage opens more of them."""
+    def __init__(self, plan: Callable[[], Plan | None], periods: Periods) -> None:
+        """`plan` gives the feed's plan now (None: the feed is gone), whose stores are those
+        open now: a switch or a later stage opens more of them."""
         self._poll_s, self._store_check_s, self._grace_s = periods
         self._client = _coordination_client()
         self._index = jax.process_index()
         self._processes = jax.process_count()
-        self._stores = stores
+        self._plan = plan
         self._failure: str | None = None  # what `check()` raises
         self._peer_seen: float | None = None  # when a peer's stop was first seen
         self._raised = False
@@ -179,7 +181,10 @@ class HostStop:
                 self._check_peers(now)
 
     def _check_stores(self) -> None:
-        for store in self._stores():
+        plan = self._plan()
+        if plan is None:
+            return
+        for store in plan.stores():
             remote = is_url(store.path)
             if remote and not checks_remote(store.fingerprint, self._index, self._processes):
                 continue  # another process checks it and publishes what it finds
@@ -187,7 +192,7 @@ class HostStop:
                 store.check_unchanged()
             except StoreError as error:
                 if self._failure is None:
-                    self._failure = str(error)
+                    self._failure = plan.store_message(store, error)
                 return
 
     def _check_peers(self, now: float) -> None:

@@ -17,20 +17,24 @@ import threading
 
 import jax
 
-from pipeline.errors import FeedError, PipelineError
+from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.plan.plan import Plan
 
 log = logging.getLogger("pipeline")
 
 
 def verify_share(plan: Plan, stop: threading.Event | None = None) -> None:
-    """Checksum and record-check this process's share of every shard of the plan's stores."""
+    """Checksum and record-check this process's share of every shard of the plan's stores; a
+    failure names the store's source by its config key (`Plan.store_message`)."""
     index, count = jax.process_index(), jax.process_count()
     for store in plan.stores():
         for shard in range(index, store.num_shards, count):
             if stop is not None and stop.is_set():
                 return
-            store.verify([shard])
+            try:
+                store.verify([shard])
+            except StoreError as error:
+                raise StoreError(plan.store_message(store, error)) from error
 
 
 class BackgroundVerify:

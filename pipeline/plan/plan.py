@@ -394,6 +394,18 @@ class Plan:
             return None
         return path_key(plan.config, max(named, key=lambda name: len(roots[name])))
 
+    def store_message(self, store: TokenStore, error: StoreError) -> str:
+        """`error` (found in `store` outside a read: a verification, an identity re-check)
+        after the config key (`sources.path_key`) of the first source (by name, the config's
+        order) that reads `store` in the latest segment planned. One key, as `Plan.read` gives:
+        it finds the store's path in the config, the same under each source sharing it, and
+        the line keeps one format. Unprefixed when no planned segment reads `store`."""
+        for _, plan in sorted(self._segments.items(), reverse=True):
+            for name in plan.config.source_names:
+                if plan.layouts[name].meta.fingerprint == store.fingerprint:
+                    return f"{path_key(plan.config, name)}: {error}"
+        return str(error)
+
     def stores(self) -> list[TokenStore]:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
         return list(self._stores.values())
