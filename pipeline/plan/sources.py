@@ -2,7 +2,7 @@
 
 A store that cannot be opened is named by its config key (`FILE: sources.NAME.path: ...`), so a
 wrong path in a data config reads as a config error, before any step runs; damage found later,
-at a shard's first use, is named by the same key (`Plan.read`, `keyed`, `Plan.keyed`).
+at a shard's first use, is named by the same key (`Plan.read`, `keyed`, `Plan.store_message`).
 """
 
 from __future__ import annotations
