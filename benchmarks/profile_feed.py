@@ -12,7 +12,9 @@ includes the profiler's overhead; dropping the previous step's arrays, JAX's wor
 trainer drops them, is timed apart); then the first step of fresh feeds, each the only feed of the
 process, so its stores open cold (what a restore in a new process waits for once Orbax is
 done; a feed built beside another one shares its open stores: `pipeline.feed.shared_stores`).
-First it prints CPU ms per step of the parts, without the profiler.
+First it prints CPU ms per step of the parts, without the profiler, in interleaved rounds
+(medians): among them the reader task run inline and `DataFeed`'s free-running `next()`, whose
+difference is what handing each step from the reader thread to the training thread costs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import resource
 import statistics
 import sys
 import time
@@ -30,16 +33,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench  # benchmarks/bench.py, beside this file
 
+ROUNDS = 5  # of each part, interleaved; medians
 
-def cpu_ms(call, steps: int) -> float:
+
+def cpu_ms(call, steps: int) -> tuple[float, float]:
+    """(process CPU ms, voluntary context switches) per call: a thread that blocks, on a lock,
+    the GIL or a queue, switches once; work done in one thread switches never."""
     import jax
 
     call(0)
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     start = time.process_time()
     for step in range(1, steps + 1):
         out = call(step)
     jax.block_until_ready(out)
-    return (time.process_time() - start) / steps * 1e3
+    cpu = (time.process_time() - start) / steps * 1e3
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+    return cpu, switches / steps
 
 
 def main() -> None:
@@ -68,12 +78,27 @@ def main() -> None:
                 _read_rows(plan, s, geometry.rows, (), False).batch
             ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
-            "the reader task (_read_step)": lambda s: (
+            "the reader task (_read_step), run inline": lambda s: (
                 _read_step(plan, s, geometry, (), True, scheduled).batch
             ),
+            # the same task in the feed's reader thread, handed over to this one
+            "DataFeed next(), free-running": lambda s: next(feed),
         }
-        for name, call in parts.items():
-            print(f"{name}: {cpu_ms(call, args.steps):.2f} ms CPU per step")
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in parts}
+        for _ in range(ROUNDS):  # interleaved, so the load moves every part alike
+            for name, call in parts.items():
+                rounds[name].append(cpu_ms(call, args.steps))
+        for name, values in rounds.items():
+            cpu, switches = (statistics.median(v) for v in zip(*values))
+            print(f"{name}: {cpu:.2f} ms CPU, {switches:.1f} voluntary context switches per step")
+        handover = statistics.median(
+            a[0] - b[0] for a, b in zip(rounds["DataFeed next(), free-running"],
+                                        rounds["the reader task (_read_step), run inline"])
+        )  # fmt: skip
+        print(
+            f"the hand-over between the reader thread and this one: {handover:.2f} ms CPU per "
+            "step (DataFeed's next() less the same task run inline, median of the rounds)"
+        )
 
         profile = cProfile.Profile()
         profile.enable()
