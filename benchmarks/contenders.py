@@ -407,12 +407,27 @@ class Grain:
         iterator = iter(self.build(self.spec))  # a restarted job builds its pipeline anew
         iterator.set_state(state)
         jax.block_until_ready(self.to_global(next(iterator)))
-        return {"total": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        iterator.close()  # its prefetch would run on beside the next restores
+        return {"total": seconds}
 
     def close(self) -> None:
-        close = getattr(self.iterator, "close", None)
-        if close is not None:
-            close()
+        """Close the iterator, then collect it: `close` stops Grain's prefetch (its worker
+        processes too) but leaves the elements it already took in a reference cycle, whose
+        shared memory (`mp_prefetch`'s batches) only their deletion unlinks, and Grain deletes
+        them in a thread pool that exit stops: the resource tracker would find them leaked."""
+        import gc
+
+        from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
+
+        self.iterator.close()
+        del self.iterator
+        pool = SharedMemoryArray._del_thread_pool
+        SharedMemoryArray._disable_async_del()  # unlink in this thread from here on
+        gc.collect()
+        if pool is not None:  # and wait for the unlinks already handed to the pool
+            pool.close()
+            pool.join()
 
 
 class SftSplit:

@@ -9,6 +9,9 @@ the fast path must equal bit for bit, through the flat sidecars and through Arra
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -333,3 +336,25 @@ def test_the_transfer_limit_transfers_fresh_copies_of_the_feeds_six_fields(tmp_p
             assert isinstance(values, jax.Array) and len(values.sharding.device_set) == 8
             np.testing.assert_array_equal(np.asarray(values), expected[name], err_msg=name)
     assert limit.queue == []
+
+
+@pytest.mark.multiprocess  # a contenders.py worker, and its Grain mp_prefetch process
+def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path):
+    """Grain's mp_prefetch hands batches over in shared memory; the contender's close must
+    unlink what Grain's iterator still holds, or the resource tracker warns at exit."""
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8,
+              "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
+    grain = {"threads": 1, "buffer": 16, "workers": 1, "packer": "best_fit"}
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps({"config": config, "contenders": {"g": "grain_sft"}, "grain": grain})
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).parents[1]))
+    commands = '{"run": "g", "steps": 5, "pace": 0.0}\n{"quit": true}\n'
+    done = subprocess.run([sys.executable, "benchmarks/contenders.py", str(spec)], input=commands,
+                          env=env, cwd=env["PYTHONPATH"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert '"tokens": 2560' in done.stdout  # 5 batches of 8 x 64 target slots
+    assert "leaked shared_memory" not in done.stderr, done.stderr
