@@ -16,6 +16,8 @@ The worker builds the contenders its spec names, takes one warm-up batch of each
 * `{"restore": STEP}`: the documented restore path to the first global batch (ours: a fresh
   `DataFeed`, `CheckpointManager.restore` of a `DataRestore` item, `next()`; Grain: a fresh
   iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up.
+* `{"padding": NAME, "steps": n}`: the padding fraction of n more batches of contender NAME,
+  counted from its global arrays (the packed-SFT rows).
 * `{"quit": true}`.
 
 A spec with `processes` > 1 joins a localhost `jax.distributed` job first (the scale rows).
@@ -480,22 +482,9 @@ def grain_sft_dataset(spec: dict[str, Any]):
 
 
 class GrainSft(Grain):
-    """Grain's packer -> the same global arrays; counts padding (target segment id 0)."""
+    """Grain's packer -> the same global arrays."""
 
     build = staticmethod(grain_sft_dataset)
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__(spec)
-        self.slots = self.padded = 0
-
-    def __next__(self):
-        batch = next(self.iterator)
-        self.slots += batch["targets_segmentation"].size
-        self.padded += int((batch["targets_segmentation"] == 0).sum())
-        return self.to_global(batch)
-
-    def padding(self) -> float:
-        return self.padded / self.slots
 
 
 KINDS = {
@@ -563,6 +552,19 @@ def run(
     }
 
 
+def padding(contender, steps: int) -> float:
+    """The share of padding slots (input segment id 0) in `steps` more batches of a
+    single-process contender, counted from the global arrays it serves: apart from the timed
+    rounds, so that counting costs no row. Grain's packers give inputs and targets the same
+    segment ids."""
+    slots = padded = 0
+    for _ in range(steps):
+        segments = np.asarray(next(contender)["inputs_segmentation"])
+        slots += segments.size
+        padded += int((segments == 0).sum())
+    return padded / slots
+
+
 def answer(value: dict[str, Any]) -> None:
     """One answer line; libraries may print other lines to stdout, the driver skips them."""
     print(PREFIX + json.dumps(value), flush=True)
@@ -593,7 +595,10 @@ def main() -> None:
             command = json.loads(line)
             if "quit" in command:
                 break
-            if "restore" in command:
+            if "padding" in command:
+                contender = contenders[command["padding"]]
+                result = {"padding": padding(contender, command["steps"])}
+            elif "restore" in command:
                 contender = contenders[command["name"]]
                 contender.restore(command["restore"], Path(tmp))  # warm: files, caches
                 result = contender.restore(command["restore"], Path(tmp))
@@ -602,8 +607,6 @@ def main() -> None:
                 steps, pace, seconds = command["steps"], command["pace"], command.get("seconds", 0)
                 result = run(contender, steps, pace, tokens_per_step, processes, seconds)
             result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            if isinstance(contender, GrainSft):
-                result["padding"] = contender.padding()  # since the worker started
             answer(result)
     for contender in contenders.values():
         contender.close()

@@ -17,11 +17,10 @@ document's first third), one row length and batch, interleaved and repeated (med
 The DataFeed and Grain rows run in contenders.py workers through bench.py's `throughput`
 (tokens/s, and CPU seconds per M target slots of the worker and its children; the host rows'
 CPU is this process's). Padding fraction is the share of target slots that are padding (input
-segment id 0; for Grain target segment id 0); DataFeed serves `Plan.batch`'s batches, so its
-padding is the best_fit row's. Then restore to the first batch of the best_fit source at steps
-0, 10^3, 10^6, each in a new process (JAX imported first, as in a trainer):
-`Plan(ledger).batch(step)`, which opens the store and reads the packing this process kept on
-disk (packing_cache.py); and
+segment id 0), a worker row's counted from its global arrays after the timed rounds
+(`contenders.padding`). Then restore to the first batch of the best_fit source at steps 0, 10^3,
+10^6, each in a new process (JAX imported first, as in a trainer): `Plan(ledger).batch(step)`,
+which opens the store and reads the packing this process kept on disk (packing_cache.py); and
 once with nothing kept (`PIPELINE_PACKING_CACHE=off`), which packs the source.
 """
 
@@ -144,7 +143,7 @@ def worker_rows(
     path: Path, args: argparse.Namespace, throughput: Callable, close_all: Callable
 ) -> tuple[dict[str, dict], dict[str, float]]:
     """The DataFeed and Grain rows, each in its contenders.py worker (bench.py's `throughput`,
-    interleaved rounds): their summaries and Grain's padding fractions."""
+    interleaved rounds): their summaries and padding fractions."""
     from pipeline.progress import progress_bar
 
     base = {"config": _config(path, args, "best_fit")}
@@ -164,8 +163,8 @@ def worker_rows(
         try:
             rows, workers = throughput(specs, None, args, Path(tmp), bar)
             padding = {
-                name: workers[name].ask({"run": name, "steps": 1, "pace": 0.0})["padding"]
-                for name in grain
+                name: workers[name].ask({"padding": name, "steps": args.steps})["padding"]
+                for name in specs
             }
         finally:
             close_all(list(workers.values()))
@@ -201,7 +200,6 @@ def run_sft(args: argparse.Namespace, throughput: Callable, close_all: Callable)
             cpu[name] += time.process_time() - start_cpu
     slots = args.steps * args.rows * args.sft_seq_len
     padding.update({name: c.padding / c.slots for name, c in contenders.items()})
-    padding["feed"] = padding["ours_best_fit"]  # the same batches
     packings = os.environ.get(CACHE_ENV, "")  # the packing this process kept (or "off")
     resume = {
         step: statistics.median(_restore(best_fit, step, packings) for _ in range(args.reps))

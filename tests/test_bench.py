@@ -338,6 +338,17 @@ def test_the_transfer_limit_transfers_fresh_copies_of_the_feeds_six_fields(tmp_p
     assert limit.queue == []
 
 
+def test_padding_is_counted_from_the_served_arrays():
+    import jax.numpy as jnp
+
+    from benchmarks.contenders import padding
+
+    rows = [[1, 1, 2, 0], [1, 0, 0, 0]]  # 4 of 8 slots padding, then 0 of 8
+    batches = iter([{"inputs_segmentation": jnp.array(rows)},
+                    {"inputs_segmentation": jnp.ones((2, 4), jnp.int32)}])  # fmt: skip
+    assert padding(batches, 2) == 4 / 16
+
+
 @pytest.mark.multiprocess  # a contenders.py worker, and its Grain mp_prefetch process
 def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path):
     """Grain's mp_prefetch hands batches over in shared memory; the contender's close must
