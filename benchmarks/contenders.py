@@ -420,12 +420,15 @@ class Grain:
         them in a thread pool that exit stops: the resource tracker would find them leaked."""
         import gc
 
-        from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
-
         self.iterator.close()
         del self.iterator
-        pool = SharedMemoryArray._del_thread_pool
-        SharedMemoryArray._disable_async_del()  # unlink in this thread from here on
+        try:  # Grain's internals: no public way to wait for its unlinks
+            from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
+
+            pool = SharedMemoryArray._del_thread_pool
+            SharedMemoryArray._disable_async_del()  # unlink in this thread from here on
+        except (ImportError, AttributeError):  # another Grain: at worst the exit warning
+            pool = None
         gc.collect()
         if pool is not None:  # and wait for the unlinks already handed to the pool
             pool.close()
