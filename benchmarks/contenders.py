@@ -11,13 +11,15 @@ The worker builds the contenders its spec names, takes one warm-up batch of each
   consumer sleeps s seconds after each batch (a training step the device is busy with), so
   a prefetching pipeline is ahead and the time inside `next()` is what the training thread
   pays. Answers wall seconds, seconds inside `next()` (wall, and CPU of the consumer
-  thread), tokens, and the CPU seconds of this process and all its children (Grain's
-  `mp_prefetch` workers) at the start and the end.
+  thread), tokens, the CPU seconds of this process and all its children (Grain's
+  `mp_prefetch` workers) at the start and the end, and the feeds' threads live at the start.
 * `{"restore": STEP}`: the documented restore path to the first global batch (ours: a fresh
   `DataFeed`, `CheckpointManager.restore` of a `DataRestore` item, `next()`; Grain: a fresh
   iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up.
 * `{"padding": NAME, "steps": n}`: the padding fraction of n more batches of contender NAME,
   counted from its global arrays (the packed-SFT rows).
+* `{"close": NAME}`: close contender NAME (a feed's reader threads and prefetch), so that it
+  reads nothing beside the next run.
 * `{"quit": true}`.
 
 A spec with `processes` > 1 joins a localhost `jax.distributed` job first (the scale rows).
@@ -33,6 +35,7 @@ import logging
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,6 +62,12 @@ def cpu_seconds() -> float:
             continue
         total += child_times.user + child_times.system
     return total
+
+
+def feed_threads() -> int:
+    """Live threads of this process's feeds (readers, host-stop watch, verify: all named
+    `pipeline-`): a feed left open reads on beside the next contender's run."""
+    return sum(thread.name.startswith("pipeline-") for thread in threading.enumerate())
 
 
 # -- the data: one config for ours, the same stores and weights for Grain ------------------------
@@ -523,6 +532,7 @@ def run(
     import jax
 
     inside = inside_cpu = paused = paused_cpu = 0.0
+    threads = feed_threads()
     cpu_start = cpu_seconds()
     start = time.perf_counter()
     batch, tokens, done = None, 0, 0
@@ -552,6 +562,7 @@ def run(
         "cpu_start": cpu_start,
         "cpu_end": cpu_seconds(),
         "paused_cpu": paused_cpu,
+        "feed_threads": threads,
     }
 
 
@@ -598,6 +609,10 @@ def main() -> None:
             command = json.loads(line)
             if "quit" in command:
                 break
+            if "close" in command:
+                contenders.pop(command["close"]).close()
+                answer({"closed": command["close"]})
+                continue
             if "padding" in command:
                 contender = contenders[command["padding"]]
                 result = {"padding": padding(contender, command["steps"])}
