@@ -359,7 +359,9 @@ def cpu_per_mtok(runs: list[dict]) -> float:
 
 def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dict]:
     """DataFeed in 1, 2, 4 localhost processes on the same global batch (devices split),
-    then the transfer limit in the same processes: the part no loader can shed."""
+    then the transfer limit in the same processes: the part no loader can shed. Each
+    contender is closed after its run: the feed's readers would refill its prefetch beside
+    the transfer's."""
     result = {}
     for processes in SCALE_PROCESSES:
         if args.devices % processes or args.rows % args.devices:
@@ -382,6 +384,8 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
                 for worker in workers:
                     worker.send({"run": name, "steps": args.steps * args.reps, "pace": 0.0})
                 runs[name] = [worker.receive() for worker in workers]
+                for worker in workers:
+                    worker.ask({"close": name})
         finally:
             close_all(workers)
         feed = runs["feed"]

@@ -262,6 +262,36 @@ def test_a_free_running_contender_prints_no_input_bound_warnings(tmp_path, capfd
     assert "input-bound" not in capfd.readouterr().err
 
 
+@pytest.mark.multiprocess  # a 1- and a 2-process jax.distributed job of contender workers
+def test_the_scale_rows_run_the_transfer_limit_with_the_feed_closed(tmp_path, monkeypatch):
+    """Each scale process runs the feed, then the transfer limit: a feed left open refills its
+    prefetch in its reader threads during the transfer run, CPU its column would count."""
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks import bench
+
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,
+              "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
+    answers = []
+    receive = bench.Worker.receive
+
+    def recorded(worker: bench.Worker) -> dict:
+        answers.append(receive(worker))
+        return answers[-1]
+
+    monkeypatch.setattr(bench.Worker, "receive", recorded)
+    monkeypatch.setattr(bench, "SCALE_PROCESSES", (1, 2))
+    args = argparse.Namespace(devices=2, rows=8, steps=2, reps=1)
+    base = {"config": config, "grain": {}, "tmp": str(tmp_path)}
+    result = bench.scale(base, args, tmp_path, SimpleNamespace(update=lambda: None))
+    assert set(result) == {"1", "2"}
+    runs = [answer for answer in answers if "feed_threads" in answer]
+    # per job: the feed's run in each process (its threads live), then the transfer's
+    assert [run["feed_threads"] > 0 for run in runs] == [True, False, True, True, False, False]
+
+
 def test_the_scale_benchmarks_parts_run_on_a_small_store(tmp_path):
     """benchmarks/scale_bench.py takes minutes to hours at its sizes, so it is run by hand: its
     store builder and measurements, on a 3-shard store, in the fresh processes it uses."""
