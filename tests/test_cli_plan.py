@@ -328,6 +328,7 @@ BAD_CONFIGS = [
         "stages[0].mix",
         "all weights are 0 at step 5",
     ),
+    ({"mix": {"a": 0, "b": 0}}, ": mix: all weights", "all weights are 0 at step 0"),
     ({"mix": {"a": {"linear": {10: 1, 0: 2}}, "b": 1}}, "mix.a.linear", "increasing order"),
     ({"global_batch_size": 6, "lanes": 4}, "global_batch_size", "not divisible by lanes"),
     ({"seq_len": 10_000}, "sources.", "seq_len 10000"),

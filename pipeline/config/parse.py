@@ -89,6 +89,8 @@ class StageSpec:
     steps: int | None = None
     mix: tuple[tuple[str, WeightSchedule], ...] | None = None
     epochs: tuple[tuple[str, int], ...] | None = None
+    # where `mix` is in its file (`mix` or `stages[i].mix`), for the errors the plan finds
+    mix_key: str = field(default="stages[0].mix", compare=False)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -328,7 +330,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
     if ("mix" in raw) == ("stages" in raw):
         raise where.fail("mix", "give exactly one of 'mix' (one open-ended stage) or 'stages'")
     if "mix" in raw:
-        return (StageSpec("main", None, _mix(raw["mix"], where, names, "mix")),)
+        return (StageSpec("main", None, _mix(raw["mix"], where, names, "mix"), mix_key="mix"),)
     entries = raw["stages"]
     if not isinstance(entries, list) or not entries:
         raise where.fail("stages", f"expected a non-empty list of stages, got {entries!r}")
@@ -356,7 +358,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
             where.integer(steps, f"{key}.steps", minimum=1)
         mix = _mix(entry["mix"], where, names, f"{key}.mix")
         _check_step_points_inside(mix, steps, where, f"{key}.mix")
-        stages.append(StageSpec(name, steps, mix))
+        stages.append(StageSpec(name, steps, mix, mix_key=f"{key}.mix"))
     if len({s.name for s in stages}) != len(stages):
         raise where.fail("stages", "stage names must be unique")
     return tuple(stages)

@@ -60,7 +60,7 @@ class StageTable:
         self.stages: list[StageLayout] = []
         start = 0
         counters = np.asarray(counters, dtype=np.int64)
-        for index, spec in enumerate(stages):
+        for spec in stages:
             sources = tuple(source_names.index(name) for name in spec.source_names)
             first_step = int(clock.step_of(start))
             schedule_start = int(clock.position(first_step))
@@ -69,7 +69,7 @@ class StageTable:
                 mixture = Mixture(np.zeros((0, len(sources))), draws, 1)
                 end: int | None = start + int(draws.sum())
             else:
-                mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: stages[{index}]")
+                mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: {spec.mix_key}")
                 end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
             layout = StageLayout(
                 spec, start, end, sources, mixture, schedule_start, counters, first_step
@@ -144,7 +144,7 @@ def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where
     zero = np.flatnonzero(used.sum(axis=1) <= 0)
     if zero.size:
         raise ConfigError(
-            f"{where}.mix: all weights are 0 at step {int(steps[zero[0]])} of stage "
+            f"{where}: all weights are 0 at step {int(steps[zero[0]])} of stage "
             f"'{spec.name}'; at least one source needs a positive weight at every step"
         )
     rows = clock.rows_per_lane(first_step + steps[:-1])
