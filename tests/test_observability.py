@@ -147,7 +147,7 @@ def test_the_input_bound_share_is_configurable_and_checked(tmp_path):
     assert (config.feed.input_bound_share, config.feed.stats_window) == (0.5, 7)
     bad = [("input_bound_share", 2), ("input_bound_share", -0.1), ("provenance", ["lane"]),
            ("provenance", "source"), ("metrics_port", 0), ("metrics_port", 70000),
-           ("stats_window", 0)]  # fmt: skip
+           ("metrics_port", None), ("stats_window", 0)]  # fmt: skip
     for key, value in bad:
         with pytest.raises(ConfigError, match=f"feed-test.yaml: feed.{key}: "):
             two_stage_config(tmp_path, feed={key: value})

@@ -410,8 +410,8 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         raise where.fail(
             "feed.provenance", f"expected a list of {', '.join(PROVENANCE)}, got {provenance!r}"
         )
-    port = raw.get("metrics_port")
-    if port is not None and (where.integer(port, "feed.metrics_port", minimum=1) > 65535):
+    port = raw.get("metrics_port")  # absent: no endpoint; an empty `metrics_port:` is an error
+    if "metrics_port" in raw and where.integer(port, "feed.metrics_port", minimum=1) > 65535:
         raise where.fail("feed.metrics_port", f"expected a TCP port 1..65535, got {port!r}")
     share = raw.get("input_bound_share", 0.1)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
