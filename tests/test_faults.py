@@ -661,6 +661,7 @@ def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, c
     out.write_text("my notes")
     code, err = cli(capsys, "prepare", text, "--out", out, "--overwrite", "--no-progress")
     assert code == 2 and f"{out}: --out exists and is not a directory" in err
+    assert "--overwrite replaces a directory, deleting whatever it holds" in err  # not "a store"
     assert out.read_text() == "my notes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "text"]
 

@@ -280,8 +280,8 @@ def check_destination(out: Path, overwrite: bool) -> None:
         return
     if not out.is_dir() or out.is_symlink():
         raise PrepareError(
-            f"{out}: --out exists and is not a directory (--overwrite replaces only a store "
-            "directory); remove it or choose another --out"
+            f"{out}: --out exists and is not a directory (--overwrite replaces a directory, "
+            "deleting whatever it holds); remove it or choose another --out"
         )
     if not overwrite:
         raise PrepareError(f"{out}: output directory exists (pass --overwrite to replace it)")
