@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from pipeline.commands.cli import main
 from pipeline.config import load_config, parse_config
+from pipeline.config.env import positive_number
 from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
 from pipeline.feed import host_stop, shared_stores
 from pipeline.feed.checkpoint import FILENAME, DataRestore
@@ -903,9 +904,9 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
 def test_the_stop_periods_come_from_the_environment(monkeypatch):
     """Set: its value (the bucket test above shows a feed using it); empty: the default."""
     monkeypatch.setenv(host_stop.POLL_ENV, "")
-    assert host_stop.seconds(host_stop.POLL_ENV, host_stop.POLL_S) == host_stop.POLL_S
+    assert positive_number(host_stop.POLL_ENV, host_stop.POLL_S, "seconds") == host_stop.POLL_S
     monkeypatch.setenv(host_stop.GRACE_ENV, " 1.5 ")
-    assert host_stop.seconds(host_stop.GRACE_ENV, host_stop.GRACE_S) == 1.5
+    assert positive_number(host_stop.GRACE_ENV, host_stop.GRACE_S, "seconds") == 1.5
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e999", "two", "2s"])

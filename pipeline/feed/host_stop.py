@@ -52,7 +52,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from pipeline.errors import ConfigError, FeedError, StoreError
+from pipeline.config.env import positive_number
+from pipeline.errors import FeedError, StoreError
 from pipeline.plan.plan import Plan
 from pipeline.urls import is_url
 
@@ -74,20 +75,6 @@ STORE_CHECK_ENV = "PIPELINE_STOP_STORE_CHECK_S"  # overrides STORE_CHECK_S
 GRACE_ENV = "PIPELINE_STOP_GRACE_S"  # overrides GRACE_S
 
 
-def seconds(variable: str, default: float) -> float:
-    """A period from the environment variable `variable`, else `default`."""
-    text = os.environ.get(variable, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"${variable}: expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 class Periods(NamedTuple):
     """The watcher's periods in seconds: `POLL_S`, `STORE_CHECK_S` and `GRACE_S`, or their
     environment variables' values."""
@@ -101,9 +88,9 @@ def stop_periods() -> Periods:
     """The periods from the environment (ConfigError if one is not a number of seconds > 0);
     the feed reads them before it acquires anything, so a bad value leaves nothing to undo."""
     return Periods(
-        seconds(POLL_ENV, POLL_S),
-        seconds(STORE_CHECK_ENV, STORE_CHECK_S),
-        seconds(GRACE_ENV, GRACE_S),
+        positive_number(POLL_ENV, POLL_S, "seconds"),
+        positive_number(STORE_CHECK_ENV, STORE_CHECK_S, "seconds"),
+        positive_number(GRACE_ENV, GRACE_S, "seconds"),
     )
 
 
@@ -256,7 +243,7 @@ def end_process_after(line: str) -> None:
     The second ends the process `SHUTDOWN_S` later whatever JAX's shutdown barrier does.
     """
     atexit.register(_exit_handlers_started.set)  # runs before JAX's (registered earlier)
-    grace = seconds(GRACE_ENV, GRACE_S)
+    grace = positive_number(GRACE_ENV, GRACE_S, "seconds")
     for delay, action in ((grace, _leave_and_exit), (grace + SHUTDOWN_S, exit_with)):
         timer = threading.Timer(delay, action, args=(line,))
         timer.daemon = True
