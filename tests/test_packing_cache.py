@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline import Plan, parse_config
-from pipeline.plan import packing
-from pipeline.plan.packing_cache import CACHE_ENV, cached
+from pipeline.errors import ConfigError
+from pipeline.plan import packing, packing_cache
+from pipeline.plan.packing_cache import CACHE_ENV, MAX_GB_ENV, cached
 from tests.test_packing import write_masked_store
 
 KEY = {"store": "abc", "seed": 1, "source": "sft", "seq_len": 8, "lanes": 1, "too_long": "drop"}
@@ -117,7 +119,100 @@ def test_plans_from_a_kept_packing_give_the_same_batches(
     monkeypatch.setenv(CACHE_ENV, str(directory))
     assert all(map(_equal, batches(), expected))  # packs, and keeps the packing
     (path,) = directory.iterdir()
-    written = path.stat().st_mtime_ns
+    written = path.stat().st_ino
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         assert all(map(_equal, batches(), expected))  # reads it
-    assert path.stat().st_mtime_ns == written and "not used" not in caplog.text
+    assert path.stat().st_ino == written and "not used" not in caplog.text  # not rewritten
+
+
+def _keep(directory: Path, seed: int, last_use: int | None = None) -> Path:
+    """The entry of `KEY` with `seed`, written now; used last `last_use` seconds after 1970."""
+    before = set(directory.iterdir()) if directory.exists() else set()
+    cached({**KEY, "seed": seed}, 5, _packing)
+    (path,) = set(directory.iterdir()) - before
+    if last_use is not None:
+        os.utime(path, (last_use, last_use))
+    return path
+
+
+def _bound(monkeypatch: pytest.MonkeyPatch, path: Path, entries: float) -> None:
+    """Bound the cache to `entries` times the size of the entry at `path` (all are as large)."""
+    monkeypatch.setenv(MAX_GB_ENV, str(entries * path.stat().st_size / 1e9))
+
+
+def test_the_least_recently_used_entries_are_removed_first(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Use order, not write order: 2 was used longest ago, then 1; the new entry 4 stays."""
+    one = _keep(directory, 1, 2000)
+    _keep(directory, 2, 1000)
+    three = _keep(directory, 3)
+    size = one.stat().st_size
+    _bound(monkeypatch, one, 2.5)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        four = _keep(directory, 4)
+    assert set(directory.iterdir()) == {three, four}
+    assert f"packing cache: removed 2 entries ({2 * size / 1e6:.1f} MB) to stay under" in (
+        caplog.text
+    )
+    assert caplog.text.count("packing cache: removed") == 1
+    _bound(monkeypatch, three, 0.5)  # the new entry alone is over the bound: it is kept anyway
+    five = _keep(directory, 5)
+    assert set(directory.iterdir()) == {five}
+
+
+def test_a_hit_marks_its_entry_used(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two = _keep(directory, 1, 1000), _keep(directory, 2, 2000)
+    assert _equal(cached({**KEY, "seed": 1}, 5, _never), _packing())
+    assert one.stat().st_mtime > two.stat().st_mtime
+    _bound(monkeypatch, one, 2.5)
+    three = _keep(directory, 3)
+    assert set(directory.iterdir()) == {one, three}
+
+
+def test_files_that_are_not_entries_are_left_alone(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither removed nor counted: another program's file, a write in progress."""
+    one = _keep(directory, 1, 1000)
+    _bound(monkeypatch, one, 2.5)
+    size = one.stat().st_size
+    others = [directory / "notes.npz", directory / f".{one.name}.123-abcdef01.partial"]
+    for other in others:
+        other.write_bytes(b"x" * 10 * size)
+        os.utime(other, (1, 1))
+    two = _keep(directory, 2)
+    assert set(directory.iterdir()) == {one, two, *others}
+    _bound(monkeypatch, one, 0.5)
+    three = _keep(directory, 3)
+    assert set(directory.iterdir()) == {three, *others}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "ten", "10GB"])
+def test_a_bad_bound_is_refused_in_one_line_before_packing(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(MAX_GB_ENV, value)
+    with pytest.raises(ConfigError) as error:
+        cached(KEY, 5, _never)
+    assert str(error.value) == f"${MAX_GB_ENV}: expected a number of GB > 0, got {value!r}"
+
+
+def test_an_entry_removed_before_it_is_read_is_packed_again_quietly(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Another process's eviction removed it after this one found it: no damage to report."""
+    path = _keep(directory, 1)
+    load = np.load
+
+    def removed_first(file: Path, **options: object) -> object:
+        Path(file).unlink()
+        return load(file, **options)
+
+    monkeypatch.setattr(packing_cache.np, "load", removed_first)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        assert _equal(cached({**KEY, "seed": 1}, 5, _packing), _packing())
+    assert not [record for record in caplog.records if record.name == "pipeline"]
+    monkeypatch.undo()
+    monkeypatch.setenv(CACHE_ENV, str(directory))
+    assert path.exists() and _equal(cached({**KEY, "seed": 1}, 5, _never), _packing())

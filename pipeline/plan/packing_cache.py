@@ -9,6 +9,12 @@ packing algorithm changes. A file is used only if it names exactly that key and 
 match the SHA-256 it carries, with the shapes the store implies; anything else (damaged,
 truncated, stale, another key's) is logged, rebuilt and rewritten, never used. Files are
 written atomically (`write_atomically`), so readers on the same host never see half of one.
+
+Keys change whenever a store is prepared again or a setting changes, so old entries would pile
+up on a small boot disk: a hit marks its entry used (its mtime), and after each write the least
+recently used entries (never the new one, never a file not named like an entry) are removed
+until the entries total at most `$PIPELINE_PACKING_CACHE_MAX_GB` (default `MAX_GB`). Processes
+sharing the directory may remove an entry another is about to read: that reader packs again.
 """
 
 from __future__ import annotations
@@ -18,19 +24,25 @@ import io
 import json
 import logging
 import os
+import re
 import zipfile
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.config.env import positive_number
 from pipeline.urls import write_atomically
 
 log = logging.getLogger("pipeline")
 
 PACKING_VERSION = 1  # bump when the packing (packing.py) would pack the same store differently
 CACHE_ENV = "PIPELINE_PACKING_CACHE"
+MAX_GB = 10.0  # the entries' total size bound (10^9 bytes): a small part of a TPU VM boot disk
+MAX_GB_ENV = "PIPELINE_PACKING_CACHE_MAX_GB"  # overrides MAX_GB
+ENTRY = re.compile(r"[0-9a-f]{32}\.npz")  # an entry's name; anything else is left alone
 ARRAYS = ("doc_start", "doc_tokens", "row_offsets", "row_docs", "counts")
 
 Packing = dict[str, np.ndarray]  # ARRAYS: int64 each; counts = [truncated, dropped]
@@ -55,15 +67,19 @@ def cached(key: dict[str, Any], documents: int, build: Callable[[], Packing]) ->
     directory = cache_dir()
     if directory is None:
         return build()
+    max_gb = positive_number(MAX_GB_ENV, MAX_GB, "GB")  # a bad value fails before packing
     text = json.dumps({**key, "version": PACKING_VERSION}, sort_keys=True)
     path = directory / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.npz"
-    if path.exists():
-        packing, problem = _read(path, text, documents)
-        if packing is not None:
-            return packing
+    packing, problem = _read(path, text, documents)
+    if packing is not None:
+        with suppress(OSError):  # removed meanwhile, or a read-only cache: served all the same
+            os.utime(path)
+        return packing
+    if problem:
         log.warning("%s: packing cache entry not used (%s); packing again", path, problem)
     packing = build()
-    _write(path, text, packing)
+    if _write(path, text, packing):
+        _evict(directory, path, max_gb)
     return packing
 
 
@@ -77,10 +93,13 @@ def _digest(text: str, packing: Packing) -> str:
 
 
 def _read(path: Path, text: str, documents: int) -> tuple[Packing | None, str]:
-    """(packing, "") for a sound entry of this key; (None, why) for anything else."""
+    """(packing, "") for a sound entry of this key; (None, "") when there is none (never kept,
+    or just removed by another process); (None, why) for anything else."""
     try:
         with np.load(path, allow_pickle=False) as data:
             stored = {name: data[name] for name in (*ARRAYS, "key", "sha256")}
+    except FileNotFoundError:
+        return None, ""
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         return None, f"unreadable: {error}"
     if str(stored["key"]) != text:
@@ -107,8 +126,9 @@ def _read(path: Path, text: str, documents: int) -> tuple[Packing | None, str]:
     return packing, ""
 
 
-def _write(path: Path, text: str, packing: Packing) -> None:
-    """Keep `packing` under `path`, atomically; a cache that cannot be written is skipped."""
+def _write(path: Path, text: str, packing: Packing) -> bool:
+    """Keep `packing` under `path`, atomically; a cache that cannot be written is skipped
+    (False)."""
     arrays = {name: np.asarray(packing[name], dtype=np.int64) for name in ARRAYS}
     data = io.BytesIO()  # serialised first: write_atomically takes bytes
     np.savez(data, key=np.array(text), sha256=np.array(_digest(text, packing)), **arrays)
@@ -117,3 +137,35 @@ def _write(path: Path, text: str, packing: Packing) -> None:
         write_atomically(path, data.getvalue())
     except OSError as error:
         log.warning("%s: packing not kept (%s); set %s=off to silence", path, error, CACHE_ENV)
+        return False
+    return True
+
+
+def _evict(directory: Path, kept: Path, max_gb: float) -> None:
+    """Remove the least recently used entries but `kept` until all total at most `max_gb`."""
+    entries = []  # (last use, size, path)
+    for path in directory.iterdir():
+        if ENTRY.fullmatch(path.name):
+            with suppress(FileNotFoundError):  # removed by another process meanwhile
+                stat = path.stat()
+                entries.append((stat.st_mtime_ns, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    removed, freed = 0, 0
+    for _, size, path in sorted(entries):
+        if total <= max_gb * 1e9:
+            break
+        if path != kept:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as error:
+                log.warning("%s: packing cache entry not removed (%s)", path, error)
+                continue
+            total, removed, freed = total - size, removed + 1, freed + size
+    if removed:
+        log.info(
+            "packing cache: removed %d %s (%.1f MB) to stay under %g GB",
+            removed,
+            "entry" if removed == 1 else "entries",
+            freed / 1e6,
+            max_gb,
+        )
