@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 
-def counted(count: int, noun: str) -> str:
-    """`count` with thousands separators and `noun`, plural (noun + "s") unless it is 1."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` with thousands separators and `noun`, plural (`plural`, else noun + "s") unless
+    it is 1."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

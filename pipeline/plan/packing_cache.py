@@ -35,6 +35,7 @@ import numpy as np
 
 from pipeline.config.env import positive_number
 from pipeline.urls import write_atomically
+from pipeline.wording import counted
 
 log = logging.getLogger("pipeline")
 
@@ -163,9 +164,8 @@ def _evict(directory: Path, kept: Path, max_gb: float) -> None:
             total, removed, freed = total - size, removed + 1, freed + size
     if removed:
         log.info(
-            "packing cache: removed %d %s (%.1f MB) to stay under %g GB",
-            removed,
-            "entry" if removed == 1 else "entries",
+            "packing cache: removed %s (%.1f MB) to stay under %g GB",
+            counted(removed, "entry", "entries"),
             freed / 1e6,
             max_gb,
         )
