@@ -55,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_bench
+from grain_read import GRAIN_MP_READ, GRAIN_READ_OPTIONS
 from store_cache import store_dir, usable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,10 +64,6 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeli
 RESTORE_STEPS = (0, 10**3, 10**6, 10**9)
 RESTORE_REPS = 3  # per step and contender, each after an untimed warm-up; median
 PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
-# (num_threads, prefetch_buffer_size): none, small, medium, Grain's default (16, 500)
-GRAIN_READ_OPTIONS = ((0, 0), (1, 16), (2, 64), (16, 500))
-# mp_prefetch workers read with this: each worker is a process, its own threads add little
-GRAIN_MP_READ = (1, 16)
 PREFIX = "bench-answer "  # contenders.PREFIX: the worker's answer lines
 MIXTURE = {"python-code": 3, "python-tests": 2, "python-docs": 1}
 SCALE_PROCESSES = (1, 2, 4)

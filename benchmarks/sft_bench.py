@@ -9,7 +9,7 @@ document's first third), one row length and batch, interleaved and repeated (med
   `shuffle().repeat()` -> `map(inputs = d[:-1], targets = d[1:], truncated to seq_len)` ->
   `to_iter_dataset(ReadOptions)` -> `FirstFitPackIterDataset` / `BestFitPackIterDataset`
   (`num_packing_bins` = rows, as MaxText sets it) -> `batch(rows)` -> the six fields ->
-  `make_array_from_process_local_data`, all reading with GRAIN_READ; and best-fit with
+  `make_array_from_process_local_data`, all reading with grain_read.GRAIN_MP_READ; and best-fit with
   `mp_prefetch(--grain-workers)` (default: the cores);
 * host only, in this process: `Plan.batch` of the best_fit source, and of the same store as a
   concatenated source (the throughput target: best_fit within 2x of it).
@@ -38,16 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from grain_read import GRAIN_MP_READ
 from store_cache import store_dir, usable  # beside this file, as bench.py imports it
 
 from pipeline.plan.packing_cache import CACHE_ENV
 
 RESUME_STEPS = (0, 10**3, 10**6)
-# Grain's (num_threads, prefetch_buffer_size) for its packers: bench.py's GRAIN_MP_READ, the
-# best of its GRAIN_READ_OPTIONS for them here (best-fit by hand, 15-batch medians, two runs on
-# the loaded shared cores: (1, 16) 0.40 / 1.76 M target slots/s, (0, 0) 0.27 / 1.85 M,
-# Grain's default (16, 500) 0.14 / 0.56 M)
-GRAIN_READ = (1, 16)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -147,7 +143,7 @@ def worker_rows(
     from pipeline.progress import progress_bar
 
     base = {"config": _config(path, args, "best_fit")}
-    read = dict(zip(("threads", "buffer"), GRAIN_READ))
+    read = dict(zip(("threads", "buffer"), GRAIN_MP_READ))
     grain = {
         "grain_first_fit": dict(read, workers=0, packer="first_fit"),
         "grain_best_fit": dict(read, workers=0, packer="best_fit"),
@@ -215,7 +211,7 @@ def run_sft(args: argparse.Namespace, throughput: Callable, close_all: Callable)
         "rows": args.rows,
         "devices": args.devices,
         "grain_workers": args.grain_workers,
-        "grain_read": GRAIN_READ,
+        "grain_read": GRAIN_MP_READ,
         "tokens_per_s": {n: r["tokens_per_s"] for n, r in rows.items()}
         | {n: slots / statistics.median(s) for n, s in seconds.items()},
         "cpu_s_per_mtok": {n: r["cpu_s_per_mtok"] for n, r in rows.items()}

@@ -399,3 +399,30 @@ def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path
     assert done.returncode == 0, done.stderr
     assert '"tokens": 2560' in done.stdout  # 5 batches of 8 x 64 target slots
     assert "leaked shared_memory" not in done.stderr, done.stderr
+
+
+def test_the_packed_sft_grain_rows_read_with_the_shared_grain_settings(tmp_path):
+    """bench.py's and sft_bench.py's Grain ReadOptions are one setting, defined once in
+    grain_read.py (sft_bench.py cannot import bench.py, which imports it)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks import bench
+
+    grain_read, sft_bench = sys.modules["grain_read"], bench.sft_bench  # as bench.py imports them
+    assert bench.GRAIN_READ_OPTIONS is grain_read.GRAIN_READ_OPTIONS
+    assert bench.GRAIN_MP_READ is sft_bench.GRAIN_MP_READ is grain_read.GRAIN_MP_READ
+    seen = {}
+
+    def throughput(specs, host, args, tmp, bar):
+        seen.update(specs)
+        answer = SimpleNamespace(ask=lambda command: {"padding": 0.0})
+        return {name: {} for name in specs}, dict.fromkeys(specs, answer)
+
+    args = argparse.Namespace(rows=8, sft_seq_len=64, grain_workers=2, reps=1, steps=1,
+                              no_progress=True)  # fmt: skip
+    sft_bench.worker_rows(tmp_path, args, throughput, lambda workers: None)
+    threads, buffer = grain_read.GRAIN_MP_READ
+    grain = [spec["grain"] for name, spec in seen.items() if name.startswith("grain")]
+    assert len(grain) == 3
+    assert all((g["threads"], g["buffer"]) == (threads, buffer) for g in grain), grain
