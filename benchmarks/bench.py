@@ -43,11 +43,14 @@ import argparse
 import contextlib
 import json
 import os
+import queue
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,9 @@ PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
 PREFIX = "bench-answer "  # contenders.PREFIX: the worker's answer lines
 MIXTURE = {"python-code": 3, "python-tests": 2, "python-docs": 1}
 SCALE_PROCESSES = (1, 2, 4)
+# the most a worker may take to answer one command (start, a round, a restore) before the
+# bench gives up on it: far above a default round's seconds, so only a hung worker reaches it
+ANSWER_TIMEOUT_S = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +215,14 @@ class Worker:
             env=env,
             text=True,
         )
+        # stdout is read in a thread, so that `receive` can give up on a hung worker
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name=f"bench-{name}", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # end of output: the worker exited
 
     def wait_ready(self) -> None:
         self.receive()
@@ -218,11 +232,21 @@ class Worker:
         self.process.stdin.flush()
 
     def receive(self) -> dict[str, Any]:
-        for line in self.process.stdout:
+        """The worker's next answer; an error if it exits first or gives none within
+        ANSWER_TIMEOUT_S (a hung worker: a jax.distributed peer lost, a Grain worker stuck)."""
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise RuntimeError(
+                    f"bench worker {self.name} gave no answer in {ANSWER_TIMEOUT_S:g} s"
+                ) from None
+            if line is None:
+                code = self.process.wait(timeout=60)
+                raise RuntimeError(f"bench worker {self.name} exited with code {code}")
             if line.startswith(PREFIX):
                 return json.loads(line.removeprefix(PREFIX))
-        code = self.process.wait(timeout=60)
-        raise RuntimeError(f"bench worker {self.name} exited with code {code}")
 
     def ask(self, command: dict[str, Any]) -> dict[str, Any]:
         self.send(command)
@@ -271,7 +295,25 @@ def throughput(
     """Interleaved rounds over every contender: one worker of `--devices` devices per spec
     (name -> its worker spec) and one worker of one device for the host-only contenders of
     `host`; returns per-contender medians and the workers (kept open for the restores)."""
-    workers = {name: Worker(spec, tmp, args.devices, name) for name, spec in specs.items()}
+    workers: dict[str, Worker] = {}
+    try:
+        return measure(workers, specs, host, args, tmp, bar), workers
+    except BaseException:  # the caller gets no workers to close: close the ones started
+        close_all(list(workers.values()))
+        raise
+
+
+def measure(
+    workers: dict[str, Worker],
+    specs: dict[str, dict],
+    host: dict | None,
+    args: argparse.Namespace,
+    tmp: Path,
+    bar,
+) -> dict[str, dict]:
+    """`throughput`'s rounds, starting its workers into `workers` as it goes."""
+    for name, spec in specs.items():
+        workers[name] = Worker(spec, tmp, args.devices, name)
     host_only = list(host["contenders"]) if host else []
     if host:
         workers["host"] = Worker(host, tmp, 1, "host")
@@ -294,7 +336,7 @@ def throughput(
             pace = args.pace_ms / 1e3
             paced[name].append(worker.ask({"run": name, "steps": 10, "pace": pace}))
     bar.update()
-    return {name: summarise(runs[name], paced[name], name in host_only) for name in order}, workers
+    return {name: summarise(runs[name], paced[name], name in host_only) for name in order}
 
 
 def spent(run: dict) -> float:
@@ -400,8 +442,6 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
 def stats_call_seconds(config: dict, calls: int = 2000) -> float:
     """What the feed's statistics add to a step, timed alone on a real step's draws: the
     reader task's `StepRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
-    import time
-
     from pipeline.config import parse_config
     from pipeline.feed.stats import Recorder, StepRead
     from pipeline.plan.plan import Plan

@@ -426,3 +426,66 @@ def test_the_packed_sft_grain_rows_read_with_the_shared_grain_settings(tmp_path)
     grain = [spec["grain"] for name, spec in seen.items() if name.startswith("grain")]
     assert len(grain) == 3
     assert all((g["threads"], g["buffer"]) == (threads, buffer) for g in grain), grain
+
+
+FAKE_WORKER = """
+import json, signal, sys
+spec = json.loads(open(sys.argv[1]).read())
+signal.alarm(20)  # a worker that outlives its test dies anyway
+if spec.get("fail"):
+    sys.exit(3)
+if not spec.get("silent"):
+    print("bench-answer " + json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    if "quit" in line:
+        break
+"""
+
+
+@pytest.fixture
+def fake_workers(tmp_path, monkeypatch) -> list:
+    """bench.py's workers run FAKE_WORKER (no JAX): ready, failing at start, or silent; the
+    list gets every Worker started."""
+    from benchmarks import bench
+
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    monkeypatch.setattr(bench, "WORKER", script)
+    started = []
+
+    class Recorded(bench.Worker):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(bench, "Worker", Recorded)
+    return started
+
+
+def test_throughput_closes_the_workers_it_started_when_one_fails(tmp_path, fake_workers):
+    """`throughput` hands its workers to the caller only on success: on an error it must
+    close the ones it started, or they live on (as long as the bench's process) unasked."""
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks import bench
+
+    specs = {"ok": {}, "broken": {"fail": True}, "late": {}}
+    args = argparse.Namespace(devices=1, reps=1, steps=1, round_s=0, pace_ms=1)
+    bar = SimpleNamespace(update=lambda: None)
+    with pytest.raises(RuntimeError, match="bench worker broken exited with code 3"):
+        bench.throughput(specs, {"contenders": {"h": "h"}}, args, tmp_path, bar)
+    assert [w.name for w in fake_workers] == ["ok", "broken", "late", "host"]
+    # each exited, the live ones because they were asked to quit (not killed, not by alarm)
+    assert [w.process.poll() for w in fake_workers] == [0, 3, 0, 0]
+
+
+def test_a_worker_that_never_answers_is_an_error_not_a_hang(tmp_path, fake_workers, monkeypatch):
+    from benchmarks import bench
+
+    monkeypatch.setattr(bench, "ANSWER_TIMEOUT_S", 0.5)
+    worker = bench.Worker({"silent": True}, tmp_path, 1, "silent")
+    with pytest.raises(RuntimeError, match=r"bench worker silent gave no answer in 0\.5 s"):
+        worker.wait_ready()
+    bench.close_all([worker])
+    assert worker.process.returncode == 0  # it read the quit: the wait was bounded, not it
