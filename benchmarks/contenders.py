@@ -584,21 +584,8 @@ def answer(value: dict[str, Any]) -> None:
     print(PREFIX + json.dumps(value), flush=True)
 
 
-def main() -> None:
-    # A contender runs free, so every feed step is input-bound by design: the feed's warning
-    # about it (every 100 steps) would flood the bench's output. Errors still print.
-    logging.getLogger("pipeline").setLevel(logging.ERROR)
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    if spec.get("processes", 1) > 1:
-        import jax
-
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{spec['port']}",
-            num_processes=spec["processes"],
-            process_id=spec["process_id"],
-            initialization_timeout=120,
-        )
-    contenders = {name: KINDS[kind](spec) for name, kind in spec["contenders"].items()}
+def serve(spec: dict[str, Any], contenders: dict[str, Any]) -> None:
+    """Warm every contender up, answer ready, then answer stdin's commands until quit."""
     processes = spec.get("processes", 1)
     tokens_per_step = spec["config"]["global_batch_size"] // processes * spec["config"]["seq_len"]
     for contender in contenders.values():
@@ -626,8 +613,30 @@ def main() -> None:
                 result = run(contender, steps, pace, tokens_per_step, processes, seconds)
             result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             answer(result)
-    for contender in contenders.values():
-        contender.close()
+
+
+def main() -> None:
+    # A contender runs free, so every feed step is input-bound by design: the feed's warning
+    # about it (every 100 steps) would flood the bench's output. Errors still print.
+    logging.getLogger("pipeline").setLevel(logging.ERROR)
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("processes", 1) > 1:
+        import jax
+
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{spec['port']}",
+            num_processes=spec["processes"],
+            process_id=spec["process_id"],
+            initialization_timeout=120,
+        )
+    contenders: dict[str, Any] = {}
+    try:
+        for name, kind in spec["contenders"].items():
+            contenders[name] = KINDS[kind](spec)
+        serve(spec, contenders)
+    finally:  # on an error too: Grain's mp_prefetch processes and shared memory, our threads
+        for contender in contenders.values():
+            contender.close()
     if spec.get("processes", 1) > 1:
         import jax
 

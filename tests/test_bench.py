@@ -380,9 +380,11 @@ def test_padding_is_counted_from_the_served_arrays():
 
 
 @pytest.mark.multiprocess  # a contenders.py worker, and its Grain mp_prefetch process
-def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path):
+@pytest.mark.parametrize(("last", "code"), [('{"quit": true}', 0), ('{"run": "nope"}', 1)])
+def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path, last, code):
     """Grain's mp_prefetch hands batches over in shared memory; the contender's close must
-    unlink what Grain's iterator still holds, or the resource tracker warns at exit."""
+    unlink what Grain's iterator still holds, or the resource tracker warns at exit: on quit,
+    and when a command fails (here: a contender the worker does not have)."""
     store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
     config = {"seed": 1, "seq_len": 64, "global_batch_size": 8,
               "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
@@ -392,11 +394,11 @@ def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path
         json.dumps({"config": config, "contenders": {"g": "grain_sft"}, "grain": grain})
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).parents[1]))
-    commands = '{"run": "g", "steps": 5, "pace": 0.0}\n{"quit": true}\n'
+    commands = '{"run": "g", "steps": 5, "pace": 0.0}\n' + last + "\n"
     done = subprocess.run([sys.executable, "benchmarks/contenders.py", str(spec)], input=commands,
                           env=env, cwd=env["PYTHONPATH"], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == code, done.stderr
     assert '"tokens": 2560' in done.stdout  # 5 batches of 8 x 64 target slots
     assert "leaked shared_memory" not in done.stderr, done.stderr
 
