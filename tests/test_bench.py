@@ -95,9 +95,7 @@ def test_batched_read_names_a_corrupt_record(tmp_path):
 
 
 @pytest.mark.multiprocess  # about ten worker processes, each importing JAX and Grain
-def test_bench_command_prints_the_tables_and_every_contender_makes_the_same_batches(
-    tmp_path, capsys
-):
+def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batches(tmp_path, capsys):
     from benchmarks.bench import table
 
     out = tmp_path / "bench.json"
