@@ -406,16 +406,13 @@ def scale(base: dict, args: argparse.Namespace, tmp: Path, bar) -> dict[str, dic
         if args.devices % processes or args.rows % args.devices:
             continue
         port = free_port()
-        workers = [
-            Worker(
-                dict(base, contenders=SCALED, processes=processes, process_id=i, port=port),
-                tmp,
-                args.devices // processes,
-                f"scale{processes}-{i}",
-            )
-            for i in range(processes)
-        ]
-        try:
+        workers: list[Worker] = []
+        try:  # started inside it: a start that fails still closes the ones before it
+            for i in range(processes):
+                spec = dict(base, contenders=SCALED, processes=processes, process_id=i, port=port)
+                workers.append(
+                    Worker(spec, tmp, args.devices // processes, f"scale{processes}-{i}")
+                )
             for worker in workers:
                 worker.wait_ready()
             runs = {}
