@@ -656,6 +656,36 @@ def test_damage_in_a_store_nested_in_another_names_the_nested_source(tmp_path, c
     assert code == 2 and err.startswith(f"error: {config}: sources.b.path: {zeroed}: "), err
 
 
+@pytest.mark.parametrize("verify", ["read", "background"])
+def test_damage_in_one_of_two_copies_of_a_store_names_the_copy_read(tmp_path, capsys, verify):
+    """Two sources on copies of one store (one fingerprint, so one copy is read for both):
+    the key named is the source whose path holds the file named, never the other copy's."""
+    first = synthetic(tmp_path, "a")
+    second = tmp_path / "b"
+    shutil.copytree(first, second)
+    for copy in (first, second):  # whichever copy the plan reads, it is damaged
+        if verify == "background":
+            damage_an_unsampled_record(copy)  # found by the full pass only
+        else:
+            zeroed = copy / "shard-00000-of-00003.flat.bin"
+            zeroed.write_bytes(bytes(zeroed.stat().st_size))
+    sources = {"a": first, "b": second}
+    if verify == "read":
+        config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, sources))
+        code, err = cli(capsys, "dump", config, "--steps", "0:40", "--out", tmp_path / "o.npz")
+        assert code == 2, err
+        message = err.removeprefix("error: ")
+    else:
+        raw = config_over(tmp_path, sources, feed={"verify": "background"})
+        with DataFeed(parse_config(raw, "v.yaml"), mesh()) as feed:
+            feed._verifier._thread.join()
+            with pytest.raises(FeedError) as info:
+                next(feed)
+        message = one_line(info.value).removeprefix("background store verification failed: ")
+    name, file = re.match(r"\S+: sources\.(\w+)\.path: (\S+): ", message).groups()
+    assert Path(file).is_relative_to(sources[name]), message
+
+
 def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, capsys):
     text = corpus(tmp_path / "text", "hello", 3)
     out = tmp_path / "notes.txt"

@@ -50,6 +50,7 @@ from pipeline.plan.sources import keyed, open_stores, path_key
 from pipeline.plan.stages import StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
+from pipeline.urls import location
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,8 @@ class Plan:
     def _source_key(self, index: int, message: str) -> str | None:
         """The config key (`sources.path_key`) of segment `index`'s source whose store (at the
         path it was read from) `message` names first, as every store error does; of stores
-        nested in one another, the innermost (the longest root), which holds the file."""
+        nested in one another, the innermost (the longest root), which holds the file; of
+        sources sharing that store, `_reader_at`'s."""
         plan = self.segment_plan(index)
         roots = {}
         for name in plan.config.source_names:
@@ -392,18 +394,23 @@ class Plan:
         named = [n for n, root in roots.items() if message.startswith((f"{root}/", f"{root}:"))]
         if not named:
             return None
-        return path_key(plan.config, max(named, key=lambda name: len(roots[name])))
+        root = max((roots[name] for name in named), key=len)
+        return path_key(plan.config, _reader_at(plan, [n for n in named if roots[n] == root], root))
 
     def store_message(self, store: TokenStore, error: StoreError) -> str:
         """`error` (found in `store` outside a read: a verification, an identity re-check)
-        after the config key (`sources.path_key`) of the first source (by name, the config's
-        order) that reads `store` in the latest segment planned. One key, as `Plan.read` gives:
-        it finds the store's path in the config, the same under each source sharing it, and
-        the line keeps one format. Unprefixed when no planned segment reads `store`."""
+        after the config key (`sources.path_key`) of a source that reads `store` in the latest
+        segment planned that does (`_reader_at`: the one whose path `store` was opened at, else
+        the first by name). One key, as `Plan.read` gives, so the line keeps one format.
+        Unprefixed when no planned segment reads `store`."""
         for _, plan in sorted(self._segments.items(), reverse=True):
-            for name in plan.config.source_names:
-                if plan.layouts[name].meta.fingerprint == store.fingerprint:
-                    return f"{path_key(plan.config, name)}: {error}"
+            names = [
+                name
+                for name in plan.config.source_names
+                if plan.layouts[name].meta.fingerprint == store.fingerprint
+            ]
+            if names:
+                return f"{path_key(plan.config, _reader_at(plan, names, str(store.path)))}: {error}"
         return str(error)
 
     def stores(self) -> list[TokenStore]:
@@ -418,6 +425,14 @@ class Plan:
             self._stores[expected] = store
             self._metas[expected] = store.meta
         return self._metas[expected]
+
+
+def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:
+    """Of `names`, sources of `plan` that share the store opened at `root`, the one whose
+    config path is `root`, else the first: sources may name copies of one store (one
+    fingerprint), which is read at one copy's path, and the key must lead to that copy."""
+    own = (name for name in names if str(location(plan.config.source(name).path)) == root)
+    return next(own, names[0])
 
 
 def _meta(store: TokenStore | StoreMeta) -> StoreMeta:
