@@ -327,7 +327,7 @@ def test_cli_names_skipped_bad_rows_even_without_progress(
     out = tmp_path / "s"
     argv = ["prepare", path, "--out", str(out), "--format", "messages", "--skip-bad-rows"]
     assert main([*argv, "--no-progress"]) == 0
-    summary = ", with a loss mask, 1 bad rows left out (--skip-bad-rows)"
+    summary = ", with a loss mask, 1 bad row left out (--skip-bad-rows)"
     assert capsys.readouterr().out == f"train: {out}: 2 documents, " + (
         f"{TokenStore(out).num_tokens} tokens, 8 shards, tokenizer bytes, uint16{summary}\n"
     )

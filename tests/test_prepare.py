@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import tokenizers
 
+from pipeline.commands.cli import main
 from pipeline.errors import PrepareError, StoreError
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
@@ -352,7 +353,19 @@ def test_bad_inputs_exit_2_with_one_error_line(tmp_path: Path) -> None:
 
     replaced = _cli("prepare", *cases["exists"][0], "--overwrite", "--no-progress")
     assert replaced.returncode == 0, replaced.stderr
-    assert replaced.stdout.startswith(f"train: {tmp_path / 'existing'}: 1 documents")
+    assert replaced.stdout.startswith(f"train: {tmp_path / 'existing'}: 1 document, ")
     assert _texts(TokenStore(tmp_path / "existing", verify=True)) == ["good text"]
     assert not (tmp_path / "existing" / "keep.txt").exists()
     assert _leftovers(tmp_path) == [] and not any(tmp_path.glob(".existing.retired-*"))
+
+
+def test_a_store_of_one_document_and_one_shard_is_described_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "one.txt").write_text("x")  # one byte and the eod: 2 tokens
+    out = tmp_path / "s"
+    assert main(["prepare", str(tmp_path / "one.txt"), "--out", str(out), "--num-shards", "1",
+                 "--no-progress"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == f"train: {out}: 1 document, 2 tokens, 1 shard, " + (
+        "tokenizer bytes, uint16\n"
+    )

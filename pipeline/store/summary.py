@@ -9,17 +9,19 @@ import numpy as np
 from pipeline.errors import TokenizerError
 from pipeline.store.token_store import TokenStore
 from pipeline.store.tokenizers import Tokenizer, load_tokenizer
+from pipeline.wording import counted
 
 
 def describe_store(store: TokenStore) -> str:
     """One line; it names rows that `prepare --skip-bad-rows` left out, whatever printed it."""
     skipped = (store.manifest.get("created") or {}).get("bad_rows_skipped") or 0
     return (
-        f"{store.path}: {store.num_documents:,} documents, {store.num_tokens:,} tokens, "
-        f"{store.num_shards} shards, tokenizer {store.manifest['tokenizer']['name']}, "
+        f"{store.path}: {counted(store.num_documents, 'document')}, "
+        f"{counted(store.num_tokens, 'token')}, {counted(store.num_shards, 'shard')}, "
+        f"tokenizer {store.manifest['tokenizer']['name']}, "
         f"{store.dtype.name}"
         + (", with a loss mask" if store.masked else "")
-        + (f", {skipped:,} bad rows left out (--skip-bad-rows)" if skipped else "")
+        + (f", {counted(skipped, 'bad row')} left out (--skip-bad-rows)" if skipped else "")
     )
 
 
