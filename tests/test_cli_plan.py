@@ -184,6 +184,13 @@ def test_verify_passes_a_real_plan(tmp_path, stores, capsys):
     assert "verify" in err  # the tqdm progress bar
 
 
+def test_verify_of_one_row_says_so_in_the_singular(tmp_path, stores, capsys):
+    config = write_config(tmp_path, stores, global_batch_size=1, lanes=1)
+    code, out, _ = run(capsys, "verify", config, "--steps", "0:1", "--no-progress")
+    assert code == 0 and out.startswith("steps 0..0: 1 row, 1 distinct window checked\n")
+    assert "hosts: 1 host plan checked (process counts 1) against" in out
+
+
 def test_verify_fails_on_a_ledger_whose_counters_go_backwards(tmp_path, stores, capsys):
     config = write_config(tmp_path, stores)
     plan = Plan.from_config(load_config(config))
@@ -422,7 +429,7 @@ def test_a_ledger_of_another_run_is_refused_naming_both(tmp_path, stores, capsys
     code, out, err = run(capsys, "inspect", other, "--ledger", path, "--step", 0, "--rows", 0)
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
-        f"error: {other}: this data config is none of the 1 segment(s) of the ledger {path} "
+        f"error: {other}: this data config is none of the 1 segment of the ledger {path} "
         "(another run's ledger?); with --ledger, give the config of one of its segments (the "
         "run's first config, or one it switched to)"
     ]

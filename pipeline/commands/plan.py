@@ -163,9 +163,10 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     if all(fingerprint_of(segment.order) != order for segment in segments):
         # the plan is the ledger's: a config of another run would label its output unnoticed
         raise LedgerError(
-            f"{config.origin}: this data config is none of the {len(segments)} segment(s) of "
-            f"the ledger {ledger_path} (another run's ledger?); with --ledger, give the config "
-            "of one of its segments (the run's first config, or one it switched to)"
+            f"{config.origin}: this data config is none of the "
+            f"{counted(len(segments), 'segment')} of the ledger {ledger_path} (another run's "
+            "ledger?); with --ledger, give the config of one of its segments (the run's first "
+            "config, or one it switched to)"
         )
     return plan
 
@@ -313,7 +314,9 @@ def run_verify(args: argparse.Namespace) -> int:
     for line in report.violations[:MAX_PRINTED_VIOLATIONS]:
         print(f"violation: {line}")
     if report.violation_count > MAX_PRINTED_VIOLATIONS:
-        print(f"... and {report.violation_count - MAX_PRINTED_VIOLATIONS} more violation(s)")
+        print(
+            f"... and {counted(report.violation_count - MAX_PRINTED_VIOLATIONS, 'more violation')}"
+        )
     return 1
 
 

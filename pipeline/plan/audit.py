@@ -32,6 +32,7 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.packing import PackedLayout, PackingStats
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.progress import progress_bar
+from pipeline.wording import counted
 
 MAX_VIOLATIONS = 1000
 
@@ -62,8 +63,8 @@ class AuditReport:
 
     def summary(self) -> list[str]:
         lines = [
-            f"steps {self.start}..{self.stop - 1}: {self.rows_checked:,} rows, "
-            f"{self.windows_checked:,} distinct windows checked",
+            f"steps {self.start}..{self.stop - 1}: {counted(self.rows_checked, 'row')}, "
+            f"{counted(self.windows_checked, 'distinct window')} checked",
         ]
         for name in sorted(self.epochs_seen):
             first, last = self.epochs_seen[name]
@@ -74,11 +75,11 @@ class AuditReport:
             if name in self.packing:
                 lines.append(
                     f"    {self.packing[name].describe()}; every document once in "
-                    f"{self.document_epochs.get(name, 0)} complete epoch(s)"
+                    f"{counted(self.document_epochs.get(name, 0), 'complete epoch')}"
                 )
         counts = ", ".join(map(str, self.process_counts)) or "none"
         lines.append(
-            f"hosts: {self.hosts_checked} host plans checked (process counts {counts}) "
+            f"hosts: {counted(self.hosts_checked, 'host plan')} checked (process counts {counts}) "
             "against the single-host rows"
         )
         lines.append(
@@ -86,7 +87,7 @@ class AuditReport:
             + (" outside whole-document row tails" if self.packing else "")
             + ", hosts agree"
             if self.ok
-            else f"FAILED: {self.violation_count} violation(s)"
+            else f"FAILED: {counted(self.violation_count, 'violation')}"
         )
         return lines
 
