@@ -339,6 +339,12 @@ BAD_CONFIGS = [
     ({"mix": {"a": {"linear": {10: 1, 0: 2}}, "b": 1}}, "mix.a.linear", "increasing order"),
     ({"global_batch_size": 6, "lanes": 4}, "global_batch_size", "not divisible by lanes"),
     ({"seq_len": 10_000}, "sources.", "seq_len 10000"),
+    ({"seq_len": 10_000, "lanes": 1, "global_batch_size": 1}, "sources.", "for 1 lane (use"),
+    (
+        {"stages": [{"name": "s", "steps": 1, "mix": {"a": {"step": {0: 1, 1: 2}}, "b": 1}}]},
+        "stages[0].mix.a.step",
+        "not inside the stage's 1 step (0..0)",
+    ),
     ({"mixx": {"a": 1}}, "mixx", "unknown key"),
     ({"stages": [{"name": "s", "mix": {"a": 1}, "stpes": 3}]}, "stages[0].stpes", "unknown key"),
 ]

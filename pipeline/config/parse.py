@@ -36,6 +36,7 @@ from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
 from pipeline.urls import is_url, location
+from pipeline.wording import counted
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
             "stages", "starts_at", "feed", "eval", "shared_vocabulary")  # fmt: skip
@@ -375,8 +376,9 @@ def _check_step_points_inside(mix: tuple, steps: int | None, where: _Where, key:
         if schedule.kind == "step" and late:
             raise where.fail(
                 f"{key}.{name}.step",
-                f"point {late[0]} is not inside the stage's {steps} steps (0..{steps - 1}), so it "
-                "would never take effect; schedule steps count from the stage's first step",
+                f"point {late[0]} is not inside the stage's {counted(steps, 'step')} "
+                f"(0..{steps - 1}), so it would never take effect; schedule steps count from the "
+                "stage's first step",
             )
 
 
@@ -387,7 +389,7 @@ def _check_steps_fit(
     largest batch fits int64 lane positions."""
     batch = max(size for _, size in batches)
     limit = MAX_POSITION // batch
-    beyond = f"beyond the last step a batch of {batch} rows can address ({limit:,})"
+    beyond = f"beyond the last step a batch of {counted(batch, 'row')} can address ({limit:,})"
     if batches[-1][0] > limit:
         raise where.fail("global_batch_size.step", f"step {batches[-1][0]} is {beyond}")
     start = 0

@@ -13,6 +13,7 @@ from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError
 from pipeline.plan.plan import Plan, check_one_vocabulary
 from pipeline.plan.sources import load_metas
+from pipeline.wording import counted
 
 ALWAYS = WeightSchedule("constant", ((0, 1.0),))
 
@@ -47,9 +48,9 @@ def eval_plan(
     available = windows // config.final_batch_size
     if available == 0:
         raise ConfigError(
-            f"{config.origin}: eval.sources.{source.name}: {windows} windows of "
+            f"{config.origin}: eval.sources.{source.name}: {counted(windows, 'window')} of "
             f"{config.seq_len + 1} tokens do not fill one batch of "
-            f"{config.final_batch_size} rows; use a bigger eval store"
+            f"{counted(config.final_batch_size, 'row')}; use a bigger eval store"
         )
     batches = available if config.eval_batches is None else min(config.eval_batches, available)
     return plan, batches

@@ -25,6 +25,7 @@ from pipeline.errors import ConfigError
 from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenSpan, TokenStore
+from pipeline.wording import counted
 
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
 # (a few ms) and cached, so a draw is a lookup; above, each draw's window is computed on its own.
@@ -46,8 +47,8 @@ class SourceLayout:
         if self.windows_per_lane < 1:
             raise ConfigError(
                 f"sources.{name}: seq_len {seq_len} needs at least {seq_len + 1} tokens per lane, "
-                f"but {meta.path} has {meta.num_tokens} tokens for {lanes} lanes "
-                "(use a smaller seq_len or fewer lanes)"
+                f"but {meta.path} has {counted(meta.num_tokens, 'token')} for "
+                f"{counted(lanes, 'lane')} (use a smaller seq_len or fewer lanes)"
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
         self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)

@@ -285,6 +285,6 @@ def _even_out(rows: list[list[int]], lanes: int, where: str) -> None:
             at -= 1
     if missing or not rows:
         raise ConfigError(
-            f"{where}: its documents make {len(rows)} rows, which cannot be split evenly over "
-            f"{lanes} lanes; use fewer lanes or a larger store"
+            f"{where}: its documents make {counted(len(rows), 'row')}, which cannot be split "
+            f"evenly over {counted(lanes, 'lane')}; use fewer lanes or a larger store"
         )
