@@ -697,6 +697,16 @@ def test_prepare_overwrite_refuses_a_regular_file_before_touching_it(tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "text"]
 
 
+def test_prepare_help_says_overwrite_deletes_any_directory_at_out(capsys):
+    """A newcomer reading --help must not take --overwrite for a store-only replacement."""
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--overwrite replace an existing --out directory, deleting whatever it holds" in (
+        help_text
+    )
+
+
 # -- 9. smaller ones -------------------------------------------------------------------------
 
 

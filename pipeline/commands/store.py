@@ -84,7 +84,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.0, help="held-out document share")
     p.add_argument("--eval-out", type=location, help="eval store directory (default OUT-eval)")
     p.add_argument("--tfds-data-dir", help="TFDS data dir (default $TFDS_DATA_DIR)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out directory, deleting whatever it holds (store or not)",
+    )
     p.add_argument("--verify", action="store_true", help="re-open and checksum the result")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
