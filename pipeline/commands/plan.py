@@ -80,7 +80,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     v.add_argument("--no-progress", action="store_true")
     v.set_defaults(run=run_verify)
 
-    e = commands.add_parser("epochs", help="windows per epoch and the steps epochs roll over")
+    e = commands.add_parser("epochs", help="rows per lane per epoch and the steps epochs roll over")
     _common(e)
     e.add_argument("--count", type=_positive, default=3, help="epochs to locate per source")
     e.set_defaults(run=run_epochs)
