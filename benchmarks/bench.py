@@ -58,7 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_bench
-from grain_read import GRAIN_MP_READ, GRAIN_READ_OPTIONS
+from grain_read import fastest, grain_settings, ratio, setting_label
 from store_cache import store_dir, usable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,13 +276,8 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
         "maxtext": ("maxtext", {}),
         "transfer": ("transfer", {}),
     }
-    for threads, buffer in GRAIN_READ_OPTIONS:
-        options = {"threads": threads, "buffer": buffer, "workers": 0}
-        table[f"grain_t{threads}_b{buffer}"] = ("grain", options)
-    for workers in range(1, args.grain_workers + 1):
-        threads, buffer = GRAIN_MP_READ
-        options = {"threads": threads, "buffer": buffer, "workers": workers}
-        table[f"grain_mp{workers}"] = ("grain", options)
+    for suffix, options in grain_settings(args.grain_workers).items():
+        table[f"grain_{suffix}"] = ("grain", options)
     return table
 
 
@@ -467,7 +462,9 @@ def run(args: argparse.Namespace) -> dict:
         "itemsize_dtype": next(iter(stores.values())).dtype.name,
         "docs_per_batch": docs_per_batch(sources, args),
     }
-    count = len(contender_table(args)) + 1
+    contenders = contender_table(args)
+    grain = {name: options for name, (kind, options) in contenders.items() if kind == "grain"}
+    count = len(contenders) + 1
     phases = count + args.reps + 1 + len(RESTORE_STEPS) + (0 if args.no_scale else 3)
     bar = progress_bar(total=phases, desc="bench", unit=" phase", enabled=not args.no_progress)
     with tempfile.TemporaryDirectory() as tmp:
@@ -475,13 +472,13 @@ def run(args: argparse.Namespace) -> dict:
         workers: dict[str, Worker] = {}
         try:
             specs = {
-                name: dict(base, contenders={name: kind}, grain=grain)
-                for name, (kind, grain) in contender_table(args).items()
+                name: dict(base, contenders={name: kind}, grain=options)
+                for name, (kind, options) in contenders.items()
             }
             host = dict(base, contenders={name: name for name in HOST_ONLY})
             results, workers = throughput(specs, host, args, Path(tmp), bar)
-            single = [n for n in results if n.startswith("grain_t")]
-            grain_best = max(single, key=lambda n: results[n]["tokens_per_s"])
+            rates = {name: results[name]["tokens_per_s"] for name in grain}
+            grain_best = fastest(rates, grain, mp=False)
             restore = restore_times(workers, grain_best, args, bar)
         finally:
             close_all(list(workers.values()))
@@ -521,12 +518,9 @@ def run(args: argparse.Namespace) -> dict:
         "pace_ms": args.pace_ms,
         "cores": os.cpu_count(),
         "contenders": results,
+        "grain": grain,  # name -> options of every Grain row
         "grain_best_single": grain_best,
-        "grain_best_mp": max(
-            (n for n in results if n.startswith("grain_mp")),
-            key=lambda n: results[n]["tokens_per_s"],
-            default=None,
-        ),
+        "grain_best_mp": fastest(rates, grain, mp=True),
         "restore_s": restore,
         "scale": scaled,
         "stats_overhead": overhead,
@@ -546,23 +540,16 @@ LABELS = {
 }
 
 
-def ratio(a: float, b: float) -> float:
-    """a / b; NaN when b is 0 (a run too short for the CPU clock's 10 ms ticks)."""
-    return a / b if b else float("nan")
-
-
-def label(name: str) -> str:
+def label(name: str, grain: dict[str, dict]) -> str:
+    """A row's name; a Grain row's from its options (`grain`: name -> options)."""
     if name in LABELS:
         return LABELS[name]
-    if name.startswith("grain_mp"):
-        workers = name.removeprefix("grain_mp")
-        return f"Grain + mp_prefetch({workers} worker{'s' if workers != '1' else ''})"
-    threads, buffer = name.removeprefix("grain_t").split("_b")
-    return f"Grain ReadOptions(num_threads={threads}, prefetch_buffer_size={buffer})"
+    options = grain[name]
+    return f"Grain {'+ ' if options['workers'] else ''}{setting_label(options)}"
 
 
 def table(result: dict) -> str:
-    c = result["contenders"]
+    c, grain = result["contenders"], result["grain"]
     feed = c["feed"]
     described = ", ".join(
         f"{name} {s['tokens']:,} {s['dtype']} tokens / {s['documents']:,} docs"
@@ -582,7 +569,7 @@ def table(result: dict) -> str:
     ]
     for name, r in c.items():
         lines.append(
-            f"| {label(name)} | {r['tokens_per_s']:,.0f} | "
+            f"| {label(name, grain)} | {r['tokens_per_s']:,.0f} | "
             f"{feed['tokens_per_s'] / r['tokens_per_s']:.2f} | {r['cpu_s_per_mtok']:.4f} | "
             f"{ratio(r['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.2f} | "
             f"{r['next_ms_per_step']:.2f} | {r['next_cpu_ms_per_step']:.2f} |"
@@ -592,13 +579,13 @@ def table(result: dict) -> str:
     limit_cpu = min(c["format_per_record"]["cpu_s_per_mtok"], c["format_batched"]["cpu_s_per_mtok"])
     lines += [
         "",
-        f"DataFeed / Grain's best single process ({label(result['grain_best_single'])}): "
+        f"DataFeed / Grain's best single process ({label(result['grain_best_single'], grain)}): "
         f"{feed['tokens_per_s'] / single['tokens_per_s']:.1f}x tokens/s, "
         f"{ratio(single['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token",
     ]
     if mp:
         lines.append(
-            f"DataFeed / Grain's best mp_prefetch ({label(result['grain_best_mp'])}): "
+            f"DataFeed / Grain's best mp_prefetch ({label(result['grain_best_mp'], grain)}): "
             f"{feed['tokens_per_s'] / mp['tokens_per_s']:.1f}x tokens/s, "
             f"{ratio(mp['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.1f}x less CPU per token"
         )

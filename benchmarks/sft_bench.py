@@ -9,8 +9,11 @@ document's first third), one row length and batch, interleaved and repeated (med
   `shuffle().repeat()` -> `map(inputs = d[:-1], targets = d[1:], truncated to seq_len)` ->
   `to_iter_dataset(ReadOptions)` -> `FirstFitPackIterDataset` / `BestFitPackIterDataset`
   (`num_packing_bins` = rows, as MaxText sets it) -> `batch(rows)` -> the six fields ->
-  `make_array_from_process_local_data`, all reading with grain_read.GRAIN_MP_READ; and best-fit with
-  `mp_prefetch(--grain-workers)` (default: the cores);
+  `make_array_from_process_local_data`; each packer with every ReadOptions of the main table
+  (grain_read.GRAIN_READ_OPTIONS), and best-fit with `mp_prefetch` of 1..`--grain-workers`
+  processes (default: the cores), all in the same interleaved rounds, named and chosen as the
+  main table's (grain_read.py); the summary lines compare DataFeed with Grain's fastest packer
+  row in one process and its fastest mp_prefetch row, by this run's medians;
 * host only, in this process: `Plan.batch` of the best_fit source, and of the same store as a
   concatenated source (the throughput target: best_fit within 2x of it).
 
@@ -38,12 +41,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from grain_read import GRAIN_MP_READ
+from grain_read import GRAIN_MP_READ, fastest, grain_settings, ratio, setting_label
 from store_cache import store_dir, usable  # beside this file, as bench.py imports it
 
 from pipeline.plan.packing_cache import CACHE_ENV
 
 RESUME_STEPS = (0, 10**3, 10**6)
+PACKERS = {"first_fit": "FirstFitPackIterDataset", "best_fit": "BestFitPackIterDataset"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -135,6 +139,17 @@ def _restore(plan, step: int, packings: str) -> float:
     return float(result.stdout.split()[-1])
 
 
+def grain_rows(workers: int) -> dict[str, dict]:
+    """Name -> options of every Grain row: first-fit and best-fit with each of the main
+    table's ReadOptions, best-fit with its mp_prefetch of 1..`workers` processes."""
+    rows = {}
+    for packer in PACKERS:
+        for suffix, options in grain_settings(workers).items():
+            if packer == "best_fit" or not options["workers"]:
+                rows[f"grain_{packer}_{suffix}"] = dict(options, packer=packer)
+    return rows
+
+
 def worker_rows(
     path: Path, args: argparse.Namespace, throughput: Callable, close_all: Callable
 ) -> tuple[dict[str, dict], dict[str, float]]:
@@ -143,14 +158,8 @@ def worker_rows(
     from pipeline.progress import progress_bar
 
     base = {"config": _config(path, args, "best_fit")}
-    read = dict(zip(("threads", "buffer"), GRAIN_MP_READ))
-    grain = {
-        "grain_first_fit": dict(read, workers=0, packer="first_fit"),
-        "grain_best_fit": dict(read, workers=0, packer="best_fit"),
-        "grain_best_fit_mp": dict(read, workers=args.grain_workers, packer="best_fit"),
-    }
     specs = {"feed": dict(base, contenders={"feed": "feed"})}
-    for name, options in grain.items():
+    for name, options in grain_rows(args.grain_workers).items():
         specs[name] = dict(base, contenders={name: "grain_sft"}, grain=options)
     bar = progress_bar(total=len(specs) + args.reps + 1, desc="sft", unit=" phase",
                        enabled=not args.no_progress)  # fmt: skip
@@ -210,8 +219,7 @@ def run_sft(args: argparse.Namespace, throughput: Callable, close_all: Callable)
         "seq_len": args.sft_seq_len,
         "rows": args.rows,
         "devices": args.devices,
-        "grain_workers": args.grain_workers,
-        "grain_read": GRAIN_MP_READ,
+        "grain": grain_rows(args.grain_workers),  # name -> options of every Grain row
         "tokens_per_s": {n: r["tokens_per_s"] for n, r in rows.items()}
         | {n: slots / statistics.median(s) for n, s in seconds.items()},
         "cpu_s_per_mtok": {n: r["cpu_s_per_mtok"] for n, r in rows.items()}
@@ -227,32 +235,49 @@ def run_sft(args: argparse.Namespace, throughput: Callable, close_all: Callable)
 
 SFT_LABELS = {
     "feed": "**ours: DataFeed (best_fit) -> global arrays**",
-    "grain_first_fit": "Grain FirstFitPackIterDataset (bins = rows) -> global arrays",
-    "grain_best_fit": "Grain BestFitPackIterDataset (bins = rows) -> global arrays",
-    "grain_best_fit_mp": "Grain BestFitPack + mp_prefetch({workers}) -> global arrays",
     "ours_best_fit": "ours: best_fit source, Plan.batch, host only",
     "ours_concat": "ours: the same store as a concat source, Plan.batch, host only",
 }
 
 
+def sft_label(name: str, grain: dict[str, dict]) -> str:
+    """A row's name; a Grain row's from its options (`grain`: name -> options)."""
+    if name in SFT_LABELS:
+        return SFT_LABELS[name]
+    options = grain[name]
+    joint = " + " if options["workers"] else ", "
+    return f"Grain {PACKERS[options['packer']]}{joint}{setting_label(options)}"
+
+
 def sft_table(result: dict) -> str:
     tps, cpu, padding = result["tokens_per_s"], result["cpu_s_per_mtok"], result["padding"]
+    grain = result["grain"]
     mean = result["tokens"] / result["documents"]
     lines = [
         f"packed SFT: {result['documents']:,} documents ({mean:.0f} tokens/document, "
         f"log-normal), rows of {result['seq_len']} target slots, batch {result['rows']}, "
-        f"{result['devices']} simulated CPU devices; Grain's ReadOptions(num_threads, "
-        f"prefetch_buffer_size) = {tuple(result['grain_read'])}",
+        f"{result['devices']} simulated CPU devices; Grain's packers with num_packing_bins = rows, "
+        f"ending in the same global arrays, its mp_prefetch workers reading with "
+        f"ReadOptions(num_threads, prefetch_buffer_size) = {GRAIN_MP_READ}",
         "",
         "| packed SFT (one process) | target slots/s | DataFeed / this | CPU s per M slots "
         "| padding |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, label in SFT_LABELS.items():
-        workers = result["grain_workers"]
-        label = label.format(workers=f"{workers} worker{'s' if workers != 1 else ''}")
-        lines.append(f"| {label} | {tps[name]:,.0f} | {tps['feed'] / tps[name]:.2f} | "
-                     f"{cpu[name]:.4f} | {padding[name]:.1%} |")  # fmt: skip
+    for name in ["feed", *grain, "ours_best_fit", "ours_concat"]:
+        lines.append(
+            f"| {sft_label(name, grain)} | {tps[name]:,.0f} | {tps['feed'] / tps[name]:.2f} | "
+            f"{cpu[name]:.4f} | {padding[name]:.1%} |"
+        )
+    lines.append("")
+    for mp, what in ((False, "best packer in one process"), (True, "best mp_prefetch")):
+        best = fastest(tps, grain, mp)
+        if best is not None:
+            lines.append(
+                f"DataFeed (best_fit) / Grain's {what} ({sft_label(best, grain)}): "
+                f"{tps['feed'] / tps[best]:.1f}x target slots/s, "
+                f"{ratio(cpu[best], cpu['feed']):.1f}x less CPU per target slot"
+            )
     packing = result["packing"]
     cells = " | ".join(f"{t * 1e3:.1f} ms" for t in result["resume_s"].values())
     cold = f"{result['resume_cold_s'] * 1e3:.0f} ms"
