@@ -153,6 +153,8 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
 
 @pytest.mark.multiprocess  # contender workers, and a restore in a new process per step and round
 def test_bench_sft_only_prints_the_packed_sft_table(tmp_path, capsys):
+    from benchmarks import bench
+
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--sft-only", "--cache-dir", str(tmp_path / "cache"), "--rows", "8",
@@ -163,25 +165,32 @@ def test_bench_sft_only_prints_the_packed_sft_table(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     for label in ("packed SFT: 400 documents", "**ours: DataFeed (best_fit) -> global arrays**",
-                  "Grain FirstFitPackIterDataset (bins = rows) -> global arrays",
-                  "Grain BestFitPack + mp_prefetch(1 worker) -> global arrays",
+                  "Grain FirstFitPackIterDataset, ReadOptions(num_threads=0, "
+                  "prefetch_buffer_size=0)", "Grain BestFitPackIterDataset + mp_prefetch(1 worker)",
                   "ours: best_fit source, Plan.batch, host only",
                   "restore to first batch, in a new process",
                   "the packing kept on disk", "nothing kept"):  # fmt: skip
         assert label in printed, label
     assert "DataFeed -> global arrays" not in printed  # the other tables did not run
     sft = json.loads(out.read_text())["sft"]
-    workers = {"feed", "grain_first_fit", "grain_best_fit", "grain_best_fit_mp"}
+    assert len(sft["grain"]) == 9  # two packers x four ReadOptions, best-fit + mp_prefetch(1)
+    workers = {"feed"} | set(sft["grain"])
     names = workers | {"ours_best_fit", "ours_concat"}
     assert set(sft["tokens_per_s"]) == set(sft["cpu_s_per_mtok"]) == set(sft["padding"]) == names
     assert min(sft["tokens_per_s"].values()) > 0 and min(sft["cpu_s_per_mtok"].values()) >= 0
     # Each worker counts the target slots of the global arrays it built: 8 rows x 64 per step.
     assert sft["worker_tokens"] == dict.fromkeys(workers, 2 * 2 * 8 * 64)
     assert sft["padding"]["ours_concat"] == 0  # windows never pad
-    assert 0 < sft["padding"]["grain_best_fit_mp"] < 1  # Grain's bins pad
+    assert 0 < sft["padding"]["grain_best_fit_mp1"] < 1  # Grain's bins pad
     assert 0 <= sft["padding"]["ours_best_fit"] < 1 and sft["packing"]["rows"] > 0
     assert set(sft["resume_s"]) == {"0", "1000", "1000000"}
     assert min(sft["resume_s"].values()) > 0 and sft["resume_cold_s"] > 0
+    # The summary names Grain's fastest packer row in one process, by this run's medians.
+    tps = sft["tokens_per_s"]
+    single = max((n for n, o in sft["grain"].items() if not o["workers"]), key=tps.get)
+    line = next(line for line in printed.splitlines() if "best packer in one process" in line)
+    assert f"{bench.sft_bench.sft_label(single, sft['grain'])})" in line
+    assert f": {tps['feed'] / tps[single]:.1f}x target slots/s" in line
 
 
 def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_cannot_read(tmp_path):
@@ -401,17 +410,16 @@ def test_a_grain_mp_prefetch_worker_exits_without_leaking_shared_memory(tmp_path
     assert "leaked shared_memory" not in done.stderr, done.stderr
 
 
-def test_the_packed_sft_grain_rows_read_with_the_shared_grain_settings(tmp_path):
-    """bench.py's and sft_bench.py's Grain ReadOptions are one setting, defined once in
-    grain_read.py (sft_bench.py cannot import bench.py, which imports it)."""
+def test_the_packed_sft_grain_rows_sweep_every_setting_of_the_main_table(tmp_path):
+    """Both packers with every ReadOptions the main table tries, best-fit with mp_prefetch of
+    1..--grain-workers processes (reading as the main table's mp rows), all in one `throughput`:
+    Grain's best configuration is found by measurement, not picked by hand."""
     import argparse
     from types import SimpleNamespace
 
     from benchmarks import bench
 
     grain_read, sft_bench = sys.modules["grain_read"], bench.sft_bench  # as bench.py imports them
-    assert bench.GRAIN_READ_OPTIONS is grain_read.GRAIN_READ_OPTIONS
-    assert bench.GRAIN_MP_READ is sft_bench.GRAIN_MP_READ is grain_read.GRAIN_MP_READ
     seen = {}
 
     def throughput(specs, host, args, tmp, bar):
@@ -419,13 +427,56 @@ def test_the_packed_sft_grain_rows_read_with_the_shared_grain_settings(tmp_path)
         answer = SimpleNamespace(ask=lambda command: {"padding": 0.0})
         return {name: {} for name in specs}, dict.fromkeys(specs, answer)
 
-    args = argparse.Namespace(rows=8, sft_seq_len=64, grain_workers=2, reps=1, steps=1,
+    args = argparse.Namespace(rows=8, sft_seq_len=64, grain_workers=3, reps=1, steps=1,
                               no_progress=True)  # fmt: skip
     sft_bench.worker_rows(tmp_path, args, throughput, lambda workers: None)
-    threads, buffer = grain_read.GRAIN_MP_READ
-    grain = [spec["grain"] for name, spec in seen.items() if name.startswith("grain")]
-    assert len(grain) == 3
-    assert all((g["threads"], g["buffer"]) == (threads, buffer) for g in grain), grain
+    grain = [spec["grain"] for name, spec in seen.items() if name != "feed"]
+    got = sorted((g["packer"], g["threads"], g["buffer"], g["workers"]) for g in grain)
+    single = [(p, t, b, 0) for p in ("first_fit", "best_fit") for t, b in ((0, 0), (1, 16),
+              (2, 64), (16, 500))]  # fmt: skip
+    mp = [("best_fit", *grain_read.GRAIN_MP_READ, n) for n in (1, 2, 3)]
+    assert got == sorted(single + mp)
+    # the same settings as the main table's Grain rows, under the same suffixes
+    main = {n: o for n, (kind, o) in bench.contender_table(args).items() if kind == "grain"}
+    best_fit = {n: dict(o, packer="best_fit") for n, o in main.items()}
+    assert {n.replace("grain_", "grain_best_fit_"): o for n, o in best_fit.items()} == {
+        n: spec["grain"] for n, spec in seen.items() if n.startswith("grain_best_fit")
+    }
+
+
+def sft_result(grain: dict[str, dict], tps: dict[str, float], cpu: dict[str, float]) -> dict:
+    """A packed-SFT result as run_sft returns it, with the given Grain rows and figures."""
+    names = {"feed", "ours_best_fit", "ours_concat"} | set(grain)
+    return {"documents": 10, "tokens": 3000, "seq_len": 64, "rows": 8, "devices": 2,
+            "grain": grain, "tokens_per_s": tps, "cpu_s_per_mtok": cpu,
+            "padding": dict.fromkeys(names, 0.01),
+            "packing": {"rows": 5, "truncated": 0, "dropped": 0, "padding_fraction": 0.01},
+            "resume_s": {"0": 0.01}, "resume_cold_s": 0.1}  # fmt: skip
+
+
+def test_the_sft_summary_lines_compare_with_grains_fastest_rows_by_median(tmp_path):
+    """Not the first row, nor the one of least CPU: the highest median target slots/s, in one
+    process (either packer) and with mp_prefetch, each named in its line."""
+    from benchmarks import bench
+
+    sft_bench = bench.sft_bench
+    grain = sft_bench.grain_rows(3)
+    tps = dict.fromkeys(grain, 1e6) | {"feed": 2e7, "ours_best_fit": 4e7, "ours_concat": 5e7}
+    cpu = dict.fromkeys(tps, 1.0) | {"feed": 0.05}
+    tps["grain_first_fit_t2_b64"], cpu["grain_first_fit_t2_b64"] = 4e6, 0.5
+    cpu["grain_best_fit_t0_b0"] = 0.1  # the least CPU, not the fastest
+    tps["grain_best_fit_mp2"], cpu["grain_best_fit_mp2"] = 8e6, 0.25
+    lines = sft_bench.sft_table(sft_result(grain, tps, cpu)).splitlines()
+    assert sum(line.startswith("| Grain ") for line in lines) == 4 + 4 + 3
+    assert (
+        "DataFeed (best_fit) / Grain's best packer in one process (Grain FirstFitPackIterDataset, "
+        "ReadOptions(num_threads=2, prefetch_buffer_size=64)): 5.0x target slots/s, "
+        "10.0x less CPU per target slot"
+    ) in lines
+    assert (
+        "DataFeed (best_fit) / Grain's best mp_prefetch (Grain BestFitPackIterDataset + "
+        "mp_prefetch(2 workers)): 2.5x target slots/s, 5.0x less CPU per target slot"
+    ) in lines
 
 
 FAKE_WORKER = """
