@@ -58,7 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_bench
-from grain_read import fastest, grain_settings, ratio, setting_label
+from grain_read import fastest, grain_label, grain_settings, ratio
 from store_cache import store_dir, usable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -542,10 +542,7 @@ LABELS = {
 
 def label(name: str, grain: dict[str, dict]) -> str:
     """A row's name; a Grain row's from its options (`grain`: name -> options)."""
-    if name in LABELS:
-        return LABELS[name]
-    options = grain[name]
-    return f"Grain {'+ ' if options['workers'] else ''}{setting_label(options)}"
+    return LABELS[name] if name in LABELS else grain_label(grain[name])
 
 
 def table(result: dict) -> str:

@@ -27,14 +27,17 @@ def grain_settings(workers: int) -> dict[str, dict[str, int]]:
     return settings
 
 
-def setting_label(options: Mapping[str, int]) -> str:
-    """A setting as its rows name it: `ReadOptions(...)`, or `mp_prefetch(n workers)`."""
-    if options["workers"]:
-        workers = options["workers"]
-        return f"mp_prefetch({workers} worker{'s' if workers != 1 else ''})"
-    return (
+def grain_label(options: Mapping[str, int], pipeline: str = "") -> str:
+    """A Grain row's label: `Grain [PIPELINE, ]ReadOptions(...)` in one process, or
+    `Grain [PIPELINE ]+ mp_prefetch(n workers)`."""
+    head = f"Grain {pipeline}".rstrip()
+    workers = options["workers"]
+    if workers:
+        return f"{head} + mp_prefetch({workers} worker{'s' if workers != 1 else ''})"
+    read = (
         f"ReadOptions(num_threads={options['threads']}, prefetch_buffer_size={options['buffer']})"
     )
+    return f"{head}{', ' if pipeline else ' '}{read}"
 
 
 def fastest(

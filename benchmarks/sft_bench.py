@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from grain_read import GRAIN_MP_READ, fastest, grain_settings, ratio, setting_label
+from grain_read import GRAIN_MP_READ, fastest, grain_label, grain_settings, ratio
 from store_cache import store_dir, usable  # beside this file, as bench.py imports it
 
 from pipeline.plan.packing_cache import CACHE_ENV
@@ -244,9 +244,7 @@ def sft_label(name: str, grain: dict[str, dict]) -> str:
     """A row's name; a Grain row's from its options (`grain`: name -> options)."""
     if name in SFT_LABELS:
         return SFT_LABELS[name]
-    options = grain[name]
-    joint = " + " if options["workers"] else ", "
-    return f"Grain {PACKERS[options['packer']]}{joint}{setting_label(options)}"
+    return grain_label(grain[name], PACKERS[grain[name]["packer"]])
 
 
 def sft_table(result: dict) -> str:
