@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from pipeline.store.chat import RowFields
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.prepare_beam import prepare_beam
 from pipeline.store.token_store import TokenStore, file_sha256
-from tests.test_faults import edit_manifest
+from tests.test_faults import cli, edit_manifest
 from tests.test_prepare_beam import _assert_same_stores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,6 +294,102 @@ def test_cli_refuses_for_a_builtin_corpus_what_its_format_does_not_read(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {refused}; it is for --format ")
     assert not out.exists()
+
+
+TEXT_READERS = "it is read from JSONL/Parquet/TFDS rows with --format text"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "options", "refused"),
+    [
+        (
+            ["notes.txt", "builtin:python-docstrings"],
+            ["--text-field", "body"],
+            "--text-field is not read by any input: notes.txt is plain text (one document per "
+            "file) and builtin:python-docstrings brings its own fields; " + TEXT_READERS,
+        ),
+        (
+            ["docs", "notes/*.txt", "builtin:python-docs"],
+            ["--text-field", "text"],  # given as its default value, still given
+            "--text-field is not read by any input: docs is a directory of plain text (one "
+            "document per file), notes/*.txt matches only plain text (one document per file) "
+            "and builtin:python-docs is builtin text (no fields); " + TEXT_READERS,
+        ),
+        (
+            ["builtin:python-docstrings-chat"],
+            ["--format", "messages", "--messages-field", "conversation"],
+            "--messages-field is not read by any input: builtin:python-docstrings-chat brings "
+            "its own fields; it is read from JSONL/Parquet rows with --format messages",
+        ),
+        (
+            ["builtin:python-docstrings"],
+            ["--format", "prompt-completion", "--completion-field", "answer"],
+            "--completion-field is not read by any input: builtin:python-docstrings brings its "
+            "own fields; it is read from JSONL/Parquet rows with --format prompt-completion",
+        ),
+    ],
+    ids=["text-and-instruction-corpus", "dir-glob-builtin", "chat-corpus", "prompt-corpus"],
+)
+def test_cli_refuses_a_field_option_no_input_reads(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    inputs: list[str],
+    options: list[str],
+    refused: str,
+) -> None:
+    """A field the user names must select what is trained on, not be passed over."""
+    monkeypatch.chdir(tmp_path)  # relative inputs: the message names them as typed
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("plain text")
+    (tmp_path / "notes.txt").write_text("plain text")
+    shutil.copytree(tmp_path / "notes", tmp_path / "docs")
+    argv = ["prepare", *inputs, "--out", "s", "--no-progress", *options]
+    assert cli(capsys, *argv) == (2, f"error: {refused}\n")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "options", "recorded"),
+    [
+        (
+            ["notes.txt", "rows.jsonl", "builtin:python-docstrings"],
+            ["--text-field", "body"],
+            ("text_field", "body"),
+        ),
+        (
+            ["notes.txt", "tfds:store_text:train"],
+            ["--text-field", "text"],
+            ("text_field", "text"),
+        ),
+        (["notes.txt", "builtin:python-docstrings"], [], ("text_field", "text")),
+        (
+            ["builtin:python-docstrings-chat", "rows.jsonl"],
+            ["--format", "messages", "--messages-field", "conversation"],
+            ("row_format", asdict(RowFields("messages", messages="conversation"))),
+        ),
+    ],
+    ids=["jsonl-among-others", "tfds-among-others", "not-given", "chat-jsonl-and-corpus"],
+)
+def test_cli_takes_a_field_option_one_input_reads(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    inputs: list[str],
+    options: list[str],
+    recorded: tuple[str, object],
+) -> None:
+    """Mixed inputs: those with fields read it, the others need none; not given, no check."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("plain text")
+    _jsonl(tmp_path / "rows.jsonl", [{"body": "b", "conversation": _chat("q", "a")["messages"]}])
+    if "tfds:store_text:train" in inputs:
+        options = [*options, "--tfds-data-dir", request.getfixturevalue("tfds_text_dir")]
+    argv = ["prepare", *inputs, "--out", "s", "--no-progress", "--num-shards", "1", *options]
+    assert cli(capsys, *argv)[0] == 0
+    key, value = recorded
+    assert TokenStore(tmp_path / "s").manifest["created"][key] == value
 
 
 def test_cli_train_on_reaches_a_builtin_corpus_of_its_own_format(tmp_path: Path) -> None:

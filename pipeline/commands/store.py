@@ -130,12 +130,18 @@ FIELD_OPTIONS = {
 }
 
 
+def _flag(name: str) -> str:
+    """The command-line spelling of an option's attribute name."""
+    return f"--{name.replace('_', '-')}"
+
+
 def row_options(args: argparse.Namespace) -> dict[str, object]:
     """The row options given; one no input's format reads is refused, not ignored.
 
     A builtin instruction corpus brings its own format (and fields): its rows read --train-on,
     --skip-bad-rows and (chat) --chat-template whatever --format says; the --*-field options
-    are read only with --format.
+    are read only with --format, and only by inputs that have fields (`check_fields_read`,
+    once the inputs are resolved).
     """
     builtin = {
         INSTRUCTION_CORPORA[name].format
@@ -147,7 +153,7 @@ def row_options(args: argparse.Namespace) -> dict[str, object]:
         formats = {args.format} if name in FIELD_OPTIONS else {args.format, *builtin}
         if not formats & set(ROW_OPTIONS[name]):
             raise PrepareError(
-                f"--{name.replace('_', '-')} is not read with --format {args.format}; it is for "
+                f"{_flag(name)} is not read with --format {args.format}; it is for "
                 f"--format {' or '.join(ROW_OPTIONS[name])} (docs/instruction-data.md)"
             )
     return given
@@ -173,6 +179,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         fields=row_fields,
+        field_options=tuple(_flag(name) for name in given if name in FIELD_OPTIONS),
         **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )
     if args.runner == "beam":

@@ -58,6 +58,7 @@ __all__ = [
     "BUILTIN_CORPORA",
     "Document",
     "InputSpec",
+    "check_fields_read",
     "iter_documents",
     "resolve_inputs",
 ]
@@ -182,6 +183,38 @@ def _not_rows(argument: str, fields: RowFields) -> PrepareError:
         f"input {argument!r} is not JSONL or Parquet rows; --format {fields.format} reads rows "
         "from .jsonl/.json/.parquet files"
     )
+
+
+def check_fields_read(specs: Sequence[InputSpec], options: Sequence[str], row_format: str) -> None:
+    """Refuses field options (`options`, as typed: ``--text-field``) when no input reads a field,
+    so a field the user named is never silently not the one trained on."""
+    if not options or any(_reads_fields(spec) for spec in specs):
+        return
+    why = [f"{spec.argument} {_why_no_fields(spec)}" for spec in specs]
+    readers = "JSONL/Parquet/TFDS rows" if row_format == "text" else "JSONL/Parquet rows"
+    raise PrepareError(
+        f"{options[0]} is not read by any input: {', '.join(why[:-1])}"
+        f"{' and ' if len(why) > 1 else ''}{why[-1]}; it is read from {readers} with "
+        f"--format {row_format}"
+    )
+
+
+def _reads_fields(spec: InputSpec) -> bool:
+    """JSONL/Parquet files (given alone or matched by a glob) and TFDS datasets read named
+    fields; a directory reads every file as text, a builtin corpus brings its own documents."""
+    return spec.kind == "tfds" or any(kind in ("jsonl", "parquet") for _, kind, _ in spec.files)
+
+
+def _why_no_fields(spec: InputSpec) -> str:
+    if spec.kind == "builtin" and spec.name in INSTRUCTION_CORPORA:
+        return "brings its own fields"
+    if spec.kind == "builtin":
+        return "is builtin text (no fields)"
+    if spec.kind == "dir":
+        return "is a directory of plain text (one document per file)"
+    if spec.kind == "glob":
+        return "matches only plain text (one document per file)"
+    return "is plain text (one document per file)"
 
 
 def _resolve_one(argument: str, text_field: str | None, tfds_data_dir: str | None) -> InputSpec:

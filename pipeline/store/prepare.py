@@ -36,7 +36,13 @@ from pipeline.store.chat import (
     load_template,
     render,
 )
-from pipeline.store.corpora import Document, InputSpec, iter_documents, resolve_inputs
+from pipeline.store.corpora import (
+    Document,
+    InputSpec,
+    check_fields_read,
+    iter_documents,
+    resolve_inputs,
+)
 from pipeline.store.doc_order import EVAL, TRAIN, place
 from pipeline.store.tokenizers import Tokenizer, load_tokenizer
 from pipeline.store.writer import (
@@ -72,6 +78,8 @@ class PrepareOptions:
     overwrite: bool = False
     progress: bool = True
     fields: RowFields = field(default_factory=RowFields)
+    # the field options the user gave (``--text-field``): refused when no input reads a field
+    field_options: tuple[str, ...] = ()
     train_on: str = "assistant"
     chat_template: str = "auto"
     skip_bad_rows: bool = False
@@ -228,6 +236,7 @@ def validate(options: PrepareOptions) -> Validated:
     specs = resolve_inputs(
         options.inputs, options.text_field, options.tfds_data_dir, options.fields
     )
+    check_fields_read(specs, options.field_options, options.fields.format)
     tokenizer = load_tokenizer(options.tokenizer)
     masked = has_rows(specs)
     template = load_template(options.chat_template, options.tokenizer)
