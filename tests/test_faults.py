@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,7 +37,8 @@ from pipeline.feed.checkpoint import FILENAME, DataRestore
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.resume import reconcile
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import StoreMeta
 from pipeline.store.prepare import PrepareOptions, prepare
@@ -414,6 +416,79 @@ def test_a_flat_sidecar_replaced_after_open_is_refused_at_its_first_use(tmp_path
         read_pieces([store], [0], [0], [0], [5], out, [0], [0])
     assert one_line(info.value).startswith(f"{flat}: the flat token sidecar was replaced")
     np.testing.assert_array_equal(TokenStore(store.path).read_tokens(0, 5).tokens, np.arange(5))
+
+
+def prepared_twice(tmp: Path) -> tuple[Path, Callable[[], None]]:
+    """A store prepared at `tmp`/store, and what prepares other content there (`--overwrite`)."""
+    out = tmp / "store"
+    old, new = corpus(tmp / "old", "alpha", 60), corpus(tmp / "new", "omega", 61)
+    prepare(PrepareOptions([str(old)], out, num_shards=2, progress=False))
+    options = PrepareOptions([str(new)], out, num_shards=2, overwrite=True, progress=False)
+    return out, lambda: prepare(options)
+
+
+def replaced_line(key: str, store: Path, recorded: str) -> str:
+    """The one line of a store whose content changed since the ledger recorded `recorded`."""
+    return (
+        f"{key}: {store}: the store has content fingerprint {StoreMeta.load(store).fingerprint}, "
+        f"the ledger recorded {recorded}: it was replaced after the ledger recorded it (by "
+        "`prepare --overwrite`?); a new run: restart it to read the new store; a resumed run: "
+        "put the recorded store back there (the same inputs and prepare options rebuild it) and "
+        "prepare new content at another path to switch to it"
+    )
+
+
+def test_a_store_replaced_before_its_first_read_is_named_by_its_key(tmp_path):
+    """A plan of metadata opens a store at its first read: content replaced since the plan
+    read the manifest is refused there (not served), named by the source's config key."""
+    store, replace = prepared_twice(tmp_path)
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    meta = StoreMeta.load(store)
+    plan = Plan.from_config(load_config(config), {"s": meta})
+    replace()
+    with pytest.raises(StoreError) as info:
+        plan.batch(0)
+    assert one_line(info.value) == replaced_line(
+        f"{config}: sources.s.path", store, meta.fingerprint
+    )
+
+
+def test_a_best_fit_store_replaced_before_its_layout_is_named_by_its_key(tmp_path):
+    """A best_fit source's store opens when its segment is laid out (`resume.reconcile` lays
+    out a switch from metadata): a replaced one is named by the source's key there too."""
+    store, replace = prepared_twice(tmp_path)
+    raw = config_over(tmp_path, {"s": store})
+    raw["sources"]["s"]["packing"] = "best_fit"
+    config = load_config(write_yaml(tmp_path / "data.yaml", raw))
+    meta = StoreMeta.load(store)
+    segment = Plan.from_config(config, {"s": meta}).ledger.segments[0]
+    replace()
+    with pytest.raises(StoreError) as info:
+        SegmentPlan(segment, config, {"s": meta})
+    key = f"{config.origin}: sources.s.path"
+    assert one_line(info.value) == replaced_line(key, store, meta.fingerprint)
+
+
+def test_a_ledgers_store_prepared_again_in_place_is_one_line_in_the_cli(tmp_path, capsys):
+    """A run switched from store `a` to `b`, then `a` was prepared again in place: the steps
+    before the switch cannot be planned, and every plan command says so in one line."""
+    store, replace = prepared_twice(tmp_path)
+    first = load_config(write_yaml(tmp_path / "a.yaml", config_over(tmp_path, {"s": store})))
+    other = synthetic(tmp_path, "b")
+    second = write_yaml(tmp_path / "b.yaml", config_over(tmp_path, {"s": other}))
+    ledger = reconcile(Plan.from_config(first), load_config(second), 3, switch=True)
+    ledger.save(tmp_path / "ledger.json")
+    recorded = ledger.segments[0].fingerprints["s"]
+    replace()
+    key = "ledger segment 0 (from step 0): sources.s.path"
+    args = [second, "--ledger", tmp_path / "ledger.json"]
+    for command in (
+        ["inspect", *args, "--step", 0],
+        ["dump", *args, "--steps", "0:2", "--out", tmp_path / "d.npz"],
+        ["verify", *args, "--steps", "0:2"],
+    ):
+        code, err = cli(capsys, *command)
+        assert (code, err) == (2, f"error: {replaced_line(key, store, recorded)}\n"), command
 
 
 # -- 5. duplicate YAML keys ------------------------------------------------------------------

@@ -257,10 +257,7 @@ class Plan:
             segment = self.ledger.segments[index]
             where = f"ledger segment {index} (from step {segment.start_step})"
             config = segment.parsed(where)
-            metas = {
-                name: self._known(segment, name, config.source(name).path, where)
-                for name in config.source_names
-            }
+            metas = {name: self._known(segment, config, name) for name in config.source_names}
             self._segments[index] = SegmentPlan(segment, config, metas, self.store)
         return self._segments[index]
 
@@ -370,13 +367,14 @@ class Plan:
         return self.read(self.draws(step, rows))
 
     def store(self, meta: StoreMeta) -> TokenStore:
-        """The open store of `meta`'s content, opened at `meta.path` on first use."""
+        """The open store of `meta`'s content, opened at `meta.path` on first use (`_open`: its
+        error names the path, so `read` and a best-fit layout prefix the source's key)."""
         store = self._stores.get(meta.fingerprint)
         if store is None:
             with self._opening:  # reader threads of one step may ask at once: open it once
                 store = self._stores.get(meta.fingerprint)
                 if store is None:
-                    store = _open(meta.path, meta.fingerprint, f"store {meta.path}")
+                    store = _open_meta(meta)
                     self._stores[meta.fingerprint] = store
         return store
 
@@ -417,11 +415,13 @@ class Plan:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
         return list(self._stores.values())
 
-    def _known(self, segment: Segment, name: str, path: Path, where: str) -> StoreMeta:
-        """The metadata of a segment's source: given, or its store opened (files checked)."""
+    def _known(self, segment: Segment, config: DataConfig, name: str) -> StoreMeta:
+        """The metadata of a segment's source: given, or its store opened (files checked; an
+        error named by the source's key in the segment, `sources.path_key`)."""
         expected = segment.fingerprints[name]
         if expected not in self._metas:
-            store = _open(path, expected, f"{where}: sources.{name}")
+            with keyed(config, name):
+                store = _open(config.source(name).path, expected)
             self._stores[expected] = store
             self._metas[expected] = store.meta
         return self._metas[expected]
@@ -439,12 +439,19 @@ def _meta(store: TokenStore | StoreMeta) -> StoreMeta:
     return store.meta if isinstance(store, TokenStore) else store
 
 
-def _open(path: Path, fingerprint: str, where: str) -> TokenStore:
+def _open(path: Path, fingerprint: str) -> TokenStore:
+    """The store at `path`, which must hold the content the ledger recorded: one replaced
+    since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
+    would serve other rows under the same steps. A `StoreError` naming `path` first, as every
+    store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
     store = TokenStore(path)
     if store.fingerprint != fingerprint:
-        raise LedgerError(
-            f"{where}: the store at {path} has content fingerprint {store.fingerprint}, the "
-            f"ledger recorded {fingerprint} (a different store)"
+        raise StoreError(
+            f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
+            f"recorded {fingerprint}: it was replaced after the ledger recorded it (by `prepare "
+            "--overwrite`?); a new run: restart it to read the new store; a resumed run: put "
+            "the recorded store back there (the same inputs and prepare options rebuild it) "
+            "and prepare new content at another path to switch to it"
         )
     return store
 
@@ -513,7 +520,7 @@ def _packing(entry: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _open_meta(meta: StoreMeta) -> TokenStore:
-    return _open(meta.path, meta.fingerprint, f"store {meta.path}")
+    return _open(meta.path, meta.fingerprint)
 
 
 OpenStore = Callable[[StoreMeta], TokenStore]
