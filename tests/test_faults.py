@@ -469,6 +469,31 @@ def test_a_best_fit_store_replaced_before_its_layout_is_named_by_its_key(tmp_pat
     assert one_line(info.value) == replaced_line(key, store, meta.fingerprint)
 
 
+def test_a_restore_onto_a_store_prepared_again_in_place_says_to_put_it_back(tmp_path):
+    """Even a declared switch cannot plan the steps drawn from the old content; the remedy the
+    line gives works: the old store prepared again from the same inputs resumes the run."""
+    store, replace = prepared_twice(tmp_path)
+    config = parse_config(config_over(tmp_path, {"s": store}, lanes=1), "r.yaml")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path) as mngr:
+        next(feed)
+        save(mngr, 1, feed)
+    recorded = StoreMeta.load(store).fingerprint
+    replace()
+    with (
+        DataFeed(config, mesh()) as feed,
+        manager(tmp_path) as mngr,
+        pytest.raises(StoreError) as info,
+    ):
+        mngr.restore(1, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+    key = "ledger segment 0 (from step 0): sources.s.path"
+    assert one_line(info.value) == replaced_line(key, store, recorded)
+    old = [str(tmp_path / "old")]
+    prepare(PrepareOptions(old, store, num_shards=2, overwrite=True, progress=False))
+    with DataFeed(config, mesh()) as feed, manager(tmp_path) as mngr:
+        mngr.restore(1, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert feed.step == 1
+
+
 def test_a_ledgers_store_prepared_again_in_place_is_one_line_in_the_cli(tmp_path, capsys):
     """A run switched from store `a` to `b`, then `a` was prepared again in place: the steps
     before the switch cannot be planned, and every plan command says so in one line."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.errors import LedgerError
+from pipeline.errors import LedgerError, StoreError
 from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
@@ -99,7 +99,7 @@ def test_a_ledger_from_another_run_is_refused(stores, tmp_path):
     write_synthetic_store(tmp_path / "other", [[5, 5, 5, 5, 5, 5, 5, 5, 5, 5]])
     shutil.rmtree(stores / "task")
     shutil.copytree(tmp_path / "other", stores / "task")
-    with pytest.raises(LedgerError, match=r"sources.task: the store at .* fingerprint"):
+    with pytest.raises(StoreError, match=r"sources.task.path: \S+/task: the store has content fi"):
         Plan(ledger).batch(0)
 
 
