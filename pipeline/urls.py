@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StoreError
+from pipeline.extras import require
 
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
@@ -40,6 +41,8 @@ def location(value: str | os.PathLike) -> Any:
     text = os.fspath(value)
     if not re.match(r"^[^:]+://", text):  # undo the "gs:/b/x" a Path made of "gs://b/x"
         text = text.replace(":/", "://", 1)
+    if text.startswith("gs://"):  # etils.epath reaches Cloud Storage only through gcsfs
+        require("gcsfs", "tpu", f"{text}: Cloud Storage")
     return epath.Path(text)
 
 

@@ -78,6 +78,7 @@ CASES = {
         "pipeline",
         ["prepare", "{d}/text.txt", "--out", "{d}/b", "--runner", "beam"],
     ),
+    "gcs": ("gcsfs", "pipeline", ["prepare", "{d}/text.txt", "--out", "gs://my-bucket/stores/t"]),
     "train": (
         "optax",
         "scripts/train.py",
@@ -85,7 +86,7 @@ CASES = {
     ),
 }
 EXTRA = {"parquet": "parquet", "sentencepiece": "tokenizers", "hf": "tokenizers", "plot": "plot",
-         "beam": "beam", "train": "train"}  # fmt: skip
+         "beam": "beam", "train": "train", "gcs": "tpu"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -37,11 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if passthrough and not getattr(args, "takes_passthrough", False):
-        parser.error(f"{args.command} takes no options after --")
-    args.passthrough = passthrough
     try:
+        args = parser.parse_args(argv)  # a gs:// argument needs gcsfs (MissingExtraError)
+        if passthrough and not getattr(args, "takes_passthrough", False):
+            parser.error(f"{args.command} takes no options after --")
+        args.passthrough = passthrough
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # output still buffered meets a closed pipe here, in the handler
         return code
