@@ -42,7 +42,7 @@ def location(value: str | os.PathLike) -> Any:
     if not re.match(r"^[^:]+://", text):  # undo the "gs:/b/x" a Path made of "gs://b/x"
         text = text.replace(":/", "://", 1)
     if text.startswith("gs://"):  # etils.epath reaches Cloud Storage only through gcsfs
-        require("gcsfs", "tpu", f"{text}: Cloud Storage")
+        require("gcsfs", "gcs", f"{text}: Cloud Storage")
     return epath.Path(text)
 
 

@@ -86,7 +86,7 @@ CASES = {
     ),
 }
 EXTRA = {"parquet": "parquet", "sentencepiece": "tokenizers", "hf": "tokenizers", "plot": "plot",
-         "beam": "beam", "train": "train", "gcs": "tpu"}  # fmt: skip
+         "beam": "beam", "train": "train", "gcs": "gcs"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
