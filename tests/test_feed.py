@@ -189,7 +189,8 @@ def test_local_stores_get_one_reader_thread_by_default_and_integers_are_kept(con
 
 @pytest.mark.parametrize("threads", [0, -1, "Auto", "two", 2.0, True])
 def test_a_bad_thread_count_is_refused(config, threads):
-    with pytest.raises(FeedError, match=r"^DataFeed threads: expected an integer >= 1 or auto"):
+    message = r"^DataFeed threads: expected an integer from 1 to 1,024 or auto"
+    with pytest.raises(FeedError, match=message):
         DataFeed(config, mesh_of((2,), ("data",)), threads=threads)
 
 
@@ -198,6 +199,8 @@ def test_a_bad_thread_count_is_refused(config, threads):
     [
         ({"threads": 0}, "DataFeed threads: expected"),
         ({"prefetch": 0}, "DataFeed prefetch: expected"),
+        ({"threads": 1025}, "DataFeed threads: expected an integer from 1 to 1,024 or auto"),
+        ({"prefetch": 10**6}, "DataFeed prefetch: expected an integer from 1 to 1,024, got"),
         ({"provenance": ["nope"]}, "provenance: expected names"),
         ({"batch_axes": "model"}, "batch_axes ('model',): each must be"),
     ],

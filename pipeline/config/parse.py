@@ -437,16 +437,18 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     )
 
 
-def is_count(value: Any) -> bool:
-    """Whether `value` is an integer >= 1 (True is not one)."""
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+def is_count(value: Any, maximum: int | None = None) -> bool:
+    """Whether `value` is an integer >= 1 (True is not one) and at most `maximum` if given."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return False
+    return maximum is None or value <= maximum
 
 
-def is_thread_count(value: Any) -> bool:
+def is_thread_count(value: Any, maximum: int | None = None) -> bool:
     """Whether `value` is a reader-thread count, of the config's `feed.threads` or of
     `DataFeed(threads=)`: `auto` (lower case only, like every other word of the config) or an
-    integer >= 1."""
-    return value == AUTO_THREADS or is_count(value)
+    integer >= 1 (at most `maximum` if given)."""
+    return value == AUTO_THREADS or is_count(value, maximum)
 
 
 def _threads(value: Any, where: _Where) -> int | str:

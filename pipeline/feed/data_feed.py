@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipeline.config import DataConfig
-from pipeline.config.parse import PROVENANCE, is_count, is_thread_count
+from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop, stop_periods
@@ -238,12 +238,12 @@ class DataFeed:
         self._check_axes()
         self.prefetch = self.config.feed.prefetch if prefetch is None else prefetch
         self.threads = self.config.feed.threads if threads is None else threads
-        if not is_count(self.prefetch):
-            raise FeedError(f"DataFeed prefetch: expected an integer >= 1, got {self.prefetch!r}")
-        if not is_thread_count(self.threads):
-            raise FeedError(
-                f"DataFeed threads: expected an integer >= 1 or auto, got {self.threads!r}"
-            )
+        # the bounds of the config's feed.prefetch and feed.threads, for the arguments too
+        counts = f"an integer from 1 to {MAX_THREADS:,}"
+        if not is_count(self.prefetch, MAX_THREADS):
+            raise FeedError(f"DataFeed prefetch: expected {counts}, got {self.prefetch!r}")
+        if not is_thread_count(self.threads, MAX_THREADS):
+            raise FeedError(f"DataFeed threads: expected {counts} or auto, got {self.threads!r}")
         self.provenance = tuple(self.config.feed.provenance if provenance is None else provenance)
         if any(name not in PROVENANCE for name in self.provenance):
             raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
