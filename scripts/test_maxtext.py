@@ -54,7 +54,8 @@ GLOO_TIMEOUT = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 # XLA:CPU's fixed 40 s rendezvous between one process's simulated devices (jax-ml/jax#31818):
 # its message, and the function in the stack trace of the abort when the message is cut off
 XLA_CPU_STUCK = ("Termination timeout for all reduce", "AwaitAndLogIfStuck")
-DATA = "seed: 5\nseq_len: 64\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
+SEQ_LEN = 64  # the data configs' seq_len, and MaxText's max_target_length with them
+DATA = f"seed: 5\nseq_len: {SEQ_LEN}\nglobal_batch_size: 8\nsources:\n  docs: {{path: %s}}\n"
 SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
 SFT = (f"seed: 5\nseq_len: {SFT_SEQ_LEN}\nglobal_batch_size: 8\n"
        "sources:\n  sft: {path: %s, packing: best_fit}\nmix: {sft: 1}\n")  # fmt: skip
@@ -197,7 +198,7 @@ class MaxText:
         kill_after: int | None = None,
         expect_failure: bool = False,
         retry: bool = True,
-        seq_len: int = 64,
+        seq_len: int = SEQ_LEN,
     ) -> list[str]:
         """Run to the end (or kill -9 once checkpoint `kill_after` exists); the logs.
 
@@ -257,7 +258,7 @@ class MaxText:
         """Start `len(data)` processes for STOP_STEPS steps, call `replace()` once step
         STOP_AFTER is logged, then wait for every process to end; the logs."""
         started = time.monotonic()
-        procs, logs = self.launch(name, data, STOP_STEPS, (), 64)
+        procs, logs = self.launch(name, data, STOP_STEPS, (), SEQ_LEN)
         metrics = logs[0].with_suffix(".jsonl")
         deadline = time.monotonic() + 900
         while not (metrics.exists() and f'"step": {STOP_AFTER}' in metrics.read_text()):
