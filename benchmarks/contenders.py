@@ -79,7 +79,8 @@ def data_config(spec: dict[str, Any]):
     return parse_config(spec["config"], origin="bench.yaml")
 
 
-def mesh(spec: dict[str, Any]):
+def mesh():
+    """Every device of this process on one `data` axis (all of the job's, in a scale run)."""
     import jax
     from jax.sharding import Mesh
 
@@ -90,14 +91,15 @@ def mesh(spec: dict[str, Any]):
 
 
 class Feed:
-    """`DataFeed(config, mesh)` with its defaults: what a JAX user writes."""
+    """`DataFeed(config, mesh)` with its defaults: what a JAX user writes; `stats=False` is the
+    A/B for the statistics' cost."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], stats: bool = True) -> None:
         from pipeline.feed.data_feed import DataFeed
 
         self.spec = spec
-        self.mesh = mesh(spec)
-        self.iterator = DataFeed(data_config(spec), self.mesh)
+        self.mesh = mesh()
+        self.iterator = DataFeed(data_config(spec), self.mesh, stats=stats)
         self.managers: dict[int, Any] = {}
 
     def __next__(self):
@@ -139,18 +141,6 @@ class Feed:
             mngr.close()
 
 
-class FeedWithoutStats(Feed):
-    """`DataFeed(config, mesh, stats=False)`: the A/B for the statistics' cost."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        from pipeline.feed.data_feed import DataFeed
-
-        self.spec = spec
-        self.mesh = mesh(spec)
-        self.iterator = DataFeed(data_config(spec), self.mesh, stats=False)
-        self.managers: dict[int, Any] = {}
-
-
 class MaxText(Feed):
     """`pipeline.feed.maxtext.create_data_iterator(config, mesh)`, as MaxText calls it."""
 
@@ -160,7 +150,7 @@ class MaxText(Feed):
         from pipeline.feed.maxtext import create_data_iterator
 
         self.spec = spec
-        self.mesh = mesh(spec)
+        self.mesh = mesh()
         self.managers = {}
         path = Path(spec["tmp"]) / "maxtext-data.yaml"
         path.write_text(yaml.safe_dump(spec["config"]))
@@ -287,7 +277,7 @@ class TransferLimit:
     def __init__(self, spec: dict[str, Any]) -> None:
         from pipeline.feed.data_feed import DataFeed
 
-        with DataFeed(data_config(spec), mesh(spec)) as feed:
+        with DataFeed(data_config(spec), mesh()) as feed:
             self.geometry = feed._geometry_at(0)
             self.host = feed.plan.batch(0, self.geometry.rows)
         self.queue: list[dict[str, np.ndarray]] = []
@@ -387,7 +377,7 @@ class Grain:
         self.spec = spec
         self.dataset = self.build(spec)
         self.iterator = iter(self.dataset)
-        sharding = NamedSharding(mesh(spec), PartitionSpec("data", None))
+        sharding = NamedSharding(mesh(), PartitionSpec("data", None))
         shape = (spec["config"]["global_batch_size"], spec["config"]["seq_len"])
         self.shardings = dict.fromkeys(FIELDS, sharding)
         self.shapes = dict.fromkeys(FIELDS, shape)
@@ -501,7 +491,7 @@ class GrainSft(Grain):
 
 KINDS = {
     "feed": Feed,
-    "feed_nostats": FeedWithoutStats,
+    "feed_nostats": lambda spec: Feed(spec, stats=False),
     "maxtext": MaxText,
     "plan": PlanBatch,
     "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),
