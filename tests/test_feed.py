@@ -356,6 +356,21 @@ def test_events_are_logged_once(config, caplog):
     assert any("starts epoch 1" in line for line in lines)
 
 
+def test_a_feed_without_the_event_log_serves_the_same_batches_and_logs_none(config, caplog):
+    """`log_events=False` (the eval feed's): the readers skip the log's work, not the rows."""
+    mesh = mesh_of((2,), ("data",))
+    with DataFeed(config, mesh) as feed:
+        expected = [np.asarray(next(feed)["inputs"]) for _ in range(13)]
+    caplog.clear()
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline"),
+        DataFeed(config, mesh, log_events=False) as feed,
+    ):
+        for step in range(13):  # across step 10's stage start and an epoch rollover
+            np.testing.assert_array_equal(next(feed)["inputs"], expected[step])
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline"] == []
+
+
 def test_sources_join_and_leave_when_their_share_starts_and_stops(tmp_path, caplog):
     stages = [
         {"name": "ramp", "steps": 5, "mix": {"code": 1, "docs": {"linear": {0: 0, 5: 1}}}},

@@ -118,11 +118,11 @@ class _StepRows:
     """One step's rows as a reader task read them, with what `next()` needs besides."""
 
     batch: dict[str, Any]  # the six fields and the provenance asked for (host, then global)
-    summary: DrawSummary
     read: StepRead | None  # None when the feed keeps no statistics
-    # the sources with a scheduled share at the step, for the event log (None: no log);
-    # found here, in the reader thread, so that next() makes no numpy call for it
-    mixed: frozenset[str] | None = None
+    # for the event log (None: no log): the step's stages and epochs, and the sources with a
+    # scheduled share at it; found here, in the reader thread, so that next() makes no numpy
+    # call for them, and not at all for a feed that logs no events
+    events: tuple[DrawSummary, frozenset[str]] | None = None
 
 
 def _read_rows(
@@ -143,8 +143,8 @@ def _read_rows(
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
     read = StepRead.of(plan, draws, started) if measure else None
-    mixed = None if scheduled is None else scheduled(step)
-    return _StepRows(batch, draws.summary(), read, mixed)
+    events = None if scheduled is None else (draws.summary(), scheduled(step))
+    return _StepRows(batch, read, events)
 
 
 def _read_step(
@@ -412,8 +412,8 @@ class DataFeed:
                 f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
             ) from error
         self._step = step + 1
-        if rows.mixed is not None:
-            self._log_events(step, rows.summary, rows.mixed)
+        if rows.events is not None:
+            self._log_events(step, *rows.events)
         self._fill()
         if self._stats is not None:
             self._stats.served(step, rows.read, entered, time.perf_counter(), ready)
