@@ -119,7 +119,7 @@ class ShardReaders:
     def take(self, shard: int) -> ArrayRecordReader:
         """The shard's reader, a new one if it has none, taken out (call with the shard's lock
         held): `put` it back once its records are checked."""
-        reader, self._readers[shard] = self._readers[shard] or self._new_reader(shard), None
+        reader, self._readers[shard] = self._reader(shard), None
         return reader
 
     def put(self, shard: int, reader: ArrayRecordReader) -> None:
