@@ -50,6 +50,7 @@ _LAZY = {
     "DataRestore": "pipeline.feed.checkpoint",
     "restore_or_start": "pipeline.feed.checkpoint",
     "host_dataset": "pipeline.feed.grain_source",
+    "host_source": "pipeline.feed.grain_source",
     "reconcile": "pipeline.plan.resume",
 }
 _LAZY_MODULES = {"maxtext": "pipeline.feed.maxtext"}  # `from pipeline import maxtext` in patches

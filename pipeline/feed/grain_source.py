@@ -1,7 +1,17 @@
 """This host's rows, in step order, as a Grain `MapDataset`, so users can chain Grain transforms.
 
 Element `i` is row `rows[i % len(rows)]` of step `first_step + i // len(rows)`: random access
-by index, like any Grain source, and the same rows the feed would produce.
+by index, like any Grain source, and the same rows the feed would produce. A source `by_step`
+serves the host's rows of step `first_step + i` as element `i` instead (one read per step):
+what a `grain.DataLoader` with workers needs to serve whole steps, since its `Batch` operation
+batches each worker's own elements, which mixes steps.
+
+Grain runs a pipeline's sources in other processes (`mp_prefetch` workers, a `DataLoader`'s
+`worker_count`), so the source pickles: its `Plan` crosses as the ledger, the stores' metadata
+and the segments' configs (`Plan.__getstate__`), and each worker opens the stores on first use
+with the identity check the parent's plan makes. An error there (a store replaced or damaged
+since) is our typed exception with the line the parent would give: Grain pickles a worker's
+exception and raises it again in the process that iterates.
 """
 
 from __future__ import annotations
@@ -18,7 +28,8 @@ UNBOUNDED_STEPS = 10**12  # Grain needs a length; runs are far shorter than this
 
 
 class HostRowSource:
-    """A random-access source (len + getitem) over this host's rows of consecutive steps."""
+    """A random-access source (len + getitem) over this host's rows of consecutive steps: one
+    row per element, or one step's rows (`by_step`)."""
 
     def __init__(
         self,
@@ -26,21 +37,59 @@ class HostRowSource:
         rows: Sequence[int],
         first_step: int = 0,
         num_steps: int = UNBOUNDED_STEPS,
+        by_step: bool = False,
     ) -> None:
         self.plan = plan
         self.rows = np.asarray(rows, dtype=np.int64)
         self.first_step = first_step
         self.num_steps = num_steps
+        self.by_step = by_step
 
     def __len__(self) -> int:
-        return self.num_steps * len(self.rows)
+        return self.num_steps * (1 if self.by_step else len(self.rows))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         if not 0 <= index < len(self):
-            raise IndexError(f"row index {index} outside 0..{len(self) - 1}")
+            raise IndexError(
+                f"{'step' if self.by_step else 'row'} index {index} outside 0..{len(self) - 1}"
+            )
+        if self.by_step:
+            return self.plan.batch(self.first_step + int(index), self.rows)
         step, row = divmod(int(index), len(self.rows))
         batch = self.plan.batch(self.first_step + step, self.rows[row : row + 1])
         return {field: value[0] for field, value in batch.items()}
+
+    def __repr__(self) -> str:
+        """The same for the same rows in any process: `grain.DataLoader` compares a restored
+        state's `repr` of its source with its own, and refuses another data order."""
+        order = "+".join(segment.fingerprint for segment in self.plan.ledger.segments)
+        return (
+            f"HostRowSource(order={order}, rows={self.rows.tolist()}, "
+            f"first_step={self.first_step}, num_steps={self.num_steps}, by_step={self.by_step})"
+        )
+
+
+def host_source(
+    plan: Plan,
+    process_index: int = 0,
+    process_count: int = 1,
+    first_step: int = 0,
+    num_steps: int = UNBOUNDED_STEPS,
+    by_step: bool = False,
+) -> HostRowSource:
+    """This process's rows (an even split of the batch) as a Grain data source, for
+    `grain.DataLoader(data_source=...)` (`by_step`: one element per step); `host_dataset` is
+    the same rows as a `MapDataset`.
+
+    A host's rows per step are fixed here, so a batch-size schedule is refused (use `DataFeed`).
+    """
+    if plan.config.batch_is_scheduled:
+        raise ConfigError(
+            f"{plan.config.origin}: global_batch_size is a schedule; the Grain view serves a fixed "
+            "number of rows per step, so use DataFeed, which follows the schedule"
+        )
+    rows = host_rows(plan.config.global_batch_size, process_index, process_count)
+    return HostRowSource(plan, rows, first_step, num_steps, by_step)
 
 
 def host_dataset(
@@ -50,14 +99,6 @@ def host_dataset(
     first_step: int = 0,
     num_steps: int = UNBOUNDED_STEPS,
 ) -> grain.MapDataset:
-    """This process's rows (an even split of the batch) as a `grain.MapDataset`.
-
-    A host's rows per step are fixed here, so a batch-size schedule is refused (use `DataFeed`).
-    """
-    if plan.config.batch_is_scheduled:
-        raise ConfigError(
-            f"{plan.config.origin}: global_batch_size is a schedule; host_dataset serves a fixed "
-            "number of rows per step, so use DataFeed, which follows the schedule"
-        )
-    rows = host_rows(plan.config.global_batch_size, process_index, process_count)
-    return grain.MapDataset.source(HostRowSource(plan, rows, first_step, num_steps))
+    """This process's rows (`host_source`) as a `grain.MapDataset`."""
+    source = host_source(plan, process_index, process_count, first_step, num_steps)
+    return grain.MapDataset.source(source)

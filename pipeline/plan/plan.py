@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -215,6 +216,10 @@ class Plan:
 
     `stores` are open `TokenStore`s or only their `StoreMeta`: metadata is enough to compute
     draws; `read` opens a store the plan was given only the metadata of on first use.
+
+    A plan pickles (for another process: a Grain worker of `host_dataset`) to what rebuilds
+    it, not its open stores: there it opens each store on first use, with `_open`'s identity
+    check, so a store replaced since is refused in the worker with the line the parent gives.
     """
 
     def __init__(self, ledger: Ledger, stores: Iterable[TokenStore | StoreMeta] = ()) -> None:
@@ -227,6 +232,18 @@ class Plan:
             if isinstance(store, TokenStore):
                 self._stores[store.fingerprint] = store
         self._segments: dict[int, SegmentPlan] = {}
+        # configs to lay segments out from instead of the ledger's (an unpickled plan's)
+        self._configs: dict[int, DataConfig] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The ledger, the store metadata and the configs of the segments laid out so far (a
+        config keeps its origin, the file that messages name), without stores or lock."""
+        configs = {index: plan.config for index, plan in self._segments.items()}
+        return {"ledger": self.ledger, "metas": list(self._metas.values()), "configs": configs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["ledger"], state["metas"])
+        self._configs = state["configs"]
 
     @classmethod
     def from_config(
@@ -256,7 +273,7 @@ class Plan:
         if index not in self._segments:
             segment = self.ledger.segments[index]
             where = f"ledger segment {index} (from step {segment.start_step})"
-            config = segment.parsed(where)
+            config = self._configs.get(index) or segment.parsed(where)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
             self._segments[index] = SegmentPlan(segment, config, metas, self.store)
         return self._segments[index]
