@@ -13,7 +13,9 @@ figures are medians over rounds:
 
 * ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row; also with
   `stats=False`, the A/B of the feed statistics' cost, docs/observability.md); the MaxText
-  adapter's iterator (`create_data_iterator`); `Plan.batch` alone, through the flat sidecars
+  adapter's iterator (`create_data_iterator`); the Grain view of the same plan
+  (`host_dataset(plan).batch(rows).to_iter_dataset().mp_prefetch(2 workers)` -> the same
+  global arrays: what the Grain path costs); `Plan.batch` alone, through the flat sidecars
   and through ArrayRecord records (host work only, no devices);
 * Grain, what a MaxText user runs: ArrayRecordDataSource -> shuffle -> repeat -> [mix] ->
   decode -> to_iter_dataset(ReadOptions) -> ConcatThenSplit -> batch -> the six fields ->
@@ -70,6 +72,7 @@ PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
 PREFIX = "bench-answer "  # contenders.PREFIX: the worker's answer lines
 MIXTURE = {"python-code": 3, "python-tests": 2, "python-docs": 1}
 SCALE_PROCESSES = (1, 2, 4)
+GRAIN_VIEW_WORKERS = 2  # the Grain view's row: mp_prefetch as docs/jax-integration.md shows it
 # the most a worker may take to answer one command (start, a round, a restore) before the
 # bench gives up on it: far above a default round's seconds, so only a hung worker reaches it
 ANSWER_TIMEOUT_S = 600.0
@@ -274,6 +277,7 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
         "feed": ("feed", {}),
         "feed_nostats": ("feed_nostats", {}),
         "maxtext": ("maxtext", {}),
+        "grain_view": ("grain_view", {"workers": GRAIN_VIEW_WORKERS}),
         "transfer": ("transfer", {}),
     }
     for suffix, options in grain_settings(args.grain_workers).items():
@@ -531,6 +535,7 @@ LABELS = {
     "feed": "**ours: DataFeed -> global arrays**",
     "feed_nostats": "ours: DataFeed(stats=False)",
     "maxtext": "ours: MaxText create_data_iterator",
+    "grain_view": f"ours through Grain: host_dataset + mp_prefetch({GRAIN_VIEW_WORKERS} workers)",
     "plan": "ours: Plan.batch, host only (flat sidecar)",
     "plan_arrayrecord": "ours: Plan.batch, host only (ArrayRecord records)",
     "format_per_record": "limit: ArrayRecord read(i, i+1) of the needed records",

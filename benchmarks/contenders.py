@@ -357,13 +357,18 @@ def grain_dataset(spec: dict[str, Any]):
     read = grain.ReadOptions(num_threads=options["threads"], prefetch_buffer_size=options["buffer"])
     seq_len, rows = spec["config"]["seq_len"], spec["config"]["global_batch_size"]
     it = ConcatThenSplitIterDataset(ds.to_iter_dataset(read), length_struct={"tokens": seq_len + 1})
-    it = it.batch(rows).map(Fields(eod))
-    if options["workers"]:
-        from absl import flags
+    return in_workers(it.batch(rows).map(Fields(eod)), options["workers"])
 
-        flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; no absl app here
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=options["workers"]))
-    return it
+
+def in_workers(it, workers: int):
+    """`it` read ahead in `workers` Grain `mp_prefetch` processes (0: `it` itself)."""
+    if not workers:
+        return it
+    import grain
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; no absl app here
+    return it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
 
 
 class Grain:
@@ -474,19 +479,30 @@ def grain_sft_dataset(spec: dict[str, Any]):
     pack = {"first_fit": gx.FirstFitPackIterDataset, "best_fit": gx.BestFitPackIterDataset}
     it = pack[options["packer"]](ds.to_iter_dataset(read), num_packing_bins=rows,
                                  length_struct={"inputs": seq_len, "targets": seq_len})  # fmt: skip
-    it = it.batch(rows).map(PackedFields())
-    if options["workers"]:
-        from absl import flags
-
-        flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; no absl app here
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=options["workers"]))
-    return it
+    return in_workers(it.batch(rows).map(PackedFields()), options["workers"])
 
 
 class GrainSft(Grain):
     """Grain's packer -> the same global arrays."""
 
     build = staticmethod(grain_sft_dataset)
+
+
+def grain_view_dataset(spec: dict[str, Any]):
+    """Our plan's rows through Grain (docs/jax-integration.md, "Using the Grain view"):
+    `host_dataset(plan)` -> `.batch(rows)` -> `to_iter_dataset()` -> `mp_prefetch`."""
+    from pipeline.feed.grain_source import host_dataset
+    from pipeline.plan.plan import Plan
+
+    plan = Plan.from_config(data_config(spec))
+    rows = spec["config"]["global_batch_size"]
+    return in_workers(host_dataset(plan).batch(rows).to_iter_dataset(), spec["grain"]["workers"])
+
+
+class GrainView(Grain):
+    """The Grain view of our plan -> the same global arrays (Grain's, as its other rows)."""
+
+    build = staticmethod(grain_view_dataset)
 
 
 KINDS = {
@@ -501,6 +517,7 @@ KINDS = {
     "transfer": TransferLimit,
     "grain": Grain,
     "grain_sft": GrainSft,
+    "grain_view": GrainView,
 }
 
 

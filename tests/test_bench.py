@@ -113,11 +113,12 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
                   "Grain + mp_prefetch(1 worker)", "limit: ArrayRecord read(i, i+1)",
                   "DataFeed / Grain's best single process", "DataFeed / Grain's best mp_prefetch",
                   "step 1,000,000,000", "Orbax restore",
+                  "ours through Grain: host_dataset + mp_prefetch(2 workers)",
                   "limit: transfer of the six fields only"):  # fmt: skip
         assert label in printed, label
     contenders = result["contenders"]
-    expected = {"feed", "feed_nostats", "maxtext", "plan", "plan_arrayrecord", "grain_t0_b0",
-                "grain_t16_b500", "grain_mp1", "format_per_record", "copy",
+    expected = {"feed", "feed_nostats", "maxtext", "grain_view", "plan", "plan_arrayrecord",
+                "grain_t0_b0", "grain_t16_b500", "grain_mp1", "format_per_record", "copy",
                 "transfer"}  # fmt: skip
     assert expected <= set(contenders)
     for name, row in contenders.items():
@@ -373,6 +374,34 @@ def test_the_transfer_limit_transfers_fresh_copies_of_the_feeds_six_fields(tmp_p
             assert isinstance(values, jax.Array) and len(values.sharding.device_set) == 8
             np.testing.assert_array_equal(np.asarray(values), expected[name], err_msg=name)
     assert limit.queue == []
+
+
+@pytest.mark.multiprocess  # Grain's mp_prefetch worker processes
+def test_the_grain_view_row_serves_the_plans_batches_as_global_arrays(tmp_path):
+    """The row times the docs' recipe: `host_dataset` batched per step through two
+    `mp_prefetch` workers, ending in the same global arrays as DataFeed's."""
+    import jax
+    from absl import flags
+
+    from benchmarks.contenders import GrainView
+
+    store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,
+              "sources": {"s": {"path": str(store.path)}}, "mix": {"s": 1}}  # fmt: skip
+    plan = Plan.from_config(parse_config(config, origin="test"))
+    was_parsed = flags.FLAGS.is_parsed()
+    view = GrainView({"config": config, "grain": {"workers": 2}})
+    try:
+        for step in range(3):
+            batch = next(view)
+            for name, values in plan.batch(step).items():
+                assert isinstance(batch[name], jax.Array)
+                assert len(batch[name].sharding.device_set) == 8
+                np.testing.assert_array_equal(np.asarray(batch[name]), values, err_msg=name)
+    finally:
+        view.close()
+        if not was_parsed:
+            flags.FLAGS.unparse_flags()
 
 
 def test_padding_is_counted_from_the_served_arrays():
