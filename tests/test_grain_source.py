@@ -8,6 +8,7 @@ import pickle
 import re
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from absl import flags
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
@@ -25,6 +28,7 @@ from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.sources import load_metas
 from tests.storegen import write_synthetic_store
 from tests.test_faults import replaced_line
+from tests.test_plan import build, setups
 
 
 def make_plan(tmp_path, batch=4, seed=5) -> Plan:
@@ -114,6 +118,23 @@ def test_the_source_pickles_to_what_rebuilds_it_and_opens_stores_on_first_use(tm
     assert {store.path for store in copy.plan.stores()} == {tmp_path / "a", tmp_path / "b"}
     dataset = pickle.loads(pickle.dumps(host_dataset(plan, num_steps=4).batch(4)))
     np.testing.assert_array_equal(dataset[3]["inputs"], plan.batch(3)["inputs"])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(setups(sources=2), st.integers(0, 10**6), st.data())
+def test_a_pickled_plan_gives_the_same_batches(setup, step, data):
+    """Any plan, pickled after reads or before any: the same rows of any step, bit for bit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build(Path(tmp), setup, mix={"s0": 2, "s1": 1})
+        if data.draw(st.booleans()):
+            plan.batch(step)
+        copy = pickle.loads(pickle.dumps(plan))
+        size = setup["global_batch_size"]
+        rows = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))
+        for chosen in (None, rows):
+            expected = plan.batch(step, chosen)
+            for field, values in copy.batch(step, chosen).items():
+                np.testing.assert_array_equal(values, expected[field], err_msg=field)
 
 
 def test_a_source_by_step_serves_the_hosts_rows_of_a_step_per_element(tmp_path):
