@@ -116,6 +116,8 @@ def test_the_source_pickles_to_what_rebuilds_it_and_opens_stores_on_first_use(tm
         for field, values in copy[index].items():
             np.testing.assert_array_equal(values, plan.batch(step, [2 + row])[field][0])
     assert {store.path for store in copy.plan.stores()} == {tmp_path / "a", tmp_path / "b"}
+    twice = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(plan))))  # none laid out between
+    assert twice.config.origin == "grain.yaml"
     dataset = pickle.loads(pickle.dumps(host_dataset(plan, num_steps=4).batch(4)))
     np.testing.assert_array_equal(dataset[3]["inputs"], plan.batch(3)["inputs"])
 

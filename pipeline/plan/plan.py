@@ -238,7 +238,7 @@ class Plan:
     def __getstate__(self) -> dict[str, Any]:
         """The ledger, the store metadata and the configs of the segments laid out so far (a
         config keeps its origin, the file that messages name), without stores or lock."""
-        configs = {index: plan.config for index, plan in self._segments.items()}
+        configs = {**self._configs, **{i: plan.config for i, plan in self._segments.items()}}
         return {"ledger": self.ledger, "metas": list(self._metas.values()), "configs": configs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
