@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.errors import ConfigError, StoreError
+from pipeline.errors import ConfigError, PipelineError, StoreError
 from pipeline.feed.grain_source import host_dataset, host_source
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.plan.sources import load_metas
@@ -167,6 +167,20 @@ def test_a_sources_repr_names_its_rows_and_data_order_the_same_in_any_process(tm
     )
     other = make_plan(tmp_path / "other", seed=6)
     assert repr(host_source(other, 1, 2, num_steps=5)) != repr(source)
+
+
+def test_every_typed_error_crosses_a_process_boundary_as_itself():
+    """Grain pickles a worker's exception and raises it again in the iterating process: each of
+    ours must come back as its own type with its one line (a subclass whose constructor took
+    other arguments would not unpickle)."""
+    kinds = [PipelineError]
+    for kind in kinds:
+        kinds += kind.__subclasses__()
+    assert StoreError in kinds and len(kinds) > 5
+    for kind in kinds:
+        error = kind("data.yaml: sources.code.path: /data/code: broken")
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is kind and str(copy) == str(error)
 
 
 # -- Grain's worker processes: mp_prefetch, the DataLoader, Grain's checkpoints -----------------
