@@ -10,9 +10,21 @@
   for a generation that is not the live one (a bucket without object versioning keeps no
   other). The wrapper answers 404 too.
 
+* **Generation preconditions** (`ifGenerationMatch`, `ifGenerationNotMatch`) and the
+  `x-goog-generation` header of a download. The emulator ignores both preconditions (a create
+  with `ifGenerationMatch=0` replaces an existing object, a read with `ifGenerationNotMatch=G` of
+  generation G answers 200 rather than 304) and names no generation in a download's headers.
+  TensorStore (the arrays of an Orbax checkpoint, in an OCDBT database) reads an object's
+  generation from that header and conditions its next write of the database's manifest on it:
+  missing, it is taken as generation 0, and the write is refused in the client as "Malformed
+  StorageGeneration" (docs/tpu.md). The wrapper answers 412 to a failed precondition (304 to a
+  read's `ifGenerationNotMatch`), checks it and does the request under one lock (Cloud Storage's
+  conditional writes are atomic), and sends `x-goog-generation` and `x-goog-metageneration`.
+
 Everything else is the emulator.
-`tests/test_gcs.py::test_the_bare_emulator_lacks_suffix_ranges_and_generations` pins the upstream
-behaviour, so that the wrapper goes when the emulator learns them.
+`tests/test_gcs.py::test_the_bare_emulator_lacks_suffix_ranges_and_generations` and
+`test_the_bare_emulator_ignores_generation_preconditions` pin the upstream behaviour, so that
+the wrapper goes when the emulator learns them.
 
 For tests that count requests, the wrapper can also serve one bucket on several ports (one per
 process of a multi-process job, so that a request names the process that made it) and append
@@ -29,46 +41,33 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http import HTTPStatus
 from pathlib import Path
 
 _SUFFIX = re.compile(r"^\s*bytes=-(?P<length>[0-9]+)\s*$")
 
 
 def serve(ports: list[int], bucket: str, log: str | None = None) -> None:
-    """Run the emulator, its download handler first answering 404 for a generation that is
-    not the live one and turning `bytes=-N` into `bytes=max(0, size - N)-` (imported here:
-    only the server process needs the emulator); every port serves the same storage, and
-    `log` gets one line per request."""
-    from http import HTTPStatus
-
+    """Run the emulator with the fix-ups above (imported here: only the server process needs
+    the emulator); every port serves the same storage, and `log` gets one line per request."""
     from gcp_storage_emulator import server
-    from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
 
-    emulators_download = objects.download
-
-    def download(request, response, storage, *args, **kwargs):
-        params = request.params
-        try:
-            live = storage.get_file_obj(params["bucket_name"], params["object_id"])
-            size = int(live["size"])  # the object's metadata: no read of its bytes
-        except NotFound:
-            live, size = None, 0  # the emulator's handler answers 404
-        asked = request.query.get("generation", [None])[0]
-        if live is not None and asked is not None and asked != str(live["generation"]):
-            response.status = HTTPStatus.NOT_FOUND
-            return None
-        suffix = _SUFFIX.match(request.get_header("range", "") or "")
-        if suffix:
-            headers = request._request_handler.headers
-            del headers["range"]
-            headers["range"] = f"bytes={max(0, size - int(suffix['length']))}-"
-        return emulators_download(request, response, storage, *args, **kwargs)
-
-    objects.download = download  # before `server` builds its routing table from it
+    replaced = {
+        objects.download: _downloading(objects.download),
+        objects.get: _conditional(objects.get),
+        objects.insert: _conditional(objects.insert),
+        objects.delete: _conditional(objects.delete),
+    }
+    for _, handlers in server.HANDLERS:  # the routing table holds the handlers themselves
+        for method, handler in handlers.items():
+            handlers[method] = replaced.get(handler, handler)
+    for handler, wrapper in replaced.items():  # `get` calls `download`; the router, `insert`
+        setattr(objects, handler.__name__, wrapper)
     if log is not None:
         handle = server.Router.handle
 
@@ -85,6 +84,80 @@ def serve(ports: list[int], bucket: str, log: str | None = None) -> None:
     emulator.run()
 
 
+_ONE_AT_A_TIME = threading.RLock()
+"""Held while a precondition is checked and its request done: no other port's request between."""
+
+
+def _live(storage, request) -> dict | None:
+    """The live object a request names (its metadata), or None."""
+    from gcp_storage_emulator.exceptions import NotFound
+
+    params = request.params
+    name = params.get("object_id") or request.query.get("name", [None])[0]
+    if name is None and request.query.get("uploadType") == ["multipart"]:
+        name = request.data["meta"].get("name")
+    try:
+        return storage.get_file_obj(params["bucket_name"], name)
+    except NotFound:
+        return None
+
+
+def _refusal(request, storage) -> HTTPStatus | None:
+    """How Cloud Storage answers a request whose generation precondition fails, or None."""
+    match = request.query.get("ifGenerationMatch", [None])[0]
+    not_match = request.query.get("ifGenerationNotMatch", [None])[0]
+    if match is None and not_match is None:
+        return None
+    live = _live(storage, request)
+    generation = "0" if live is None else str(live["generation"])  # 0: "no live object"
+    reading = request.method == "GET"
+    if match is not None and match != generation:
+        return HTTPStatus.PRECONDITION_FAILED
+    if not_match is not None and live is not None and not_match == generation:
+        return HTTPStatus.NOT_MODIFIED if reading else HTTPStatus.PRECONDITION_FAILED
+    return None
+
+
+def _conditional(handler):
+    """`handler`, refused as Cloud Storage refuses a failed generation precondition."""
+
+    def conditional(request, response, storage, *args, **kwargs):
+        with _ONE_AT_A_TIME:
+            refusal = _refusal(request, storage)
+            if refusal is None:
+                return handler(request, response, storage, *args, **kwargs)
+            if request.method != "GET":
+                _ = request.data  # read the body: the answer must not leave it unread
+            response.status = refusal
+            return None
+
+    return conditional
+
+
+def _downloading(download):
+    """The emulator's download handler, answering 404 for a generation that is not the live
+    one, turning `bytes=-N` into `bytes=max(0, size - N)-` and naming the generation."""
+
+    def downloading(request, response, storage, *args, **kwargs):
+        live = _live(storage, request)
+        size = 0 if live is None else int(live["size"])  # its metadata: no read of its bytes
+        asked = request.query.get("generation", [None])[0]
+        if live is not None and asked is not None and asked != str(live["generation"]):
+            response.status = HTTPStatus.NOT_FOUND
+            return None
+        suffix = _SUFFIX.match(request.get_header("range", "") or "")
+        if suffix:
+            headers = request._request_handler.headers
+            del headers["range"]
+            headers["range"] = f"bytes={max(0, size - int(suffix['length']))}-"
+        if live is not None:
+            response["x-goog-generation"] = str(live["generation"])
+            response["x-goog-metageneration"] = str(live["metageneration"])
+        return download(request, response, storage, *args, **kwargs)
+
+    return _conditional(downloading)
+
+
 ENDPOINTS = "PIPELINE_TEST_GCS_ENDPOINTS"
 """With `listeners`, the endpoints, comma-separated: process i of a job uses the i-th
 (`point_at`)."""
@@ -94,7 +167,10 @@ def point_at(endpoint: str) -> None:
     """Point every client of this process at `endpoint`: ArrayRecord's native gs:// reader
     through CLOUD_STORAGE_EMULATOR_ENDPOINT, the Python clients (gcsfs, so etils.epath and
     Orbax's files) through STORAGE_EMULATOR_HOST, TensorStore (Orbax's arrays) through
-    TENSORSTORE_GCS_HTTP_URL."""
+    TENSORSTORE_GCS_HTTP_URL. gcsfs's probe of a bucket's layout goes to the Storage Control
+    API (gRPC), which no emulator serves: GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false leaves it
+    out (in a process that imports gcsfs after this) rather than fail, log and retry it at
+    every open."""
     os.environ.update(_variables(endpoint))
 
 
@@ -104,6 +180,7 @@ def _variables(endpoint: str) -> dict[str, str]:
         "STORAGE_EMULATOR_HOST": endpoint,
         "TENSORSTORE_GCS_HTTP_URL": endpoint,
         "NO_GCE_CHECK": "true",  # google-auth: no probe for a GCE metadata server
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     }
 
 

@@ -6,6 +6,7 @@ and gcsfs; nothing here is a mock.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -226,6 +227,64 @@ def test_the_bare_emulator_lacks_suffix_ranges_and_generations(tmp_path: Path):
             ArrayRecordReader(f"{bucket}/big", READER_OPTIONS).read(0, 1)
         fs.put_file(str(small), f"{bucket}/small")  # generation 123 was never written:
         assert ArrayRecordReader(f"{bucket}/small#123", READER_OPTIONS).num_records() == 3
+
+
+def conditional_requests(bucket: str) -> dict[str, tuple[int, str | None]]:
+    """What a server answers to the conditional requests TensorStore sends for an OCDBT
+    manifest (status, and the download's `x-goog-generation`), after a first write."""
+    import urllib.error
+    import urllib.request
+
+    endpoint, name = os.environ["STORAGE_EMULATOR_HOST"], bucket.removeprefix("gs://")
+    upload = f"{endpoint}/upload/storage/v1/b/{name}/o?uploadType=media&name=manifest"
+
+    def answer(url: str, data: bytes | None = None) -> tuple[int, str | None]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data)) as response:
+                return response.status, response.headers.get("x-goog-generation")
+        except urllib.error.HTTPError as error:
+            return error.code, None
+
+    with urllib.request.urlopen(urllib.request.Request(upload, data=b"m")) as response:
+        generation = json.load(response)["generation"]
+    media = f"{endpoint}/storage/v1/b/{name}/o/manifest?alt=media"
+    return {
+        "read": answer(media),
+        "read if changed": answer(f"{media}&ifGenerationNotMatch={generation}"),
+        "create if absent": answer(f"{upload}&ifGenerationMatch=0", b"n"),
+        "write if unchanged since 1": answer(f"{upload}&ifGenerationMatch=1", b"n"),
+    }
+
+
+def test_the_bare_emulator_ignores_generation_preconditions():
+    """Why the wrapper answers preconditions (tests/gcs_emulator.py): gcp-storage-emulator names
+    no generation in a download's headers and ignores `ifGenerationMatch`/`ifGenerationNotMatch`,
+    so TensorStore takes a read object's generation for 0 and refuses to condition a write on it
+    ("Malformed StorageGeneration": how an OCDBT manifest update of an Orbax save fails). When
+    this fails, the emulator answers as Cloud Storage does and the wrapper can go."""
+    import tensorstore as ts
+
+    for bare in (True, False):
+        with serving(bare=bare) as bucket:
+            answers = conditional_requests(bucket)
+            kvstore = ts.KvStore.open({"driver": "gcs", "bucket": "pipeline-test"}).result()
+            read = kvstore.read("manifest").result()
+            if bare:
+                assert answers == {
+                    "read": (200, None),
+                    "read if changed": (200, None),
+                    "create if absent": (200, None),
+                    "write if unchanged since 1": (200, None),
+                }
+                with pytest.raises(ValueError, match="Malformed StorageGeneration"):
+                    kvstore.write("manifest", b"o", if_equal=read.stamp.generation).result()
+            else:  # what Cloud Storage answers
+                assert answers["read"][0] == 200 and answers["read"][1].isdigit()
+                assert answers["read if changed"] == (304, None)
+                assert answers["create if absent"] == (412, None)
+                assert answers["write if unchanged since 1"] == (412, None)
+                kvstore.write("manifest", b"o", if_equal=read.stamp.generation).result()
+                assert kvstore.read("manifest").result().value == b"o"
 
 
 def test_an_open_reader_of_a_replaced_bucket_shard_fails_rather_than_read_the_new_one(
