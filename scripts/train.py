@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"[p{args.process_id or 0}] %(message)s" if args.process_id else "%(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("absl", "jax", "orbax"):
+    for noisy in ("absl", "jax", "orbax", "gcsfs", "fsspec"):  # their INFO lines: each open
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.num_processes > 1 and args.process_id is None:
         return launch_local(args, argv)
