@@ -23,6 +23,10 @@ and a list of tasks:
   fail from then on (a persistent fault: every retry fails too); with "verify", the test
   damaged P's share of the store before the launch, for the config's background verification
   to find. A PipelineError is printed as the CLI prints it, "error: <line>", exit status 2.
+* {"kind": "straggle", "slow": P, "delay", "first_delay", "steps"}: process P's reader tasks
+  sleep `delay` seconds each (`first_delay` for its first step); every process trains `steps`
+  steps in lockstep (a collective each), logging at INFO, and writes its last `FeedStats` to
+  OUT/straggle-<id>.json. A PipelineError exits as in "stop".
 * {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
   of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
   shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at checkpoint
@@ -211,6 +215,29 @@ def stop(config, task: dict, out: Path) -> None:
                     FailingReader.FAILING.set()
 
 
+def straggle(config, task: dict, out: Path) -> None:
+    import logging
+
+    from pipeline.plan.plan import Plan
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    if jax.process_index() == task["slow"]:
+        read, delays = Plan.read, [task["first_delay"]]
+
+        def slow_read(plan, *args, **kwargs):  # inside the reader task's timing
+            time.sleep(delays.pop() if delays else task["delay"])
+            return read(plan, *args, **kwargs)
+
+        Plan.read = slow_read
+    mesh = make_mesh([jax.device_count()], ["data"])
+    checksum = jax.jit(row_checksums)
+    with DataFeed(config, mesh, prefetch=1, threads=1) as feed:
+        for _ in range(task["steps"]):
+            gather(checksum(next(feed)))  # every host waits for the slowest, as in training
+        stats = feed.stats().to_json()
+    (out / f"straggle-{jax.process_index()}.json").write_text(json.dumps(stats))
+
+
 def maxtext(task: dict) -> None:
     import grain.python as grain
 
@@ -255,9 +282,9 @@ def main() -> None:
             disagree(config, task, out)
         elif task["kind"] == "maxtext":
             maxtext(task)
-        elif task["kind"] == "stop":
+        elif task["kind"] in ("stop", "straggle"):
             try:
-                stop(config, task, out)
+                (stop if task["kind"] == "stop" else straggle)(config, task, out)
             except PipelineError as error:
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 sys.exit(error.exit_code)

@@ -137,6 +137,9 @@ def test_one_warning_per_window_of_input_bound_steps(tmp_path, caplog):
     assert recorder._recent == []  # the first step after a restart is not judged
     stats = recorder.snapshot(Plan.from_config(two_stage_config(tmp_path)), 10)
     assert stats.steps == 10 and stats.input_bound_steps == 3
+    # one process: the host is its own slowest; its time to batch is the last window's reads
+    assert stats.time_to_batch_s == stats.slowest_time_to_batch_s == pytest.approx(0.2)
+    assert stats.slowest_process == 0
     assert stats.rows == {"code": 30, "docs": 10} and stats.tokens == {"code": 240, "docs": 80}
     assert stats.read_s.p50 == pytest.approx(0.2) and stats.wait_s.sum == pytest.approx(2.35)
     assert stats.last_wait_s == pytest.approx(0.5)
@@ -147,7 +150,8 @@ def test_the_input_bound_share_is_configurable_and_checked(tmp_path):
     assert (config.feed.input_bound_share, config.feed.stats_window) == (0.5, 7)
     bad = [("input_bound_share", 2), ("input_bound_share", -0.1), ("provenance", ["lane"]),
            ("provenance", "source"), ("metrics_port", 0), ("metrics_port", 70000),
-           ("metrics_port", None), ("stats_window", 0)]  # fmt: skip
+           ("metrics_port", None), ("stats_window", 0), ("ready_timeout_s", 0),
+           ("ready_timeout_s", True), ("ready_timeout_s", None)]  # fmt: skip
     for key, value in bad:
         with pytest.raises(ConfigError, match=f"feed-test.yaml: feed.{key}: "):
             two_stage_config(tmp_path, feed={key: value})
@@ -167,7 +171,7 @@ def scrape(port: int) -> dict[str, list]:
 
 def test_the_endpoint_serves_the_documented_metrics(tmp_path):
     port = free_port()
-    config = two_stage_config(tmp_path, feed={"metrics_port": port})
+    config = two_stage_config(tmp_path, feed={"metrics_port": port, "stats_window": 5})
     with DataFeed(config, mesh_of((2,), ("data",))) as feed:
         for _ in range(12):
             next(feed)
@@ -202,6 +206,8 @@ def test_the_endpoint_serves_the_documented_metrics(tmp_path):
         assert value(f"{wait}_sum", wait) == pytest.approx(stats.wait_s.sum)
         assert value(wait, quantile="0.5") == pytest.approx(stats.wait_s.p50)
         assert value("pipeline_feed_read_seconds", quantile="0.99") > 0
+        assert value("pipeline_feed_time_to_batch_seconds") == stats.time_to_batch_s > 0
+        assert value("pipeline_feed_slowest_process") == 0  # one process: its own
         assert families["pipeline_feed_wait_seconds"].type == "summary"
         assert families["pipeline_feed_rows"].type == "counter"
     with pytest.raises(OSError):  # closing the feed frees the port

@@ -43,7 +43,7 @@ TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sour
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
-             "stats_window", "verify")  # fmt: skip
+             "stats_window", "verify", "ready_timeout_s")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
 VERIFY_POLICIES = ("off", "open", "background")
@@ -118,6 +118,7 @@ class FeedOptions:
     input_bound_share: float = 0.1  # a step is input-bound when next() took more of it
     stats_window: int = 100  # steps per input-bound warning window
     verify: str = "off"  # the full checksum pass: off, open (before step 0) or background
+    ready_timeout_s: float | None = None  # wait this long for every host's first batch
 
 
 @dataclass(frozen=True)
@@ -418,6 +419,11 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
     share = raw.get("input_bound_share", 0.1)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
         raise where.fail("feed.input_bound_share", f"expected a number in [0, 1], got {share!r}")
+    ready = raw.get("ready_timeout_s")  # absent: no barrier
+    if "ready_timeout_s" in raw and (
+        isinstance(ready, bool) or not isinstance(ready, (int, float)) or not ready > 0
+    ):
+        raise where.fail("feed.ready_timeout_s", f"expected seconds > 0, got {ready!r}")
     verify = raw.get("verify", "off")
     verify = "off" if verify is False else verify  # YAML 1.1 reads a bare `off` as false
     if verify not in VERIFY_POLICIES:
@@ -434,6 +440,7 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         metrics_port=port,
         input_bound_share=float(share),
         stats_window=where.integer(raw.get("stats_window", 100), "feed.stats_window", minimum=1),
+        ready_timeout_s=None if ready is None else float(ready),
     )
 
 

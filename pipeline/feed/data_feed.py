@@ -64,6 +64,7 @@ from pipeline.feed.host_stop import HostStop, stop_periods
 from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
+from pipeline.feed.stragglers import Peers, wait_until_ready
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawSummary, Plan
@@ -272,6 +273,8 @@ class DataFeed:
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
+        self._opened = time.perf_counter()
+        self._awaiting_peers = self.config.feed.ready_timeout_s is not None
         self._host_stop = HostStop(partial(_plan_of, weakref.ref(self)), periods)
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         background = self.config.feed.verify == "background"
@@ -279,7 +282,7 @@ class DataFeed:
         options = self.config.feed
         self._stats = (
             Recorder(jax.process_index(), self.prefetch, options.input_bound_share,
-                     options.stats_window, warn=log_events)
+                     options.stats_window, warn=log_events, peers=Peers())
             if stats else None
         )  # fmt: skip
         self._metrics: MetricsServer | None = None
@@ -412,6 +415,9 @@ class DataFeed:
                 f"step {step}: a reader thread failed: {type(error).__name__}: {error}"
             ) from error
         self._step = step + 1
+        if self._awaiting_peers:  # feed.ready_timeout_s: every host's first batch, or a line
+            self._awaiting_peers = False
+            wait_until_ready(self.config.feed.ready_timeout_s, time.perf_counter() - self._opened)
         if rows.events is not None:
             self._log_events(step, *rows.events)
         self._fill()

@@ -101,7 +101,7 @@ def checks_remote(fingerprint: str, process: int, processes: int) -> bool:
     return int(fingerprint, 16) % processes == process
 
 
-def _coordination_client() -> Any | None:
+def coordination_client() -> Any | None:
     """The client `jax.distributed.initialize` set up (None in one process). JAX has no public
     accessor; Orbax reads the same attribute."""
     if jax.process_count() == 1:
@@ -118,7 +118,7 @@ class HostStop:
         """`plan` gives the feed's plan now (None: the feed is gone), whose stores are those
         open now: a switch or a later stage opens more of them."""
         self._poll_s, self._store_check_s, self._grace_s = periods
-        self._client = _coordination_client()
+        self._client = coordination_client()
         self._index = jax.process_index()
         self._processes = jax.process_count()
         self._plan = plan

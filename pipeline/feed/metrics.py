@@ -39,6 +39,12 @@ METRICS: tuple[tuple[str, str, str, Callable[[FeedStats], object]], ...] = (
      lambda s: s.wait_s),
     ("input_bound_steps", "counter", "Steps whose next() took more than the input-bound share",
      lambda s: s.input_bound_steps),
+    ("time_to_batch_seconds", "gauge", "Median reader time per step over the last stats window",
+     lambda s: s.time_to_batch_s),
+    ("slowest_process", "gauge", "The host with the longest time to batch (-1: none yet)",
+     lambda s: s.slowest_process),
+    ("slowest_time_to_batch_seconds", "gauge", "The slowest host's time to batch",
+     lambda s: s.slowest_time_to_batch_s),
 )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.feed.stragglers import Peers, Slowest
 from pipeline.plan.plan import Draws, Plan, SegmentPlan
 
 log = logging.getLogger("pipeline")
@@ -89,6 +90,9 @@ class FeedStats:
     wait_s: Quantiles  # time the consumer spent inside next() per step
     last_wait_s: float
     input_bound_steps: int
+    time_to_batch_s: float  # median reader time per step over the last window (0: none yet)
+    slowest_process: int  # the host with the longest latest time to batch (-1: none yet)
+    slowest_time_to_batch_s: float  # its time to batch
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,10 +102,17 @@ class Recorder:
     """Accumulates one feed's figures; thread-safe (a scrape reads while the feed runs)."""
 
     def __init__(
-        self, process_index: int, prefetch: int, share: float, window: int, warn: bool
+        self,
+        process_index: int,
+        prefetch: int,
+        share: float,
+        window: int,
+        warn: bool,
+        peers: Peers | None = None,
     ) -> None:
         self.process_index, self.prefetch, self.share = process_index, prefetch, share
-        self.window, self.warn = window, warn
+        self.window, self.warn, self.peers = window, warn, peers
+        self._time_to_batch, self._slowest = 0.0, Slowest(-1, 0.0)
         self._lock = threading.Lock()
         self._steps = self._bound = self._ready = 0
         self._rows: collections.Counter[str] = collections.Counter()
@@ -141,6 +152,7 @@ class Recorder:
             self._recent.append((step, bound, wait, step_s, read, ready))
         if len(self._recent) >= self.window:
             self._report(self._recent)
+            self._compare(self._recent)
             self._recent = []
 
     def snapshot(self, plan: Plan, step: int) -> FeedStats:
@@ -148,6 +160,7 @@ class Recorder:
             rows, tokens, size = dict(self._rows), dict(self._tokens), dict(self._bytes)
             read, wait, sums = list(self._read), list(self._wait), list(self._sums)
             steps, bound, ready = self._steps, self._bound, self._ready
+            time_to_batch, slowest = self._time_to_batch, self._slowest
         segment = plan.segment_plan_at(step)
         config = segment.config
         counters = segment.counters_at(step)  # windows per lane, carried across switches
@@ -167,7 +180,26 @@ class Recorder:
             wait_s=_quantiles(wait, sums[1], steps),
             last_wait_s=wait[-1] if wait else 0.0,
             input_bound_steps=bound,
+            time_to_batch_s=time_to_batch,
+            slowest_process=slowest.process,
+            slowest_time_to_batch_s=slowest.seconds,
         )
+
+    def _compare(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:
+        """Publish this host's time to batch over the window and learn the slowest host's."""
+        seconds = float(np.median([r[4] for r in recent]))
+        if self.peers is None:
+            slowest = Slowest(self.process_index, seconds)
+        else:
+            slowest = self.peers.publish(recent[-1][0], seconds)
+        with self._lock:
+            self._time_to_batch, self._slowest = seconds, slowest
+        if self.warn and self.process_index == 0 and self.peers is not None and self.peers.shared:
+            log.info(
+                "steps %d..%d: time to batch %.1f ms on host 0; slowest host %d: %.1f ms "
+                "(median reader time per step)",
+                recent[0][0], recent[-1][0], seconds * 1e3, slowest.process, slowest.seconds * 1e3,
+            )  # fmt: skip
 
     def _report(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:
         bound = [r for r in recent if r[1]]
