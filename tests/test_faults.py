@@ -638,12 +638,17 @@ def test_a_store_shared_by_two_sources_is_named_by_the_first(tmp_path):
     assert one_line(info.value).startswith(f"background store verification failed: {named}")
 
 
-@pytest.mark.parametrize(("value", "policy"), [(False, "off"), ("off", "off"), ("open", "open")])
+@pytest.mark.parametrize(
+    ("value", "policy"),
+    [(None, "read"), (False, "off"), ("off", "off"), ("read", "read"), ("open", "open")],
+)
 def test_the_verify_policy_parses(tmp_path, value, policy):
-    raw = config_over(tmp_path, {"s": tmp_path / "s"}, feed={"verify": value})
+    feed = {} if value is None else {"verify": value}
+    raw = config_over(tmp_path, {"s": tmp_path / "s"}, feed=feed)
     assert parse_config(raw, "v.yaml").feed.verify == policy
     raw["feed"]["verify"] = "always"
-    with pytest.raises(ConfigError, match=r"feed\.verify: expected one of off, open, background"):
+    expected = r"feed\.verify: expected one of off, read, open, background"
+    with pytest.raises(ConfigError, match=expected):
         parse_config(raw, "v.yaml")
 
 

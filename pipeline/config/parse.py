@@ -11,7 +11,7 @@
       sft: {path: ../data/chat, packing: best_fit, too_long: truncate}  # whole documents
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
-    feed: {prefetch: 2, threads: auto, verify: "off"}  # runtime only: never changes the data
+    feed: {prefetch: 2, threads: auto, verify: read}  # runtime only: never changes the data
                                             # (+ provenance, metrics_port, input-bound
                                             # detection: docs/observability.md)
     eval:                        # optional held-out stores (prepare --eval-fraction)
@@ -46,7 +46,7 @@ FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_s
              "stats_window", "verify", "ready_timeout_s")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
-VERIFY_POLICIES = ("off", "open", "background")
+VERIFY_POLICIES = ("off", "read", "open", "background")
 EVAL_KEYS = ("sources", "batches")
 # Bounds that keep every size in memory and every lane position in int64 (documented in
 # docs/data-plan.md): a row is seq_len + 1 tokens, a step global_batch_size rows.
@@ -117,8 +117,16 @@ class FeedOptions:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (extra `metrics`)
     input_bound_share: float = 0.1  # a step is input-bound when next() took more of it
     stats_window: int = 100  # steps per input-bound warning window
-    verify: str = "off"  # the full checksum pass: off, open (before step 0) or background
     ready_timeout_s: float | None = None  # wait this long for every host's first batch
+    # What is checksummed: off (a shard's identity at first use only), read (also each block
+    # of a flat sidecar on its first read), or read plus the full pass: open (before step 0),
+    # background (while training). docs/token-store.md, "Verification".
+    verify: str = "read"
+
+    @property
+    def check_reads(self) -> bool:
+        """Whether stores check each sidecar block on its first read (`TokenStore`)."""
+        return self.verify != "off"
 
 
 @dataclass(frozen=True)
@@ -424,7 +432,7 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         isinstance(ready, bool) or not isinstance(ready, (int, float)) or not ready > 0
     ):
         raise where.fail("feed.ready_timeout_s", f"expected seconds > 0, got {ready!r}")
-    verify = raw.get("verify", "off")
+    verify = raw.get("verify", "read")
     verify = "off" if verify is False else verify  # YAML 1.1 reads a bare `off` as false
     if verify not in VERIFY_POLICIES:
         raise where.fail(

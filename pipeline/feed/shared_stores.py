@@ -22,9 +22,10 @@ _latest: dict[object, TokenStore] = {}  # path -> the store a new feed may share
 _users: dict[int, int] = {}  # id(store) -> feeds holding it
 
 
-def acquire(path: str | Path) -> TokenStore:
-    """The open store at `path`: the one another feed holds if its files are unchanged."""
-    fresh = TokenStore(path)
+def acquire(path: str | Path, check_reads: bool = True) -> TokenStore:
+    """The open store at `path`: the one another feed holds if its files are unchanged (and it
+    checks its reads as `check_reads` says)."""
+    fresh = TokenStore(path, check_reads=check_reads)
     with _lock:
         held = _latest.get(fresh.path)
         if held is not None and held.same_as(fresh):

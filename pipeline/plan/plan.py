@@ -438,7 +438,7 @@ class Plan:
         expected = segment.fingerprints[name]
         if expected not in self._metas:
             with keyed(config, name):
-                store = _open(config.source(name).path, expected)
+                store = _open(config.source(name).path, expected, config.feed.check_reads)
             self._stores[expected] = store
             self._metas[expected] = store.meta
         return self._metas[expected]
@@ -456,12 +456,12 @@ def _meta(store: TokenStore | StoreMeta) -> StoreMeta:
     return store.meta if isinstance(store, TokenStore) else store
 
 
-def _open(path: Path, fingerprint: str) -> TokenStore:
+def _open(path: Path, fingerprint: str, check_reads: bool) -> TokenStore:
     """The store at `path`, which must hold the content the ledger recorded: one replaced
     since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
     would serve other rows under the same steps. A `StoreError` naming `path` first, as every
     store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
-    store = TokenStore(path)
+    store = TokenStore(path, check_reads=check_reads)
     if store.fingerprint != fingerprint:
         raise StoreError(
             f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,10 +22,11 @@ T = TypeVar("T")
 
 
 def open_stores(
-    config: DataConfig, open_store: Callable[[Path], TokenStore] = TokenStore
+    config: DataConfig, open_store: Callable[..., TokenStore] = TokenStore
 ) -> dict[str, TokenStore]:
-    """Every source's store, opened (its files checked) by `open_store`, by source name."""
-    return _each_source(config, open_store)
+    """Every source's store, opened (its files checked) by `open_store(path, check_reads=...)`
+    as the config's `feed.verify` says, by source name."""
+    return _each_source(config, partial(open_store, check_reads=config.feed.check_reads))
 
 
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:

@@ -9,7 +9,8 @@ what every reader re-derives:
   checked when a shard is first opened. A same-size shard of another store (a twin prepared
   with another seed or from other text) cannot pass it without reading as the same records.
 * `check_manifest`: the shape of a manifest (every field present with the right type, the flat
-  token sidecar's `flat`/`flat_sha256` optional but both or neither), so a damaged manifest
+  token sidecar's `flat`/`flat_sha256` optional but both or neither, its block checksums
+  `BLOCK_KEYS` optional but all or none), so a damaged manifest
   is one line naming the manifest and the field, never a traceback. A masked store (format
   version 4) lists each shard's loss mask and its checksum (`MASK_KEYS`); others list none.
 """
@@ -30,6 +31,7 @@ DTYPES = ("uint16", "uint32")
 SHARD_INTS = ("documents", "records", "tokens", "bytes")
 SHARD_STRS = ("file", "index", "docs", "sha256", "index_sha256", "docs_sha256", "sample_sha256")
 MASK_KEYS = ("untrained", "untrained_sha256")  # a masked store's per-shard loss mask
+BLOCK_KEYS = ("flat_blocks", "flat_blocks_sha256", "flat_block_bytes")  # optional, with "flat"
 TOTALS = (("num_documents", "documents"), ("num_records", "records"), ("num_tokens", "tokens"))
 
 
@@ -96,6 +98,14 @@ def check_manifest(manifest: Any, path: Path, masked: bool = False) -> None:
             for name in ("flat", "flat_sha256"):
                 _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
             _require(_file_name(entry["flat"]), path, f"{key}.flat", "a file name")
+        if any(name in entry for name in BLOCK_KEYS):  # its block checksums (flat_blocks.py)
+            _require("flat" in entry, path, f"{key}.flat", "present with flat_blocks")
+            for name in BLOCK_KEYS[:2]:
+                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
+            _require(_file_name(entry["flat_blocks"]), path, f"{key}.flat_blocks", "a file name")
+            size = entry.get("flat_block_bytes")
+            power = _count(size) and size >= 4 and size & (size - 1) == 0
+            _require(power, path, f"{key}.flat_block_bytes", "a power of two >= 4")
     for total, field in TOTALS:
         expected = sum(entry[field] for entry in shards)
         _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")

@@ -19,6 +19,7 @@ import numpy as np
 from pipeline.errors import StoreError
 
 if TYPE_CHECKING:
+    from pipeline.store.flat_blocks import FlatBlocks
     from pipeline.store.token_store import TokenStore
 
 
@@ -40,7 +41,8 @@ def read_pieces(
     for a caller that knows them: a best-fit row reads whole documents.
 
     The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
-    with a flat sidecar is one slice copy from its memory map, and its document starts one
+    with a flat sidecar is one slice copy from its memory map (its blocks checked on their
+    first read, `FlatBlocks.read`), and its document starts one
     `searchsorted` of the shard's document index (a few pieces per shard and step: one Python
     loop over the pieces costs less than numpy calls per shard); the pieces of a shard without
     one are copied by reading each record they overlap once (`_copy_records`).
@@ -65,19 +67,19 @@ def read_pieces(
             f"is not a non-empty range inside the shard (0..{sizes[i]})"
         )
     width = out.shape[1]
-    views: dict[tuple[int, int], tuple[np.ndarray | None, np.ndarray]] = {}
+    views: dict[tuple[int, int], tuple[FlatBlocks | None, np.ndarray]] = {}
     by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
     found = [np.empty(0, np.int64)]  # flat indices in `out` of document starts
     pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
     for k, shard, start, stop, row, col in pieces:
         view = views.get((k, shard))
         if view is None:
-            view = views[k, shard] = (stores[k].flat_tokens(shard), stores[k].doc_offsets(shard))
+            view = views[k, shard] = (stores[k].flat_blocks(shard), stores[k].doc_offsets(shard))
         flat, docs = view
         if flat is None:
             by_record.setdefault((k, shard), []).append((start, stop, row, col))
         else:
-            out[row, col : col + stop - start] = flat[start:stop]
+            out[row, col : col + stop - start] = flat.read(start, stop)
         if not doc_starts:
             continue
         first, last = docs.searchsorted((start, stop)).tolist()

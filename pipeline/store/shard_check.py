@@ -5,7 +5,8 @@ cost of reading its two small indexes and hashing a few records, so a 10,000-sha
 at once and a damaged or foreign shard still stops with one line naming the file. These
 functions load what a shard serves from and refuse it when it does not match: the record and
 document indexes and a masked store's loss mask (checksummed .npy files, read once into
-memory), the flat sidecar (its sampled records, memory-mapped) and the ArrayRecord records
+memory), the flat sidecar (its sampled records, memory-mapped; its blocks are checked as they
+are first read, `flat_blocks`) and the ArrayRecord records
 (their count and sampled records, through an open reader). `TokenStore` decides when they run.
 """
 
@@ -24,6 +25,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
+from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks
 from pipeline.store.identity import sample_digest
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
@@ -144,6 +146,28 @@ def map_flat(
     return flat
 
 
+def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bool) -> FlatBlocks:
+    """A shard's mapped sidecar `tokens` as served (`FlatBlocks`): with `check`, each block is
+    checked on its first read against the shard's block checksum file (loaded here, checked
+    against the manifest), or the whole sidecar against `flat_sha256` when the store has none."""
+    crcs = None
+    if check and "flat_blocks" in entry:
+        path, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
+        if crcs.ndim != 1 or crcs.dtype != np.uint32:
+            raise StoreError(
+                f"{path}: {crcs.dtype}{list(crcs.shape)}, block checksums are uint32[blocks]; "
+                "prepare the store again"
+            )
+    return FlatBlocks(
+        root / entry["flat"],
+        tokens,
+        crcs,
+        block_bytes=entry.get("flat_block_bytes", BLOCK_BYTES),
+        whole_sha256=entry["flat_sha256"],
+        check=check,
+    )
+
+
 def _discard(reader: ArrayRecordReader) -> None:
     """Close the reader of a shard found damaged; closing a damaged file can fail too."""
     with contextlib.suppress(Exception):
@@ -182,7 +206,7 @@ def check_records(
         _discard(reader)
         raise StoreError(
             f"{file}: {found} records, the manifest says {entry['records']}; the shard "
-            "is not this store's: prepare the store again"
+            "is damaged or not this store's: prepare the store again"
         )
     for record, size in lengths.items():
         expected = int(offsets[record + 1] - offsets[record])

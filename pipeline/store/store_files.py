@@ -23,17 +23,23 @@ from pipeline.store.meta import MANIFEST
 from pipeline.urls import is_url, object_version
 
 # (file key, checksum key) of every file of a shard listed in the manifest.
-# A file whose key is absent from a shard's entry (the optional "flat"; "untrained", which only
-# a masked store has) is not checked.
+# A file whose key is absent from a shard's entry (the optional "flat" and "flat_blocks";
+# "untrained", which only a masked store has) is not checked.
 CHECKSUMS = (
     ("file", "sha256"),
     ("index", "index_sha256"),
     ("docs", "docs_sha256"),
     ("flat", "flat_sha256"),
+    ("flat_blocks", "flat_blocks_sha256"),
     ("untrained", "untrained_sha256"),
 )
 FLAT_SUFFIX = "flat.bin"
-LISTED_ARRAYS = {"index": "record index", "docs": "document index", "untrained": "loss mask"}
+LISTED_ARRAYS = {
+    "index": "record index",
+    "docs": "document index",
+    "untrained": "loss mask",
+    "flat_blocks": "block checksum file",
+}
 """A shard's `.npy` files by manifest key, with the name a missing one is reported by."""
 
 
@@ -128,7 +134,7 @@ def check_files(
         identity = {"file": shard_identity(root, entry)}
         for key, kind in LISTED_ARRAYS.items():
             if key not in entry:
-                continue  # "untrained": only in a masked store (identity.check_manifest)
+                continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
             if entry[key] not in listed:
                 raise StoreError(f"{root / entry[key]}: {kind} listed in the manifest is missing")
         if "flat" in entry:

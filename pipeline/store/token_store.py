@@ -36,10 +36,17 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
+from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.retry import RetryPolicy
-from pipeline.store.shard_check import check_records, load_index, load_mask, map_flat
+from pipeline.store.shard_check import (
+    check_records,
+    flat_blocks,
+    load_index,
+    load_mask,
+    map_flat,
+)
 from pipeline.store.shard_readers import (
     READER_OPTIONS,
     ShardReaders,
@@ -98,7 +105,10 @@ class TokenStore:
     recently read closed first; `ShardReaders`), so host memory does not grow with the corpus;
     reads that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars
     and reads every token through ArrayRecord (so does a cloud store: sidecars are
-    memory-mapped local files).
+    memory-mapped local files). `check_reads` (the default) checks each block of a sidecar
+    against its checksum on its first read (`flat_blocks`); False serves them as mapped (the
+    feed's `verify: off`). Indexes and loss masks are checked whole at a shard's first use, and
+    ArrayRecord checks each record's chunk as it reads it, either way.
     """
 
     def __init__(
@@ -109,6 +119,7 @@ class TokenStore:
         max_open_shards: int | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         flat: bool = True,
+        check_reads: bool = True,
     ) -> None:
         if max_open_shards is None:
             max_open_shards = default_max_open()
@@ -116,6 +127,7 @@ class TokenStore:
             raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
         self.retry = retry
+        self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self._identity = store_identity(self.path)
         self.manifest = load_manifest(self.path)
@@ -129,7 +141,7 @@ class TokenStore:
         self.shard_starts = self.meta.shard_starts
         self.masked = self.meta.masked
         # What a shard's first use loads, per shard: its indexes, loss mask and sidecar map.
-        self._loaded: dict[str, list[np.ndarray | None]] = {
+        self._loaded: dict[str, list[np.ndarray | FlatBlocks | None]] = {
             key: [None] * len(shards) for key in ("index", "docs", "untrained", "flat")
         }
         self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
@@ -194,6 +206,7 @@ class TokenStore:
             and self._use_flat == other._use_flat
             and self._readers.max_open == other._readers.max_open
             and self.retry == other.retry
+            and self.check_reads == other.check_reads
         )
 
     def shard_file(self, shard: int) -> Path:
@@ -322,15 +335,23 @@ class TokenStore:
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
     def flat_tokens(self, shard: int) -> np.ndarray | None:
-        """The shard's tokens from its flat sidecar, memory-mapped and checked by the shard's
-        first use; None for a shard read through ArrayRecord (`read_record_list`)."""
+        """The shard's tokens from its flat sidecar, memory-mapped, its identity checked by the
+        shard's first use but its blocks not (read through `flat_blocks` to serve them); None
+        for a shard read through ArrayRecord (`read_record_list`)."""
+        blocks = self.flat_blocks(shard)
+        return None if blocks is None else blocks.tokens
+
+    def flat_blocks(self, shard: int) -> FlatBlocks | None:
+        """The shard's flat sidecar as served: `FlatBlocks.read` checks each block on its first
+        read (unless the store was opened with `check_reads=False`); None for a shard read
+        through ArrayRecord (`read_record_list`)."""
         if not self._use_flat[shard]:
             return None
-        flat = self._loaded["flat"][shard]
-        if flat is None:
+        blocks = self._loaded["flat"][shard]
+        if blocks is None:
             return self._open_shard(shard, "flat")
         self._readers.touch(shard)
-        return flat
+        return blocks
 
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
@@ -414,7 +435,7 @@ class TokenStore:
                     "the store is corrupt: prepare it again"
                 )
 
-    def _open_shard(self, shard: int, key: str = "index") -> np.ndarray | None:
+    def _open_shard(self, shard: int, key: str = "index") -> np.ndarray | FlatBlocks | None:
         """First use of a shard: check it is still the store's, and is what the manifest says;
         returns what it loaded under `key` (`_loaded`), taken with the shard's lock held, so
         that another thread closing the shard once the lock is released cannot take it away.
@@ -452,7 +473,8 @@ class TokenStore:
         untrained = load_mask(self.path, entry) if self.masked else None
         if self._use_flat[shard]:
             seen = self._file_identities[shard].get("flat")
-            self._loaded["flat"][shard] = map_flat(self.path, entry, seen, self.dtype, offsets)
+            tokens = map_flat(self.path, entry, seen, self.dtype, offsets)
+            self._loaded["flat"][shard] = flat_blocks(self.path, entry, tokens, self.check_reads)
         else:
             self._check_records(shard, offsets)
         self._loaded["index"][shard] = offsets

@@ -31,6 +31,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from pipeline.errors import PrepareError
+from pipeline.store.flat_blocks import BLOCK_BYTES, block_crcs
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
 from pipeline.store.shard_readers import READER_OPTIONS
@@ -62,6 +63,9 @@ class ShardInfo:
     sample_sha256: str
     flat: str | None = None  # the optional flat token sidecar (docs/token-store.md)
     flat_sha256: str | None = None
+    flat_blocks: str | None = None  # the sidecar's block checksums (flat_blocks.py)
+    flat_blocks_sha256: str | None = None
+    flat_block_bytes: int | None = None
     untrained: str | None = None  # only in stores with a loss mask (format version 4)
     untrained_sha256: str | None = None
 
@@ -146,7 +150,7 @@ def _write_local_shard(
         sample = sample_digest(len(record_lengths), lambda i: reader.read(i, i + 1)[0])
     finally:
         reader.close()
-    sidecar_info = {"flat": flat_path.name, "flat_sha256": file_sha256(flat_path)} if flat else {}
+    sidecar_info = _sidecar_info(flat_path, directory / f"{name}.blocks.npy") if flat else {}
     if masked:
         untrained_path = directory / f"{name}.untrained.npy"
         np.save(untrained_path, np.concatenate([np.zeros((0, 2), np.int64), *spans]))
@@ -166,6 +170,19 @@ def _write_local_shard(
         sample_sha256=sample,
         **sidecar_info,
     )
+
+
+def _sidecar_info(flat_path: Path, blocks_path: Path) -> dict[str, Any]:
+    """The manifest fields of a shard's flat sidecar: its checksum, and the file of its block
+    checksums (written here) that the feed checks each block against on its first read."""
+    np.save(blocks_path, block_crcs(flat_path))
+    return {
+        "flat": flat_path.name,
+        "flat_sha256": file_sha256(flat_path),
+        "flat_blocks": blocks_path.name,
+        "flat_blocks_sha256": file_sha256(blocks_path),
+        "flat_block_bytes": BLOCK_BYTES,
+    }
 
 
 def _prefix_sums(lengths: list[int]) -> np.ndarray:
