@@ -13,6 +13,8 @@ import random
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -1145,3 +1147,22 @@ def test_a_store_a_switch_adds_is_watched_too(tmp_path, monkeypatch):
     # named by the key of the segment that added it (adopted: labelled by its ledger segment)
     key = "ledger segment 1 (from step 1): sources.t.path"
     assert message.startswith(f"{key}: {added / MANIFEST}: the store was replaced")
+
+
+# -- messages that name the real cause -------------------------------------------------------
+
+
+def test_inspect_of_an_unreadable_shard_says_permission_denied(tmp_path):
+    """ArrayRecord reads a file it cannot open as a shard of no records; the shard is named by
+    its OS error instead. Tests run as root, whom a mode of 000 does not stop: the CLI runs
+    without the capabilities that let root read any file (`setpriv`), so the open really fails."""
+    store = synthetic(tmp_path, flat=False)
+    shard = store / "shard-00000-of-00003.array_record"
+    shard.chmod(0)
+    config = write_yaml(tmp_path / "data.yaml", config_over(tmp_path, {"s": store}))
+    command = [sys.executable, "-m", "pipeline", "inspect", str(config), "--step", "0"]
+    if os.geteuid() == 0:
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *command]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    named = f"error: {config}: sources.s.path: {shard}: cannot read: Permission denied\n"
+    assert result.returncode == 2 and result.stderr == named, result.stderr

@@ -51,10 +51,17 @@ def open_reader(path: Path, identity: FileIdentity | None) -> ArrayRecordReader:
     """A reader of the shard at `path`. A cloud shard's reader reads the generation of
     `identity`, the one checked at its first open (ArrayRecord's `gs://b/o#GENERATION`): once
     the object is replaced, its reads fail (the generation no longer exists) rather than return
-    the new object's bytes."""
+    the new object's bytes. A local file that cannot be opened (permission denied) is refused
+    by its OS error: ArrayRecord's reader would read it as a shard of no records."""
     source = str(path)
     if is_url(source) and identity is not None:
         source = f"{source}#{identity.version[0]}"
+    elif not is_url(source):  # ArrayRecord reads a file it cannot open as one of 0 records
+        try:
+            with open(source, "rb"):
+                pass
+        except OSError as error:
+            raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
     try:
         return ArrayRecordReader(source, READER_OPTIONS)
     except Exception as error:  # ArrayRecord raises plain RuntimeErrors
