@@ -12,11 +12,13 @@ for at least `--steps` batches and `--round-s` seconds, the order rotated every 
 figures are medians over rounds:
 
 * ours: `DataFeed(config, mesh)` -> the six global `jax.Array`s (the headline row; also with
-  `stats=False`, the A/B of the feed statistics' cost, docs/observability.md); the MaxText
-  adapter's iterator (`create_data_iterator`); the Grain view of the same plan
+  `stats=False`, the A/B of the feed statistics' cost, docs/observability.md, and with
+  `feed: {verify: off}`, the A/B of the block checksums' cost, docs/token-store.md); the
+  MaxText adapter's iterator (`create_data_iterator`); the Grain view of the same plan
   (`host_dataset(plan).batch(rows).to_iter_dataset().mp_prefetch(2 workers)` -> the same
   global arrays: what the Grain path costs); `Plan.batch` alone, through the flat sidecars
-  and through ArrayRecord records (host work only, no devices);
+  (with and without block checksums) and through ArrayRecord records (host work only, no
+  devices);
 * Grain, what a MaxText user runs: ArrayRecordDataSource -> shuffle -> repeat -> [mix] ->
   decode -> to_iter_dataset(ReadOptions) -> ConcatThenSplit -> batch -> the six fields ->
   [mp_prefetch] -> `make_array_from_process_local_data`, for every ReadOptions in
@@ -276,6 +278,7 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     table: dict[str, tuple[str, dict]] = {
         "feed": ("feed", {}),
         "feed_nostats": ("feed_nostats", {}),
+        "feed_unchecked": ("feed_unchecked", {}),
         "maxtext": ("maxtext", {}),
         "grain_view": ("grain_view", {"workers": GRAIN_VIEW_WORKERS}),
         "transfer": ("transfer", {}),
@@ -285,7 +288,9 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     return table
 
 
-HOST_ONLY = ("plan", "plan_arrayrecord", "format_per_record", "format_batched", "copy")
+HOST_ONLY = (
+    "plan", "plan_unchecked", "plan_arrayrecord", "format_per_record", "format_batched", "copy"
+)  # fmt: skip
 
 
 def throughput(
@@ -528,15 +533,31 @@ def run(args: argparse.Namespace) -> dict:
         "restore_s": restore,
         "scale": scaled,
         "stats_overhead": overhead,
+        "checksum_cost": checksum_cost(results),
+    }
+
+
+def checksum_cost(c: dict[str, dict]) -> dict[str, float]:
+    """What the block checksums of checked reads (`feed: {verify: read}`, the default) cost, as
+    shares of DataFeed's CPU per token: DataFeed against `verify: off` (interleaved workers,
+    so with their noise), and `Plan.batch` against `verify: off` in one host-only worker (the
+    same runs' CPU, less noise), whose difference is the checks' work alone."""
+    feed = c["feed"]["cpu_s_per_mtok"]
+    return {
+        "feed_share": (feed - c["feed_unchecked"]["cpu_s_per_mtok"]) / feed,
+        "plan_cpu_s_per_mtok": c["plan"]["cpu_s_per_mtok"] - c["plan_unchecked"]["cpu_s_per_mtok"],
+        "plan_share": (c["plan"]["cpu_s_per_mtok"] - c["plan_unchecked"]["cpu_s_per_mtok"]) / feed,
     }
 
 
 LABELS = {
     "feed": "**ours: DataFeed -> global arrays**",
     "feed_nostats": "ours: DataFeed(stats=False)",
+    "feed_unchecked": "ours: DataFeed, feed: {verify: off} (no block checksums)",
     "maxtext": "ours: MaxText create_data_iterator",
     "grain_view": f"ours through Grain: host_dataset + mp_prefetch({GRAIN_VIEW_WORKERS} workers)",
     "plan": "ours: Plan.batch, host only (flat sidecar)",
+    "plan_unchecked": "ours: Plan.batch, host only (flat sidecar, verify: off)",
     "plan_arrayrecord": "ours: Plan.batch, host only (ArrayRecord records)",
     "format_per_record": "limit: ArrayRecord read(i, i+1) of the needed records",
     "format_batched": "limit: ArrayRecord read(list) of the needed records",
@@ -646,9 +667,14 @@ def table(result: dict) -> str:
                 f"{ratio(r['cpu_s_per_mtok_per_process'], base):.2f} | {r['peak_rss_mb']:.0f} MB | "
                 f"{transfer:.4f} | {ratio(transfer, limit):.2f} |"
             )
-    overhead = result["stats_overhead"]
+    overhead, checks = result["stats_overhead"], result["checksum_cost"]
     lines += [
         "",
+        f"checksummed reads (feed: {{verify: read}}, the default) against verify: off: "
+        f"DataFeed {checks['feed_share']:+.1%} of its CPU per token (interleaved workers); "
+        f"Plan.batch {checks['plan_cpu_s_per_mtok']:+.4f} CPU s per M tokens = "
+        f"{checks['plan_share']:+.1%} of DataFeed's CPU per token (one host worker); target "
+        "<= 3 %",
         f"feed statistics: DataFeed step {overhead['step_s']['with'] * 1e3:.2f} ms with, "
         f"{overhead['step_s']['without'] * 1e3:.2f} ms without (interleaved rounds, medians: "
         f"{overhead['ab_overhead']:+.1%}); the statistics' calls alone "

@@ -73,10 +73,15 @@ def feed_threads() -> int:
 # -- the data: one config for ours, the same stores and weights for Grain ------------------------
 
 
-def data_config(spec: dict[str, Any]):
+def data_config(spec: dict[str, Any], verify: str | None = None):
+    """The bench's data config; `verify` overrides its `feed.verify` (`off`: the A/B of the
+    block checksums' cost, docs/token-store.md)."""
     from pipeline.config import parse_config
 
-    return parse_config(spec["config"], origin="bench.yaml")
+    raw = spec["config"]
+    if verify is not None:
+        raw = {**raw, "feed": {**raw.get("feed", {}), "verify": verify}}
+    return parse_config(raw, origin="bench.yaml")
 
 
 def mesh():
@@ -92,14 +97,14 @@ def mesh():
 
 class Feed:
     """`DataFeed(config, mesh)` with its defaults: what a JAX user writes; `stats=False` is the
-    A/B for the statistics' cost."""
+    A/B for the statistics' cost, `verify="off"` for the block checksums'."""
 
-    def __init__(self, spec: dict[str, Any], stats: bool = True) -> None:
+    def __init__(self, spec: dict[str, Any], stats: bool = True, verify: str | None = None) -> None:
         from pipeline.feed.data_feed import DataFeed
 
         self.spec = spec
         self.mesh = mesh()
-        self.iterator = DataFeed(data_config(spec), self.mesh, stats=stats)
+        self.iterator = DataFeed(data_config(spec, verify), self.mesh, stats=stats)
         self.managers: dict[int, Any] = {}
 
     def __next__(self):
@@ -172,13 +177,14 @@ class MaxText(Feed):
 
 
 class PlanBatch:
-    """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord)."""
+    """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord;
+    `verify="off"`: no block checksums)."""
 
-    def __init__(self, spec: dict[str, Any], flat: bool = True) -> None:
+    def __init__(self, spec: dict[str, Any], flat: bool = True, verify: str | None = None) -> None:
         from pipeline.plan.plan import Plan
         from pipeline.store.token_store import TokenStore
 
-        plan = Plan.from_config(data_config(spec))
+        plan = Plan.from_config(data_config(spec, verify))
         if not flat:
             plan = Plan(plan.ledger, [TokenStore(s.path, flat=False) for s in plan.stores()])
         self.plan, self.step = plan, 0
@@ -508,9 +514,11 @@ class GrainView(Grain):
 KINDS = {
     "feed": Feed,
     "feed_nostats": lambda spec: Feed(spec, stats=False),
+    "feed_unchecked": lambda spec: Feed(spec, verify="off"),
     "maxtext": MaxText,
     "plan": PlanBatch,
     "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),
+    "plan_unchecked": lambda spec: PlanBatch(spec, verify="off"),
     "format_per_record": lambda spec: FormatLimit(spec, batched=False),
     "format_batched": lambda spec: FormatLimit(spec, batched=True),
     "copy": CopyLimit,

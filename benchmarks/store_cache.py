@@ -18,7 +18,8 @@ def store_dir(cache: Path) -> Path:
 
 
 def usable(path: Path, flat: bool = True) -> bool:
-    """Whether `path` is a store this version opens, with flat sidecars when `flat`."""
+    """Whether `path` is a store this version opens, with flat sidecars and their block
+    checksums when `flat` (a store of an older prepare would be hashed whole on first read)."""
     from pipeline.errors import StoreError
     from pipeline.store.token_store import TokenStore
 
@@ -26,4 +27,4 @@ def usable(path: Path, flat: bool = True) -> bool:
         store = TokenStore(path)
     except StoreError:
         return False
-    return not flat or all("flat" in shard for shard in store.manifest["shards"])
+    return not flat or all("flat_blocks" in shard for shard in store.manifest["shards"])

@@ -24,6 +24,7 @@ from pipeline.commands.cli import main
 from pipeline.config import parse_config
 from pipeline.errors import StoreError
 from pipeline.plan.plan import Plan
+from pipeline.store.identity import manifest_digest
 from pipeline.store.token_store import TokenStore, read_pieces
 from tests.storegen import arrayrecord_only, write_synthetic_store
 from tests.test_plan import build, setups
@@ -117,8 +118,9 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
                   "limit: transfer of the six fields only"):  # fmt: skip
         assert label in printed, label
     contenders = result["contenders"]
-    expected = {"feed", "feed_nostats", "maxtext", "grain_view", "plan", "plan_arrayrecord",
-                "grain_t0_b0", "grain_t16_b500", "grain_mp1", "format_per_record", "copy",
+    expected = {"feed", "feed_nostats", "feed_unchecked", "maxtext", "grain_view", "plan",
+                "plan_unchecked", "plan_arrayrecord", "grain_t0_b0", "grain_t16_b500",
+                "grain_mp1", "format_per_record", "copy",
                 "transfer"}  # fmt: skip
     assert expected <= set(contenders)
     for name, row in contenders.items():
@@ -133,6 +135,16 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
     assert "feed statistics: DataFeed step" in printed
     assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
     assert "sft" not in result and "packed SFT" not in printed
+    # The block checksums' cost: the A/B of DataFeed and of Plan.batch against verify: off.
+    feed, checks = contenders["feed"]["cpu_s_per_mtok"], result["checksum_cost"]
+    plan_cost = (
+        contenders["plan"]["cpu_s_per_mtok"] - contenders["plan_unchecked"]["cpu_s_per_mtok"]
+    )
+    assert checks["plan_share"] == pytest.approx(plan_cost / feed)
+    share = 1 - contenders["feed_unchecked"]["cpu_s_per_mtok"] / feed
+    line = next(line for line in printed.splitlines() if line.startswith("checksummed reads"))
+    assert f"DataFeed {share:+.1%} of its CPU per token" in line
+    assert f"{plan_cost:+.4f} CPU s per M tokens = {plan_cost / feed:+.1%}" in line
     # The transfer limit's line: its CPU per token against DataFeed's and Grain's best.
     grain, transfer = contenders[result["grain_best_single"]], contenders["transfer"]
     line = next(line for line in printed.splitlines() if line.startswith("transfer limit:"))
@@ -214,6 +226,13 @@ def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_canno
     (path / store.manifest["shards"][0]["index"]).unlink()  # a readable manifest, a lost file
     assert resolve_sources(args) == {"corpus": (path, 1)}
     TokenStore(path, verify=True)
+    manifest = json.loads((path / "manifest.json").read_text())  # an older prepare's sidecars:
+    for shard in manifest["shards"]:  # no block checksums, so each is hashed whole on first read
+        del shard["flat_blocks"], shard["flat_blocks_sha256"], shard["flat_block_bytes"]
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert resolve_sources(args) == {"corpus": (path, 1)}
+    assert all("flat_blocks" in s for s in TokenStore(path).manifest["shards"])
 
 
 def test_grain_contender_fields_restart_after_every_eod():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,8 +19,7 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.errors import FeedError
 from pipeline.feed.data_feed import DataFeed
-from pipeline.store import flat_blocks
-from pipeline.store.flat_blocks import BLOCK_BYTES
+from pipeline.store import flat_blocks, writer
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import MANIFEST
 from pipeline.store.token_store import TokenStore
@@ -34,14 +34,16 @@ from tests.test_checkpoint import mesh
 from tests.test_faults import cli, config_over, one_line, write_yaml
 
 VOCAB = 257  # the campaign's: a flipped high byte serves an id far above it
-SHARDS = [[700, 900, 400], [1500, 2500]]  # tokens per document; shard 1 spans two blocks
+SHARDS = [[700, 900, 400], [1500, 2500]]  # tokens per document
+BLOCK = 1024  # bytes per checksummed block of these stores: 4 and 8 blocks per shard
 STEPS = 140  # more than an epoch of the config below: every window is read
 DTYPE = np.dtype(np.uint16)
 
 
 def masked_store(path: Path) -> Path:
     """A masked store of random ids below `VOCAB` (each document's first token untrained),
-    with flat sidecars and their block checksums."""
+    with flat sidecars and their block checksums, of `BLOCK` bytes (recorded in the manifest,
+    which readers follow): a shard of several blocks."""
     rng = np.random.default_rng(0)
     staging = staging_dir(path)
     infos = []
@@ -50,7 +52,8 @@ def masked_store(path: Path) -> Path:
             (rng.integers(0, VOCAB - 1, length).astype(DTYPE), np.array([[0, 1]]))
             for length in lengths
         ]
-        infos.append(write_shard(staging, index, len(SHARDS), docs, DTYPE, 256, masked=True))
+        with mock.patch.object(writer, "BLOCK_BYTES", BLOCK):
+            infos.append(write_shard(staging, index, len(SHARDS), docs, DTYPE, 256, masked=True))
     write_manifest(staging, infos, synthetic_tokenizer(VOCAB, VOCAB - 1), DTYPE, {})
     commit(staging, path, overwrite=False)
     return path
@@ -151,7 +154,7 @@ def test_each_block_is_checked_once_per_open_store(tmp_path, monkeypatch):
         flat_blocks.google_crc32c, "value", lambda data: crcs.append(1) or real(data)
     )
     opened = TokenStore(store)
-    blocks = sum(-(-n * DTYPE.itemsize // BLOCK_BYTES) for n in map(sum, SHARDS))
+    blocks = sum(-(-n * DTYPE.itemsize // BLOCK) for n in map(sum, SHARDS))
     for _ in range(2):
         for shard, lengths in enumerate(SHARDS):
             for start in range(0, sum(lengths), 100):  # pieces of 100 tokens

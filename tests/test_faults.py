@@ -254,31 +254,51 @@ def lower_shard_tokens(manifest: dict) -> None:
 
 
 def test_verify_store_checks_token_counts_against_the_shards(tmp_path, capsys):
+    """The index matches its checksum, so the resealed manifest is named, not the index."""
     store = synthetic(tmp_path, flat=False)  # no sidecar, whose size would give it away first
     edit_manifest(store, lower_shard_tokens, redo_checksum=True)  # the checksum is redone
     code, err = cli(capsys, "verify-store", store)
-    assert code == 2 and "shard-00000-of-00003.index.npy: spans tokens 0..100" in err
-    assert "the manifest says 0..90" in err
+    named = f"error: {store / MANIFEST}: says tokens 0..90, shard-00000-of-00003.index.npy "
+    assert code == 2 and err.startswith(named) and "spans tokens 0..100" in err
+    assert "the manifest was edited and its checksum redone" in err
     with pytest.raises(StoreError, match="spans tokens"):  # and so does the first read
         TokenStore(store).read_tokens(0, 5)
 
 
 def test_verify_store_checks_the_dtype_against_the_records(tmp_path, capsys):
+    """The records match the sampled digest, so the resealed manifest's dtype is named."""
     store = synthetic(tmp_path, flat=False)  # no sidecar, whose size would give it away first
     edit_manifest(store, lambda m: m.update(dtype="uint16"), redo_checksum=True)
     code, err = cli(capsys, "verify-store", store)
-    assert code == 2 and "record 0 holds 64 bytes, not the 16 tokens of uint16" in err
+    named = f"error: {store / MANIFEST}: says dtype uint16, record 0 of shard-00000-of-00003."
+    assert code == 2 and err.startswith(named) and "holds 64 bytes for 16 tokens" in err
+    assert "the manifest was edited and its checksum redone" in err
 
 
 @pytest.mark.parametrize(
-    ("edit", "size"), [(lower_shard_tokens, 360), (lambda m: m.update(dtype="uint16"), 200)]
+    ("edit", "says"),
+    [
+        (lower_shard_tokens, "90 tokens of uint32 (360"),
+        (lambda m: m.update(dtype="uint16"), "100 tokens of uint16 (200"),
+    ],
 )
-def test_open_checks_counts_and_dtype_against_the_flat_sidecar(tmp_path, capsys, edit, size):
+def test_open_checks_counts_and_dtype_against_the_flat_sidecar(tmp_path, capsys, edit, says):
+    """The sidecar matches its checksum: the resealed manifest is named, not the sidecar."""
     store = synthetic(tmp_path)
     edit_manifest(store, edit, redo_checksum=True)
     code, err = cli(capsys, "verify-store", store)
-    assert code == 2 and "shard-00000-of-00003.flat.bin: flat token sidecar" in err
-    assert f"not {size} bytes" in err
+    assert code == 2 and err.startswith(f"error: {store / MANIFEST}: shards[0] says {says} "), err
+    assert "flat token sidecar shard-00000-of-00003.flat.bin holds 400 bytes" in err
+    assert "the manifest was edited and its checksum redone" in err
+
+
+def test_a_sidecar_of_the_wrong_size_that_fails_its_checksum_is_named(tmp_path, capsys):
+    """Not the manifest's fault: a sidecar truncated after prepare is named itself."""
+    store = synthetic(tmp_path)
+    sidecar = store / "shard-00000-of-00003.flat.bin"
+    sidecar.write_bytes(sidecar.read_bytes()[:-4])
+    code, err = cli(capsys, "verify-store", store)
+    assert code == 2 and err.startswith(f"error: {sidecar}: flat token sidecar"), err
 
 
 # -- 3. same-size damage ---------------------------------------------------------------------

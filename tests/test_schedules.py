@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import parse_config
+from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
@@ -328,3 +328,29 @@ def test_a_step_point_past_its_stages_end_is_refused_and_a_linear_one_is_not(tmp
     parse_config(raw_config(tmp_path, stages=stages), origin="x.yaml")
     stages[0]["mix"]["s1"] = {"step": {0: 1, 99: 0}}
     parse_config(raw_config(tmp_path, stages=stages), origin="x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("points", "first", "second", "step"),
+    [
+        ("{0: 1, '0': 5}", "0", "'0'", 0),
+        ("{'0': 1, 0: 5}", "'0'", "0", 0),
+        ("{1e3: 1, 1000: 5}", "'1e3'", "1000", 1000),  # YAML 1.1 reads 1e3 as a string
+        ("{1000: 1, '1000.0': 5}", "1000", "'1000.0'", 1000),
+        ("{7: 1, '007': 5}", "7", "'007'", 7),
+    ],
+)
+def test_two_spellings_of_one_schedule_step_are_refused_by_name(
+    tmp_path, points, first, second, step
+):
+    """The loader refuses a key written twice, but `0` and `'0'` are different YAML keys: the
+    schedule refuses them rather than let the last weight silently win."""
+    config = tmp_path / "data.yaml"
+    config.write_text(
+        f"seed: 0\nseq_len: 8\nglobal_batch_size: 4\nsources: {{docs: {{path: {tmp_path}}}}}\n"
+        f"mix: {{docs: {{step: {points}}}}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    expected = f"{config}: mix.docs.step: keys {first} and {second} both name step {step}; "
+    assert str(info.value).startswith(expected), info.value

@@ -76,6 +76,7 @@ def parse_schedule(value: Any, where: str) -> WeightSchedule:
     kind, table = next(iter(value.items()))
     if not isinstance(table, dict) or not table:
         raise ConfigError(f"{where}.{kind}: expected a mapping STEP: WEIGHT, got {table!r}")
+    _refuse_spellings_of_one_step(table, f"{where}.{kind}")
     points = []
     for step, weight in table.items():
         if isinstance(step, str) and step.isdigit():
@@ -87,6 +88,34 @@ def parse_schedule(value: Any, where: str) -> WeightSchedule:
     if steps != sorted(steps):
         raise ConfigError(f"{where}.{kind}: steps must be in increasing order, got {steps}")
     return WeightSchedule(kind, tuple(points))
+
+
+def _named_step(key: Any) -> int | None:
+    """The step a schedule key names, however spelled (0, '0', '00', 1e3, '1e3', 1000.0),
+    accepted or not; None for a key that names no whole step."""
+    if isinstance(key, bool) or not isinstance(key, (int, float, str)):
+        return None
+    try:
+        value = float(key)
+    except (ValueError, OverflowError):
+        return None
+    return int(value) if np.isfinite(value) and value == int(value) else None
+
+
+def _refuse_spellings_of_one_step(table: dict[Any, Any], where: str) -> None:
+    """Refuse two keys that name one step: YAML keeps `0` and `'0'` (or `1e3`, a string in YAML
+    1.1, and `1000`) as different keys, and the last one's weight would silently win."""
+    seen: dict[int, Any] = {}
+    for key in table:
+        step = _named_step(key)
+        if step is None:
+            continue
+        if step in seen:
+            raise ConfigError(
+                f"{where}: keys {seen[step]!r} and {key!r} both name step {step}; write each "
+                "step once"
+            )
+        seen[step] = key
 
 
 def _weight(value: Any, where: str) -> float:

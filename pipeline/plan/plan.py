@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ class SegmentPlan:
         metas: Mapping[str, StoreMeta],
         open_store: OpenStore | None = None,
     ):
-        open_store = open_store or _open_meta
+        open_store = open_store or partial(_open_meta, check_reads=config.feed.check_reads)
         self.segment = segment
         self.config = config
         self.anchor = segment.stages_from
@@ -215,15 +216,23 @@ class Plan:
     """The plan of a whole run (all ledger segments).
 
     `stores` are open `TokenStore`s or only their `StoreMeta`: metadata is enough to compute
-    draws; `read` opens a store the plan was given only the metadata of on first use.
+    draws; `read` opens a store the plan was given only the metadata of on first use, checking
+    its reads unless `check_reads` is False (the config's `feed: {verify: off}`).
 
     A plan pickles (for another process: a Grain worker of `host_dataset`) to what rebuilds
     it, not its open stores: there it opens each store on first use, with `_open`'s identity
     check, so a store replaced since is refused in the worker with the line the parent gives.
     """
 
-    def __init__(self, ledger: Ledger, stores: Iterable[TokenStore | StoreMeta] = ()) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        stores: Iterable[TokenStore | StoreMeta] = (),
+        *,
+        check_reads: bool = True,
+    ) -> None:
         self.ledger = ledger
+        self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
         self._metas: dict[str, StoreMeta] = {}
         self._stores: dict[str, TokenStore] = {}
         self._opening = threading.Lock()
@@ -236,13 +245,18 @@ class Plan:
         self._configs: dict[int, DataConfig] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        """The ledger, the store metadata and the configs of the segments laid out so far (a
-        config keeps its origin, the file that messages name), without stores or lock."""
+        """The ledger, the store metadata, the configs of the segments laid out so far (a
+        config keeps its origin, the file that messages name) and whether reads are checked,
+        without stores or lock."""
         configs = {**self._configs, **{i: plan.config for i, plan in self._segments.items()}}
-        return {"ledger": self.ledger, "metas": list(self._metas.values()), "configs": configs}
+        metas = list(self._metas.values())
+        return {
+            "ledger": self.ledger, "metas": metas, "configs": configs,
+            "check_reads": self.check_reads,
+        }  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["ledger"], state["metas"])
+        self.__init__(state["ledger"], state["metas"], check_reads=state["check_reads"])
         self._configs = state["configs"]
 
     @classmethod
@@ -259,7 +273,8 @@ class Plan:
         metas = {name: _meta(store) for name, store in stores.items()}
         check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
         fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
-        plan = cls(Ledger.start(config, fingerprints), stores.values())
+        ledger = Ledger.start(config, fingerprints)
+        plan = cls(ledger, stores.values(), check_reads=config.feed.check_reads)
         plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store)
         return plan
 
@@ -391,7 +406,7 @@ class Plan:
             with self._opening:  # reader threads of one step may ask at once: open it once
                 store = self._stores.get(meta.fingerprint)
                 if store is None:
-                    store = _open_meta(meta)
+                    store = _open_meta(meta, self.check_reads)
                     self._stores[meta.fingerprint] = store
         return store
 
@@ -536,8 +551,8 @@ def _packing(entry: Mapping[str, str]) -> tuple[str, str]:
     return entry.get("packing", "concat"), entry.get("too_long", "truncate")
 
 
-def _open_meta(meta: StoreMeta) -> TokenStore:
-    return _open(meta.path, meta.fingerprint)
+def _open_meta(meta: StoreMeta, check_reads: bool = True) -> TokenStore:
+    return _open(meta.path, meta.fingerprint, check_reads)
 
 
 OpenStore = Callable[[StoreMeta], TokenStore]

@@ -27,8 +27,9 @@ from numpy.lib import format as npy_format
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks
 from pipeline.store.identity import sample_digest
+from pipeline.store.meta import MANIFEST
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
+from pipeline.store.store_files import RESEALED, FileIdentity, identity_or_none, sha256_of
 
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
@@ -79,16 +80,17 @@ def load_index(
     root: Path, entry: dict[str, Any], key: str, checksum_key: str, count: int
 ) -> np.ndarray:
     """A shard's record or document index, checked against the manifest."""
-    path, index = _load_npy(root, entry, key, checksum_key)
+    _, index = _load_npy(root, entry, key, checksum_key)
+    manifest = root / MANIFEST  # the index matches its checksum: the manifest is at fault
     if index.shape != (count + 1,) or index.dtype != np.int64:
         raise StoreError(
-            f"{path}: {index.dtype}{list(index.shape)}, the manifest needs int64[{count + 1}]; "
-            "prepare the store again"
+            f"{manifest}: needs an int64[{count + 1}] {entry[key]}, which is "
+            f"{index.dtype}{list(index.shape)}; {RESEALED}"
         )
     if int(index[0]) != 0 or int(index[-1]) != entry["tokens"]:
         raise StoreError(
-            f"{path}: spans tokens {int(index[0])}..{int(index[-1])}, the manifest says "
-            f"0..{entry['tokens']}; prepare the store again"
+            f"{manifest}: says tokens 0..{entry['tokens']}, {entry[key]} spans tokens "
+            f"{int(index[0])}..{int(index[-1])}; {RESEALED}"
         )
     return index
 
@@ -210,6 +212,12 @@ def check_records(
         )
     for record, size in lengths.items():
         expected = int(offsets[record + 1] - offsets[record])
+        if size != expected * dtype.itemsize and sample == entry["sample_sha256"]:
+            _discard(reader)  # the records are as prepared, and so is the index: the dtype
+            raise StoreError(
+                f"{file.parent / MANIFEST}: says dtype {dtype.name}, record {record} of "
+                f"{file.name} holds {size} bytes for {expected} tokens; {RESEALED}"
+            )
         if size != expected * dtype.itemsize:
             _discard(reader)
             raise StoreError(

@@ -34,6 +34,12 @@ CHECKSUMS = (
     ("untrained", "untrained_sha256"),
 )
 FLAT_SUFFIX = "flat.bin"
+# How a message blames the manifest for what a file that matches its checksum in the manifest
+# (so is as prepared) contradicts: a count or the dtype edited, the manifest's checksum redone.
+RESEALED = (
+    "the file matches its checksum in the manifest, so the manifest was edited and its "
+    "checksum redone; prepare the store again"
+)
 LISTED_ARRAYS = {
     "index": "record index",
     "docs": "document index",
@@ -119,6 +125,25 @@ def shard_identity(root: Path, entry: dict[str, Any]) -> FileIdentity:
     return identity
 
 
+def _wrong_flat_size(
+    root: Path, number: int, entry: dict[str, Any], found: FileIdentity | None, dtype: np.dtype
+) -> str:
+    """Why shard `number`'s sidecar is not the size its manifest entry says. A sidecar that
+    still matches its checksum (hashed here, on this error path only) is as prepared: then the
+    manifest's token count or dtype was edited."""
+    flat, size = root / entry["flat"], entry["tokens"] * dtype.itemsize
+    if found is not None and sha256_of(flat) == entry["flat_sha256"]:
+        return (
+            f"{root / MANIFEST}: shards[{number}] says {entry['tokens']} tokens of {dtype.name} "
+            f"({size} bytes), but its flat token sidecar {entry['flat']} holds {found.size} "
+            f"bytes; {RESEALED}"
+        )
+    return (
+        f"{flat}: flat token sidecar listed in the manifest is missing or not {size} bytes; "
+        "prepare the store again"
+    )
+
+
 def check_files(
     root: Path, manifest: dict[str, Any], dtype: np.dtype
 ) -> list[dict[str, FileIdentity]]:
@@ -130,7 +155,7 @@ def check_files(
         return [{} for _ in manifest["shards"]]
     listed = set(os.listdir(root))  # the indexes' existence: one listing, no stats
     identities = []
-    for entry in manifest["shards"]:
+    for number, entry in enumerate(manifest["shards"]):
         identity = {"file": shard_identity(root, entry)}
         for key, kind in LISTED_ARRAYS.items():
             if key not in entry:
@@ -142,9 +167,6 @@ def check_files(
             size = entry["tokens"] * dtype.itemsize
             identity["flat"] = identity_or_none(flat)
             if identity["flat"] is None or identity["flat"].size != size:
-                raise StoreError(
-                    f"{flat}: flat token sidecar listed in the manifest is missing or not "
-                    f"{size} bytes; prepare the store again"
-                )
+                raise StoreError(_wrong_flat_size(root, number, entry, identity["flat"], dtype))
         identities.append(identity)
     return identities

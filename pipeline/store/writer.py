@@ -175,7 +175,7 @@ def _write_local_shard(
 def _sidecar_info(flat_path: Path, blocks_path: Path) -> dict[str, Any]:
     """The manifest fields of a shard's flat sidecar: its checksum, and the file of its block
     checksums (written here) that the feed checks each block against on its first read."""
-    np.save(blocks_path, block_crcs(flat_path))
+    np.save(blocks_path, block_crcs(flat_path, BLOCK_BYTES))
     return {
         "flat": flat_path.name,
         "flat_sha256": file_sha256(flat_path),
