@@ -181,3 +181,16 @@ def test_a_store_without_block_checksums_is_checked_whole_on_first_read(tmp_path
     code, err = cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", out)
     assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {damaged}: ")
     assert "flat_sha256" in err
+
+
+def test_a_resealed_block_size_is_blamed_on_the_manifest(tmp_path, capsys):
+    """The block checksum file matches its checksum, so the manifest's block size was edited."""
+    store = masked_store(tmp_path / "store")
+    manifest = json.loads((store / MANIFEST).read_text())
+    manifest["shards"][1]["flat_block_bytes"] = 2 * BLOCK
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    config = data_config(tmp_path, store)
+    code, err = cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", tmp_path / "o")
+    assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {store / MANIFEST}: ")
+    assert "needs uint32[4] block checksums" in err and "is uint32[8]" in err

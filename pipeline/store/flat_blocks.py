@@ -46,9 +46,15 @@ def block_crcs(path: Path, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
     return np.array(crcs, dtype=np.uint32)
 
 
+def block_count(size: int, block_bytes: int) -> int:
+    """Blocks of a sidecar of `size` bytes (the last may be shorter)."""
+    return -(-size // block_bytes)
+
+
 class FlatBlocks:
     """A shard's flat sidecar as the feed serves it: its tokens (memory-mapped) and which of its
-    blocks this process has checked. `crcs` are the blocks' recorded CRC32Cs, None for a store
+    blocks this process has checked. `crcs` are the blocks' recorded CRC32Cs (one per block,
+    `block_count`), None for a store
     prepared without them (then the sidecar is hashed whole against `whole_sha256`); `check`
     False marks every block checked. Thread-safe: a block is marked only once it has passed."""
 
@@ -71,12 +77,7 @@ class FlatBlocks:
         self.block_bytes = block_bytes
         # blocks hold a power-of-two number of tokens: a token's block is one shift
         self.shift = (block_bytes // tokens.itemsize).bit_length() - 1
-        count = -(-tokens.nbytes // block_bytes)
-        if crcs is not None and crcs.shape != (count,):
-            raise StoreError(
-                f"{path}: {crcs.size} block checksums for a sidecar of {count} blocks of "
-                f"{block_bytes} bytes; prepare the store again"
-            )
+        count = block_count(tokens.nbytes, block_bytes)
         self.checked = bytearray(b"\x01" * count if not check else count)
         self._bytes = tokens.view(np.uint8)
         self._crcs = None if crcs is None else crcs.tolist()  # Python ints: cheap to compare

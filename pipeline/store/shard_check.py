@@ -25,7 +25,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
-from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks
+from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks, block_count
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST
 from pipeline.store.retry import RetryPolicy, is_transient
@@ -152,19 +152,21 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
     """A shard's mapped sidecar `tokens` as served (`FlatBlocks`): with `check`, each block is
     checked on its first read against the shard's block checksum file (loaded here, checked
     against the manifest), or the whole sidecar against `flat_sha256` when the store has none."""
-    crcs = None
+    crcs, block_bytes = None, entry.get("flat_block_bytes", BLOCK_BYTES)
     if check and "flat_blocks" in entry:
-        path, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
-        if crcs.ndim != 1 or crcs.dtype != np.uint32:
+        _, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
+        count = block_count(tokens.nbytes, block_bytes)
+        if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
             raise StoreError(
-                f"{path}: {crcs.dtype}{list(crcs.shape)}, block checksums are uint32[blocks]; "
-                "prepare the store again"
+                f"{root / MANIFEST}: needs uint32[{count}] block checksums of {entry['flat']} "
+                f"in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
+                f"{crcs.dtype}{list(crcs.shape)}; {RESEALED}"
             )
     return FlatBlocks(
         root / entry["flat"],
         tokens,
         crcs,
-        block_bytes=entry.get("flat_block_bytes", BLOCK_BYTES),
+        block_bytes=block_bytes,
         whole_sha256=entry["flat_sha256"],
         check=check,
     )
