@@ -177,14 +177,13 @@ class MaxText(Feed):
 
 
 class PlanBatch:
-    """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord;
-    `verify="off"`: no block checksums)."""
+    """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord)."""
 
-    def __init__(self, spec: dict[str, Any], flat: bool = True, verify: str | None = None) -> None:
+    def __init__(self, spec: dict[str, Any], flat: bool = True) -> None:
         from pipeline.plan.plan import Plan
         from pipeline.store.token_store import TokenStore
 
-        plan = Plan.from_config(data_config(spec, verify))
+        plan = Plan.from_config(data_config(spec))
         if not flat:
             plan = Plan(plan.ledger, [TokenStore(s.path, flat=False) for s in plan.stores()])
         self.plan, self.step = plan, 0
@@ -518,7 +517,6 @@ KINDS = {
     "maxtext": MaxText,
     "plan": PlanBatch,
     "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),
-    "plan_unchecked": lambda spec: PlanBatch(spec, verify="off"),
     "format_per_record": lambda spec: FormatLimit(spec, batched=False),
     "format_batched": lambda spec: FormatLimit(spec, batched=True),
     "copy": CopyLimit,
