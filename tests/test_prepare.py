@@ -87,7 +87,7 @@ def test_deterministic_across_runs_and_workers_seed_reorders(tmp_path: Path) -> 
     _prepare(inputs, tmp_path / "two", num_shards=3, seed=5)
     _prepare(inputs, tmp_path / "pool", num_shards=3, seed=5, workers=2)
     reference = _files(tmp_path / "one")
-    assert "manifest.json" in reference and len(reference) == 1 + 3 * 4  # 4 files per shard
+    assert "manifest.json" in reference and len(reference) == 1 + 3 * 5  # 5 files per shard
     assert _files(tmp_path / "two") == reference
     assert _files(tmp_path / "pool") == reference
     assert Counter(_texts(first)) == Counter(t for t in texts if t)

@@ -41,11 +41,11 @@ def read_pieces(
     for a caller that knows them: a best-fit row reads whole documents.
 
     The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
-    with a flat sidecar is one slice copy from its memory map (its blocks checked on their
-    first read, `FlatBlocks.read`), and its document starts one
-    `searchsorted` of the shard's document index (a few pieces per shard and step: one Python
-    loop over the pieces costs less than numpy calls per shard); the pieces of a shard without
-    one are copied by reading each record they overlap once (`_copy_records`).
+    with a flat sidecar is one slice copy from its memory map (its blocks checked on their first
+    read, `FlatBlocks.read`), and its document starts one `searchsorted` of the shard's document
+    index (a few pieces per shard and step: one Python loop over the pieces costs less than
+    numpy calls per shard); the pieces of a shard without one are copied by reading each record
+    they overlap once (`_copy_records`).
     """
     which, shards, lo, hi, rows, cols = (
         np.asarray(a, dtype=np.int64).reshape(-1)

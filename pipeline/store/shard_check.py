@@ -6,8 +6,9 @@ at once and a damaged or foreign shard still stops with one line naming the file
 functions load what a shard serves from and refuse it when it does not match: the record and
 document indexes and a masked store's loss mask (checksummed .npy files, read once into
 memory), the flat sidecar (its sampled records, memory-mapped; its blocks are checked as they
-are first read, `flat_blocks`) and the ArrayRecord records
-(their count and sampled records, through an open reader). `TokenStore` decides when they run.
+are first read, `flat_blocks`) and the ArrayRecord records (their count and sampled records,
+through an open reader). `TokenStore` decides when they run. A file that matches its checksum
+in the manifest but not the manifest's counts or dtype names the manifest (`RESEALED`).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
     crcs, block_bytes = None, entry.get("flat_block_bytes", BLOCK_BYTES)
     if check and "flat_blocks" in entry:
         _, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
-        count = block_count(tokens.nbytes, block_bytes)
+        count = block_count(tokens.nbytes, block_bytes) + 1
         if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
             raise StoreError(
                 f"{root / MANIFEST}: needs uint32[{count}] block checksums of {entry['flat']} "

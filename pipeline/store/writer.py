@@ -31,7 +31,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from pipeline.errors import PrepareError
-from pipeline.store.flat_blocks import BLOCK_BYTES, block_crcs
+from pipeline.store.flat_blocks import BLOCK_BYTES, prefix_crcs
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
 from pipeline.store.shard_readers import READER_OPTIONS
@@ -175,7 +175,7 @@ def _write_local_shard(
 def _sidecar_info(flat_path: Path, blocks_path: Path) -> dict[str, Any]:
     """The manifest fields of a shard's flat sidecar: its checksum, and the file of its block
     checksums (written here) that the feed checks each block against on its first read."""
-    np.save(blocks_path, block_crcs(flat_path, BLOCK_BYTES))
+    np.save(blocks_path, prefix_crcs(flat_path, BLOCK_BYTES))
     return {
         "flat": flat_path.name,
         "flat_sha256": file_sha256(flat_path),
