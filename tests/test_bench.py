@@ -611,3 +611,19 @@ def test_the_checked_reads_cost_is_the_checks_work(tmp_path, monkeypatch):
     monkeypatch.setattr(flat_blocks.google_crc32c, "extend", dear)
     cost = checked_reads_cpu(config, steps=20, rounds=1) * 20 * 8 * 64  # CPU s over the steps
     assert calls and 0.9e-3 * len(calls) <= cost <= 1e-3 * len(calls) + 0.05  # + noise
+
+
+def test_the_checked_reads_bench_prints_a_line_per_step_count(tmp_path):
+    """benchmarks/checked_reads_bench.py, whose lines docs/benchmarks.md quotes: one per
+    `--check-steps`, for stores prepared with the `--block-bytes` asked for."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "benchmarks/checked_reads_bench.py", "--cache-dir", str(tmp_path),
+               "--synthetic-tokens", "20000", "--synthetic-doc-len", "60", "--rows", "4",
+               "--seq-len", "32", "--check-steps", "2", "3", "--rounds", "1",
+               "--block-bytes", "512"]  # fmt: skip
+    out = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and all("blocks of 512 bytes" in line for line in lines), lines
+    assert ": 2 steps (1% of the tokens): checks alone " in lines[0], lines
+    assert ": 3 steps (2% of the tokens): checks alone " in lines[1], lines
