@@ -1,7 +1,8 @@
-"""The feed's full store verification policy (`feed: {verify: off | open | background}`).
+"""The feed's full store verification policy (`feed: {verify: off | read | open | background}`).
 
 Every reader always checks the cheap facts when a store opens and a shard's identity when the
-shard is first used (docs/token-store.md). The full pass reads every byte: each process checks
+shard is first used, and, unless `verify: off`, each block of a flat sidecar on its first read
+(docs/token-store.md). The full pass (`open`, `background`) reads every byte: each process checks
 its share of each store's shards (shard i on process i mod process_count), so the hosts
 together read each store once.
 
