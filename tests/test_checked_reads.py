@@ -9,6 +9,7 @@ served; `verify: off` serves what the sidecar holds, as before block checksums e
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 from unittest import mock
@@ -19,6 +20,7 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.errors import FeedError
 from pipeline.feed.data_feed import DataFeed
+from pipeline.plan.plan import Plan
 from pipeline.store import flat_blocks, writer
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import MANIFEST
@@ -198,3 +200,14 @@ def test_a_resealed_block_size_is_blamed_on_the_manifest(tmp_path, capsys):
     code, err = cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", tmp_path / "o")
     assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {store / MANIFEST}: ")
     assert "needs uint32[5] block checksums" in err and "is uint32[9]" in err
+
+
+@pytest.mark.parametrize(("verify", "checked"), [("off", False), ("read", True)])
+def test_a_plan_in_another_process_checks_reads_as_its_config_says(tmp_path, verify, checked):
+    """A pickled plan (Grain's workers of `host_dataset`) opens its stores itself: with the
+    config's `verify`, not the default."""
+    store = masked_store(tmp_path / "store")
+    raw = config_over(tmp_path, {"s": store}, feed={"verify": verify})
+    plan = pickle.loads(pickle.dumps(Plan.from_config(parse_config(raw, "d.yaml"))))
+    plan.batch(0)
+    assert [s.check_reads for s in plan.stores()] == [checked]
