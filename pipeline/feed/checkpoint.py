@@ -11,13 +11,13 @@ state of the moment `save` was called, whatever the feed does meanwhile. Only th
 process writes the file; the state is identical on every host because it is a function of the
 step and the ledger.
 
-`DataRestore(feed, switch=False)` reads the state and hands it to `restore.restore_state`:
-every process checks its digest, that all read the same state under the same data config,
-re-derives each segment's start counters and the step (exactly, from this checkpoint's step
-and the trainer's numbering: `saved_after_step`), then
-reconciles the ledger with the feed's config (`resume.reconcile`: an undeclared change raises
-`LedgerError` on every process; `switch=True` records a switch at the restored step) and seeks
-the feed. The restored item is the feed's new state.
+`DataRestore(feed, switch=False, skip_steps=0)` reads the state and hands it to
+`restore.restore_state`: every process checks its digest, that all read the same state under
+the same data config, re-derives each segment's start counters and the step (exactly, from
+this checkpoint's step and the trainer's numbering: `saved_after_step`), then reconciles the
+ledger with the feed's config (`resume.reconcile`: an undeclared change raises `LedgerError`
+on every process; `switch=True` records a switch at the restored step, `skip_steps=N` a skip
+of N steps there) and seeks the feed. The restored item is the feed's new state.
 
 Orbax is imported here and nowhere else in the package.
 """
@@ -75,6 +75,7 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
             switch_flag=args.switch_flag,
             checkpoint_step=step,
             saved_after_step=args.saved_after_step,
+            skip_steps=args.skip_steps,
         )
         return restored.to_json()
 
@@ -102,12 +103,15 @@ class DataRestore(ocp.args.CheckpointArgs):
     checkpoint N is saved before training step N (`mngr.save(feed.step, ...)`: it holds data
     step N), True when it is saved after training step N (`mngr.save(step, ...)` at the end of
     the loop body, as MaxText and Orbax's examples do: it holds data step N + 1).
+    `skip_steps=N` passes over N steps of data: the restored step s serves what the plan had
+    for step s + N, and so on (docs/steering.md); it may come with a switch.
     """
 
     feed: DataFeed
     switch: bool = False
     switch_flag: str = "DataRestore(..., switch=True)"
     saved_after_step: bool = False
+    skip_steps: int = 0
 
 
 def restore_or_start(

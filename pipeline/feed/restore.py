@@ -36,6 +36,7 @@ def restore_state(
     switch_flag: str = "restore_state(..., switch=True)",
     checkpoint_step: int | None = None,
     saved_after_step: bool = False,
+    skip_steps: int = 0,
 ) -> DataState:
     """Check `state` on every process, re-derive what it implies, reconcile it, seek `feed`.
 
@@ -43,12 +44,15 @@ def restore_state(
     saved in; the state's step must be exactly it, or the next one when the trainer saves
     checkpoint N after training step N (`saved_after_step`; `data_state.verify`).
     `switch_flag` is what the refusal of an undeclared config change tells the user to set
-    (`reconcile`).
+    (`reconcile`). `skip_steps=N`: the restored step serves the plan's step N later, and so
+    on (a ledger segment that skips: docs/steering.md).
     """
     _check_processes_agree(state, feed)
     plan = Plan(state.ledger, feed.plan.stores())
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
-    reconciled = reconcile(plan, feed.config, state.step, switch=switch, switch_flag=switch_flag)
+    reconciled = reconcile(
+        plan, feed.config, state.step, switch=switch, switch_flag=switch_flag, skip=skip_steps
+    )
     feed.adopt(reconciled, state.step)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items
     log.info(

@@ -226,7 +226,10 @@ def counter_differences(ledger: Ledger, plan: Plan, origin: str) -> list[str]:
         segment = segments[index]
         try:
             expected = plan.carried_counters(
-                index - 1, segment.start_step, segment.fingerprints, segment.config["sources"]
+                index - 1,
+                segment.start_step + segment.skip,  # what a skip passes over counts as drawn
+                segment.fingerprints,
+                segment.config["sources"],
             )
         except PipelineError as error:
             log.warning("%s: segments[%d].counters not re-derived: %s", origin, index, error)
@@ -236,6 +239,6 @@ def counter_differences(ledger: Ledger, plan: Plan, origin: str) -> list[str]:
                 differences.append(
                     f"segments[{index}].counters.{name}: {counter} recorded, "
                     f"{expected[name]} re-derived from segments[{index - 1}] at step "
-                    f"{segment.start_step}"
+                    f"{segment.start_step + segment.skip}"
                 )
     return differences

@@ -7,6 +7,14 @@ source had already been drawn `counters[name]` windows per lane. The first segme
 step 0 with zero counters; a declared config switch appends one. With the step, the ledger
 determines every batch the run has seen or will see.
 
+A segment may also *skip* (`skip: N`, a restore with `skip_steps=N`, docs/steering.md): from
+its start on, every step is served the rows the plan had N steps later. Skips add up along the
+ledger: a step t of segment i is the *plan step* t + `Ledger.shift(i)`, the sum of the skips
+of segments 0..i. Segment start steps are the trainer's steps (what it serves); `stages_from`
+and the schedules count plan steps. A segment's counters are those of the plan step its start
+serves (the previous segment's at `start_step + skip`), so what a skip passes over counts as
+drawn.
+
 The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
 size, lanes, stages, and each source's store content), not store paths or feed options.
 
@@ -30,7 +38,9 @@ from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = 3  # 2 added "stages_from", 3 "order_version"
+LEDGER_VERSION = 4  # 2 added "stages_from", 3 "order_version", 4 a segment's "skip"
+UNSTEERED_VERSION = 3
+"""The version a ledger without skips is written as: releases before skips read it too."""
 ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
 
 
@@ -71,7 +81,8 @@ class Segment:
     config: dict[str, Any]
     fingerprints: dict[str, str]
     counters: dict[str, int]
-    stages_from: int = 0  # the step the config's stages and schedules count from
+    stages_from: int = 0  # the plan step the config's stages and schedules count from
+    skip: int = 0  # plan steps passed over at the segment's start (a restore's skip_steps)
 
     @property
     def order(self) -> dict[str, Any]:
@@ -79,11 +90,12 @@ class Segment:
 
     @property
     def fingerprint(self) -> str:
-        """What the ledger file records against edits: the data order, and the anchoring when
-        it is not the segment's own start."""
-        if self.stages_from == self.start_step:
-            return fingerprint_of(self.order)
-        return fingerprint_of({**self.order, "stages_from": self.stages_from})
+        """What the ledger file records against edits: the data order, the anchoring when it
+        is not the segment's own start, and the skip when there is one."""
+        extra: dict[str, Any] = {} if self.skip == 0 else {"skip": self.skip}
+        if self.stages_from != self.start_step:
+            extra["stages_from"] = self.stages_from
+        return fingerprint_of({**self.order, **extra})
 
     def parsed(self, where: str) -> DataConfig:
         try:
@@ -99,6 +111,7 @@ class Segment:
             "counters": self.counters,
             "stages_from": self.stages_from,
             "fingerprint": self.fingerprint,
+            **({"skip": self.skip} if self.skip else {}),
         }
 
 
@@ -120,12 +133,21 @@ class Ledger:
             raise LedgerError(f"step {step} is negative")
         return max(i for i, s in enumerate(self.segments) if s.start_step <= step)
 
+    def shift(self, index: int) -> int:
+        """Plan step minus served step in segment `index`: the skips of segments 0..index."""
+        return sum(segment.skip for segment in self.segments[: index + 1])
+
+    def plan_step(self, step: int) -> int:
+        """The plan step whose rows `step` serves (`step` itself when nothing was skipped)."""
+        return step + self.shift(self.segment_index(step))
+
     def append(self, segment: Segment) -> Ledger:
         return Ledger((*self.segments, segment))
 
     def to_json(self) -> dict[str, Any]:
+        steered = any(segment.skip for segment in self.segments)
         return {
-            "version": LEDGER_VERSION,
+            "version": LEDGER_VERSION if steered else UNSTEERED_VERSION,
             "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
         }
@@ -133,9 +155,12 @@ class Ledger:
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
         version = raw.get("version") if isinstance(raw, dict) else None
-        if version not in (1, 2, LEDGER_VERSION):
-            raise LedgerError(f"{origin}: not a version-{LEDGER_VERSION} ledger")
-        order = raw.get("order_version") if version == LEDGER_VERSION else 1
+        if version not in (1, 2, UNSTEERED_VERSION, LEDGER_VERSION):
+            raise LedgerError(
+                f"{origin}: not a ledger of versions 1 to {LEDGER_VERSION} (found {version!r}); "
+                "a later release of pipeline wrote it?"
+            )
+        order = raw.get("order_version") if version >= UNSTEERED_VERSION else 1
         if order != ORDER_VERSION:
             raise LedgerError(
                 f"{origin}: written under order version {order}, but this release of "
@@ -153,6 +178,7 @@ class Ledger:
                     dict(entry["fingerprints"]),
                     {k: int(v) for k, v in entry["counters"].items()},
                     int(entry["stages_from"]),
+                    int(entry.get("skip", 0)),
                 )
             except (KeyError, TypeError, ValueError) as error:
                 raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error
@@ -197,11 +223,19 @@ def _check_lined_up(segments: list[Segment], origin: str) -> None:
             )
         if any(v < 0 for v in segment.counters.values()):
             raise LedgerError(f"{origin}: segments[{index}] has a negative counter")
-        if segment.stages_from not in (0, segment.start_step):
+        if segment.skip < 0 or (index == 0 and segment.skip):
             raise LedgerError(
-                f"{origin}: segments[{index}] lays its stages out from step "
-                f"{segment.stages_from}; only 0 (starts_at: run) or its start step "
-                f"{segment.start_step} (starts_at: switch) are possible"
+                f"{origin}: segments[{index}] skips {segment.skip} steps; a skip is > 0, "
+                "and segments[0] has none"
+            )
+        plan_start = segment.start_step + sum(s.skip for s in segments[: index + 1])
+        kept = segments[index - 1].stages_from if index and segment.skip else 0
+        if segment.stages_from not in (0, plan_start, kept):
+            raise LedgerError(
+                f"{origin}: segments[{index}] lays its stages out from plan step "
+                f"{segment.stages_from}; only 0 (starts_at: run), its start's plan step "
+                f"{plan_start} (starts_at: switch) or, when it skips, the previous segment's "
+                "are possible"
             )
 
 

@@ -10,8 +10,11 @@ Index vocabulary, used everywhere in this package:
                     (the batch of that step, when `global_batch_size` is a schedule)
     lane            canonical reader; row r belongs to lane r // rows_per_lane, so a host
                     holding a contiguous block of rows serves whole lanes
+    plan step       the step whose rows a step serves: the step plus the skips recorded so
+                    far (`Ledger.shift`; the step itself when the run never skipped)
     anchor          the step a segment's stages and schedules count from: 0 (the run's start,
-                    `starts_at: run`) or the segment's start step (`starts_at: switch`)
+                    `starts_at: run`) or the segment's start step (`starts_at: switch`), as a
+                    served step (`Segment.stages_from` less the segment's shift)
     lane position   clock.position(step - anchor) + r % rows_per_lane, i.e. (step - anchor) *
                     rows_per_lane + r % rows_per_lane with a constant batch: the position of
                     the row in its lane's sequence as the segment's config lays it out
@@ -130,11 +133,13 @@ class SegmentPlan:
         config: DataConfig,
         metas: Mapping[str, StoreMeta],
         open_store: OpenStore | None = None,
+        shift: int = 0,
     ):
         open_store = open_store or partial(_open_meta, check_reads=config.feed.check_reads)
         self.segment = segment
         self.config = config
-        self.anchor = segment.stages_from
+        # served steps: its step t is plan step t + shift (`Ledger.shift`)
+        self.anchor = segment.stages_from - shift
         self.clock = StepClock(config.batch_sizes, config.lanes)
         try:
             self.layouts = {
@@ -155,6 +160,13 @@ class SegmentPlan:
         if self.anchor != segment.start_step:  # continue the layout where it places the start
             first = self.position_of(segment.start_step)
             end = self.table.end
+            if end is not None and first >= end and segment.skip:
+                raise ConfigError(
+                    f"{config.origin}: the stages end at plan step {self._plan_step_at(end)}, "
+                    f"so skipping {segment.skip} steps at step {segment.start_step} (to plan "
+                    f"step {segment.start_step + shift}) would leave no step to serve; skip "
+                    "fewer steps, or make the last stage open-ended or longer"
+                )
             if end is not None and first >= end:
                 raise ConfigError(
                     f"{config.origin}: the stages, laid out from step {self.anchor} "
@@ -210,6 +222,10 @@ class SegmentPlan:
     def _step_at(self, position: int) -> int:
         """The absolute step that holds a lane position."""
         return self.anchor + int(self.clock.step_of(position))
+
+    def _plan_step_at(self, position: int) -> int:
+        """The plan step (`Ledger.shift`) that holds a lane position."""
+        return self.segment.stages_from + int(self.clock.step_of(position))
 
 
 class Plan:
@@ -290,7 +306,8 @@ class Plan:
             where = f"ledger segment {index} (from step {segment.start_step})"
             config = self._configs.get(index) or segment.parsed(where)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
-            self._segments[index] = SegmentPlan(segment, config, metas, self.store)
+            shift = self.ledger.shift(index)
+            self._segments[index] = SegmentPlan(segment, config, metas, self.store, shift)
         return self._segments[index]
 
     def segment_plan_at(self, step: int) -> SegmentPlan:
@@ -304,8 +321,10 @@ class Plan:
     def carried_counters(
         self, index: int, step: int, fingerprints: dict[str, str], sources: Mapping[str, dict]
     ) -> dict[str, int]:
-        """The counters a segment starting at `step` after segment `index` begins with;
-        `fingerprints` and `sources` (config entries) are the new segment's.
+        """The counters a segment that takes over from segment `index` at its `step` begins
+        with (a new segment that skips N steps from step s: `step` is s + N, since what it
+        skips counts as drawn); `fingerprints` and `sources` (config entries) are the new
+        segment's.
 
         A source keeps its counter when segment `index` drew from the same store under the
         same name and packing (the same rows), so nothing drawn in its epoch repeats and

@@ -9,6 +9,13 @@
   schedule count from the run's step 0 (`starts_at: run`, the default: the config describes
   the whole run and the run continues wherever it places the switch step) or from the switch
   step (`starts_at: switch`: a new curriculum that begins now).
+* A skip (`skip=N`, docs/steering.md), alone or with a switch: append a segment at the
+  restored step s that serves plan step s + N there (and so on), carrying each source's counter
+  as the previous segment had it at that plan step, so what is skipped counts as drawn. With a
+  switch, the skip passes over the old config's steps, then the new config takes over
+  (`starts_at: switch` lays it out from the restored step). A restore at the step where the
+  ledger's last segment starts replaces that segment (it drew nothing): its skip and the new
+  one add up, both passing over the segment before it.
 """
 
 from __future__ import annotations
@@ -39,22 +46,27 @@ def reconcile(
     step: int,
     switch: bool = False,
     switch_flag: str = "reconcile(..., switch=True)",
+    skip: int = 0,
 ) -> Ledger:
     """The ledger to continue with at `step` under `config` (see module docstring).
 
     `switch_flag` is how the caller's user declares a switch (a trainer flag, a MaxText key, a
     library argument): the refusal names it, so the fix it gives is the one that works there.
+    `skip`: steps of data to pass over from `step` on.
     """
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise LedgerError(f"skip_steps: expected an integer >= 0, got {skip!r}")
     metas = load_metas(config)
     fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
     mapping = config_mapping(config)
     order = data_order(mapping, fingerprints)
     ledger = plan.ledger
     last = ledger.last
-    if fingerprint_of(order) == fingerprint_of(last.order):
+    same = fingerprint_of(order) == fingerprint_of(last.order)
+    if same and not skip:
         return ledger
     diff = describe_diff(last.order, order)
-    if not switch:
+    if not same and not switch:
         raise LedgerError(
             f"{config.origin}: the data config differs from the checkpoint's (ledger segment "
             f"{len(ledger.segments) - 1}, since step {last.start_step}); declare the switch "
@@ -69,26 +81,44 @@ def reconcile(
             )
     if step < last.start_step:
         raise LedgerError(
-            f"cannot switch at step {step}: the ledger's last segment starts at step "
-            f"{last.start_step}"
+            f"cannot {'switch' if not same else 'skip'} at step {step}: the ledger's last "
+            f"segment starts at step {last.start_step}"
         )
-    kept = ledger.segments if step > last.start_step else ledger.segments[:-1]
-    if kept:  # a switch at a segment's first step replaces that segment, which drew nothing
-        counters = plan.carried_counters(len(kept) - 1, step, fingerprints, mapping["sources"])
+    replaced = step == last.start_step  # a segment's first step: it drew nothing, replace it
+    kept = ledger.segments[:-1] if replaced else ledger.segments
+    skip += last.skip if replaced else 0
+    if skip and not kept:
+        raise LedgerError(
+            f"cannot skip data at step {step}: nothing was trained before it; start the run "
+            "with the data it should see instead"
+        )
+    if kept:
+        counters = plan.carried_counters(
+            len(kept) - 1, step + skip, fingerprints, mapping["sources"]
+        )
     else:
         counters = dict.fromkeys(config.source_names, 0)
-    anchor = 0 if config.starts_at == "run" else step
-    segment = Segment(step, mapping, fingerprints, counters, anchor)
-    SegmentPlan(segment, config, metas)  # lays the switch out now: a config error names the file
-    switched = Ledger(kept).append(segment)
+    base = Ledger(kept) if kept else None
+    shift = (base.shift(len(kept) - 1) if base else 0) + skip
+    if base is not None and fingerprint_of(order) == fingerprint_of(base.last.order):
+        anchor = base.last.stages_from  # the same plan, passed over: its layout continues
+    else:
+        anchor = 0 if config.starts_at == "run" else step + shift
+    segment = Segment(step, mapping, fingerprints, counters, anchor, skip)
+    # lays the new segment out now: a config error names the file
+    SegmentPlan(segment, config, metas, shift=shift)
+    steered = Ledger(kept).append(segment)
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
+    what = [f"{', '.join(changed)} changed"] if changed else []
+    what += [f"skips {skip} steps (serves plan step {step + shift})"] if skip else []
     log.info(
-        "ledger switch at step %d: %s changed; carried counters %s; stages laid out from step "
-        "%d (starts_at: %s)",
+        "ledger %s at step %d: %s; carried counters %s; stages laid out from plan step %d "
+        "(starts_at: %s)",
+        "switch" if changed else "skip",
         step,
-        ", ".join(changed),
+        "; ".join(what),
         counters,
         anchor,
         config.starts_at,
     )
-    return switched
+    return steered

@@ -1,0 +1,192 @@
+"""Steering a run through the ledger: skips (docs/steering.md), alone and with switches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import DataConfig, parse_config
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.plan import data_state
+from pipeline.plan.data_state import DataState
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan
+from pipeline.plan.resume import reconcile
+from tests.storegen import write_synthetic_store
+
+SHARDS = {"main": [[40, 13, 22, 8], [31, 9, 27]], "task": [[17, 5], [12, 12]], "extra": [[60, 20]]}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("steering")
+    for name, shards in SHARDS.items():
+        write_synthetic_store(root / name, shards)
+    return root
+
+
+def config(stores: Path, variant: int = 0) -> DataConfig:
+    """Variant 0 is the run's config; the others are what a switch may move to: other weights,
+    sources, batch sizes, stages, laid out from the run's start or from the switch."""
+    names = ("main", "task", "extra")
+    raw: dict = {
+        "seed": 11, "seq_len": 4, "lanes": 2, "global_batch_size": 4,
+        "sources": {n: {"path": str(stores / n)} for n in names[:2]},
+        "stages": [{"name": "warm", "steps": 6, "mix": {"main": 1, "task": 1}},
+                   {"name": "main", "mix": {"main": 3, "task": 1}}],
+    }  # fmt: skip
+    if variant == 1:
+        raw["stages"][1]["mix"] = {"main": 1, "task": 2}
+    elif variant == 2:
+        raw["sources"] = {n: {"path": str(stores / n)} for n in names}
+        raw["stages"] = [{"name": "wide", "mix": {"task": 2, "extra": 1, "main": 1}}]
+        raw["global_batch_size"] = 8
+        raw["starts_at"] = "switch"
+    elif variant == 3:
+        raw["stages"] = [{"name": "again", "steps": 5, "mix": {"task": 1}},
+                         {"name": "rest", "mix": {"main": 1, "task": 1}}]  # fmt: skip
+        raw["starts_at"] = "switch"
+    return parse_config(raw, origin=f"variant{variant}.yaml")
+
+
+def rows_of(plan: Plan, step: int) -> list[tuple]:
+    """What identifies each row of a step: source name, lane, counter, epoch, window, start."""
+    d = plan.draws(step)
+    names = [d.source_names[s] for s in d.source.tolist()]
+    return list(zip(names, *(a.tolist() for a in (d.lane, d.counter, d.epoch, d.window, d.start))))
+
+
+def round_trip(ledger: Ledger) -> Ledger:
+    return Ledger.from_json(json.loads(json.dumps(ledger.to_json())))
+
+
+# (steps after the previous intervention, steps to skip, config variant to switch to or None)
+interventions = st.lists(
+    st.tuples(st.integers(1, 12), st.integers(0, 9), st.one_of(st.none(), st.integers(1, 3))),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(interventions)
+def test_served_steps_are_the_unskipped_plans_steps_shifted_by_the_skips_before(stores, steps):
+    """served(t) == plan_without_skips(t + skips recorded at or before t), with switches."""
+    steered = Plan.from_config(config(stores))
+    plain = Plan.from_config(config(stores))
+    at = skipped = 0
+    shifts = []  # (served step, total skips from it on)
+    current = 0
+    for gap, skip, variant in steps:
+        at += gap
+        if variant is not None:
+            current = variant
+        ledger = reconcile(steered, config(stores, current), at, switch=True, skip=skip)
+        steered = Plan(round_trip(ledger), steered.stores())
+        skipped += skip
+        shifts.append((at, skipped))
+        if variant is not None:  # the same switch, where the skips put it in the plan
+            plain = Plan(reconcile(plain, config(stores, current), at + skipped, switch=True))
+    for t in range(at + 15):
+        shift = max([s for start, s in shifts if start <= t], default=0)
+        assert steered.ledger.plan_step(t) == t + shift
+        assert rows_of(steered, t) == rows_of(plain, t + shift), t
+    data_state.verify_ledger(steered.ledger, steered, "<steered>")  # counters re-derive
+
+
+def test_a_skip_serves_the_plans_later_steps_and_counts_what_it_passes_as_drawn(stores):
+    before = Plan.from_config(config(stores))
+    ledger = reconcile(before, config(stores), 20, skip=10)
+    after = Plan(round_trip(ledger), before.stores())
+    assert [(s.start_step, s.skip) for s in after.ledger.segments] == [(0, 0), (20, 10)]
+    for t in range(15):
+        assert rows_of(after, t) == rows_of(before, t)
+        assert rows_of(after, 20 + t) == rows_of(before, 30 + t)
+    assert after.segment_plan(1).counters_at(20) == before.segment_plan(0).counters_at(30)
+    served = {row for t in range(40) for row in rows_of(after, t)}
+    for t in range(20, 30):  # never served: the skipped steps' rows of this epoch
+        assert not served & set(rows_of(before, t))
+
+
+def test_a_skip_after_a_switch_from_the_switch_passes_over_its_curriculum(stores):
+    run = Plan.from_config(config(stores))
+    switched = Plan(reconcile(run, config(stores, 3), 8, switch=True), run.stores())
+    skipped = Plan(reconcile(switched, config(stores, 3), 12, skip=4), run.stores())
+    assert skipped.ledger.segments[2].stages_from == 8  # the curriculum keeps its start
+    for t in range(12, 30):
+        assert rows_of(skipped, t) == rows_of(switched, t + 4)
+
+
+def test_restores_at_a_skips_first_step_add_the_skips_up(stores):
+    run = Plan.from_config(config(stores))
+    once = Plan(reconcile(run, config(stores), 20, skip=10), run.stores())
+    twice = reconcile(once, config(stores), 20, skip=5)
+    assert [(s.start_step, s.skip) for s in twice.segments] == [(0, 0), (20, 15)]
+    again = Plan(twice, run.stores())
+    assert rows_of(again, 20) == rows_of(run, 35)
+
+
+def test_a_skip_at_step_0_or_a_negative_one_is_refused(stores):
+    run = Plan.from_config(config(stores))
+    with pytest.raises(LedgerError, match="cannot skip data at step 0"):
+        reconcile(run, config(stores), 0, skip=3)
+    with pytest.raises(LedgerError, match="skip_steps: expected an integer >= 0, got -1"):
+        reconcile(run, config(stores), 5, skip=-1)
+
+
+def test_ledgers_without_skips_keep_their_format_and_old_states_restore(stores, tmp_path):
+    run = Plan.from_config(config(stores))
+    switched = reconcile(run, config(stores, 1), 9, switch=True)
+    raw = switched.to_json()
+    assert raw["version"] == 3  # readable by releases before skips
+    assert all("skip" not in segment for segment in raw["segments"])
+    state = DataState(12, switched)
+    text = state.dumps()
+    restored = data_state.parse(text, "old.json")  # a state written before skips existed
+    assert restored.ledger == switched
+    skipped = reconcile(Plan(switched, run.stores()), config(stores, 1), 12, skip=4)
+    assert skipped.to_json()["version"] == 4
+    assert skipped.to_json()["segments"][2]["skip"] == 4
+
+
+def test_an_edited_skip_is_refused(stores):
+    run = Plan.from_config(config(stores))
+    raw = reconcile(run, config(stores), 20, skip=10).to_json()
+    raw["segments"][1]["skip"] = 11
+    with pytest.raises(LedgerError, match=r"segments\[1\] fingerprint does not match"):
+        Ledger.from_json(raw)
+    del raw["segments"][1]["skip"]
+    with pytest.raises(LedgerError, match=r"segments\[1\] fingerprint does not match"):
+        Ledger.from_json(raw)
+
+
+def test_counters_a_skip_did_not_carry_are_named_by_verify(stores):
+    run = Plan.from_config(config(stores))
+    raw = reconcile(run, config(stores), 20, skip=10).to_json()
+    entry = raw["segments"][1]
+    entry["counters"]["main"] = run.segment_plan(0).counters_at(20)["main"]  # as if no skip
+    entry.pop("fingerprint")
+    ledger = Ledger.from_json(raw)
+    with pytest.raises(LedgerError, match=r"segments\[1\]\.counters\.main: .* at step 30"):
+        data_state.verify_ledger(ledger, Plan(ledger, run.stores()), "edited")
+
+
+def test_a_skip_past_the_end_of_the_stages_is_refused(stores):
+    finite = parse_config(
+        {"seed": 11, "seq_len": 4, "lanes": 2, "global_batch_size": 4,
+         "sources": {"task": {"path": str(stores / "task")}},
+         "stages": [{"name": "only", "steps": 30, "mix": {"task": 1}}]},
+        origin="finite.yaml",
+    )  # fmt: skip
+    run = Plan.from_config(finite)
+    with pytest.raises(ConfigError, match=r"skipping 15 steps at step 20 .* no step to serve"):
+        reconcile(run, finite, 20, skip=15)
+    last = Plan(reconcile(run, finite, 20, skip=9), run.stores())
+    np.testing.assert_array_equal(last.draws(20).counter, run.draws(29).counter)
