@@ -190,3 +190,50 @@ def test_a_skip_past_the_end_of_the_stages_is_refused(stores):
         reconcile(run, finite, 20, skip=15)
     last = Plan(reconcile(run, finite, 20, skip=9), run.stores())
     np.testing.assert_array_equal(last.draws(20).counter, run.draws(29).counter)
+
+
+def test_a_restore_with_skip_steps_serves_the_plans_later_steps_and_dump_replays_them(
+    tmp_path, capsys
+):
+    """Restored at step 20 with skip_steps=10 from a real Orbax checkpoint, steps 20.. serve
+    the plan's steps 30..; `pipeline dump --ledger` of a later checkpoint gives them again,
+    `pipeline stages --ledger` lists the skip, and `verify --ledger` passes across it."""
+    import orbax.checkpoint as ocp
+    import yaml
+
+    from pipeline.commands.cli import main
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from tests.feedstores import two_stage_raw
+    from tests.test_checkpoint import manager, mesh
+
+    raw = two_stage_raw(tmp_path / "stores")
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    data = parse_config(raw, origin="data.yaml")
+    plan = Plan.from_config(data)
+    directory = tmp_path / "ckpt"
+    with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        feed.seek(20)
+        mngr.save(20, args=ocp.args.Composite(data=DataSave(feed)))
+    served = []
+    with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        mngr.restore(20, args=ocp.args.Composite(data=DataRestore(feed, skip_steps=10)))
+        assert feed.step == 20
+        for step in range(20, 26):
+            batch = next(feed)
+            expected = plan.batch(step + 10)
+            for field, values in expected.items():
+                np.testing.assert_array_equal(np.asarray(batch[field]), values)
+            served.append(np.asarray(batch["inputs"]))
+        mngr.save(26, args=ocp.args.Composite(data=DataSave(feed)))
+    out = tmp_path / "dump.npz"
+    step_dir = directory / "26"
+    argv = ["dump", config_file, "--ledger", step_dir, "--steps", "20:26", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served))
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", str(step_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in listing
+    assert main(["verify", str(config_file), "--ledger", str(step_dir), "--steps", "0:40"]) == 0

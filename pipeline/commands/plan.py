@@ -357,10 +357,11 @@ def run_stages(args: argparse.Namespace) -> int:
         if index:
             anchoring = (
                 f"; stages from step {seg.anchor:,} "
-                f"(starts_at: {'run' if seg.anchor == 0 else 'switch'})"
+                f"(starts_at: {'run' if segment.stages_from == 0 else 'switch'})"
             )
         print(
             f"{index:>3} ledger segment from step {segment.start_step:,}: "
+            f"{plan.ledger.entry(index)}; "
             f"{', '.join(config.source_names)}; {describe_batch(config)}{anchoring}; "
             "counters at start "
             + ", ".join(f"{k}={v:,}" for k, v in sorted(segment.counters.items()))

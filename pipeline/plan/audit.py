@@ -4,7 +4,7 @@ For every step in the range the audit computes the whole global batch and checks
 
 * windows: per source (name and store content) and lane, no window is drawn twice in one epoch,
   and every epoch that begins and rolls over inside the range drew each of its windows exactly
-  once;
+  once, the windows a skip inside the range passed over (docs/steering.md) counting as drawn;
 * no padding: every field is [global_batch_size, seq_len], segment ids are never 0 (targets of
   a masked store's untrained tokens excepted), and the targets are the inputs shifted by one;
 * whole documents (`packing: best_fit` rows): segments numbered 1, 2, ... then only padding
@@ -188,7 +188,8 @@ def audit(
             columns[column].append(np.asarray(values, dtype=np.int64))
     report.process_counts = tuple(sorted(used_counts))
     report.hosts_checked = sum(used_counts)
-    _check_windows(report, [np.concatenate(c) for c in columns], names, windows_per_lane)
+    passed = _skipped_counters(plan, start, stop, keys)
+    _check_windows(report, [np.concatenate(c) for c in columns], names, windows_per_lane, passed)
     _check_documents(report, [np.concatenate(c) for c in columns], names, layouts)
     return report
 
@@ -280,11 +281,31 @@ def _check_documents(
             report.document_epochs[names[k]] = report.document_epochs.get(names[k], 0) + 1
 
 
+def _skipped_counters(
+    plan: Plan, start: int, stop: int, keys: dict[tuple[str, str], int]
+) -> dict[int, list[tuple[int, int]]]:
+    """Per source key, the counter ranges [a, b) that skips at steps in [start, stop) passed
+    over: drawn by the plan, served on no lane (the same range on every lane)."""
+    passed: dict[int, list[tuple[int, int]]] = {}
+    segments = plan.ledger.segments
+    for index in range(1, len(segments)):
+        segment = segments[index]
+        if not segment.skip or not start <= segment.start_step < stop:
+            continue
+        before = plan.segment_plan(index - 1).counters_at(segment.start_step)
+        for name, counter in segment.counters.items():
+            key = keys.get((name, segment.fingerprints[name]))
+            if key is not None and counter > before.get(name, counter):
+                passed.setdefault(key, []).append((before[name], counter))
+    return passed
+
+
 def _check_windows(
     report: AuditReport,
     columns: list[np.ndarray],
     names: list[str],
     windows_per_lane: list[int],
+    passed: dict[int, list[tuple[int, int]]],
 ) -> None:
     order = np.lexsort(tuple(reversed(columns[:6])))  # by key, lane, epoch, window, step, row
     key, lane, epoch, window, step, row, counter = (c[order] for c in columns)
@@ -320,15 +341,19 @@ def _check_windows(
         name = names[k]
         seen = report.epochs_seen.setdefault(name, [e, e])
         seen[0], seen[1] = min(seen[0], e), max(seen[1], e)
-        begun = np.any(counter[lo:hi] == e * windows_per_lane[k])  # its first draw is here
+        first, end = e * windows_per_lane[k], (e + 1) * windows_per_lane[k]
+        skips = passed.get(k, [])
+        begun = np.any(counter[lo:hi] == first) or any(a <= first < b for a, b in skips)
         if not begun or last_epoch[(k, ln)] <= e:
             continue
         distinct = np.unique(window[lo:hi])
-        if len(distinct) != windows_per_lane[k]:
+        skipped = sum(max(0, min(b, end) - max(a, first)) for a, b in skips)
+        if len(distinct) + skipped != windows_per_lane[k]:
             report.violate(
                 f"source {name} lane {ln} epoch {e}: rolled over after drawing "
-                f"{len(distinct)} of its {windows_per_lane[k]} windows (an epoch uses every "
-                "window exactly once)"
+                f"{len(distinct)} of its {windows_per_lane[k]} windows"
+                + (f" and skipping {skipped}" if skipped else "")
+                + " (an epoch uses every window exactly once)"
             )
             continue
         complete.setdefault((k, e), []).append(ln)

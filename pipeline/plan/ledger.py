@@ -141,6 +141,24 @@ class Ledger:
         """The plan step whose rows `step` serves (`step` itself when nothing was skipped)."""
         return step + self.shift(self.segment_index(step))
 
+    def entry(self, index: int) -> str:
+        """What segment `index` records, for `pipeline stages --ledger`: `start`, `switch:
+        <keys> changed`, `skip N steps (step s serves plan step p)`, or both, `; `-joined."""
+        if index == 0:
+            return "start"
+        segment, before = self.segments[index], self.segments[index - 1]
+        changed = sorted(
+            {line.split(":")[0] for line in describe_diff(before.order, segment.order)}
+        )
+        what = [f"switch: {', '.join(changed)} changed"] if changed else []
+        if segment.skip:
+            plan_step = segment.start_step + self.shift(index)
+            what.append(
+                f"skip {segment.skip} steps (step {segment.start_step:,} serves plan step "
+                f"{plan_step:,})"
+            )
+        return "; ".join(what) or "switch: stages laid out anew"
+
     def append(self, segment: Segment) -> Ledger:
         return Ledger((*self.segments, segment))
 
