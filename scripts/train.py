@@ -1,13 +1,16 @@
 """Reference trainer: a MaxText-like loop on the pipeline's feed, with Orbax checkpoints.
 
     python scripts/train.py --data-config configs/default.yaml --checkpoint-dir runs/x \
-        --steps 200 [--resume] [--switch-data] [--num-processes 2 --devices-per-process 2]
+        --steps 200 [--resume] [--switch-data] [--skip-data N] \
+        [--num-processes 2 --devices-per-process 2]
 
 One process, several processes on localhost (`--num-processes`: this script starts them, each
 with simulated CPU devices), or one process per TPU VM worker (`tpu/run.sh`: JAX discovers the
 slice by itself). Model and data state are saved together in one Orbax CheckpointManager step;
 `--resume` restores both from the latest complete checkpoint, and `--switch-data` declares that
-`--data-config` differs from the checkpoint's on purpose (a ledger switch).
+`--data-config` differs from the checkpoint's on purpose (a ledger switch). `--skip-data N`
+(with `--resume`, alone or with `--switch-data`) passes over N steps of data after a loss
+spike: the restored step s trains on what the plan had for step s + N (docs/steering.md).
 
 `--checkpoint-dir` and `--data-config` may be URLs (gs://bucket/run): Orbax writes there
 natively and they are never turned into local paths. SIGTERM (a TPU preemption notice, or
@@ -46,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="0: no eval")
     p.add_argument("--resume", action="store_true", help="restore the latest checkpoint")
     p.add_argument("--switch-data", action="store_true", help="declare a data config switch")
+    p.add_argument(
+        "--skip-data",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --resume: pass over N steps of data (the restored step s serves plan step s+N)",
+    )
     p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--depth", type=int, default=2)
@@ -176,13 +186,19 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             manager.latest_step(),
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract),
-                data=DataRestore(feed, switch=args.switch_data, switch_flag="--switch-data"),
+                data=DataRestore(
+                    feed,
+                    switch=args.switch_data,
+                    switch_flag="--switch-data",
+                    skip_steps=args.skip_data,
+                ),
             ),
         )
         state = restored.state
         log.info("resumed at step %d from %s", feed.step, checkpoint_dir)
-    elif args.switch_data:
-        raise SystemExit("error: --switch-data needs --resume and a checkpoint to switch from")
+    elif args.switch_data or args.skip_data:
+        flag = "--switch-data" if args.switch_data else "--skip-data"
+        raise SystemExit(f"error: {flag} needs --resume and a checkpoint to restore from")
     step_fn = make_train_step(model, tx, num_sources=len(feed.source_names()))
     eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
     evals = eval_feeds(config, mesh) if args.eval_every else []

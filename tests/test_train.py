@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.config import load_config
@@ -84,6 +85,37 @@ def test_the_trainer_learns_resumes_and_switches(run_dir):
     after = [r for r in records(run_dir) if r["step"] >= 20]
     assert [r["step"] for r in after] == list(range(20, 30))
     assert all(r["total_weights"] == 16 * 64 for r in after)
+
+
+def checksum(inputs: np.ndarray) -> int:
+    """tiny_lm's batch_checksum, in NumPy (uint32 arithmetic wraps the same way)."""
+    flat = inputs.reshape(-1).astype(np.uint32)
+    weights = np.arange(1, flat.size + 1, dtype=np.uint32) * np.uint32(2654435761)
+    return int(np.sum((flat + np.uint32(1)) * weights, dtype=np.uint32))
+
+
+def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir):
+    refused = train(run_dir, "data.yaml", 5, "--skip-data", "3", name="skip")
+    assert refused.returncode != 0
+    assert "--skip-data needs --resume and a checkpoint" in refused.stderr
+    first = train(run_dir, "data.yaml", 20, name="skip")
+    assert first.returncode == 0, first.stderr
+    skipped = train(run_dir, "data.yaml", 30, "--resume", "--skip-data", "10", name="skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "ledger skip at step 20: skips 10 steps (serves plan step 30)" in skipped.stderr
+    plan = Plan.from_config(load_config(run_dir / "data.yaml"))
+    after = [r for r in records(run_dir, "skip") if r["step"] >= 20]
+    assert [r["step"] for r in after] == list(range(20, 30))
+    assert [r["checksum"] for r in after] == [
+        checksum(plan.batch(step + 10)["inputs"]) for step in range(20, 30)
+    ]
+    out = run_dir / "skip.npz"
+    dump = [
+        sys.executable, "-m", "pipeline", "dump", str(run_dir / "data.yaml"), "--ledger",
+        str(run_dir / "skip-ckpt" / "30"), "--steps", "20:30", "--out", str(out),
+    ]  # fmt: skip
+    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
+    assert [checksum(inputs) for inputs in np.load(out)["inputs"]] == [r["checksum"] for r in after]
 
 
 def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
