@@ -349,6 +349,44 @@ def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path, m
         create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
 
 
+def test_the_skip_key_or_variable_passes_over_steps_at_the_restore(
+    data_yaml, mesh, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("PIPELINE_DATA_SKIP", raising=False)
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    plan = Plan.from_config(load_config(data_yaml))
+    train, _ = create_data_iterator(config, mesh)
+    try:
+        for _ in range(12):
+            next(train)
+        item = tmp_path / "12" / "iter"  # MaxText's checkpoint 12 holds data step 13
+        next(train)
+        item.mkdir(parents=True)
+        (item / "process_0.json").write_text(json.dumps(train.local_iterator.get_state()))
+    finally:
+        train.close()
+    by_key = maxtext_config(data_yaml, eval_interval=-1, pipeline_data_skip=7)
+    monkeypatch.setenv("PIPELINE_DATA_SKIP", "5")  # the key, when MaxText declares it, wins
+    for skipping, skip in ((by_key, 7), (maxtext_config(data_yaml, eval_interval=-1), 5)):
+        for restore in ("set_state", "restore_from"):
+            resumed, _ = create_data_iterator(skipping, mesh)
+            try:
+                if restore == "set_state":
+                    resumed.local_iterator.set_state(
+                        json.loads((item / "process_0.json").read_text())
+                    )
+                else:
+                    resumed.restore_from(item)
+                assert resumed.step == 13
+                assert_same(next(resumed), plan.batch(13 + skip))
+                assert resumed.local_iterator.get_state()["ledger"]["segments"][1]["skip"] == skip
+            finally:
+                resumed.close()
+    monkeypatch.setenv("PIPELINE_DATA_SKIP", "ten")
+    with pytest.raises(ConfigError, match="PIPELINE_DATA_SKIP='ten': expected an integer >= 0"):
+        create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+
+
 def test_mismatched_seq_len_or_batch_names_both_values(data_yaml, mesh):
     with pytest.raises(ConfigError, match=r"seq_len 8 != MaxText max_target_length 16"):
         create_data_iterator(maxtext_config(data_yaml, max_target_length=16), mesh)

@@ -29,7 +29,12 @@ LAYOUTS = {  # fixture -> package directory inside it
     "src-MaxText-2025-12": "src/MaxText",
     "src-maxtext-2026-08": "src/maxtext",
 }
-KEYS = {"pipeline_data_config": "", "pipeline_data_switch": False, "pipeline_eval_source": ""}
+KEYS = {
+    "pipeline_data_config": "",
+    "pipeline_data_switch": False,
+    "pipeline_data_skip": 0,
+    "pipeline_eval_source": "",
+}
 
 
 @pytest.fixture
@@ -108,6 +113,8 @@ def test_install_patches_each_layout_and_the_dispatch_serves_batches(
         assert module.DatasetGeneral.model_fields["pipeline_data_switch"].annotation is bool
         switched = module.MaxTextConfig(pipeline_data_switch="true", pipeline_data_config="d.yaml")
         assert switched.pipeline_data_switch is True
+        assert module.DatasetGeneral.model_fields["pipeline_data_skip"].annotation is int
+        assert module.MaxTextConfig(pipeline_data_skip="10").pipeline_data_skip == 10
     else:
         assert "no configs/types.py" in out
 

@@ -272,14 +272,14 @@ def _insert(text: str, after_line: int, lines: list[str]) -> str:
 
 def _field(key: MaxTextKey, with_field: bool) -> str:
     annotation = key.type.__name__
-    default = repr(key.default) if key.type is bool else f'"{key.default}"'
+    default = repr(key.default) if key.type is not str else f'"{key.default}"'
     if with_field:
         return f'{key.name}: {annotation} = Field({default}, description="{key.help}")'
     return f"{key.name}: {annotation} = {default}  # {key.help}"
 
 
 def _yaml(key: MaxTextKey) -> str:
-    return str(key.default) if key.type is bool else f'"{key.default}"'
+    return str(key.default) if key.type is not str else f'"{key.default}"'
 
 
 def _rel(package: Path, path: Path) -> str:

@@ -30,16 +30,27 @@ def parse_bool(raw: str, where: str) -> bool:
 class MaxTextKey:
     name: str  # the MaxText config key
     env: str  # its environment-variable form
-    type: type  # str or bool: the types.py annotation
-    default: str | bool
+    type: type  # str, bool or int: the types.py annotation
+    default: str | bool | int
     help: str
 
-    def parse_env(self) -> str | bool:
-        """The variable's value (the default when unset); a bad boolean is a ConfigError."""
+    def parse_env(self) -> str | bool | int:
+        """The variable's value (the default when unset); a bad boolean or count is a
+        ConfigError."""
         raw = os.environ.get(self.env, "")
         if self.type is str:
             return raw or self.default
+        if self.type is int:
+            return parse_count(raw, f"environment variable {self.env}") if raw else self.default
         return parse_bool(raw, f"environment variable {self.env}")
+
+
+def parse_count(raw: object, where: str) -> int:
+    """An integer >= 0, from MaxText's config (an int) or a variable (its digits)."""
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit():
+        raise ConfigError(f"{where}={raw!r}: expected an integer >= 0")
+    return int(text)
 
 
 DATA_CONFIG = MaxTextKey(
@@ -56,6 +67,13 @@ DATA_SWITCH = MaxTextKey(
     False,
     "Declare a data config change on restore (a ledger switch at the restored step).",
 )
+DATA_SKIP = MaxTextKey(
+    "pipeline_data_skip",
+    "PIPELINE_DATA_SKIP",
+    int,
+    0,
+    "Steps of data to pass over on restore: the restored step s serves the plan's step s + N.",
+)
 EVAL_SOURCE = MaxTextKey(
     "pipeline_eval_source",
     "PIPELINE_EVAL_SOURCE",
@@ -63,4 +81,4 @@ EVAL_SOURCE = MaxTextKey(
     "",
     "Eval source of the data config to serve (default: the first by name).",
 )
-KEYS = (DATA_CONFIG, DATA_SWITCH, EVAL_SOURCE)
+KEYS = (DATA_CONFIG, DATA_SWITCH, DATA_SKIP, EVAL_SOURCE)

@@ -43,10 +43,12 @@ from jax.sharding import Mesh
 from pipeline.config import DataConfig, load_config
 from pipeline.config.maxtext_keys import (
     DATA_CONFIG,
+    DATA_SKIP,
     DATA_SWITCH,
     EVAL_SOURCE,
     MaxTextKey,
     parse_bool,
+    parse_count,
 )
 from pipeline.errors import ConfigError, LedgerError, PipelineError
 from pipeline.feed.data_feed import DataFeed
@@ -116,7 +118,7 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def setting(config: Any, key: MaxTextKey) -> str | bool:
+def setting(config: Any, key: MaxTextKey) -> str | bool | int:
     """A key of ours from MaxText's config, else from its environment variable.
 
     A key MaxText does not declare (no `pipeline maxtext install`) reads as unset, so the
@@ -127,6 +129,10 @@ def setting(config: Any, key: MaxTextKey) -> str | bool:
         if isinstance(value, str):
             value = parse_bool(value, f"MaxText config: {key.name}")
         return bool(value) or bool(key.parse_env())
+    if key.type is int:  # MaxText's value when it declares the key and sets it, else the variable
+        if value in (None, "", 0):
+            return key.parse_env()
+        return parse_count(value, f"MaxText config: {key.name}")
     return str(value) if value else key.parse_env()
 
 
@@ -149,9 +155,10 @@ class StateDict(dict):
 class LocalIterator:
     """`train_iterator.local_iterator`: the handle MaxText's `iter` checkpoint item saves."""
 
-    def __init__(self, feed: DataFeed, *, switch: bool = False) -> None:
+    def __init__(self, feed: DataFeed, *, switch: bool = False, skip_steps: int = 0) -> None:
         self._feed = feed
         self.switch = switch
+        self.skip_steps = skip_steps  # `pipeline_data_skip`: passed over at the restore
 
     def get_state(self) -> StateDict:
         """The next step, the ledger and a digest: identical on every process, a few KB."""
@@ -164,7 +171,13 @@ class LocalIterator:
             parsed = data_state.parse(state, origin)
         else:
             parsed = data_state.DataState.from_json(dict(state), origin)
-        restore_state(self._feed, parsed, switch=self.switch, switch_flag=SWITCH_FLAG)
+        restore_state(
+            self._feed,
+            parsed,
+            switch=self.switch,
+            switch_flag=SWITCH_FLAG,
+            skip_steps=self.skip_steps,
+        )
 
     def start_prefetch(self) -> None:
         """Called by Grain's handler after `set_state`; `set_state` has already started it."""
@@ -201,9 +214,9 @@ _restore_on_any_process_count()
 class TrainIterator:
     """`next()` gives step `feed.step`'s global batch; `local_iterator` carries the state."""
 
-    def __init__(self, feed: DataFeed, *, switch: bool = False) -> None:
+    def __init__(self, feed: DataFeed, *, switch: bool = False, skip_steps: int = 0) -> None:
         self.feed = feed
-        self.local_iterator = LocalIterator(feed, switch=switch)
+        self.local_iterator = LocalIterator(feed, switch=switch, skip_steps=skip_steps)
 
     @property
     def step(self) -> int:
@@ -223,6 +236,7 @@ class TrainIterator:
             switch_flag=SWITCH_FLAG,
             checkpoint_step=checkpoint_step,
             saved_after_step=True,
+            skip_steps=self.local_iterator.skip_steps,
         )
 
     def close(self) -> None:
@@ -293,7 +307,8 @@ def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIt
     check_data_config(config, data, batch)
     _check_all_rows_trained(config, mesh, batch)
     switch = bool(setting(config, DATA_SWITCH))
-    train = TrainIterator(DataFeed(data, mesh, axes), switch=switch)
+    skip = int(setting(config, DATA_SKIP))
+    train = TrainIterator(DataFeed(data, mesh, axes), switch=switch, skip_steps=skip)
     evaluation = None
     try:
         evaluation = _eval_iterator(config, data, mesh, axes, batch)
