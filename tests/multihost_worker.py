@@ -151,7 +151,9 @@ def train(spec: dict, config, task: dict) -> None:
                 latest,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardRestore({"w": abstract}),
-                    data=DataRestore(feed, saved_after_step=True),
+                    data=DataRestore(
+                        feed, saved_after_step=True, skip_steps=task.get("skip_steps", 0)
+                    ),
                 ),
             )
             w = restored["state"]["w"]

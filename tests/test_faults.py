@@ -917,6 +917,48 @@ def test_random_kills_never_change_a_trained_batch(tmp_path):
     assert FIELDS  # the checksums cover every field (reference_checksums)
 
 
+@pytest.mark.multiprocess
+def test_kills_and_a_host_count_change_across_a_skip_keep_every_batch_exact(tmp_path):
+    """2 processes killed at step 10; 1 process resumes from the latest checkpoint skipping 5
+    steps and is killed at step 17; 2 processes resume from the latest checkpoint (its ledger
+    holds the skip): every step trained before the skip is the plan's step, every one after
+    it the plan's step + 5, and `pipeline dump --ledger` of the last checkpoint agrees."""
+    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+
+    total, every, skip = 24, 4, 5
+    raw = two_stage_raw(tmp_path / "stores")
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    log = tmp_path / "run.jsonl"
+    seen, firsts = 0, []
+    for processes, kill_at, skip_steps in ((2, 10, 0), (1, 17, skip), (2, None, 0)):
+        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
+                "log": str(log), "save_every": every, "kill_at": kill_at,
+                "kill_mode": "step", "skip_steps": skip_steps}  # fmt: skip
+        codes = launch(tmp_path, raw, [task], processes, 4 // processes, timeout=180)
+        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
+        assert codes == expected, (kill_at, worker_output(tmp_path))
+        entries = read_log(log)[seen:]
+        seen += len(entries)
+        steps = [e["step"] for e in entries]
+        firsts.append(steps[0])  # a restored checkpoint's data step (checkpoint N holds N + 1)
+        assert steps == list(range(steps[0], total if kill_at is None else kill_at + 1))
+        shift = skip if len(firsts) > 1 else 0
+        for entry in entries:
+            batch = plan.batch(entry["step"] + shift)
+            np.testing.assert_array_equal(entry["sums"], reference_checksums(batch))
+    assert firsts[0] == 0 and 0 < firsts[1] <= 11 and firsts[2] > firsts[1]
+    dumped = tmp_path / "dump.npz"
+    last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
+    config = write_yaml(tmp_path / "multihost.yaml", raw)
+    steps = range(firsts[1], last + 1)
+    argv = ["dump", config, "--ledger", tmp_path / "ckpt" / str(last), "--steps",
+            f"{steps[0]}:{steps[-1] + 1}", "--out", dumped]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
+    inputs = np.load(dumped)["inputs"]
+    for offset, step in enumerate(steps):
+        np.testing.assert_array_equal(inputs[offset], plan.batch(step + skip)["inputs"])
+
+
 # -- 4 and issue 17: one host's fatal data error stops every host with its line --------------
 
 
