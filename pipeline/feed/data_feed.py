@@ -47,7 +47,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -66,7 +66,7 @@ from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
 from pipeline.plan.batch import FIELDS
-from pipeline.plan.ledger import Ledger
+from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import DrawSummary, Plan
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import open_stores
@@ -331,6 +331,30 @@ class DataFeed:
         self._last = None
         if self._stats is not None:
             self._stats.restart()
+
+    def set_mix(self, weights: Mapping[str, float], step: int) -> None:
+        """From `step` on (`step >= feed.step`), the stage in force at `step` takes `weights`
+        (by source name; absent sources get 0) until the next call, the end of that stage or
+        the next ledger segment (docs/mixtures.md, "Adaptive mixtures").
+
+        The weights are quantized (`ledger.quantize`: integers in units of 2^-20 of their
+        total) and recorded in the ledger, so the checkpoint's data state carries the call and
+        every step replays exactly; batches already read ahead from `step` on are read again.
+        Every process must make the same calls: a checkpoint saved after differing calls
+        stops the run (`DataSave`).
+        """
+        self._ensure_open()
+        step = self._check_step(step)
+        if step < self._step:
+            raise FeedError(
+                f"set_mix at step {step}: the feed has already served it; the next step is "
+                f"{self._step}"
+            )
+        plan = self._plan.with_mix(MixEntry(step, quantize(weights, f"set_mix at step {step}")))
+        if step < self._queued:
+            self._drop_pending()  # read ahead under the old weights: read again, in order
+        self._plan = plan
+        self._scheduled = ScheduledSources(plan)
 
     def start_prefetch(self) -> None:
         """Start reading the next `prefetch` steps now rather than at the first `next()`.

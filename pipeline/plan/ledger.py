@@ -18,6 +18,11 @@ drawn.
 The *data-order fingerprint* of a segment covers what decides the batches (seed, seq_len, batch
 size, lanes, stages, and each source's store content), not store paths or feed options.
 
+A ledger may also hold *mix entries* (`MixEntry`, `DataFeed.set_mix`, docs/mixtures.md
+"Adaptive mixtures"): from its step on, the stage in force takes the entry's weights (integers
+in units of 2^-20 of their total) until the next entry, the end of the stage, or the next
+segment; appending a segment drops the entries at or after its start.
+
 A ledger also records its *order version* (`ORDER_VERSION`: which shard and window
 permutations made its batches): the same ledger gives other batches under another one, so a
 ledger of any other order version is refused (docs/data-plan.md, "Order versions"). Ledgers
@@ -29,18 +34,24 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = 4  # 2 added "stages_from", 3 "order_version", 4 a segment's "skip"
+LEDGER_VERSION = 4  # 2 added "stages_from", 3 "order_version", 4 a segment's "skip", "mixes"
 UNSTEERED_VERSION = 3
-"""The version a ledger without skips is written as: releases before skips read it too."""
+"""The version a ledger without skips or mixes is written as: older releases read it too."""
+MIX_UNIT = 2**20
+"""`set_mix` weights are stored as integers in units of 1/MIX_UNIT of their total."""
 ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
 
 
@@ -116,8 +127,38 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class MixEntry:
+    """A `DataFeed.set_mix` call: from `step` on, the weights of the stage in force."""
+
+    step: int
+    weights: tuple[tuple[str, int], ...]  # (source name, weight in 1/MIX_UNIT), by name, > 0
+
+    def to_json(self) -> list[Any]:
+        return [self.step, dict(self.weights)]  # ~20 bytes + ~15 per source
+
+
+def quantize(weights: Mapping[str, float], where: str = "set_mix") -> tuple[tuple[str, int], ...]:
+    """`weights` as a `MixEntry` holds them: each round(w / total * 2^20), zeros left out, so
+    that hosts whose floats differ in the last bits record the same integers."""
+    if not isinstance(weights, Mapping) or not weights:
+        raise ConfigError(f"{where}: weights must be a non-empty mapping of source names")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
+            raise ConfigError(f"{where}: weight of {name!r} is not a number: {weight!r}")
+        if not math.isfinite(weight) or weight < 0:
+            raise ConfigError(f"{where}: weight of {name!r} must be finite and >= 0, got {weight}")
+    total = math.fsum(float(w) for w in weights.values())
+    units = {str(n): round(float(w) / total * MIX_UNIT) if total > 0 else 0
+             for n, w in weights.items()}  # fmt: skip
+    if not any(units.values()):
+        raise ConfigError(f"{where}: at least one weight must be > 0, got {dict(weights)}")
+    return tuple(sorted((n, u) for n, u in units.items() if u))
+
+
+@dataclass(frozen=True)
 class Ledger:
     segments: tuple[Segment, ...]
+    mixes: tuple[MixEntry, ...] = ()  # by step, strictly increasing
 
     @classmethod
     def start(cls, config: DataConfig, fingerprints: dict[str, str]) -> Ledger:
@@ -160,15 +201,44 @@ class Ledger:
         return "; ".join(what) or "switch: stages laid out anew"
 
     def append(self, segment: Segment) -> Ledger:
-        return Ledger((*self.segments, segment))
+        """The ledger with `segment` appended; mix entries at or after its start are dropped
+        (they were set ahead of the restore that appends it)."""
+        kept = tuple(m for m in self.mixes if m.step < segment.start_step)
+        return Ledger((*self.segments, segment), kept)
+
+    def with_mix(self, entry: MixEntry) -> Ledger:
+        """The ledger with `entry` recorded; one at the same step as the last is replaced."""
+        mixes = self.mixes
+        if mixes and mixes[-1].step == entry.step:
+            mixes = mixes[:-1]
+        if mixes and mixes[-1].step > entry.step:
+            raise LedgerError(
+                f"set_mix at step {entry.step}: a mix was already set from step "
+                f"{mixes[-1].step}; set mixes in step order"
+            )
+        if entry.step < self.last.start_step:
+            raise LedgerError(
+                f"set_mix at step {entry.step}: before the ledger's last segment (from step "
+                f"{self.last.start_step})"
+            )
+        return Ledger(self.segments, (*mixes, entry))
+
+    def mixes_of(self, index: int) -> tuple[MixEntry, ...]:
+        """The mix entries inside segment `index`."""
+        start = self.segments[index].start_step
+        stop = self.segments[index + 1].start_step if index + 1 < len(self.segments) else None
+        return tuple(m for m in self.mixes if m.step >= start and (stop is None or m.step < stop))
 
     def to_json(self) -> dict[str, Any]:
-        steered = any(segment.skip for segment in self.segments)
-        return {
+        steered = self.mixes or any(segment.skip for segment in self.segments)
+        raw = {
             "version": LEDGER_VERSION if steered else UNSTEERED_VERSION,
             "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
         }
+        if self.mixes:
+            raw["mixes"] = [m.to_json() for m in self.mixes]
+        return raw
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
@@ -208,13 +278,40 @@ class Ledger:
                     f"{origin}: segments[{index}] fingerprint does not match its content "
                     "(the ledger was edited)"
                 )
-        return cls(tuple(segments))
+        ledger = cls(tuple(segments))
+        return cls(ledger.segments, _mixes(raw.get("mixes") or [], ledger, origin))
 
     def save(self, path: str | Path) -> None:
         """Write the ledger's JSON to a local path or a `gs://` URL; a run killed while saving
         leaves the previous ledger whole (`write_atomically`)."""
         text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
         write_atomically(path, text.encode())
+
+
+def _mixes(raw: Any, ledger: Ledger, origin: str) -> tuple[MixEntry, ...]:
+    """The `mixes` of a ledger's JSON, checked: steps increasing, weights of the segment's
+    sources, integers > 0 that a `MixEntry` could hold."""
+    out: list[MixEntry] = []
+    for index, item in enumerate(raw):
+        where = f"{origin}: mixes[{index}]"
+        try:
+            step, weights = item
+            valid = isinstance(step, int) and step >= 0 and isinstance(weights, dict)
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise LedgerError(f"{where} is malformed: expected [step, {{source: weight}}]")
+        sources = ledger.segments[ledger.segment_index(step)].config["sources"]
+        bad = [n for n, w in weights.items() if n not in sources or type(w) is not int or w <= 0]
+        if bad or not weights or sum(weights.values()) > 2 * MIX_UNIT:
+            raise LedgerError(
+                f"{where}: weights must be integers > 0 (units of 1/{MIX_UNIT} of their total) "
+                f"of the segment's sources {sorted(sources)}; got {weights}"
+            )
+        if out and step <= out[-1].step:
+            raise LedgerError(f"{where}: step {step} is not after mixes[{index - 1}]")
+        out.append(MixEntry(step, tuple(sorted(weights.items()))))
+    return tuple(out)
 
 
 def _check_lined_up(segments: list[Segment], origin: str) -> None:
@@ -251,9 +348,9 @@ def _check_lined_up(segments: list[Segment], origin: str) -> None:
         if segment.stages_from not in (0, plan_start, kept):
             raise LedgerError(
                 f"{origin}: segments[{index}] lays its stages out from plan step "
-                f"{segment.stages_from}; only 0 (starts_at: run), its start's plan step "
-                f"{plan_start} (starts_at: switch) or, when it skips, the previous segment's "
-                "are possible"
+                f"{segment.stages_from}; only 0 (starts_at: run) or its start step "
+                f"{plan_start} (starts_at: switch; in plan steps, after the skips) are "
+                "possible, or the previous segment's for a segment that skips"
             )
 
 

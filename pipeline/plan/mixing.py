@@ -25,6 +25,7 @@ this is exactly the per-step sum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,9 +113,7 @@ class Mixture:
         positions = np.asarray(positions, dtype=np.int64)
         if self.num_sources == 1:  # every position is the only source's, its count the position
             return np.zeros_like(positions), positions.copy()
-        before, after = self.counts(np.stack([positions, positions + 1]))  # one pass for both
-        source = np.argmax(after - before, axis=-1)
-        return source, np.take_along_axis(before, source[..., None], axis=-1)[..., 0]
+        return _drawn(self.counts, positions)
 
     def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
         if hi - lo == 1:
@@ -134,3 +133,99 @@ def _left_share(weights: np.ndarray, lo: int, mid: int, hi: int) -> np.ndarray:
     left = weights[:, lo:mid].sum(axis=1)
     total = left + weights[:, mid:hi].sum(axis=1)
     return np.divide(left, total, out=np.zeros_like(total), where=total > 0)
+
+
+def fixed_counts(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """[..., K] rows of each source among the first `rows` positions under constant integer
+    `weights` [K] (not all 0): `Mixture`'s tree and rounding, in exact integer arithmetic.
+
+    A node with weights wL | wR that received n rows gives its left half floor(n * wL / W +
+    1/2), W = wL + wR, computed as q * wL + (2 * r * wL + W) // (2 * W) with (q, r) = divmod(n,
+    W): no float, no overflow for W < 2^31, so every host gets the same counts bit for bit.
+    """
+    weights = np.asarray(weights, dtype=np.int64)
+    out = np.empty((*np.shape(rows), len(weights)), dtype=np.int64)
+
+    def split(lo: int, hi: int, n: np.ndarray) -> None:
+        if hi - lo == 1:
+            out[..., lo] = n
+            return
+        mid = (lo + hi) // 2
+        left_weight, total = int(weights[lo:mid].sum()), int(weights[lo:hi].sum())
+        if total == 0:
+            left = np.zeros_like(n)
+        else:
+            q, r = np.divmod(n, total)
+            left = q * left_weight + (2 * r * left_weight + total) // (2 * total)
+        split(lo, mid, left)
+        split(mid, hi, n - left)
+
+    split(0, len(weights), np.asarray(rows, dtype=np.int64))
+    return out
+
+
+class Steered:
+    """A stage's mixture whose weights the run set from some of its steps on (`DataFeed.set_mix`).
+
+    Before the first set step the stage's own `Mixture` decides; from set step e on, constant
+    integer weights w_e do, counting afresh: rows before position p >= start_e are the counts at
+    start_e plus `fixed_counts(w_e, p - start_e)`. So each piece keeps `Mixture`'s guarantee
+    with constant weights (within `error_bounds()` of the exact share of the rows since its
+    start), whatever came before it. The counts at each start are computed once, here (O(E));
+    a position's piece is found by bisection (O(log E)).
+    """
+
+    def __init__(
+        self, base: Mixture, steps: np.ndarray, starts: np.ndarray, weights: np.ndarray
+    ) -> None:
+        self.base = base  # the stage's own mixture, before the first set step
+        self.num_sources = base.num_sources
+        self.set_steps = np.asarray(steps, dtype=np.int64)  # stage-local steps, increasing
+        self.positions = np.asarray(starts, dtype=np.int64)  # their first lane positions
+        self.set_weights = np.asarray(weights, dtype=np.int64)  # [E, K]
+        at = np.empty((len(self.positions), self.num_sources), dtype=np.int64)
+        at[0] = base.counts(self.positions[:1])[0]
+        for e in range(1, len(at)):
+            gap = self.positions[e] - self.positions[e - 1]
+            at[e] = at[e - 1] + fixed_counts(self.set_weights[e - 1], np.array(gap))
+        self.at = at
+        # where the weights may change, for `ScheduledSources`: the stage's own points before
+        # the first set step, then the set steps
+        own = base.starts[base.starts < self.set_steps[0]]
+        self.starts = np.concatenate([own, self.set_steps])
+        self.horizon = int(self.set_steps[-1])
+
+    def weights_at(self, step: int) -> np.ndarray:
+        """[K] the weights that hold at stage-local `step`."""
+        piece = int(np.searchsorted(self.set_steps, step, side="right")) - 1
+        if piece < 0:
+            return self.base.weights_at(step)
+        return self.set_weights[piece].astype(np.float64)
+
+    def counts(self, positions: np.ndarray) -> np.ndarray:
+        """[..., K] rows of each source before each position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        piece = np.searchsorted(self.positions, positions, side="right") - 1
+        out = np.empty((*positions.shape, self.num_sources), dtype=np.int64)
+        for e in np.unique(piece).tolist():
+            mask = piece == e
+            if e < 0:
+                out[mask] = self.base.counts(positions[mask])
+            else:
+                since = positions[mask] - self.positions[e]
+                out[mask] = self.at[e] + fixed_counts(self.set_weights[e], since)
+        return out
+
+    def sources(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, that source's count before the row) for each position."""
+        return _drawn(self.counts, np.asarray(positions, dtype=np.int64))
+
+
+def _drawn(
+    counts: Callable[[np.ndarray], np.ndarray], positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source, its count before the row) of each position, from a counting function: the
+    source whose count grows over the position."""
+    before, after = counts(np.stack([positions, positions + 1]))  # one pass for both
+    source = np.argmax(after - before, axis=-1)
+    return source, np.take_along_axis(before, source[..., None], axis=-1)[..., 0]

@@ -34,6 +34,7 @@ Nothing here holds iterator state: resuming is calling `batch(step, rows)` with 
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -49,10 +50,10 @@ from pipeline.errors import ConfigError, LedgerError, StoreError
 from pipeline.plan.batch import fields
 from pipeline.plan.clock import StepClock
 from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
-from pipeline.plan.ledger import Ledger, Segment
+from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.sources import keyed, open_stores, path_key
-from pipeline.plan.stages import StageTable
+from pipeline.plan.stages import Override, StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
 from pipeline.urls import location
@@ -134,6 +135,7 @@ class SegmentPlan:
         metas: Mapping[str, StoreMeta],
         open_store: OpenStore | None = None,
         shift: int = 0,
+        mixes: tuple[MixEntry, ...] = (),
     ):
         open_store = open_store or partial(_open_meta, check_reads=config.feed.check_reads)
         self.segment = segment
@@ -149,13 +151,7 @@ class SegmentPlan:
         except ConfigError as error:
             raise ConfigError(f"{config.origin}: {error}") from error
         carried = np.array([segment.counters[name] for name in config.source_names])
-        windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
-
-        def table(counters: np.ndarray) -> StageTable:
-            return StageTable(
-                config.stages, config.source_names, windows, self.clock, counters, config.origin
-            )
-
+        table = self._table
         self.table = table(carried)
         if self.anchor != segment.start_step:  # continue the layout where it places the start
             first = self.position_of(segment.start_step)
@@ -175,6 +171,42 @@ class SegmentPlan:
                     "open-ended or longer, or use starts_at: switch"
                 )
             self.table = table(2 * carried - self.table.counters(first))
+        if mixes:
+            self.table = table(self.table.stages[0].counters_at_start, mixes)
+
+    def _table(self, counters: np.ndarray, mixes: tuple[MixEntry, ...] = ()) -> StageTable:
+        """The stage table from `counters` at the anchor, with the weights `mixes` set."""
+        config = self.config
+        windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
+        overrides = tuple(self._override(mix) for mix in mixes)
+        return StageTable(
+            config.stages,
+            config.source_names,
+            windows,
+            self.clock,
+            counters,
+            config.origin,
+            overrides,
+        )
+
+    def _override(self, mix: MixEntry) -> Override:
+        names = self.config.source_names
+        weights = dict(mix.weights)
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise LedgerError(
+                f"set_mix at step {mix.step}: no source {', '.join(unknown)} in the data config "
+                f"in force (sources: {', '.join(names)})"
+            )
+        values = np.array([weights.get(name, 0) for name in names], dtype=np.int64)
+        return Override(mix.step, self._from_anchor(mix.step), self.position_of(mix.step), values)
+
+    def steered(self, mixes: tuple[MixEntry, ...]) -> SegmentPlan:
+        """This segment's plan with the mix entries `mixes` instead of its own; its layouts
+        are reused (no store is opened or packed again)."""
+        plan = copy.copy(self)
+        plan.table = self._table(self.table.stages[0].counters_at_start, mixes)
+        return plan
 
     def position_of(self, step: int) -> int:
         """The lane position of the first row of `step` (an absolute step of the run)."""
@@ -306,9 +338,21 @@ class Plan:
             where = f"ledger segment {index} (from step {segment.start_step})"
             config = self._configs.get(index) or segment.parsed(where)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
-            shift = self.ledger.shift(index)
-            self._segments[index] = SegmentPlan(segment, config, metas, self.store, shift)
+            shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
+            self._segments[index] = SegmentPlan(segment, config, metas, self.store, shift, mixes)
         return self._segments[index]
+
+    def with_mix(self, entry: MixEntry) -> Plan:
+        """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the last
+        segment's plan is laid out again with it (an entry it cannot take raises, and nothing
+        changes); stores and the other segments' plans are shared."""
+        ledger = self.ledger.with_mix(entry)
+        index = len(ledger.segments) - 1
+        steered = self.segment_plan(index).steered(ledger.mixes_of(index))
+        plan = copy.copy(self)
+        plan.ledger = ledger
+        plan._segments = {**self._segments, index: steered}
+        return plan
 
     def segment_plan_at(self, step: int) -> SegmentPlan:
         """The plan of the ledger segment that decides `step`."""

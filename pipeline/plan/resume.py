@@ -107,7 +107,7 @@ def reconcile(
     segment = Segment(step, mapping, fingerprints, counters, anchor, skip)
     # lays the new segment out now: a config error names the file
     SegmentPlan(segment, config, metas, shift=shift)
-    steered = Ledger(kept).append(segment)
+    steered = Ledger(kept, ledger.mixes).append(segment)  # mixes set before the step stay
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
     what = [f"{', '.join(changed)} changed"] if changed else []
     what += [f"skips {skip} steps (serves plan step {step + shift})"] if skip else []

@@ -9,6 +9,10 @@ their epochs, which may be inside a step: the next stage starts at the next row.
 stage, a `Mixture` decides the source of each position, counting steps from the one that holds
 the stage's first row, so a schedule point at step S changes the first row of step S.
 
+The run may set a stage's weights from a step on (`DataFeed.set_mix`, a ledger `MixEntry`): an
+`Override`. Its stage's mixture becomes a `Steered` one, which follows the set weights from the
+override's first row to the next override or the end of the stage.
+
 A source's *counter* is how many windows one lane has drawn from it so far in the run; it
 carries across stages (and, through the ledger, across segments), which is what makes epochs
 survive curricula and restarts.
@@ -22,9 +26,19 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.config import StageSpec
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.clock import StepClock
-from pipeline.plan.mixing import Mixture
+from pipeline.plan.mixing import Mixture, Steered
+
+
+@dataclass(frozen=True)
+class Override:
+    """Weights set from a step on (a ledger `MixEntry`), placed in a segment's layout."""
+
+    step: int  # the run's step, for messages
+    local_step: int  # counted from the segment's anchor
+    position: int  # the lane position of its first row (segment-local)
+    weights: np.ndarray  # [num sources of the segment] integers, 0 for sources left out
 
 
 @dataclass(frozen=True)
@@ -33,7 +47,7 @@ class StageLayout:
     start: int  # first lane position (segment-local)
     end: int | None  # one past the last, None if open-ended
     sources: tuple[int, ...]  # indices into the segment's source list
-    mixture: Mixture
+    mixture: Mixture | Steered
     schedule_start: int  # lane position of the stage's step 0 (start rounded down to a step)
     counters_at_start: np.ndarray  # [num sources of the segment]
     first_step: int  # the step that holds the stage's first row (anchor-relative)
@@ -54,6 +68,7 @@ class StageTable:
         clock: StepClock,
         counters: np.ndarray,
         where: str = "<config>",
+        overrides: tuple[Override, ...] = (),
     ) -> None:
         self.source_names = source_names
         self.clock = clock
@@ -71,6 +86,12 @@ class StageTable:
             else:
                 mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: {spec.mix_key}")
                 end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
+            mine = [
+                o for o in overrides if start <= o.position and (end is None or o.position < end)
+            ]
+            if mine:
+                steered = (spec, sources, mixture, mine, first_step, schedule_start)
+                mixture = _steered(*steered, source_names)
             layout = StageLayout(
                 spec, start, end, sources, mixture, schedule_start, counters, first_step
             )
@@ -125,6 +146,37 @@ class StageTable:
         out = np.repeat(layout.counters_at_start[None, :], len(positions), axis=0)
         out[:, list(layout.sources)] += counts - layout.offsets
         return out
+
+
+def _steered(
+    spec: StageSpec,
+    sources: tuple[int, ...],
+    mixture: Mixture,
+    overrides: list[Override],
+    first_step: int,
+    schedule_start: int,
+    source_names: tuple[str, ...],
+) -> Steered:
+    """The stage's mixture with the weights the run set inside it."""
+    for override in overrides:
+        set_names = [source_names[k] for k in np.flatnonzero(override.weights)]
+        outside = [name for name in set_names if name not in spec.source_names]
+        if spec.epochs is not None or outside:
+            why = (
+                "is an epochized blend, whose shares its epochs fix"
+                if spec.epochs is not None
+                else f"does not draw from {', '.join(outside)}"
+            )
+            raise LedgerError(
+                f"set_mix at step {override.step}: stage '{spec.name}' {why}; set weights of "
+                f"its sources {list(spec.source_names)} in a stage that mixes by weight"
+            )
+    return Steered(
+        mixture,
+        np.array([o.local_step - first_step for o in overrides]),
+        np.array([o.position - schedule_start for o in overrides]),
+        np.stack([o.weights[list(sources)] for o in overrides]),
+    )
 
 
 def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where: str) -> Mixture:

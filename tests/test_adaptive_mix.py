@@ -1,0 +1,223 @@
+"""Adaptive mixtures: weights the run sets for itself (`DataFeed.set_mix`), replayed exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.commands.cli import main
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError, FeedError, LedgerError
+from pipeline.feed.checkpoint import DataRestore, DataSave
+from pipeline.feed.data_feed import DataFeed
+from pipeline.plan import data_state
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.ledger import MIX_UNIT, Ledger, MixEntry, quantize
+from pipeline.plan.mixing import Mixture, Steered, fixed_counts
+from pipeline.plan.plan import Plan
+from tests.feedstores import two_stage_raw
+from tests.test_checkpoint import manager, mesh
+
+weights = st.lists(st.integers(0, MIX_UNIT), min_size=1, max_size=6).filter(any)
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights, st.integers(0, 10**15))
+def test_fixed_counts_split_every_row_once_within_the_mixing_bound(units, rows):
+    w = np.array(units)
+    counts = fixed_counts(w, np.array([rows, rows + 1]))
+    assert counts[0].sum() == rows and (counts[1] - counts[0]).sum() == 1
+    assert np.all(counts[1] >= counts[0])
+    total = int(w.sum())
+    bounds = Mixture(np.zeros((0, len(w))), w.astype(float), 1).error_bounds()
+    for count, units, bound in zip(counts[0].tolist(), w.tolist(), bounds.tolist()):
+        assert abs(count * total - rows * units) <= (bound + 1e-9) * total  # exact integers
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 40), weights.filter(lambda u: len(u) == 3)), max_size=5),
+    st.integers(1, 4),
+)
+def test_a_steered_mixture_keeps_the_bound_on_each_piece_and_assigns_each_row(sets, rows_per_step):
+    base = Mixture(np.zeros((0, 3)), np.array([3.0, 1.0, 2.0]), rows_per_step)
+    if not sets:
+        return
+    steps = np.cumsum([gap for gap, _ in sets])
+    mixture = Steered(base, steps, steps * rows_per_step, np.array([u for _, u in sets]))
+    end = int(steps[-1] + 30) * rows_per_step
+    counts = mixture.counts(np.arange(end + 1))
+    assert np.all(counts.sum(axis=1) == np.arange(end + 1))
+    assert np.all(np.diff(counts, axis=0) >= 0)
+    np.testing.assert_array_equal(
+        counts[: steps[0] * rows_per_step], base.counts(np.arange(steps[0] * rows_per_step))
+    )
+    starts = [*(steps * rows_per_step).tolist(), end]
+    for (_, units), first, stop in zip(sets, starts, starts[1:]):
+        w = np.array(units)
+        since = counts[first : stop + 1] - counts[first]
+        exact = np.arange(stop - first + 1)[:, None] * w / w.sum()
+        bounds = Mixture(np.zeros((0, 3)), w.astype(float), 1).error_bounds()
+        assert np.all(np.abs(since - exact) <= bounds + 1e-9)
+    source, before = mixture.sources(np.arange(end))
+    np.testing.assert_array_equal(before, counts[np.arange(end), source])
+
+
+def test_weights_are_quantized_so_float_noise_records_the_same_integers():
+    assert quantize({"a": 0.1 + 0.2, "b": 0.7}) == quantize({"a": 0.3, "b": 0.7})
+    assert quantize({"a": 3, "b": 1, "c": 0}) == (("a", 3 * MIX_UNIT // 4), ("b", MIX_UNIT // 4))
+    for bad, message in (
+        ({}, "non-empty mapping"),
+        ({"a": -1}, "finite and >= 0"),
+        ({"a": float("nan")}, "finite and >= 0"),
+        ({"a": 0}, "at least one weight must be > 0"),
+        ({"a": "1"}, "not a number"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            quantize(bad)
+
+
+def weights_at(step: int) -> dict[str, float]:
+    """The loop's weights: a fixed function of the step, in floats."""
+    return {"code": 1.0 + (step // 10) % 3, "docs": 0.5 + 0.25 * ((step // 10) % 2)}
+
+
+def run(feed: DataFeed, mngr, stop: int, served: dict[int, dict[str, np.ndarray]]) -> None:
+    """The training loop: weights set every 10 steps, a checkpoint every 5."""
+    while feed.step < stop:
+        if feed.step % 10 == 0:
+            feed.set_mix(weights_at(feed.step), step=feed.step)
+        step = feed.step
+        served[step] = {k: np.asarray(v) for k, v in next(feed).items()}
+        if mngr is not None and feed.step % 5 == 0:
+            mngr.save(feed.step, args=ocp.args.Composite(data=DataSave(feed)))
+
+
+def test_a_loop_setting_mixes_resumed_after_a_kill_serves_the_uninterrupted_batches(tmp_path):
+    raw = two_stage_raw(tmp_path / "stores")
+    config = parse_config(raw, origin="data.yaml")
+    uninterrupted: dict[int, dict] = {}
+    with DataFeed(config, mesh()) as feed:
+        run(feed, None, 60, uninterrupted)
+        ledger = feed.ledger
+    assert [m.step for m in ledger.mixes] == [0, 10, 20, 30, 40, 50]
+    plain = Plan.from_config(config)
+    assert any(  # the calls change the batches
+        plain.draws(s).source.tolist() != Plan(ledger, plain.stores()).draws(s).source.tolist()
+        for s in range(60)
+    )
+    served: dict[int, dict] = {}
+    directory = tmp_path / "ckpt"
+    with DataFeed(config, mesh(), prefetch=4) as feed, manager(directory, async_save=False) as m:
+        run(feed, m, 37, served)  # "killed" at step 37: checkpoint 35 is the latest
+    with DataFeed(config, mesh(), prefetch=4) as feed, manager(directory, async_save=False) as m:
+        m.restore(35, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert feed.step == 35 and [e.step for e in feed.ledger.mixes] == [0, 10, 20, 30]
+        run(feed, m, 60, served)
+        m.wait_until_finished()
+    for step in range(60):
+        for field in FIELDS:
+            np.testing.assert_array_equal(served[step][field], uninterrupted[step][field])
+    assert data_state.load_ledger(directory / "60") == ledger
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "dump.npz"
+    argv = ["dump", config_file, "--ledger", directory / "60", "--steps", "0:60", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    dumped = np.load(out)
+    for field in FIELDS:
+        np.testing.assert_array_equal(dumped[field], [uninterrupted[s][field] for s in range(60)])
+    assert (
+        main(["verify", str(config_file), "--ledger", str(directory / "60"), "--steps", "0:60"])
+        == 0
+    )
+
+
+def test_a_mix_holds_until_the_next_call_or_the_end_of_its_stage(tmp_path):
+    config = parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml")
+    plain = Plan.from_config(config)
+    plan = plain.with_mix(MixEntry(4, (("docs", MIX_UNIT),)))  # warmup stage, steps 0..9
+    for step in range(4):
+        assert plan.draws(step).source.tolist() == plain.draws(step).source.tolist()
+    for step in range(4, 10):
+        draws = plan.draws(step)
+        assert {draws.source_names[s] for s in draws.source} == {"docs"}
+    # the stage "main" from step 10 has its own weights again; its counters carry on
+    after = plan.draws(10)
+    assert {after.source_names[s] for s in after.source} == {"code", "docs"}
+    table = plan.segment_plan(0)
+    assert table.counters_at(10)["docs"] > plain.segment_plan(0).counters_at(10)["docs"]
+
+
+def test_bad_calls_are_refused_and_change_nothing(tmp_path):
+    config = parse_config(
+        two_stage_raw(
+            tmp_path / "stores",
+            stages=[
+                {"name": "warm", "steps": 4, "mix": {"code": 1, "docs": 1}},
+                {"name": "blend", "epochs": {"docs": 1}},
+                {"name": "main", "mix": {"code": 1}},
+            ],
+        ),
+        origin="data.yaml",
+    )
+    with DataFeed(config, mesh()) as feed:
+        next(feed)
+        with pytest.raises(FeedError, match="set_mix at step 0: the feed has already served it"):
+            feed.set_mix({"code": 1}, step=0)
+        with pytest.raises(LedgerError, match="no source nope in the data config"):
+            feed.set_mix({"nope": 1}, step=2)
+        with pytest.raises(LedgerError, match="stage 'blend' is an epochized blend"):
+            feed.set_mix({"docs": 1}, step=5)
+        with pytest.raises(LedgerError, match="stage 'main' does not draw from docs"):
+            feed.set_mix({"docs": 1}, step=40)
+        feed.set_mix({"code": 1}, step=3)
+        feed.set_mix({"docs": 1}, step=3)  # the same step again: replaces the call
+        assert feed.ledger.mixes == (MixEntry(3, (("docs", MIX_UNIT),)),)
+        with pytest.raises(LedgerError, match="set mixes in step order"):
+            feed.set_mix({"code": 1}, step=2)
+
+
+def test_prefetched_batches_from_the_step_on_are_read_again(tmp_path):
+    config = parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml")
+    with DataFeed(config, mesh(), prefetch=6) as feed:
+        next(feed)
+        feed.start_prefetch()
+        assert [s for s, _ in feed.prefetched] == [1, 2, 3, 4, 5, 6]
+        feed.set_mix({"docs": 1}, step=3)
+        expected = Plan(feed.ledger, feed.plan.stores())
+        for step in range(1, 8):
+            batch = next(feed)
+            np.testing.assert_array_equal(
+                np.asarray(batch["inputs"]), expected.batch(step)["inputs"]
+            )
+
+
+def test_mix_entries_are_compact_checked_and_old_ledgers_have_none(tmp_path):
+    config = parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml")
+    plan = Plan.from_config(config)
+    assert "mixes" not in plan.ledger.to_json() and plan.ledger.to_json()["version"] == 3
+    ledger = plan.ledger
+    for step in range(10_000):
+        ledger = ledger.with_mix(MixEntry(step, quantize(weights_at(step))))
+    raw = ledger.to_json()
+    assert raw["version"] == 4
+    growth = len(json.dumps(raw)) - len(json.dumps(plan.ledger.to_json()))
+    assert growth / 10_000 <= 100
+    assert Ledger.from_json(json.loads(json.dumps(raw))) == ledger
+    for edit, message in (
+        (lambda r: r["mixes"].append([5, {"code": 1}]), r"mixes\[10000\]: step 5 is not after"),
+        (lambda r: r["mixes"][0][1].update(nope=3), "weights must be integers > 0"),
+        (lambda r: r["mixes"][0][1].update(code=0.5), "weights must be integers > 0"),
+        (lambda r: r["mixes"].append("x"), "malformed"),
+    ):
+        edited = json.loads(json.dumps(raw))
+        edit(edited)
+        with pytest.raises(LedgerError, match=message):
+            Ledger.from_json(edited)
