@@ -17,6 +17,9 @@ and a list of tasks:
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
   (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
   at that step, either after logging it ("step") or right after starting a save ("save").
+  With `skip_steps`, its restore skips that many steps; with `mix_every`, it calls
+  `feed.set_mix(mix_weights(step), step)` at every multiple of it (process `mix_odd_one`, if
+  given, with the weights of step + 1).
 * {"kind": "stop", "fault": "replace" | "read" | "verify", "faulty": P, "out"}: train until
   the feed stops. After 3 steps every process writes OUT/ready-<id> and waits for OUT/go (the
   test replaces the store in between, "replace"); with "read", process P's ArrayRecord reads
@@ -159,6 +162,9 @@ def train(spec: dict, config, task: dict) -> None:
             w = restored["state"]["w"]
         while feed.step < task["steps"]:
             step = feed.step
+            if task.get("mix_every") and step % task["mix_every"] == 0:
+                odd = task.get("mix_odd_one") == jax.process_index()
+                feed.set_mix(mix_weights(step + odd), step=step)
             batch = next(feed)
             w, sums = step_fn(w, batch)
             sums = gather(sums)
@@ -178,6 +184,11 @@ def train(spec: dict, config, task: dict) -> None:
                 multihost_utils.sync_global_devices(f"kill {step}")
                 os.kill(os.getpid(), signal.SIGKILL)
         mngr.wait_until_finished()
+
+
+def mix_weights(step: int) -> dict[str, float]:
+    """The weights the train task sets (`mix_every`): a fixed function of the step."""
+    return {"code": 1.0 + step % 3, "docs": 0.5 + 0.25 * (step % 2)}
 
 
 class FailingReader:

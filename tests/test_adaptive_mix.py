@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -221,3 +223,61 @@ def test_mix_entries_are_compact_checked_and_old_ledgers_have_none(tmp_path):
         edit(edited)
         with pytest.raises(LedgerError, match=message):
             Ledger.from_json(edited)
+
+
+@pytest.mark.multiprocess
+def test_set_mix_every_10_steps_killed_at_37_and_resumed_on_2_processes_is_exact(tmp_path):
+    """SIGKILL at step 37 of a 1-process run that sets weights every 10 steps; 2 processes
+    resume it: every trained batch is the uninterrupted run's, and `pipeline dump --ledger` of
+    the last checkpoint reproduces them all."""
+    from tests.multihost_worker import mix_weights
+    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+
+    total = 60
+    raw = two_stage_raw(tmp_path / "stores")
+    uninterrupted = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    for step in range(0, total, 10):
+        uninterrupted = uninterrupted.with_mix(MixEntry(step, quantize(mix_weights(step))))
+    log = tmp_path / "run.jsonl"
+    for processes, kill_at in ((1, 37), (2, None)):
+        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
+                "log": str(log), "save_every": 5, "kill_at": kill_at, "kill_mode": "step",
+                "mix_every": 10}  # fmt: skip
+        codes = launch(tmp_path, raw, [task], processes, 4 // processes, timeout=240)
+        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
+        assert codes == expected, worker_output(tmp_path)
+    entries = read_log(log)
+    assert {e["step"] for e in entries} == set(range(total))
+    assert {e["procs"] for e in entries} == {1, 2}
+    for entry in entries:
+        expected = reference_checksums(uninterrupted.batch(entry["step"]))
+        np.testing.assert_array_equal(entry["sums"], expected, err_msg=str(entry["step"]))
+    last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
+    config_file = tmp_path / "multihost.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "dump.npz"
+    ledger = tmp_path / "ckpt" / str(last)
+    argv = ["dump", config_file, "--ledger", ledger, "--steps", f"0:{last + 1}", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    inputs = np.load(out)["inputs"]
+    for step in range(last + 1):
+        np.testing.assert_array_equal(inputs[step], uninterrupted.batch(step)["inputs"])
+
+
+@pytest.mark.multiprocess
+def test_a_process_whose_set_mix_differs_stops_every_process_naming_both(tmp_path):
+    from tests.test_multihost import launch, worker_output
+
+    raw = two_stage_raw(tmp_path / "stores")
+    task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": 4, "log": str(tmp_path / "l"),
+            "save_every": 2, "kill_at": None, "kill_mode": "step", "mix_every": 2,
+            "mix_odd_one": 1}  # fmt: skip
+    codes = launch(tmp_path, raw, [task], 2, 2, timeout=120)
+    assert all(code != 0 for code in codes)
+    output = worker_output(tmp_path)
+    for me, peer in ((0, 1), (1, 0)):
+        assert re.search(
+            rf"LedgerError: set_mix call 0: process {me} set \[0, .*\], process {peer} set "
+            r"\[0, .*\]; every process must make the same set_mix calls",
+            output,
+        ), output

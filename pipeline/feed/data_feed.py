@@ -61,6 +61,7 @@ from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_c
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.host_stop import HostStop, stop_periods
+from pipeline.feed.mix_agreement import check_same_call
 from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
@@ -340,8 +341,8 @@ class DataFeed:
         The weights are quantized (`ledger.quantize`: integers in units of 2^-20 of their
         total) and recorded in the ledger, so the checkpoint's data state carries the call and
         every step replays exactly; batches already read ahead from `step` on are read again.
-        Every process must make the same calls: a checkpoint saved after differing calls
-        stops the run (`DataSave`).
+        Every process must make the same calls: each call is compared with the peers'
+        (`mix_agreement`), and a difference stops every process with one line.
         """
         self._ensure_open()
         step = self._check_step(step)
@@ -350,7 +351,9 @@ class DataFeed:
                 f"set_mix at step {step}: the feed has already served it; the next step is "
                 f"{self._step}"
             )
-        plan = self._plan.with_mix(MixEntry(step, quantize(weights, f"set_mix at step {step}")))
+        entry = MixEntry(step, quantize(weights, f"set_mix at step {step}"))
+        plan = self._plan.with_mix(entry)  # a call the plan cannot take raises here
+        check_same_call(entry)
         if step < self._queued:
             self._drop_pending()  # read ahead under the old weights: read again, in order
         self._plan = plan

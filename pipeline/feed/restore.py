@@ -64,38 +64,17 @@ def restore_state(
     return current_state(feed)
 
 
-def check_same_ledger(feed: DataFeed) -> None:
-    """Every process must have recorded the same ledger, i.e. made the same `set_mix` calls:
-    checked when a checkpoint is saved (`DataSave`, on every process), one line naming the
-    first process that differs from process 0 and both ledgers' digests."""
-    payload = json.dumps(feed.ledger.to_json(), sort_keys=True).encode()
-    digests = _digests(payload)
-    differ = [i for i in range(len(digests)) if digests[i] != digests[0]]
-    if differ:
-        raise LedgerError(
-            f"process {differ[0]}'s ledger (digest {digests[differ[0]]}) differs from process "
-            f"0's ({digests[0]}) at step {feed.step}: every process must make the same "
-            "set_mix calls (weights and steps)"
-        )
-
-
-def _digests(payload: bytes) -> list[str]:
-    """Every process's digest of its `payload` (one collective; just this one's when alone)."""
-    mine = hashlib.sha256(payload).digest()[:16]
-    if jax.process_count() == 1:
-        return [mine.hex()]
-    from jax.experimental import multihost_utils
-
-    gathered = multihost_utils.process_allgather(np.frombuffer(mine, dtype=np.uint32))
-    return [np.asarray(row, dtype=np.uint32).tobytes().hex() for row in np.asarray(gathered)]
-
-
 def _check_processes_agree(state: DataState, feed: DataFeed) -> None:
     """Every process must restore the same state under the same data config."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
     order = feed.plan.ledger.last.order  # the data order this process's config produced
     both = json.dumps({"state": state.to_json(), "config": order}, sort_keys=True).encode()
-    digests = _digests(both)
-    differ = [i for i in range(len(digests)) if digests[i] != digests[0]]
+    mine = np.frombuffer(hashlib.sha256(both).digest()[:16], dtype=np.uint32)
+    everyone = np.asarray(multihost_utils.process_allgather(mine))
+    differ = [i for i in range(everyone.shape[0]) if not np.array_equal(everyone[i], everyone[0])]
     if differ:
         raise LedgerError(
             f"{state.origin}: processes {differ} read a different data state or run a different "
