@@ -23,6 +23,7 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import MIX_UNIT, Ledger, MixEntry, quantize
 from pipeline.plan.mixing import Mixture, Steered, fixed_counts
 from pipeline.plan.plan import Plan
+from pipeline.plan.report import ScheduledSources, target_shares
 from tests.feedstores import two_stage_raw
 from tests.test_checkpoint import manager, mesh
 
@@ -155,6 +156,11 @@ def test_a_mix_holds_until_the_next_call_or_the_end_of_its_stage(tmp_path):
     assert {after.source_names[s] for s in after.source} == {"code", "docs"}
     table = plan.segment_plan(0)
     assert table.counters_at(10)["docs"] > plain.segment_plan(0).counters_at(10)["docs"]
+    shares = target_shares(plan, np.arange(12))  # what `pipeline plot` draws as the targets
+    np.testing.assert_allclose(shares["docs"], [0.5] * 4 + [1.0] * 6 + [0.25] * 2)
+    scheduled = ScheduledSources(plan)  # the feed's event log asks step after step
+    both, docs = {"code", "docs"}, {"docs"}
+    assert [scheduled(step) for step in range(12)] == [both] * 4 + [docs] * 6 + [both] * 2
 
 
 def test_bad_calls_are_refused_and_change_nothing(tmp_path):

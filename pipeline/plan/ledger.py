@@ -31,6 +31,7 @@ of versions 1 (pipeline 0.1) and 2 (before `order_version`) all have order versi
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -225,9 +226,14 @@ class Ledger:
 
     def mixes_of(self, index: int) -> tuple[MixEntry, ...]:
         """The mix entries inside segment `index`."""
-        start = self.segments[index].start_step
-        stop = self.segments[index + 1].start_step if index + 1 < len(self.segments) else None
-        return tuple(m for m in self.mixes if m.step >= start and (stop is None or m.step < stop))
+
+        def first_at(step: int) -> int:
+            return bisect.bisect_left(self.mixes, step, key=lambda mix: mix.step)
+
+        stop = len(self.mixes)
+        if index + 1 < len(self.segments):
+            stop = first_at(self.segments[index + 1].start_step)
+        return self.mixes[first_at(self.segments[index].start_step) : stop]
 
     def to_json(self) -> dict[str, Any]:
         steered = self.mixes or any(segment.skip for segment in self.segments)
@@ -292,24 +298,28 @@ def _mixes(raw: Any, ledger: Ledger, origin: str) -> tuple[MixEntry, ...]:
     """The `mixes` of a ledger's JSON, checked: steps increasing, weights of the segment's
     sources, integers > 0 that a `MixEntry` could hold."""
     out: list[MixEntry] = []
+    starts = [segment.start_step for segment in ledger.segments]
+    previous = -1
     for index, item in enumerate(raw):
         where = f"{origin}: mixes[{index}]"
-        try:
-            step, weights = item
-            valid = isinstance(step, int) and step >= 0 and isinstance(weights, dict)
-        except (TypeError, ValueError):
-            valid = False
-        if not valid:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int) or item[0] < 0:
             raise LedgerError(f"{where} is malformed: expected [step, {{source: weight}}]")
-        sources = ledger.segments[ledger.segment_index(step)].config["sources"]
-        bad = [n for n, w in weights.items() if n not in sources or type(w) is not int or w <= 0]
-        if bad or not weights or sum(weights.values()) > 2 * MIX_UNIT:
+        step, weights = item
+        segment = ledger.segments[bisect.bisect_right(starts, step) - 1]
+        sources = segment.config["sources"]
+        if (
+            not isinstance(weights, dict)
+            or not weights
+            or any(n not in sources or type(w) is not int or w <= 0 for n, w in weights.items())
+            or sum(weights.values()) > 2 * MIX_UNIT
+        ):
             raise LedgerError(
                 f"{where}: weights must be integers > 0 (units of 1/{MIX_UNIT} of their total) "
                 f"of the segment's sources {sorted(sources)}; got {weights}"
             )
-        if out and step <= out[-1].step:
+        if step <= previous:
             raise LedgerError(f"{where}: step {step} is not after mixes[{index - 1}]")
+        previous = step
         out.append(MixEntry(step, tuple(sorted(weights.items()))))
     return tuple(out)
 

@@ -136,31 +136,31 @@ def _left_share(weights: np.ndarray, lo: int, mid: int, hi: int) -> np.ndarray:
 
 
 def fixed_counts(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """[..., K] rows of each source among the first `rows` positions under constant integer
-    `weights` [K] (not all 0): `Mixture`'s tree and rounding, in exact integer arithmetic.
+    """[..., K] rows of each source among the first `rows` [...] positions under constant
+    integer `weights` ([K], or [..., K] one set per entry of `rows`; not all 0): `Mixture`'s
+    tree and rounding, in exact integer arithmetic.
 
     A node with weights wL | wR that received n rows gives its left half floor(n * wL / W +
     1/2), W = wL + wR, computed as q * wL + (2 * r * wL + W) // (2 * W) with (q, r) = divmod(n,
     W): no float, no overflow for W < 2^31, so every host gets the same counts bit for bit.
     """
     weights = np.asarray(weights, dtype=np.int64)
-    out = np.empty((*np.shape(rows), len(weights)), dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.empty((*np.broadcast_shapes(rows.shape, weights.shape[:-1]), weights.shape[-1]),
+                   dtype=np.int64)  # fmt: skip
 
     def split(lo: int, hi: int, n: np.ndarray) -> None:
         if hi - lo == 1:
             out[..., lo] = n
             return
         mid = (lo + hi) // 2
-        left_weight, total = int(weights[lo:mid].sum()), int(weights[lo:hi].sum())
-        if total == 0:
-            left = np.zeros_like(n)
-        else:
-            q, r = np.divmod(n, total)
-            left = q * left_weight + (2 * r * left_weight + total) // (2 * total)
+        left_weight, total = weights[..., lo:mid].sum(-1), weights[..., lo:hi].sum(-1)
+        q, r = np.divmod(n, np.maximum(total, 1))  # a node without weight receives no row
+        left = q * left_weight + (2 * r * left_weight + total) // np.maximum(2 * total, 1)
         split(lo, mid, left)
         split(mid, hi, n - left)
 
-    split(0, len(weights), np.asarray(rows, dtype=np.int64))
+    split(0, weights.shape[-1], rows)
     return out
 
 
@@ -171,8 +171,8 @@ class Steered:
     integer weights w_e do, counting afresh: rows before position p >= start_e are the counts at
     start_e plus `fixed_counts(w_e, p - start_e)`. So each piece keeps `Mixture`'s guarantee
     with constant weights (within `error_bounds()` of the exact share of the rows since its
-    start), whatever came before it. The counts at each start are computed once, here (O(E));
-    a position's piece is found by bisection (O(log E)).
+    start), whatever came before it. The counts at each start are computed once, here, in one
+    vectorised pass (O(E)); a position's piece is found by bisection (O(log E)).
     """
 
     def __init__(
@@ -183,12 +183,10 @@ class Steered:
         self.set_steps = np.asarray(steps, dtype=np.int64)  # stage-local steps, increasing
         self.positions = np.asarray(starts, dtype=np.int64)  # their first lane positions
         self.set_weights = np.asarray(weights, dtype=np.int64)  # [E, K]
-        at = np.empty((len(self.positions), self.num_sources), dtype=np.int64)
-        at[0] = base.counts(self.positions[:1])[0]
-        for e in range(1, len(at)):
-            gap = self.positions[e] - self.positions[e - 1]
-            at[e] = at[e - 1] + fixed_counts(self.set_weights[e - 1], np.array(gap))
-        self.at = at
+        # counts at each start: the base's at the first, then each piece's rows added
+        pieces = fixed_counts(self.set_weights[:-1], np.diff(self.positions))
+        first = base.counts(self.positions[:1])
+        self.at = np.cumsum(np.concatenate([first, pieces]), axis=0)
         # where the weights may change, for `ScheduledSources`: the stage's own points before
         # the first set step, then the set steps
         own = base.starts[base.starts < self.set_steps[0]]

@@ -53,7 +53,7 @@ from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.sources import keyed, open_stores, path_key
-from pipeline.plan.stages import Override, StageTable
+from pipeline.plan.stages import Overrides, StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
 from pipeline.urls import location
@@ -178,7 +178,7 @@ class SegmentPlan:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
         config = self.config
         windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
-        overrides = tuple(self._override(mix) for mix in mixes)
+        overrides = self._overrides(mixes) if mixes else None
         return StageTable(
             config.stages,
             config.source_names,
@@ -189,17 +189,23 @@ class SegmentPlan:
             overrides,
         )
 
-    def _override(self, mix: MixEntry) -> Override:
+    def _overrides(self, mixes: tuple[MixEntry, ...]) -> Overrides:
+        """`mixes` placed in this segment's layout (vectorised: a restore may hold many)."""
         names = self.config.source_names
-        weights = dict(mix.weights)
-        unknown = sorted(set(weights) - set(names))
-        if unknown:
-            raise LedgerError(
-                f"set_mix at step {mix.step}: no source {', '.join(unknown)} in the data config "
-                f"in force (sources: {', '.join(names)})"
-            )
-        values = np.array([weights.get(name, 0) for name in names], dtype=np.int64)
-        return Override(mix.step, self._from_anchor(mix.step), self.position_of(mix.step), values)
+        column = {name: k for k, name in enumerate(names)}
+        weights = np.zeros((len(mixes), len(names)), dtype=np.int64)
+        for row, mix in enumerate(mixes):
+            for name, weight in mix.weights:
+                if name not in column:
+                    raise LedgerError(
+                        f"set_mix at step {mix.step}: no source {name} in the data config in "
+                        f"force (sources: {', '.join(names)})"
+                    )
+                weights[row, column[name]] = weight
+        steps = np.array([mix.step for mix in mixes], dtype=np.int64)
+        self._from_anchor(int(steps[-1]))  # refused past the last step the plan addresses
+        local = steps - self.anchor
+        return Overrides(steps, local, self.clock.position(local), weights)
 
     def steered(self, mixes: tuple[MixEntry, ...]) -> SegmentPlan:
         """This segment's plan with the mix entries `mixes` instead of its own; its layouts

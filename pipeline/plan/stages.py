@@ -10,8 +10,8 @@ stage, a `Mixture` decides the source of each position, counting steps from the 
 the stage's first row, so a schedule point at step S changes the first row of step S.
 
 The run may set a stage's weights from a step on (`DataFeed.set_mix`, a ledger `MixEntry`): an
-`Override`. Its stage's mixture becomes a `Steered` one, which follows the set weights from the
-override's first row to the next override or the end of the stage.
+`Overrides` entry. Its stage's mixture becomes a `Steered` one, which follows the set weights
+from the entry's first row to the next entry or the end of the stage.
 
 A source's *counter* is how many windows one lane has drawn from it so far in the run; it
 carries across stages (and, through the ledger, across segments), which is what makes epochs
@@ -32,13 +32,25 @@ from pipeline.plan.mixing import Mixture, Steered
 
 
 @dataclass(frozen=True)
-class Override:
-    """Weights set from a step on (a ledger `MixEntry`), placed in a segment's layout."""
+class Overrides:
+    """Weights set from steps on (a segment's ledger `MixEntry`s), placed in its layout: one
+    entry per call, in step order."""
 
-    step: int  # the run's step, for messages
-    local_step: int  # counted from the segment's anchor
-    position: int  # the lane position of its first row (segment-local)
-    weights: np.ndarray  # [num sources of the segment] integers, 0 for sources left out
+    steps: np.ndarray  # [E] the run's steps, for messages
+    local_steps: np.ndarray  # [E] counted from the segment's anchor
+    positions: np.ndarray  # [E] the lane position of each call's first row (segment-local)
+    weights: np.ndarray  # [E, num sources of the segment] integers, 0 for sources left out
+
+    def within(self, start: int, end: int | None) -> Overrides | None:
+        """The entries whose first row is in lane positions [start, end), None if none."""
+        lo = int(np.searchsorted(self.positions, start))
+        hi = len(self.positions) if end is None else int(np.searchsorted(self.positions, end))
+        if lo == hi:
+            return None
+        part = slice(lo, hi)
+        return Overrides(
+            self.steps[part], self.local_steps[part], self.positions[part], self.weights[part]
+        )
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ class StageTable:
         clock: StepClock,
         counters: np.ndarray,
         where: str = "<config>",
-        overrides: tuple[Override, ...] = (),
+        overrides: Overrides | None = None,
     ) -> None:
         self.source_names = source_names
         self.clock = clock
@@ -86,10 +98,8 @@ class StageTable:
             else:
                 mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: {spec.mix_key}")
                 end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
-            mine = [
-                o for o in overrides if start <= o.position and (end is None or o.position < end)
-            ]
-            if mine:
+            mine = None if overrides is None else overrides.within(start, end)
+            if mine is not None:
                 steered = (spec, sources, mixture, mine, first_step, schedule_start)
                 mixture = _steered(*steered, source_names)
             layout = StageLayout(
@@ -152,30 +162,30 @@ def _steered(
     spec: StageSpec,
     sources: tuple[int, ...],
     mixture: Mixture,
-    overrides: list[Override],
+    overrides: Overrides,
     first_step: int,
     schedule_start: int,
     source_names: tuple[str, ...],
 ) -> Steered:
     """The stage's mixture with the weights the run set inside it."""
-    for override in overrides:
-        set_names = [source_names[k] for k in np.flatnonzero(override.weights)]
-        outside = [name for name in set_names if name not in spec.source_names]
-        if spec.epochs is not None or outside:
-            why = (
-                "is an epochized blend, whose shares its epochs fix"
-                if spec.epochs is not None
-                else f"does not draw from {', '.join(outside)}"
-            )
-            raise LedgerError(
-                f"set_mix at step {override.step}: stage '{spec.name}' {why}; set weights of "
-                f"its sources {list(spec.source_names)} in a stage that mixes by weight"
-            )
+    others = [k for k in range(len(source_names)) if k not in sources]
+    outside = overrides.weights[:, others].any(axis=1)
+    if spec.epochs is not None or outside.any():
+        first = int(np.argmax(outside)) if spec.epochs is None else 0
+        if spec.epochs is not None:
+            why = "is an epochized blend, whose shares its epochs fix"
+        else:
+            names = [source_names[k] for k in others if overrides.weights[first, k]]
+            why = f"does not draw from {', '.join(names)}"
+        raise LedgerError(
+            f"set_mix at step {int(overrides.steps[first])}: stage '{spec.name}' {why}; set "
+            f"weights of its sources {list(spec.source_names)} in a stage that mixes by weight"
+        )
     return Steered(
         mixture,
-        np.array([o.local_step - first_step for o in overrides]),
-        np.array([o.position - schedule_start for o in overrides]),
-        np.stack([o.weights[list(sources)] for o in overrides]),
+        overrides.local_steps - first_step,
+        overrides.positions - schedule_start,
+        overrides.weights[:, list(sources)],
     )
 
 
