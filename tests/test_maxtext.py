@@ -32,6 +32,7 @@ from pipeline.feed.maxtext import (
 )
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import eval_config
+from pipeline.plan.ledger import MixEntry
 from pipeline.plan.plan import Plan
 from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import MANIFEST
@@ -614,3 +615,23 @@ def test_the_data_configs_feed_section_turns_on_provenance(tmp_path, mesh):
         assert all(set(b) == set(FIELDS) for b in evals)  # eval batches stay six fields
     finally:
         close(train, evals)
+
+
+def test_the_train_iterator_sets_the_mix_in_the_state_maxtext_saves(data_yaml, mesh):
+    plan = Plan.from_config(load_config(data_yaml))
+    train, _ = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    try:
+        next(train)
+        train.set_mix({"docs": 1}, step=train.step)
+        state = train.local_iterator.get_state()
+        assert state["ledger"]["mixes"] == [[1, {"docs": 2**20}]]
+        expected = plan.with_mix(MixEntry(1, (("docs", 2**20),)))
+        assert_same(next(train), expected.batch(1))
+    finally:
+        train.close()
+    resumed, _ = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    try:
+        resumed.local_iterator.set_state(json.loads(json.dumps(state)))
+        assert_same(next(resumed), expected.batch(1))
+    finally:
+        resumed.close()

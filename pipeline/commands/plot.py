@@ -115,7 +115,7 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
             ax.text(
                 segment.start_step,
                 0.02,
-                f" ledger switch (segment {index})",
+                f" ledger {plan.ledger.entry(index)} (segment {index})",
                 rotation=90,
                 va="bottom",
                 ha="left",

@@ -34,7 +34,7 @@ import enum
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -221,6 +221,11 @@ class TrainIterator:
     @property
     def step(self) -> int:
         return self.feed.step
+
+    def set_mix(self, weights: Mapping[str, float], step: int) -> None:
+        """`DataFeed.set_mix`: the stage's weights from `step` on, recorded in the state MaxText
+        checkpoints (docs/maxtext.md, "Setting the mixture from the training loop")."""
+        self.feed.set_mix(weights, step)
 
     def restore_from(self, directory: str | os.PathLike) -> None:
         """Restore from an `iter` item directory saved with any number of processes; its
