@@ -11,6 +11,8 @@ slice by itself). Model and data state are saved together in one Orbax Checkpoin
 `--data-config` differs from the checkpoint's on purpose (a ledger switch). `--skip-data N`
 (with `--resume`, alone or with `--switch-data`) passes over N steps of data after a loss
 spike: the restored step s trains on what the plan had for step s + N (docs/steering.md).
+`--adaptive-mix K` sets the mixture every K steps from the per-source losses
+(`pipeline.feed.adaptive`, docs/mixtures.md "Adaptive mixtures").
 
 `--checkpoint-dir` and `--data-config` may be URLs (gs://bucket/run): Orbax writes there
 natively and they are never turned into local paths. SIGTERM (a TPU preemption notice, or
@@ -55,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         metavar="N",
         help="with --resume: pass over N steps of data (the restored step s serves plan step s+N)",
+    )
+    p.add_argument(
+        "--adaptive-mix",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every K steps, set the mixture from per-source losses (pipeline.feed.adaptive)",
     )
     p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--width", type=int, default=128)
@@ -203,6 +212,14 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
     evals = eval_feeds(config, mesh) if args.eval_every else []
     params, opt_state = state["params"], state["opt_state"]
+    controller = None
+    if args.adaptive_mix:
+        from pipeline.feed.adaptive import ExcessLoss
+        from pipeline.plan.report import target_shares
+
+        shares = target_shares(feed.plan, np.array([feed.step]))
+        initial = {name: float(share[0]) for name, share in shares.items()}
+        controller = ExcessLoss(feed.source_names(), every=args.adaptive_mix, initial=initial)
     metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
     preempted = False
     try:
@@ -218,11 +235,18 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
                 for ev in evals:
                     losses = [float(eval_fn(params, b)) for b in ev]
                     evaluated[f"eval_{ev.name}"] = sum(losses) / len(losses)
+            names = feed.source_names(step)
+            losses = dict(zip(names, np.asarray(metrics["source_loss"]).tolist()))
+            mix = None
+            if controller is not None:  # every process: the losses are the global batch's
+                controller.observe(losses)
+                mix = controller.steer(feed)
             if primary:  # only the logging process re-derives the step's stage and epochs
                 record = {**step_record(feed, step, loss, metrics, seconds), **evaluated}
-                losses = np.asarray(metrics["source_loss"]).tolist()
-                names = feed.source_names(step)
-                record["source_loss"] = {n: v for n, v in zip(names, losses) if v == v}  # not NaN
+                record["source_loss"] = {n: v for n, v in losses.items() if v == v}  # not NaN
+                if mix is not None:
+                    record["mix"] = mix
+                    log.info("step %d: adaptive mix from step %d: %s", step, feed.step, mix)
                 record["input_wait_s"] = feed.stats().last_wait_s
                 log.info(format_record(record))
                 if metrics_file:

@@ -287,3 +287,25 @@ def test_a_process_whose_set_mix_differs_stops_every_process_naming_both(tmp_pat
             r"\[0, .*\]; every process must make the same set_mix calls",
             output,
         ), output
+
+
+def test_the_reference_controller_favours_the_source_whose_loss_falls_least(tmp_path):
+    from pipeline.feed.adaptive import ExcessLoss
+
+    config = parse_config(
+        two_stage_raw(tmp_path / "stores", stages=[{"name": "m", "mix": {"code": 1, "docs": 1}}]),
+        origin="data.yaml",
+    )
+    controller = ExcessLoss(("code", "docs"), every=5, warmup=2, floor=0.1, rate=4.0)
+    with DataFeed(config, mesh()) as feed:
+        for step in range(20):
+            next(feed)
+            # code's loss falls, docs' stays: docs should gain weight (it has more to learn)
+            controller.observe({"code": 4.0 / (1 + step), "docs": 4.0, "absent": float("nan")})
+            controller.steer(feed)
+        set_steps = [m.step for m in feed.ledger.mixes]
+        last = dict(feed.ledger.mixes[-1].weights)
+    assert set_steps == [5, 10, 15, 20]
+    assert last["docs"] > 0.8 * MIX_UNIT and last["code"] >= 0.1 * MIX_UNIT - 1  # the floor
+    with pytest.raises(ConfigError, match="ExcessLoss: expected"):
+        ExcessLoss(("a", "b"), floor=0.5)

@@ -118,6 +118,25 @@ def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_d
     assert [checksum(inputs) for inputs in np.load(out)["inputs"]] == [r["checksum"] for r in after]
 
 
+def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_dir):
+    done = train(run_dir, "two.yaml", 14, "--adaptive-mix", "4", name="adaptive")
+    assert done.returncode == 0, done.stderr
+    seen = records(run_dir, "adaptive")
+    mixes = {r["step"]: r["mix"] for r in seen if "mix" in r}
+    assert sorted(mixes) == [3, 7, 11]  # set from steps 4, 8, 12
+    # the config's 3:1 to start, each share kept above the 5% floor: 0.9 * share + 0.05
+    assert mixes[3] == pytest.approx({"docs": 0.725, "again": 0.275})
+    assert mixes[11]["again"] != pytest.approx(0.275, abs=1e-6)  # the losses moved it
+    assert "step 11: adaptive mix from step 12" in done.stderr
+    out = run_dir / "adaptive.npz"
+    dump = [
+        sys.executable, "-m", "pipeline", "dump", str(run_dir / "two.yaml"), "--ledger",
+        str(run_dir / "adaptive-ckpt" / "14"), "--steps", "0:14", "--out", str(out),
+    ]  # fmt: skip
+    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
+    assert [checksum(inputs) for inputs in np.load(out)["inputs"]] == [r["checksum"] for r in seen]
+
+
 def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
     prepare(
         PrepareOptions(["builtin:python-docstrings"], run_dir / "sft", num_shards=2, progress=False)

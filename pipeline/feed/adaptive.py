@@ -1,0 +1,90 @@
+"""A reference controller for adaptive mixtures: exponentiated gradient on excess loss.
+
+    controller = ExcessLoss(feed.source_names(), every=50, initial=stage_weights)
+    for batch in feed:
+        step = feed.step - 1
+        ...train, get each source's mean loss of the step (NaN: not drawn)...
+        controller.observe(source_losses)
+        controller.steer(feed)             # every `every` steps: feed.set_mix(...)
+
+The weights start from `initial` (default: equal). Each source's loss is smoothed (an
+exponential moving average); the first smoothed value after `warmup` observations is its
+reference. Every `every` steps the log-weights move by `rate` times each source's relative
+excess loss, (loss - reference) / reference, so a source whose loss falls less than the
+others' gains weight; the weights are then mixed with the uniform ones so that each source
+keeps at least `floor` of the total. The weights depend only on the losses given, so processes
+that pass the same globally reduced losses (e.g. computed inside a jitted step on the global
+batch) make the same `set_mix` calls, which `set_mix` checks. The controller's own state is
+not checkpointed: after a restore it starts learning again from the restored step, while
+every step before it replays exactly from the ledger. It illustrates the mechanism; the Aioli
+paper found no mixing rule that reliably beats a fixed stratified mixture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from pipeline.errors import ConfigError
+from pipeline.feed.data_feed import DataFeed
+
+
+class ExcessLoss:
+    def __init__(
+        self,
+        sources: Sequence[str],
+        *,
+        every: int = 50,
+        rate: float = 1.0,
+        floor: float = 0.05,
+        smoothing: float = 0.9,
+        warmup: int = 10,
+        initial: Mapping[str, float] | None = None,
+    ) -> None:
+        if every < 1 or rate <= 0 or not 0 <= floor * len(sources) < 1 or not 0 <= smoothing < 1:
+            raise ConfigError(
+                "ExcessLoss: expected every >= 1, rate > 0, 0 <= floor < 1 / sources, "
+                f"0 <= smoothing < 1; got every={every}, rate={rate}, floor={floor}, "
+                f"smoothing={smoothing}"
+            )
+        self.sources = tuple(sources)
+        self.every, self.rate, self.floor = every, rate, floor
+        self.smoothing, self.warmup = smoothing, warmup
+        start = initial or dict.fromkeys(self.sources, 1.0)  # e.g. the stage's own weights
+        self.log_weights = {n: math.log(max(start.get(n, 0.0), 1e-9)) for n in self.sources}
+        self.smoothed: dict[str, float] = {}
+        self.seen = dict.fromkeys(self.sources, 0)
+        self.reference: dict[str, float] = {}
+
+    def observe(self, losses: Mapping[str, float]) -> None:
+        """One step's mean loss per source (NaN or absent: the step drew none of its rows)."""
+        for name in self.sources:
+            loss = losses.get(name, math.nan)
+            if not math.isfinite(loss):
+                continue
+            before = self.smoothed.get(name, loss)
+            self.smoothed[name] = self.smoothing * before + (1 - self.smoothing) * loss
+            self.seen[name] += 1
+            if self.seen[name] == self.warmup:
+                self.reference[name] = self.smoothed[name]
+
+    def weights(self) -> dict[str, float]:
+        """The current weights: softmax of the log-weights, mixed with uniform for the floor."""
+        top = max(self.log_weights.values())
+        raw = {n: math.exp(w - top) for n, w in self.log_weights.items()}
+        total = math.fsum(raw.values())
+        uniform = self.floor * len(self.sources)
+        return {n: (1 - uniform) * v / total + self.floor for n, v in raw.items()}
+
+    def steer(self, feed: DataFeed) -> dict[str, float] | None:
+        """At every `every`-th step (feed.step > 0), update the log-weights from the excess
+        losses of the sources with a reference, and `set_mix` the weights from the feed's next
+        step; returns them (None when it is not a steering step)."""
+        if feed.step == 0 or feed.step % self.every:
+            return None
+        for name, reference in self.reference.items():
+            excess = (self.smoothed[name] - reference) / max(abs(reference), 1e-9)
+            self.log_weights[name] += self.rate * excess
+        weights = self.weights()
+        feed.set_mix(weights, step=feed.step)
+        return weights
