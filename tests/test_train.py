@@ -94,6 +94,18 @@ def checksum(inputs: np.ndarray) -> int:
     return int(np.sum((flat + np.uint32(1)) * weights, dtype=np.uint32))
 
 
+def dumped_checksums(run_dir: Path, config: str, name: str, checkpoint: int, steps: str):
+    """The checksums of the batches `pipeline dump --ledger` gives for `steps` of run `name`,
+    from its checkpoint `checkpoint`'s ledger."""
+    out = run_dir / f"{name}.npz"
+    dump = [
+        sys.executable, "-m", "pipeline", "dump", str(run_dir / config), "--ledger",
+        str(run_dir / f"{name}-ckpt" / str(checkpoint)), "--steps", steps, "--out", str(out),
+    ]  # fmt: skip
+    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
+    return [checksum(inputs) for inputs in np.load(out)["inputs"]]
+
+
 def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir):
     refused = train(run_dir, "data.yaml", 5, "--skip-data", "3", name="skip")
     assert refused.returncode != 0
@@ -109,13 +121,8 @@ def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_d
     assert [r["checksum"] for r in after] == [
         checksum(plan.batch(step + 10)["inputs"]) for step in range(20, 30)
     ]
-    out = run_dir / "skip.npz"
-    dump = [
-        sys.executable, "-m", "pipeline", "dump", str(run_dir / "data.yaml"), "--ledger",
-        str(run_dir / "skip-ckpt" / "30"), "--steps", "20:30", "--out", str(out),
-    ]  # fmt: skip
-    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
-    assert [checksum(inputs) for inputs in np.load(out)["inputs"]] == [r["checksum"] for r in after]
+    dumped = dumped_checksums(run_dir, "data.yaml", "skip", 30, "20:30")
+    assert dumped == [r["checksum"] for r in after]
 
 
 def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_dir):
@@ -128,13 +135,8 @@ def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_d
     assert mixes[3] == pytest.approx({"docs": 0.725, "again": 0.275})
     assert mixes[11]["again"] != pytest.approx(0.275, abs=1e-6)  # the losses moved it
     assert "step 11: adaptive mix from step 12" in done.stderr
-    out = run_dir / "adaptive.npz"
-    dump = [
-        sys.executable, "-m", "pipeline", "dump", str(run_dir / "two.yaml"), "--ledger",
-        str(run_dir / "adaptive-ckpt" / "14"), "--steps", "0:14", "--out", str(out),
-    ]  # fmt: skip
-    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
-    assert [checksum(inputs) for inputs in np.load(out)["inputs"]] == [r["checksum"] for r in seen]
+    dumped = dumped_checksums(run_dir, "two.yaml", "adaptive", 14, "0:14")
+    assert dumped == [r["checksum"] for r in seen]
 
 
 def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
