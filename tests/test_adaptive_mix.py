@@ -309,3 +309,15 @@ def test_the_reference_controller_favours_the_source_whose_loss_falls_least(tmp_
     assert last["docs"] > 0.8 * MIX_UNIT and last["code"] >= 0.1 * MIX_UNIT - 1  # the floor
     with pytest.raises(ConfigError, match="ExcessLoss: expected"):
         ExcessLoss(("a", "b"), floor=0.5)
+
+
+def test_a_plan_with_a_mix_shares_the_open_stores_and_pickles_with_it(tmp_path):
+    import pickle
+
+    plan = Plan.from_config(parse_config(two_stage_raw(tmp_path / "stores"), origin="d.yaml"))
+    steered = plan.with_mix(MixEntry(3, (("docs", MIX_UNIT),)))
+    assert [id(s) for s in steered.stores()] == [id(s) for s in plan.stores()]
+    clone = pickle.loads(pickle.dumps(steered))  # a Grain worker's copy (host_dataset)
+    for step in range(12):
+        for field, values in steered.batch(step).items():
+            np.testing.assert_array_equal(clone.batch(step)[field], values)
