@@ -317,6 +317,7 @@ def test_a_plan_with_a_mix_shares_the_open_stores_and_pickles_with_it(tmp_path):
     plan = Plan.from_config(parse_config(two_stage_raw(tmp_path / "stores"), origin="d.yaml"))
     steered = plan.with_mix(MixEntry(3, (("docs", MIX_UNIT),)))
     assert [id(s) for s in steered.stores()] == [id(s) for s in plan.stores()]
+    assert steered.check_reads == plan.check_reads
     clone = pickle.loads(pickle.dumps(steered))  # a Grain worker's copy (host_dataset)
     for step in range(12):
         for field, values in steered.batch(step).items():

@@ -355,9 +355,9 @@ class Plan:
         ledger = self.ledger.with_mix(entry)
         index = len(ledger.segments) - 1
         steered = self.segment_plan(index).steered(ledger.mixes_of(index))
-        plan = Plan(ledger)  # not copy.copy: that would go through __getstate__, without stores
-        plan._metas, plan._stores, plan._opening = self._metas, self._stores, self._opening
-        plan._configs = self._configs
+        plan = object.__new__(Plan)  # a shallow copy; copy.copy would pickle (no stores)
+        plan.__dict__.update(self.__dict__)
+        plan.ledger = ledger
         plan._segments = {**self._segments, index: steered}
         return plan
 
