@@ -14,7 +14,12 @@ import pytest
 
 from pipeline.errors import PrepareError, TokenizerError
 from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.prepare_beam import pipeline_flags, prepare_beam, units_of_work
+from pipeline.store.prepare_beam import (
+    pipeline_flags,
+    prepare_beam,
+    resolve_runner,
+    units_of_work,
+)
 from pipeline.store.token_store import TokenStore
 from tests.test_corpora import TinyText
 
@@ -51,6 +56,10 @@ def _no_leftovers(parent: Path) -> list[str]:
 
 @pytest.fixture
 def mixed_corpus(tmp_path: Path) -> list[str]:
+    return write_mixed_corpus(tmp_path)
+
+
+def write_mixed_corpus(tmp_path: Path) -> list[str]:
     """A directory of text files, a JSONL file with an empty text, and a Parquet file."""
     docs = tmp_path / "in" / "docs"
     (docs / "sub").mkdir(parents=True)
@@ -138,11 +147,47 @@ def test_units_of_work_and_flags(mixed_corpus: list[str]) -> None:
 
     units = units_of_work(resolve_inputs([*mixed_corpus, "builtin:python-docs"]))
     assert [len(u.files) for u in units] == [1] * 8 + [0]
-    assert pipeline_flags(1)[1:] == ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
+    direct = [f"--runner={FN_API_RUNNER}"]
+    assert pipeline_flags(1)[1:] == [
+        "--direct_num_workers=1", "--direct_running_mode=in_memory", *direct
+    ]  # fmt: skip
+    assert pipeline_flags(1, ["--runner=directrunner"])[-1] == direct[0]
     flags = pipeline_flags(3, ["--runner=DataflowRunner"])
-    assert (
-        flags[-1] == "--runner=DataflowRunner" and "--direct_running_mode=multi_processing" in flags
-    )
+    assert "--direct_running_mode=multi_processing" in flags
+    assert flags[-1] == "--runner=apache_beam.runners.dataflow.dataflow_runner.DataflowRunner"
+
+
+FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        ("DirectRunner", FN_API_RUNNER),  # Beam's Python direct runner, never Prism's download
+        ("direct", FN_API_RUNNER),
+        ("PrismRunner", "apache_beam.runners.portability.prism_runner.PrismRunner"),  # by name
+        ("DaskRunner", DASK_RUNNER),  # Beam knows it only by its module path
+        ("dask", DASK_RUNNER),
+        (DASK_RUNNER, DASK_RUNNER),
+    ],
+)
+def test_runner_names_resolve_to_beams_runner_classes(name: str, path: str) -> None:
+    assert resolve_runner(name) == path
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("Nope", r"^unknown Beam runner 'Nope'; give one of .*DaskRunner, .*DirectRunner, "),
+        ("nosuch.module.Runner", r"^Beam runner 'nosuch.module.Runner' cannot be imported"),
+        ("apache_beam.runners.Nope", r"apache_beam.runners has no runner class 'Nope'$"),
+    ],
+)
+def test_an_unknown_runner_is_refused_in_one_line(name: str, message: str) -> None:
+    with pytest.raises(PrepareError, match=message) as refused:
+        resolve_runner(name)
+    assert "\n" not in str(refused.value)
 
 
 def _cli(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
@@ -164,6 +209,31 @@ def test_cli_beam_runner_with_beam_options(tmp_path: Path) -> None:
     _assert_same_stores(local, {"train": out})
     refused = _cli(*args[:3], str(tmp_path / "x"), "--", "--direct_num_workers=1")
     assert refused.returncode == 2 and "add --runner beam" in refused.stderr
+
+
+def test_cli_runs_the_direct_runner_it_names_without_beams_noise(tmp_path: Path) -> None:
+    # Beam 2.68+ made its DirectRunner try PrismRunner first: a download from GitHub that fails
+    # offline, a fallback, and with the type-hint lines 33 lines on stderr for this command.
+    out = tmp_path / "cli"
+    run = _cli("prepare", "builtin:python-docs", "--out", str(out), "--no-progress", "--runner",
+               "beam")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == ["prepare: Beam pipeline on FnApiRunner"]
+    local = prepare(PrepareOptions(["builtin:python-docs"], tmp_path / "local", progress=False))
+    _assert_same_stores(local, {"train": out})
+
+
+def test_cli_refuses_an_unknown_runner_or_refused_options_in_one_line(tmp_path: Path) -> None:
+    args = ["prepare", "builtin:python-docs", "--out", str(tmp_path / "x"), "--runner", "beam"]
+    unknown = _cli(*args, "--", "--runner=NoSuchRunner")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.splitlines() == [unknown.stderr.splitlines()[-1]]
+    assert unknown.stderr.startswith("error: unknown Beam runner 'NoSuchRunner'; give one of")
+    dataflow = _cli(*args, "--", "--runner=DataflowRunner")  # no --project, --region, ...
+    assert dataflow.returncode == 2 and "Traceback" not in dataflow.stderr
+    assert dataflow.stderr.splitlines()[-1].startswith("error: Beam refused the options after --")
+    assert "Missing required option: project." in dataflow.stderr
+    assert not (tmp_path / "x").exists() and _no_leftovers(tmp_path) == []
 
 
 def test_cli_without_beam_says_how_to_install(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from pipeline.errors import PrepareError
 from pipeline.store.chat import ROW_FORMATS, TRAIN_ON, RowFields
@@ -185,6 +186,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.runner == "beam":
         from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra
 
+        # Beam's INFO log is its machinery's (servers started, caches made): its warnings stay
+        logging.getLogger("apache_beam").setLevel(logging.WARNING)
         paths = prepare_beam(options, args.passthrough)
     elif args.passthrough:
         raise PrepareError(

@@ -21,10 +21,16 @@ beside `--out`: the destination must be a `gs://` prefix or a filesystem that th
 every worker share (local disk with the DirectRunner; NFS elsewhere). With `gs://`, the staging
 is a hidden prefix beside `--out`, and the commit copies it into place with the manifest last.
 See docs/prepare-at-scale.md.
+
+The runner is Beam's `--runner`, checked before anything runs (`resolve_runner`): `DirectRunner`,
+the default, is pinned to Beam's Python direct runner (see `DIRECT_RUNNER`), `DaskRunner` may be
+named without its module path, and a name Beam does not know is one line, not a traceback.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -52,10 +58,48 @@ from pipeline.store.writer import (
 )
 from pipeline.urls import location, remove_tree
 
-beam = require("apache_beam", "beam", "--runner beam")
-from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
-__all__ = ["pipeline_flags", "prepare_beam", "units_of_work"]
+def _import_beam() -> Any:
+    """Beam, without the two warnings its import logs about BigQuery's client libraries (which
+    prepare never uses): on the command line they were the first lines of every run."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        return require("apache_beam", "beam", "--runner beam")
+    finally:
+        logging.disable(previous)
+
+
+beam = _import_beam()
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: E402
+
+# Our modules use `from __future__ import annotations`, so Beam finds every DoFn's hints as
+# strings and logs one "Converting string literal type hint to Any" line per hint, per use.
+logging.getLogger("apache_beam.typehints.native_type_compatibility").setLevel(logging.WARNING)
+
+__all__ = [
+    "DIRECT_RUNNER",
+    "RUNNER_PATHS",
+    "pipeline_flags",
+    "prepare_beam",
+    "resolve_runner",
+    "units_of_work",
+]
+
+_log = logging.getLogger(__name__)
+
+DIRECT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+"""What `--runner=DirectRunner` (the default) runs: Beam's Python direct runner, the one that
+`--direct_num_workers` and `--direct_running_mode` configure. Since Beam 2.68 Beam's own
+DirectRunner first hands a pipeline to PrismRunner, a Go binary it downloads from GitHub (and,
+offline, falls back after a failed download); Beam's advice for keeping the Python runner is to
+name FnApiRunner. Prism stays available as `--runner=PrismRunner`."""
+
+RUNNER_PATHS = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+"""Runners Beam ships but does not know by short name (its `--runner` wants the module path)."""
+
+_RUNNER_NEEDS = {"DaskRunner": ("dask.distributed", "dask")}
+"""Runner class -> a package it needs that is not Beam's, and the extra that installs it."""
 
 
 def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict[str, Path]:
@@ -70,7 +114,8 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
         split: staging_dir(path, shared=True) for split, path in options.destinations.items()
     }
     try:
-        pipeline = beam.Pipeline(options=pipeline_options)
+        pipeline = _pipeline(pipeline_options)
+        _log.info("prepare: Beam pipeline on %s", type(pipeline.runner).__name__)
         _build(pipeline, options, validated, stagings)
         try:
             result = pipeline.run()
@@ -92,14 +137,73 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
 
 
 def pipeline_flags(workers: int, beam_args: Sequence[str] = ()) -> list[str]:
-    """Our defaults (DirectRunner, `--workers` as its worker count), then the user's flags."""
+    """Our defaults (DirectRunner, `--workers` as its worker count), then the user's flags,
+    then `--runner` again as `resolve_runner` names it (the last `--runner` wins)."""
     mode = "multi_processing" if workers > 1 else "in_memory"
-    return [
+    flags = [
         "--runner=DirectRunner",
         f"--direct_num_workers={workers}",
         f"--direct_running_mode={mode}",
         *beam_args,
     ]
+    runner = resolve_runner(PipelineOptions(flags).view_as(StandardOptions).runner)
+    if runner == RUNNER_PATHS["DaskRunner"] and not any(
+        flag.startswith(("--dask_npartitions", "--dask_partition_size")) for flag in beam_args
+    ):  # one task per unit of work (Dask's default puts up to 128 units, all, in one task)
+        flags.append("--dask_partition_size=1")
+    return [*flags, f"--runner={runner}"]
+
+
+def resolve_runner(name: str) -> str:
+    """The module path of the Beam runner `name` (Beam's short names, in any case and with or
+    without `Runner`, `DaskRunner`, or a module path), imported to check it is there.
+
+    `DirectRunner` is `DIRECT_RUNNER`. An unknown name, or a runner whose package is not
+    installed, is a PrepareError of one line."""
+    if "." in name:
+        path = name
+    else:
+        known = {
+            full.rsplit(".", 1)[1].lower(): full
+            for full in (*StandardOptions.ALL_KNOWN_RUNNERS, *RUNNER_PATHS.values())
+        }
+        known["directrunner"] = DIRECT_RUNNER
+        key = name.lower() if name.lower() in known else f"{name.lower()}runner"
+        if key not in known:
+            names = sorted({full.rsplit(".", 1)[1] for full in known.values()} | {"DirectRunner"})
+            raise PrepareError(
+                f"unknown Beam runner {name!r}; give one of {', '.join(names)}, or a runner "
+                "class's module path (package.module.Class)"
+            )
+        path = known[key]
+    module, _, attribute = path.rpartition(".")
+    if attribute in _RUNNER_NEEDS:
+        package, extra = _RUNNER_NEEDS[attribute]
+        require(package, extra, f"Beam's {attribute}")
+    try:
+        found = getattr(importlib.import_module(module), attribute, None)
+    except ImportError as error:
+        raise PrepareError(
+            f"Beam runner {name!r} cannot be imported from {module} ({error}); install what "
+            "it needs (docs/prepare-at-scale.md)"
+        ) from None
+    if not isinstance(found, type):
+        raise PrepareError(f"Beam runner {name!r}: {module} has no runner class {attribute!r}")
+    return path
+
+
+def _pipeline(pipeline_options: PipelineOptions) -> Any:
+    """A Beam pipeline; options that the runner refuses (Dataflow without `--project`) are one
+    PrepareError listing Beam's reasons."""
+    try:
+        return beam.Pipeline(options=pipeline_options)
+    except ValueError as error:
+        reasons = str(error).splitlines()
+        if not reasons or not reasons[0].startswith("Pipeline has validations errors"):
+            raise
+        raise PrepareError(
+            f"Beam refused the options after --: {' '.join(r.strip() for r in reasons[1:])}"
+        ) from None
 
 
 def units_of_work(specs: Iterable[InputSpec]) -> list[InputSpec]:
