@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
-EXTRAS := dev,tokenizers,parquet,chat,plot,train,beam,metrics,gcs
+EXTRAS := dev,tokenizers,parquet,chat,plot,train,beam,dask,metrics,gcs
 
 .PHONY: setup test test-fast test-multiprocess test-maxtext demo lint format bench clean
 

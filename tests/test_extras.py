@@ -78,6 +78,11 @@ CASES = {
         "pipeline",
         ["prepare", "{d}/text.txt", "--out", "{d}/b", "--runner", "beam"],
     ),
+    "dask": (
+        "dask",
+        "pipeline",
+        ["prepare", "{d}/text.txt", "--out", "{d}/k", "--runner", "beam", "--", "--runner=dask"],
+    ),
     "gcs": ("gcsfs", "pipeline", ["prepare", "{d}/text.txt", "--out", "gs://my-bucket/stores/t"]),
     "train": (
         "optax",
@@ -86,7 +91,7 @@ CASES = {
     ),
 }
 EXTRA = {"parquet": "parquet", "sentencepiece": "tokenizers", "hf": "tokenizers", "plot": "plot",
-         "beam": "beam", "train": "train", "gcs": "gcs"}  # fmt: skip
+         "beam": "beam", "dask": "dask", "train": "train", "gcs": "gcs"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
