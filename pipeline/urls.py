@@ -11,6 +11,7 @@ opens `gs://` shards with its own reader.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -103,6 +104,24 @@ def copy_file(source: Any, destination: Any) -> None:
         return
     with source.open("rb") as reader, destination.open("wb") as writer:
         shutil.copyfileobj(reader, writer, _COPY_BLOCK)
+
+
+def list_files(url: str) -> list[str] | None:
+    """The objects a URL names, as URLs in sorted order, from one listing: the object itself,
+    every object under a prefix (`gs://b/dir`), or every object a glob matches (`*`, `?`,
+    `[..]`, `**` for any depth). None when nothing is there (a glob that matches nothing is
+    an empty list)."""
+    fs, path = _filesystem(url)
+    scheme = str(location(url)).split("://", 1)[0]
+    if glob.has_magic(path):
+        found = fs.glob(path, detail=True)
+    else:
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return None
+        found = fs.find(path, detail=True) if info["type"] == "directory" else {path: info}
+    return sorted(f"{scheme}://{name}" for name, info in found.items() if info["type"] == "file")
 
 
 def clear_prefix(url: Any, keep: str) -> None:

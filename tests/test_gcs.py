@@ -574,3 +574,77 @@ def test_the_trainer_saves_asynchronously_to_a_bucket_and_resumes_after_a_kill(
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [last, last + 1, last + 2]
     assert max(committed_steps(checkpoints)) == last + 3  # the last save reached the bucket
+
+
+def upload_tree(local: Path, url: str) -> None:
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        copy_file(file, location(f"{url}/{file.relative_to(local).as_posix()}"))
+
+
+@pytest.fixture
+def bucket_inputs(tmp_path: Path, prefix) -> tuple[list[str], list[str]]:
+    """The same inputs as local files and as objects in the bucket: a directory of text files
+    (read as a prefix), a `**` glob of JSONL files and one Parquet file; hidden names in both."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    texts = {"text/a.txt": TEXTS[1], "text/sub/b.txt": TEXTS[2], "text/.hidden.txt": "no"}
+    for rel, text in [*texts.items(), ("text/.git/c.txt", "not read")]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text, encoding="utf-8")
+    for i, rel in enumerate(["rows/x.jsonl", "rows/deep/y.jsonl", "rows/.h/z.jsonl"]):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        lines = [f'{{"text": "{rel} {j} ✓"}}' for j in range(3 + i)]
+        (src / rel).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pq.write_table(pa.table({"text": TEXTS[:12]}), src / "rows" / "t.parquet")
+    upload_tree(src, f"{prefix}/src")
+    patterns = ["text", "rows/**/*.jsonl", "rows/t.parquet"]
+    return [str(src / p) for p in patterns], [f"{prefix}/src/{p}" for p in patterns]
+
+
+def same_but_inputs(bucket_store, local_store) -> None:
+    """The stores are equal byte for byte but for the manifest's record of the inputs as typed
+    (and so its checksum)."""
+    import json
+
+    got, expected = files(bucket_store), files(local_store)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        if name != "manifest.json":
+            assert got[name] == expected[name], name
+    manifests = [json.loads(got["manifest.json"]), json.loads(expected["manifest.json"])]
+    for manifest in manifests:
+        del manifest["manifest_sha256"], manifest["created"]["inputs"]
+    assert manifests[0] == manifests[1]
+
+
+def test_prepare_reads_bucket_inputs_as_it_reads_local_copies(tmp_path: Path, bucket_inputs):
+    local_inputs, urls = bucket_inputs
+    options = {"num_shards": 3, "eval_fraction": 0.25, "progress": False}
+    local = prepare(PrepareOptions(local_inputs, tmp_path / "local", **options))
+    bucket = prepare(PrepareOptions(urls, tmp_path / "bucket", **options))
+    for split in ("train", "eval"):
+        same_but_inputs(bucket[split], local[split])
+    store = TokenStore(local["train"])
+    assert store.num_documents + TokenStore(local["eval"]).num_documents == 2 + 3 + 4 + 12
+
+
+def test_the_beam_runner_reads_bucket_inputs_on_its_workers(tmp_path: Path, bucket_inputs):
+    from pipeline.store.prepare_beam import prepare_beam
+
+    local_inputs, urls = bucket_inputs
+    local = prepare(PrepareOptions(local_inputs, tmp_path / "local", num_shards=2, progress=False))
+    # two worker processes of the direct runner: the objects are read in them, not listed again
+    beam = prepare_beam(PrepareOptions(urls, tmp_path / "beam", num_shards=2, workers=2))
+    same_but_inputs(beam["train"], local["train"])
+
+
+def test_bucket_inputs_that_are_not_there_are_one_line(prefix):
+    from pipeline.errors import PrepareError
+    from pipeline.store.corpora import resolve_inputs
+
+    with pytest.raises(PrepareError, match=r"^input '.*/missing.jsonl' does not exist; give an"):
+        resolve_inputs([f"{prefix}/missing.jsonl"])
+    with pytest.raises(PrepareError, match=r"^input '.*/\*.jsonl': the glob matches no files"):
+        resolve_inputs([f"{prefix}/*.jsonl"])

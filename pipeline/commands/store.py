@@ -19,7 +19,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "prepare",
         help="tokenize text into a token store",
-        description="Tokenize INPUTs (directories, globs, text/JSONL/Parquet files, "
+        description="Tokenize INPUTs (directories, globs, text/JSONL/Parquet files, the same "
+        "in a bucket (gs://BUCKET/object, prefix or glob), "
         "tfds:NAME[/CONFIG]:SPLIT, builtin:python-code|python-tests|python-docs, "
         "builtin:python-docstrings|python-docstrings-chat) into a store. Instruction and chat "
         "rows (--format) get a loss mask: see docs/instruction-data.md.",

@@ -11,6 +11,10 @@ Input forms (each `prepare` argument is one input):
   text, one document per file; hidden files and directories are ignored.
 * ``'PATTERN'`` (a quoted glob, ``**`` allowed): the matching regular files, sorted, each read as
   if it were given on its own (so ``'data/*.jsonl'`` reads JSON Lines).
+* ``gs://BUCKET/...`` (any URL `pipeline.urls` reads): an object, read as the file it names; a
+  prefix, read as a directory; or a quoted glob. Listed once, here (hidden names left out, as
+  locally); the objects are then read through `etils.epath` and gcsfs, as stores are, by whoever
+  reads the documents (a Beam worker included). Keys are those of local copies of the objects.
 * ``FILE.jsonl`` / ``FILE.json``: JSON Lines, one object per line, text in field ``text_field``;
   blank lines carry no data and are passed over.
 * ``FILE.parquet``: column ``text_field``, read in record batches.
@@ -38,6 +42,7 @@ same input given twice, is refused instead: a document is tokenized once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -47,12 +52,13 @@ import sysconfig
 import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeline.errors import PrepareError
 from pipeline.extras import require
 from pipeline.store.chat import RowFields, json_kind
 from pipeline.store.docstrings import SYSTEM_PROMPT, module_files, pairs
+from pipeline.urls import is_url, list_files, location
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -222,14 +228,13 @@ def _resolve_one(argument: str, text_field: str | None, tfds_data_dir: str | Non
         return _resolve_builtin(argument)
     if argument.startswith("tfds:"):
         return _resolve_tfds(argument, text_field, tfds_data_dir)
+    if is_url(argument):
+        return _resolve_url(argument, text_field)
     path = os.path.expanduser(argument)
     if os.path.isdir(path):
         return _resolve_dir(argument, path, text_field)
     if os.path.isfile(path):
-        kind = _file_kind(path)
-        _check_file(argument, path, kind, text_field)
-        files = ((path, kind, os.path.basename(path)),)
-        return InputSpec(kind, argument, files, text_field=text_field or "text")
+        return _file_spec(argument, path, text_field)
     if glob.has_magic(path):
         return _resolve_glob(argument, path, text_field)
     if os.path.lexists(path):
@@ -238,6 +243,35 @@ def _resolve_one(argument: str, text_field: str | None, tfds_data_dir: str | Non
         f"input {argument!r} does not exist; give a file, directory, quoted glob, "
         "tfds:NAME[/CONFIG]:SPLIT or builtin:NAME"
     )
+
+
+def _resolve_url(argument: str, text_field: str | None) -> InputSpec:
+    """A bucket object, prefix or glob, from one listing (`urls.list_files`)."""
+    url = str(location(argument)).rstrip("/")
+    found = list_files(url)
+    if found is None:
+        raise PrepareError(
+            f"input {argument!r} does not exist; give an object, a prefix (read like a "
+            "directory) or a quoted glob"
+        )
+    if glob.has_magic(url):
+        return _glob_spec(argument, url, found, text_field)
+    if found == [url]:
+        return _file_spec(argument, url, text_field)
+    rels = [name[len(url) + 1 :] for name in found]
+    return _dir_spec(argument, url, [rel for rel in rels if not _hidden(rel)], text_field)
+
+
+def _hidden(rel: str) -> bool:
+    """Whether a relative path has a hidden component, which a local walk or glob leaves out."""
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _file_spec(argument: str, path: str, text_field: str | None) -> InputSpec:
+    kind = _file_kind(path)
+    _check_file(argument, path, kind, text_field)
+    files = ((path, kind, os.path.basename(path)),)
+    return InputSpec(kind, argument, files, text_field=text_field or "text")
 
 
 def _file_kind(path: str) -> str:
@@ -281,14 +315,24 @@ def _walk_files(root: str, skip_dir: Callable[[str], bool] | None = None) -> lis
 
 
 def _resolve_dir(argument: str, path: str, text_field: str | None) -> InputSpec:
-    rels = _walk_files(path)
+    return _dir_spec(argument, path, _walk_files(path), text_field)
+
+
+def _dir_spec(argument: str, root: str, rels: list[str], text_field: str | None) -> InputSpec:
     if not rels:
         raise PrepareError(f"input {argument!r}: directory has no (non-hidden) files")
-    files = tuple((os.path.join(path, rel), "text", rel) for rel in rels)
+    files = tuple((os.path.join(root, rel), "text", rel) for rel in rels)
     return InputSpec("dir", argument, files, text_field=text_field or "text")
 
 
 def _resolve_glob(argument: str, pattern: str, text_field: str | None) -> InputSpec:
+    matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+    return _glob_spec(argument, pattern, matches, text_field)
+
+
+def _glob_spec(
+    argument: str, pattern: str, matches: list[str], text_field: str | None
+) -> InputSpec:
     parts = pattern.split("/")
     fixed = []
     for part in parts:
@@ -296,7 +340,8 @@ def _resolve_glob(argument: str, pattern: str, text_field: str | None) -> InputS
             break
         fixed.append(part)
     base = "/".join(fixed) or ("/" if pattern.startswith("/") else ".")
-    matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+    if is_url(pattern):  # a local glob leaves hidden names out by itself
+        matches = [m for m in matches if not _hidden(m[len(base) + 1 :])]
     if not matches:
         raise PrepareError(
             f"input {argument!r}: the glob matches no files; check the pattern and quote it "
@@ -407,7 +452,7 @@ def _refuse_shared_files(specs: Sequence[InputSpec]) -> None:
     owner: dict[str, str] = {}
     for spec in specs:
         for path, _, _ in spec.files:
-            real = os.path.realpath(path)
+            real = path if is_url(path) else os.path.realpath(path)
             if real in owner and owner[real] != spec.argument:
                 raise PrepareError(
                     f"file {path} is read by both input {owner[real]!r} and input "
@@ -482,14 +527,26 @@ def _iter_docstrings(spec: InputSpec, path: str) -> Iterator[Document]:
         yield Document(key, "", row, spec.fields, f"{path} ({pair.name})")
 
 
-def _read_bytes(path: str) -> bytes:
+def _open(path: str) -> BinaryIO:
+    """A local file or a bucket object (through etils.epath and gcsfs) opened for reading."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return location(path).open("rb")
     except OSError as error:
-        raise PrepareError(
-            f"cannot read {path} ({error.strerror}); check that it exists and is readable"
-        ) from None
+        raise _unreadable(path, error) from None
+
+
+def _unreadable(path: str, error: OSError) -> PrepareError:
+    return PrepareError(
+        f"cannot read {path} ({error.strerror or error}); check that it exists and is readable"
+    )
+
+
+def _read_bytes(path: str) -> bytes:
+    with _open(path) as f:
+        try:
+            return f.read()
+        except OSError as error:
+            raise _unreadable(path, error) from None
 
 
 def _read_text(path: str) -> str:
@@ -519,13 +576,7 @@ def _read_python_source(path: str) -> str | None:
 
 
 def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; a generator must not leak it.
-    except OSError as error:
-        raise PrepareError(
-            f"cannot read {path} ({error.strerror}); check that it exists and is readable"
-        ) from None
-    with f:
+    with _open(path) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -569,11 +620,20 @@ def _parquet(path: str) -> ModuleType:
     return require("pyarrow.parquet", "parquet", f"{path}: reading Parquet")
 
 
-def _parquet_columns(path: str) -> list[str]:
+@contextlib.contextmanager
+def _parquet_file(path: str) -> Iterator[Any]:
+    """pyarrow's ParquetFile of a local file (by path) or of a bucket object (`_open`)."""
     pq = _parquet(path)
+    with _open(path) if is_url(path) else contextlib.nullcontext(path) as source:
+        yield pq.ParquetFile(source)
 
+
+def _parquet_columns(path: str) -> list[str]:
     try:
-        return list(pq.ParquetFile(path).schema_arrow.names)
+        with _parquet_file(path) as parquet:
+            return list(parquet.schema_arrow.names)
+    except PrepareError:
+        raise
     except Exception as error:  # ArrowInvalid / OSError for a file that is not Parquet.
         raise PrepareError(
             f"{path} is not a readable Parquet file ({str(error).splitlines()[0]}); "
@@ -582,8 +642,6 @@ def _parquet_columns(path: str) -> list[str]:
 
 
 def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
-    pq = _parquet(path)
-
     columns = _parquet_columns(path)
     if rows is not None:
         yield from _iter_parquet_rows(path, key, rows)
@@ -595,13 +653,13 @@ def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> It
         )
     row = 0
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
-        for batch in batches:
-            for value in batch.column(0).to_pylist():
-                yield Document(
-                    f"{key}:row {row}", _as_text(value, f"{path} row {row} column {field!r}")
-                )
-                row += 1
+        with _parquet_file(path) as parquet:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field]):
+                for value in batch.column(0).to_pylist():
+                    yield Document(
+                        f"{key}:row {row}", _as_text(value, f"{path} row {row} column {field!r}")
+                    )
+                    row += 1
     except PrepareError:
         raise
     except Exception as error:  # a truncated or corrupt row group.
@@ -612,17 +670,16 @@ def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> It
 
 
 def _iter_parquet_rows(path: str, key: str, rows: RowFields) -> Iterator[Document]:
-    pq = _parquet(path)
-
     row = 0
     try:
-        batches = pq.ParquetFile(path).iter_batches(
-            batch_size=PARQUET_BATCH_ROWS, columns=list(rows.columns)
-        )
-        for batch in batches:
-            for record in batch.to_pylist():
-                yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
-                row += 1
+        with _parquet_file(path) as parquet:
+            columns = list(rows.columns)
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+                for record in batch.to_pylist():
+                    yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+                    row += 1
+    except PrepareError:
+        raise
     except Exception as error:  # a truncated or corrupt row group.
         raise PrepareError(
             f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
