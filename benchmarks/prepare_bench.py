@@ -1,11 +1,15 @@
 """Throughput of `prepare`: the local runner beside the Beam runner (DirectRunner), same input.
 
     .venv/bin/python benchmarks/prepare_bench.py [INPUT ...] [--repeat 3] [--num-shards 8]
+        [--tokenizer bytes|sentencepiece:MODEL|hf:JSON] [--workers 1,2] [--runners local,beam]
 
 Every configuration writes the same store (checked: the manifests are identical), so the table
 compares only how fast they get there. Each time is the median of `--repeat` runs, end to end
 (validation, tokenizing, sorting, writing, commit; for Beam also pipeline construction and,
-with several workers, starting the worker processes).
+with several workers, starting the worker processes). CPU seconds are this process's and its
+reaped children's (the worker processes), so they stay comparable on a busy machine, where
+wall times do not. With an `hf:` tokenizer a last row is the limit: the tokenizer's own
+`encode_batch` on the same texts, in this process (its own threads), nothing else.
 """
 
 from __future__ import annotations
@@ -15,26 +19,51 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from pipeline.store.corpora import iter_documents, resolve_inputs
 from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.prepare_beam import prepare_beam
+from pipeline.store.tokenizers import load_tokenizer
 
 
-def _run(runner: str, workers: int, inputs: list[str], out: Path, num_shards: int) -> float:
-    options = PrepareOptions(
-        inputs, out, num_shards=num_shards, workers=workers, overwrite=True, progress=False
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (the worker pools)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
     )
-    start = time.perf_counter()
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _run(
+    runner: str, workers: int, inputs: list[str], out: Path, num_shards: int, tokenizer: str
+) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one prepare."""
+    options = PrepareOptions(
+        inputs, out, tokenizer=tokenizer, num_shards=num_shards, workers=workers,
+        overwrite=True, progress=False,
+    )  # fmt: skip
+    start, cpu = time.perf_counter(), _cpu_seconds()
     if runner == "local":
         prepare(options)
     else:
+        from pipeline.store.prepare_beam import prepare_beam  # only when asked: an extra
+
         prepare_beam(options)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu_seconds() - cpu
+
+
+def _encode_batch(inputs: list[str], tokenizer: str) -> tuple[float, float, int]:
+    """(wall, CPU seconds, tokens) of the hf tokenizer's own encode_batch on the same texts."""
+    texts = [doc.text for spec in resolve_inputs(inputs) for doc in iter_documents(spec)]
+    model = load_tokenizer(tokenizer)._model
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    encoded = model.encode_batch(texts, add_special_tokens=False)
+    return time.perf_counter() - start, _cpu_seconds() - cpu, sum(len(e.ids) for e in encoded)
 
 
 def main() -> None:
@@ -42,35 +71,54 @@ def main() -> None:
     parser.add_argument("inputs", nargs="*", default=["builtin:python-code"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--num-shards", type=int, default=8)
+    parser.add_argument("--tokenizer", default="bytes")
+    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument("--runners", default="local,beam", help="local, beam or both")
     args = parser.parse_args()
-    configs = [("local", 1), ("local", 2), ("beam", 1), ("beam", 2)]
+    configs = [
+        (runner, int(workers))
+        for runner in args.runners.split(",")
+        for workers in args.workers.split(",")
+    ]
     rows, manifests = [], set()
     with tempfile.TemporaryDirectory() as tmp:
         for runner, workers in configs:
             out = Path(tmp) / f"{runner}-{workers}"
-            times = [
-                _run(runner, workers, args.inputs, out, args.num_shards) for _ in range(args.repeat)
+            runs = [
+                _run(runner, workers, args.inputs, out, args.num_shards, args.tokenizer)
+                for _ in range(args.repeat)
             ]
             manifest = json.loads((out / "manifest.json").read_text())
             manifests.add(json.dumps(manifest, sort_keys=True))
-            rows.append((runner, workers, statistics.median(times), manifest))
+            seconds = statistics.median(wall for wall, _ in runs)
+            cpu = statistics.median(cpu for _, cpu in runs)
+            rows.append((runner, workers, seconds, cpu))
             shutil.rmtree(out)
     if len(manifests) != 1:
         raise SystemExit("the runners wrote different stores")
     docs, tokens = manifest["num_documents"], manifest["num_tokens"]
-    print(f"# prepare {' '.join(args.inputs)}: {docs:,} documents, {tokens:,} tokens (bytes)")
+    print(
+        f"# prepare {' '.join(args.inputs)}: {docs:,} documents, {tokens:,} tokens "
+        f"({args.tokenizer})"
+    )
     print(
         f"# {datetime.date.today()}, {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, median of {args.repeat}"
     )
     print()
-    print("| runner | workers | seconds | docs/s | tokens/s |")
-    print("|---|---:|---:|---:|---:|")
-    for runner, workers, seconds, _ in rows:
+    print("| runner | workers | seconds | CPU seconds | docs/s | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for runner, workers, seconds, cpu in rows:
         name = "local" if runner == "local" else "beam (DirectRunner)"
         print(
-            f"| {name} | {workers} | {seconds:.2f} | {docs / seconds:,.0f} "
+            f"| {name} | {workers} | {seconds:.2f} | {cpu:.1f} | {docs / seconds:,.0f} "
             f"| {tokens / seconds:,.0f} |"
+        )
+    if args.tokenizer.startswith("hf:"):
+        seconds, cpu, count = _encode_batch(args.inputs, args.tokenizer)
+        print(
+            f"| encode_batch (the limit) | threads | {seconds:.2f} | {cpu:.1f} "
+            f"| {docs / seconds:,.0f} | {count / seconds:,.0f} |"
         )
 
 
