@@ -4,13 +4,15 @@ The sandbox is ~/pipeline with the real tpu/worker.sh, a venv whose `python` is 
 interpreter, and a stand-in scripts/train.py that records how it was started and reacts to
 SIGTERM as the real trainer does (save, exit 75). Its processes run in their own session, and
 `pgrep` only looks inside it, so nothing outside the sandbox is ever signalled. `sudo` runs
-`lsof` and `kill` for real and records the rest; `gcloud` records `storage cp`.
+`lsof` and `kill` for real and records the rest; `gcloud` records `storage cp` and keeps the
+copied object under gcs/ (or fails with an error line when FAKE_GCS_FAIL is set).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -49,6 +51,20 @@ with open(os.environ["{log}"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 """
 
+# gcloud storage cp SRC gs://BUCKET/PATH: record it, keep the object in $FAKE_GCS_DIR/BUCKET/PATH.
+GCLOUD = """#!{python} -S
+import json, os, shutil, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_GCS_FAIL"):
+    sys.exit("ERROR: (gcloud.storage.cp) HTTPError 403: permission denied")
+if args[:2] == ["storage", "cp"] and args[3].startswith("gs://"):
+    dest = os.path.join(os.environ["FAKE_GCS_DIR"], args[3][len("gs://"):])
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copy(args[2], dest)
+"""
+
 # sudo: run lsof and kill for real (they only ever see the sandbox's files and pids).
 SUDO = """#!/bin/sh
 case $1 in lsof|kill) exec "$@" ;; esac
@@ -74,9 +90,10 @@ class Worker:
         (self.project / "scripts" / "train.py").write_text(TRAINER)
         tools = tmp / "worker-bin"
         tools.mkdir()
+        recorder = RECORDER.format(python=sys.executable, log="FAKE_SUDO_RECORD_LOG")
+        (tools / "sudo-record").write_text(recorder)
+        (tools / "gcloud").write_text(GCLOUD.format(python=sys.executable))
         for tool in ("gcloud", "sudo-record"):
-            log = f"FAKE_{tool.upper().replace('-', '_')}_LOG"
-            (tools / tool).write_text(RECORDER.format(python=sys.executable, log=log))
             (tools / tool).chmod(0o755)
         (tools / "sudo").write_text(SUDO.format(recorder=tools / "sudo-record"))
         (tools / "pgrep").write_text(f'#!/bin/sh\nexec {shutil.which("pgrep")} -s 0 "$@"\n')
@@ -93,6 +110,7 @@ class Worker:
             TRAINER_OUT=str(self.out),
             FAKE_GCLOUD_LOG=str(tmp / "worker-gcloud.jsonl"),
             FAKE_SUDO_RECORD_LOG=str(tmp / "sudo.jsonl"),
+            FAKE_GCS_DIR=str(tmp / "gcs"),
             PIPELINE_TPU_DEVICES=f"{tmp}/accel*",
         )
         self.log = self.project / "logs" / f"train-{socket.gethostname()}.log"
@@ -103,9 +121,27 @@ class Worker:
             capture_output=True, text=True, timeout=timeout, start_new_session=True,
         )  # fmt: skip
 
+    def spawn(self, command: str, **extra: str) -> subprocess.Popen:
+        """`shell` without waiting: a first ssh session that is still running."""
+        return subprocess.Popen(
+            ["bash", "-c", command], cwd=self.home, env=dict(self.vars, **extra),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+
+    def objects(self) -> dict[str, str]:
+        """The fake bucket: gs:// URI -> content."""
+        root = self.tmp / "gcs"
+        if not root.exists():
+            return {}
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        return {f"gs://{p.relative_to(root)}": p.read_text() for p in files}
+
     def recorded(self, name: str) -> list[list[str]]:
         path = self.tmp / name
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+HOST = socket.gethostname()
 
 
 @pytest.fixture
@@ -153,10 +189,76 @@ def test_foreground_run_returns_the_trainer_status_and_copies_the_log_at_exit(wo
     result = worker.shell(command, FAKE_EXIT="75")
     assert result.returncode == 75, result.stderr
     assert "scripts/train.py exited with status 75" in result.stdout
-    uri = f"gs://bucket/logs/r1/train-{socket.gethostname()}.log"
-    assert worker.recorded("worker-gcloud.jsonl") == [["storage", "cp", "logs/" + worker.log.name,
-                                                       uri]]  # fmt: skip
-    assert "hello from the trainer" in worker.log.read_text()
+    [(uri, text)] = worker.objects().items()
+    assert re.fullmatch(rf"gs://bucket/logs/r1/train-{HOST}-\d{{8}}T\d{{6}}Z[.]log", uri)
+    assert [c[:2] for c in worker.recorded("worker-gcloud.jsonl")] == [["storage", "cp"]]
+    assert text == worker.log.read_text()  # the first attempt: the whole log
+    assert text.startswith("==== ") and f"attempt started on {HOST}: python scripts/train" in text
+    assert f"this attempt is copied to {uri}\n" in text
+    assert "hello from the trainer" in text and text.endswith("exit status 75\n")
+
+
+def test_log_copy_errors_are_reported(worker):
+    command = start_command(worker, "--foreground", "--log-uri", "gs://bucket/logs/r1")
+    result = worker.shell(command, FAKE_GCS_FAIL="1")
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        rf"warning: could not copy the log to gs://bucket/logs/r1/train-{HOST}-\S+[.]log on "
+        rf"{HOST}: ERROR: [(]gcloud.storage.cp[)] HTTPError 403: permission denied\n",
+        result.stderr,
+    ), result.stderr
+
+
+def log_count(worker: Worker, text: str) -> int:
+    return worker.log.read_text().count(text) if worker.log.exists() else 0
+
+
+def test_rerunning_the_start_command_while_the_trainer_runs_waits_for_that_trainer(worker):
+    """What gcloud does after a dropped connection (ssh exit 255): the same --command again."""
+    command = start_command(worker, "--foreground", "--log-uri", "gs://bucket/logs/r1")
+    trainer = dict(FAKE_TRAINER="sleep", FAKE_SECONDS="2", FAKE_EXIT="75")
+    first = worker.spawn(command, **trainer)
+    try:
+        wait_for(lambda: log_count(worker, "hello from the trainer") == 1)
+        again = worker.shell(command, **trainer)
+        assert first.wait(timeout=30) == 75
+    finally:
+        first.kill()
+    assert again.returncode == 75, again.stderr
+    assert "scripts/train.py is already running on" in again.stdout
+    assert "waiting for it, not starting another" in again.stdout
+    assert "scripts/train.py exited with status 75" in again.stdout
+    # One trainer, one attempt, the whole log.
+    assert log_count(worker, "hello from the trainer") == 1
+    assert log_count(worker, "attempt started") == 1
+    assert worker.log.read_text().endswith("exit status 75\n")
+    # A retry that comes after the trainer ended reports that attempt, starts nothing.
+    late = worker.shell(command, **trainer)
+    assert late.returncode == 75 and "not starting it again" in late.stdout
+    assert log_count(worker, "hello from the trainer") == 1
+    # A preflight (tpu/run.sh's first command) arms a new attempt: appended, never truncated.
+    ok(worker.shell("cd pipeline && tpu/worker.sh preflight"))
+    second = worker.shell(command, FAKE_EXIT="0")
+    assert second.returncode == 0, second.stderr
+    assert log_count(worker, "hello from the trainer") == 2
+    assert log_count(worker, "attempt started") == 2
+    # One object per attempt in the bucket, each with that attempt's part of the log.
+    objects = worker.objects()
+    assert len(objects) == 2
+    parts = [objects[uri] for uri in sorted(objects)]
+    assert "".join(parts) == worker.log.read_text()
+    assert [p.count("attempt started") for p in parts] == [1, 1]
+
+
+def test_a_second_background_start_does_not_start_a_second_trainer(worker):
+    command = start_command(worker)
+    trainer = dict(FAKE_TRAINER="sleep", FAKE_SECONDS="1.5")
+    ok(worker.shell(command, **trainer))
+    wait_for(lambda: log_count(worker, "hello from the trainer") == 1)
+    again = ok(worker.shell(command, **trainer))
+    assert "already running on" in again.stdout and "not starting another" in again.stdout
+    wait_for(lambda: log_count(worker, "exit status 0") == 1)
+    assert log_count(worker, "hello from the trainer") == 1
 
 
 def test_the_log_is_copied_periodically_while_the_trainer_runs(worker):

@@ -17,10 +17,12 @@ Start scripts/train.py on all workers at once (one JAX process per worker), in t
   2. start, on every worker, in REMOTE_DIR with the venv of tpu/install.sh active:
        tpu/worker.sh start --log-dir LOG_DIR [--log-uri URI] -- \
          python scripts/train.py --data-config CONFIG --checkpoint-dir CKPT [TRAINER_ARGS...]
-     which writes LOG_DIR/train-$(hostname).log and, with --log-uri, copies it to
-     URI/train-$(hostname).log every SYNC seconds and when the trainer exits. In the
-     background (nohup) by default; --foreground waits for the trainer on every worker and
-     fails when one fails (what tpu/recover.sh uses).
+     which appends to LOG_DIR/train-$(hostname).log under an attempt header and, with
+     --log-uri, copies this attempt's part to URI/train-$(hostname)-STAMP.log every SYNC
+     seconds and when the trainer exits. In the background (nohup) by default; --foreground
+     waits for the trainer on every worker and fails when one fails (what tpu/recover.sh
+     uses). The start is idempotent: gcloud's retry after a dropped connection waits for the
+     running trainer (or reports the ended attempt) instead of starting another.
 
 Multi-host: jax.distributed.initialize() is called with no arguments. On a TPU VM slice JAX
 reads the coordinator address, process count and process index from the TPU metadata, so

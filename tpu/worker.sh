@@ -6,10 +6,16 @@
 #                                          and [train] extras and jax[tpu]==VERSION
 #   mount BUCKET MOUNT_POINT               gcsfuse read-only mount with MaxText's cache flags
 #   preflight                              refuse while a trainer runs, clear stale TPU holders,
-#                                          fail unless this worker sees its TPU chips
+#                                          fail unless this worker sees its TPU chips; then arm
+#                                          the next start as a new attempt
 #   start --log-dir DIR [--log-uri gs://..] [--sync-seconds N] [--foreground] -- COMMAND...
-#                                          run COMMAND with its output in DIR/train-HOST.log,
-#                                          copied to the log URI every N s and at exit
+#                                          run COMMAND with its output appended to
+#                                          DIR/train-HOST.log under an attempt header; this
+#                                          attempt's part copied to URI/train-HOST-STAMP.log
+#                                          every N s and at exit. Idempotent: a start while a
+#                                          trainer runs waits for it (returns its status), one
+#                                          after the attempt ended returns its status; only a
+#                                          preflight in between starts a new trainer
 #   stop [GRACE_SECONDS]                   SIGTERM to the trainer (it saves at the preemption
 #                                          sync point and exits), then SIGKILL after the grace
 #
@@ -21,6 +27,8 @@ set -euo pipefail
 TRAINER='^([^ ]*/)?python[0-9.]* scripts/train[.]py'
 DEVICES=${PIPELINE_TPU_DEVICES:-'/dev/accel* /dev/vfio/[0-9]*'}  # v2-v4, v5p; v5e, v6e
 host=$(hostname)
+STATE="$(cd "$(dirname "$0")/.." && pwd)/.trainer"
+log=""
 
 die() {
   printf 'error: %s on %s\n' "$*" "$host" >&2
@@ -108,20 +116,75 @@ preflight() {
   if pgrep -f "$TRAINER" >/dev/null; then
     die "scripts/train.py is already running; run tpu/stop.sh first"
   fi
+  mkdir -p "$STATE"
+  flock -n "$STATE/lock" true ||
+    die "a tpu/worker.sh start still runs (trainer $(recorded_trainer)); run tpu/stop.sh first"
   clear_holders
   count=$(devices | wc -l | tr -d ' ')
   ((count > 0)) || die "no TPU chips visible ($DEVICES)"
   held=$(holders)
   [[ -z $held ]] || die "the TPU is still held by pid $(echo "$held" | tr '\n' ' ')"
+  touch "$STATE/armed"
   echo "ok: $host sees $count TPU chips, none in use"
 }
 
+# The trainer's state on this host, beside the venv (install.sh's untar leaves it alone):
+#   lock    flock'ed by the `start` wrapper while it runs its trainer
+#   pid     "PID START_TICKS" of the trainer: the start time (/proc/PID/stat) tells a reused
+#           pid from the trainer's
+#   status  the last attempt's exit status; "running" while it runs (and forever if its
+#           wrapper was killed)
+#   armed   written by a successful preflight: the next `start` begins a new attempt
+start_ticks() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  # shellcheck disable=SC2086  # fields after the command name, which may contain spaces
+  set -- ${stat##*) }
+  printf '%s' "${20}"
+}
+
+# The trainer recorded in the pid file, if it still runs: "pid N", else "pid N, gone".
+recorded_trainer() {
+  local pid ticks
+  read -r pid ticks <"$STATE/pid" 2>/dev/null || { printf 'pid unknown'; return 0; }
+  if [[ $(start_ticks "$pid" || true) == "$ticks" ]]; then
+    printf 'pid %s' "$pid"
+  else
+    printf 'pid %s, gone' "$pid"
+  fi
+}
+
+# The attempt that gcloud's retry of the same start command belongs to has ended: no
+# preflight armed a new one since.
+attempt_ended() { [[ ! -e $STATE/armed && -e $STATE/status ]]; }
+
+# Report the last attempt's exit status (from the status file) and return it.
+last_status() {
+  local rc
+  rc=$(cat "$STATE/status" 2>/dev/null || true)
+  if [[ ! $rc =~ ^[0-9]+$ ]]; then
+    echo "error: the exit status of the last scripts/train.py on $host is unknown: its start wrapper was killed (trainer $(recorded_trainer)); run tpu/stop.sh" >&2
+    return 1
+  fi
+  echo "scripts/train.py exited with status $rc on $host"
+  return "$rc"
+}
+
+# copy_log OFFSET URI: this attempt's part of the log (from byte OFFSET on) to URI; a failure
+# is one warning line naming the object and gcloud's last error line.
 copy_log() {
-  gcloud storage cp "$1" "$2" >/dev/null 2>&1 || echo "warning: could not copy $1 to $2" >&2
+  local part out
+  part=$(mktemp "$STATE/attempt.XXXXXX")
+  tail -c +"$(($1 + 1))" "$log" >"$part"
+  if ! out=$(gcloud storage cp "$part" "$2" 2>&1); then
+    printf 'warning: could not copy the log to %s on %s: %s\n' "$2" "$host" \
+      "$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1)" >&2
+  fi
+  rm -f "$part"
 }
 
 start() {
-  local logdir="" uri="" every=60 foreground=0 log child rc syncer=""
+  local logdir="" uri="" every=60 foreground=0 child rc syncer="" offset stamp object
   local args=("$@")
   while (($#)); do
     case $1 in
@@ -134,40 +197,75 @@ start() {
     esac
   done
   (($#)) && [[ -n $logdir ]] || die "start needs --log-dir DIR -- COMMAND..."
-  mkdir -p "$logdir"
+  mkdir -p "$logdir" "$STATE"
   log=$logdir/train-$host.log
   if ((!foreground)); then
+    if ! flock -n "$STATE/lock" true; then
+      echo "scripts/train.py is already running on $host ($(recorded_trainer)); not starting another"
+      return 0
+    fi
+    attempt_ended && { echo "this attempt has ended on $host; not starting it again"; last_status; return; }
     nohup "$0" start --foreground "${args[@]}" >/dev/null 2>&1 </dev/null &
     echo "started on $host, pid $!"
     return 0
   fi
+  # gcloud re-runs this whole command after a dropped connection (ssh exit 255): a second
+  # start waits for the trainer that runs, or reports the attempt that ended; never a second
+  # trainer. Only preflight (a separate ssh command) arms a new attempt.
+  exec 9>>"$STATE/lock"
+  if ! flock -n 9; then
+    echo "scripts/train.py is already running on $host ($(recorded_trainer)): waiting for it, not starting another"
+    flock 9
+    last_status
+    return
+  fi
+  if attempt_ended; then
+    echo "this attempt has ended on $host; not starting it again (tpu/worker.sh preflight, which tpu/run.sh runs first, arms a new one)"
+    last_status
+    return
+  fi
+  rm -f "$STATE/armed"
+  echo running >"$STATE/status"
   # A dropped ssh connection (recover.sh waits on this one) must not end the run.
   trap '' HUP
-  "$@" >"$log" 2>&1 </dev/null &
+  offset=0
+  [[ -f $log ]] && offset=$(wc -c <"$log" | tr -d ' ')
+  stamp=$(date -u +%Y%m%dT%H%M%SZ)
+  object="$uri/train-$host-$stamp.log"
+  {
+    printf '==== %s attempt started on %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$*"
+    [[ -n $uri ]] && printf '==== this attempt is copied to %s\n' "$object"
+  } >>"$log"
+  "$@" >>"$log" 2>&1 </dev/null 9>&- &
   child=$!
+  printf '%s %s\n' "$child" "$(start_ticks "$child" || true)" >"$STATE/pid"
   echo "started on $host, pid $child"
   trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
   if [[ -n $uri ]]; then
     (
+      exec 9>&-
       nap=""
       trap 'kill "$nap" 2>/dev/null; exit 0' TERM
       while :; do
         sleep "$every" &
         nap=$!
         wait "$nap"
-        copy_log "$log" "$uri/train-$host.log"
+        copy_log "$offset" "$object"
       done
-    ) </dev/null >/dev/null 2>&1 &
+    ) </dev/null >>"$log" 2>&1 &
     syncer=$!
   fi
   rc=0
   while kill -0 "$child" 2>/dev/null; do
     wait "$child" && rc=0 || rc=$?
   done
+  printf '==== %s attempt ended on %s: exit status %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$rc" >>"$log"
   if [[ -n $syncer ]]; then
     kill "$syncer" 2>/dev/null || true
-    copy_log "$log" "$uri/train-$host.log"
+    wait "$syncer" 2>/dev/null || true
+    copy_log "$offset" "$object" 9>&-
   fi
+  echo "$rc" >"$STATE/status"
   echo "scripts/train.py exited with status $rc on $host"
   return "$rc"
 }
