@@ -208,6 +208,8 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     elif args.switch_data or args.skip_data:
         flag = "--switch-data" if args.switch_data else "--skip-data"
         raise SystemExit(f"error: {flag} needs --resume and a checkpoint to restore from")
+    elif args.resume:  # say so: a wrong --checkpoint-dir would silently train from scratch
+        log.info("--resume: no checkpoint in %s; starting at step 0", checkpoint_dir)
     step_fn = make_train_step(model, tx, num_sources=len(feed.source_names()))
     eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
     evals = eval_feeds(config, mesh) if args.eval_every else []

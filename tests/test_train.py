@@ -46,8 +46,9 @@ def records(run_dir: Path, name: str = "run") -> list[dict]:
 
 
 def test_the_trainer_logs_each_sources_loss_and_the_input_wait(run_dir):
-    done = train(run_dir, "two.yaml", 6, name="two")
+    done = train(run_dir, "two.yaml", 6, "--resume", name="two")
     assert done.returncode == 0, done.stderr
+    assert "--resume: no checkpoint in" in done.stderr and "starting at step 0" in done.stderr
     plan = Plan.from_config(load_config(run_dir / "two.yaml"))
     for record in records(run_dir, "two"):
         draws = plan.draws(record["step"])
