@@ -28,6 +28,7 @@ from tests.tpu_fakes import (
     COMMON,
     DESCRIBE_QR,
     DESCRIBE_VM,
+    KEEPALIVE,
     LOC,
     NAME,
     PROJECT,
@@ -310,47 +311,199 @@ def test_logs_collect_copies_from_one_worker_at_a_time(env, tmp_path):
     assert failed.returncode == 2 and "cannot describe my-tpu" in failed.stderr
 
 
-# --- recover --------------------------------------------------------------------------------
+# --- recover ---------------------------------------------------------------------------------
 
 RECOVER = [*COMMON, *SLICE, "--repo", "https://example.com/r.git", *TRAIN]
 START = "tpu/worker.sh start"
+HEALTH = "--format=value(state,health)"
+MARKER = "gs://bucket/ckpt.recover-stop"
+UP = [("describe", 1, ""), ("describe", 1, ""), ("describe", 0, "READY")]  # gone, create, ready
+
+
+def saves(env, step: int) -> str:
+    """A THEN command: the trainer saved this step in gs://bucket/ckpt before it failed."""
+    return f"mkdir -p {env.gcs}/bucket/ckpt/{step}"
+
+
+def kinds(env) -> list[str]:
+    """Each call as 'tpu-vm describe', 'storage ls', ... ('start', 'stop' for the trainer ssh)."""
+    out = []
+    for call in env.calls():
+        joined = " ".join(call)
+        if START in joined:
+            out.append("start")
+        elif "tpu/worker.sh stop" in joined:
+            out.append("stop")
+        elif "tpu/worker.sh preflight" in joined:
+            out.append("preflight")
+        elif call[0] == "storage":
+            out.append(f"storage {call[1]}")
+        else:
+            out.append(" ".join(call[2:4]))
+    return out
 
 
 def test_recover_recreates_a_preempted_slice_and_resumes(env):
     env.rules(
-        ("describe", 1, ""), ("describe", 0, "READY"),  # create.sh --wait: created, ready
-        (START, 1, "preempted"),  # the foreground run fails: the slice was reclaimed
-        ("describe", 0, "PREEMPTED"),  # recover.sh: what happened?
-        ("describe", 1, ""), ("describe", 0, "READY"),  # after delete.sh: create again
+        *UP,
+        (START, 1, "preempted", saves(env, 100)),  # the slice was reclaimed after a save
+        (HEALTH, 0, "PREEMPTED"),  # recover.sh: what happened? Then delete, and
+        *UP,  # gone, create, ready
     )  # fmt: skip
-    result = ok(env.run("recover", *RECOVER, "--max-restarts", "2", "--", "--steps", "100"))
-    kinds = [" ".join(call[2:4]) for call in env.calls()]
-    assert kinds == [
-        "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",  # create, install
-        "tpu-vm ssh", "tpu-vm ssh",  # preflight, start: fails
-        "tpu-vm describe", "tpu-vm delete",  # PREEMPTED: delete
-        "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",  # create, install
-        "tpu-vm ssh", "tpu-vm ssh",  # preflight, start: succeeds
+    result = ok(env.run("recover", *RECOVER, "--", "--steps", "100"))
+    assert kinds(env) == [
+        "storage ls", "storage ls",  # the stop marker, the checkpoints
+        "tpu-vm describe", "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",
+        "preflight", "start",  # fails
+        "storage ls", "storage ls", "tpu-vm describe",  # marker, progress, state: PREEMPTED
+        "tpu-vm delete",
+        "tpu-vm describe", "tpu-vm describe", "tpu-vm create", "tpu-vm describe", "tpu-vm ssh",
+        "preflight", "start",  # succeeds
     ]  # fmt: skip
-    starts = [command_of(c) for c in env.calls() if START in " ".join(c)]
+    calls = env.calls()
+    assert calls[0][:3] == ["storage", "ls", MARKER]
+    assert calls[1][:3] == ["storage", "ls", "gs://bucket/ckpt/"]
+    starts = [command_of(c) for c in calls if START in " ".join(c)]
     assert len(starts) == 2 and all(
         s.endswith("--checkpoint-dir gs://bucket/ckpt --resume --steps 100") for s in starts
     )
     assert all("--foreground" in s for s in starts)
-    assert "my-tpu is PREEMPTED: re-create it, install, resume (restart 1 of 2)" in result.stderr
+    assert (
+        "my-tpu is PREEMPTED (the run's exit status 1; progress: checkpoint none -> step 100): "
+        "re-create it, install, resume (restart 1)" in result.stderr
+    )
     assert "training finished on my-tpu after 1 restart(s)" in result.stderr
 
 
-def test_recover_restarts_on_a_healthy_slice_then_gives_up(env):
-    env.rules(("describe", 1, ""), ("describe", 0, "READY"), (START, 1, ""),
-              ("describe", 0, "READY"), (START, 1, ""), ("describe", 0, "READY"))  # fmt: skip
-    result = env.run("recover", *RECOVER, "--max-restarts", "1")
+def test_recover_retries_a_stockout_on_re_create_then_succeeds(env):
+    env.rules(
+        ("tpu-vm create", 0, ""),  # the first create succeeds (rules of one pattern go in order)
+        *UP, (START, 1, "", saves(env, 10)), (HEALTH, 0, "PREEMPTED"),  # deleted, then
+        ("describe", 1, ""), ("describe", 1, ""),  # gone, so create
+        ("tpu-vm create", 1, "ERROR: There is no more capacity in the zone"),  # stockout
+        ("describe", 1, ""), ("describe", 1, ""),  # try 2: nothing to delete, create.sh: gone
+        ("tpu-vm create", 1, "ERROR: There is no more capacity in the zone"),  # stockout again
+        *UP,  # try 3: created
+    )  # fmt: skip
+    result = ok(env.run("recover", *RECOVER, extra_env={"TPU_RETRY_SECONDS": "0"}))
+    assert "try 1 of 50): next try in 0s" in result.stderr
+    assert "try 2 of 50): next try in 0s" in result.stderr
+    assert "training finished on my-tpu after 1 restart(s)" in result.stderr
+    assert kinds(env).count("tpu-vm create") == 4 and kinds(env).count("start") == 2
+
+
+def test_recover_gives_up_when_create_keeps_failing(env):
+    try_once = [("describe", 1, ""), ("describe", 1, ""), ("tpu-vm create", 1, "stockout")]
+    env.rules(*try_once, *try_once)
+    result = env.run("recover", *RECOVER, "--create-tries", "2")
     assert result.returncode == 1
-    assert "stop, then resume (restart 1 of 1)" in result.stderr
-    assert "1 restart(s) are spent (--max-restarts 1)" in result.stderr
-    stops = [c for c in env.calls() if "tpu/worker.sh stop" in " ".join(c)]
-    creates = [c for c in env.calls() if c[3] == "create"]
-    assert len(stops) == 1 and len(creates) == 1  # the slice was kept
+    assert (
+        "creating or installing my-tpu failed 2 times in a row (--create-tries 2)" in result.stderr
+    )
+    assert "start" not in kinds(env)
+
+
+def test_recover_survives_12_preemptions_with_progress(env):
+    rules = [*UP]
+    for n in range(1, 13):
+        rules += [(START, 75, "", saves(env, 10 * n)), (HEALTH, 0, "PREEMPTED"), *UP]
+    env.rules(*rules)
+    result = ok(env.run("recover", *RECOVER))  # the default budget is 10 restarts
+    assert "training finished on my-tpu after 12 restart(s)" in result.stderr
+    assert "progress: checkpoint step 110 -> step 120" in result.stderr
+    assert kinds(env).count("start") == 13 and kinds(env).count("tpu-vm delete") == 12
+
+
+def test_recover_counts_only_failures_without_progress(env):
+    rules = [*UP, (START, 1, "", saves(env, 10))]  # progress: not counted
+    for _ in range(3):  # then 3 failures in a row without a new checkpoint
+        rules += [(HEALTH, 0, "READY\\tHEALTHY"), (START, 1, "")]
+    env.rules(*rules, (HEALTH, 0, "READY\\tHEALTHY"))
+    result = env.run("recover", *RECOVER, "--max-restarts", "2")
+    assert result.returncode == 1
+    assert "no new checkpoint (step 10): 1 failure(s) in a row without progress" in result.stderr
+    assert "failed (exit status 1) 3 times in a row without a new checkpoint (--max-restarts 2); " \
+           "giving up after 3 restart(s)" in result.stderr  # fmt: skip
+    assert kinds(env).count("start") == 4 and kinds(env).count("stop") == 3
+    assert kinds(env).count("tpu-vm create") == 1  # the healthy slice was kept
+
+
+@pytest.mark.parametrize("script", ["stop", "delete"])
+def test_stop_or_delete_during_recovery_ends_it(env, script):
+    elsewhere = f"{TPU}/{script}.sh"  # run meanwhile, with the same parameters (the env file's)
+    env.rules(*UP, (START, 75, "", elsewhere))
+    result = ok(env.run("recover", *RECOVER))
+    assert (env.gcs / "bucket" / "ckpt.recover-stop").is_file()
+    assert f"the stop marker {MARKER} is there (tpu/stop.sh or tpu/delete.sh): ending, nothing " \
+           "restarted" in result.stderr  # fmt: skip
+    after = kinds(env)[kinds(env).index("start") + 1 :]
+    assert after[0] == "storage cp" and after[-1] == "storage ls"  # the marker, then the check
+    assert after[1] == ("stop" if script == "stop" else "tpu-vm delete")
+    assert kinds(env).count("start") == 1 and kinds(env).count("tpu-vm create") == 1
+
+
+def test_a_new_recover_removes_an_old_stop_marker(env):
+    marker = env.gcs / "bucket" / "ckpt.recover-stop"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("stopped\n")
+    env.rules(*UP)
+    result = ok(env.run("recover", *RECOVER))
+    assert env.calls()[1] == ["storage", "rm", MARKER] and not marker.exists()
+    assert "training finished" in result.stderr
+
+
+def test_recover_waits_out_maintenance_then_restarts_in_place(env):
+    env.rules(
+        *UP, (START, 1, ""),  # libtpu lost the chips: maintenance began without a notice
+        (HEALTH, 0, "READY\\tUNHEALTHY_MAINTENANCE"), (HEALTH, 0, "REPAIRING"),
+        (HEALTH, 0, "READY\\tHEALTHY"),
+    )  # fmt: skip
+    result = ok(env.run("recover", *RECOVER, "--gcsfuse-bucket", "my-bucket"))
+    assert (
+        "my-tpu is READY (UNHEALTHY_MAINTENANCE): maintenance or repair, waiting" in result.stderr
+    )
+    assert "my-tpu is REPAIRING: maintenance or repair, waiting" in result.stderr
+    assert (
+        "the run failed on a ready slice (exit status 1; no new checkpoint (none)" in result.stderr
+    )
+    after = kinds(env)[kinds(env).index("start") + 1 :]
+    assert after == [
+        "storage ls", "storage ls",  # the stop marker, the checkpoints
+        "tpu-vm describe", "storage ls", "tpu-vm describe", "storage ls",  # wait (marker?) ...
+        "tpu-vm describe", "stop", "preflight", "start",  # ... until healthy: restart in place
+    ]  # fmt: skip
+    # The restart re-mounts the bucket (a rebooted VM lost it) before the preflight.
+    preflights = [command_of(c) for c in env.calls() if "tpu/worker.sh preflight" in " ".join(c)]
+    assert preflights[-1] == (
+        "cd pipeline && tpu/worker.sh mount my-bucket /mnt/my-bucket && tpu/worker.sh preflight"
+    )
+
+
+def test_recover_re_creates_a_slice_whose_maintenance_does_not_end(env):
+    env.rules(*UP, (START, 1, ""), (HEALTH, 0, "READY\\tUNHEALTHY_MAINTENANCE"),
+              (HEALTH, 0, "READY\\tUNHEALTHY_MAINTENANCE"), *UP)  # fmt: skip
+    result = ok(env.run("recover", *RECOVER, "--maintenance-seconds", "1"))
+    assert "still READY (UNHEALTHY_MAINTENANCE) after 1s (--maintenance-seconds)" in result.stderr
+    assert kinds(env).count("tpu-vm delete") == 1 and kinds(env).count("tpu-vm create") == 2
+
+
+def test_recover_checks_every_steps_parameters_before_creating_anything(env):
+    result = env.run("recover", *RECOVER, "--data", "s3://b/x")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--data (TPU_DATA) 's3://b/x' is a URL other than gs://" in result.stderr
+    assert env.calls() == []
+
+
+def test_create_and_ssh_flags_reach_every_gcloud_call(env):
+    flags = ["--create-flags", "--network=my-net --service-account=sa@p.iam.gserviceaccount.com",
+             "--ssh-flags", "--internal-ip"]  # fmt: skip
+    env.rules(*UP)
+    ok(env.run("recover", *RECOVER, *flags))
+    [create] = [c for c in env.calls() if c[2:4] == ["tpu-vm", "create"]]
+    assert create[-2:] == ["--network=my-net", "--service-account=sa@p.iam.gserviceaccount.com"]
+    ssh = [c for c in env.calls() if c[2:4] == ["tpu-vm", "ssh"]]
+    assert len(ssh) == 3 and all(c[-1] == "--internal-ip" for c in ssh)
+    assert all(c[8:10] == KEEPALIVE for c in ssh)
 
 
 # --- dry run --------------------------------------------------------------------------------
@@ -368,7 +521,7 @@ SCENARIOS = [
     ("stop", [*COMMON], []),
     ("delete", [*COMMON], []),
     ("delete", [*COMMON, "--queued"], []),
-    ("recover", RECOVER, [("describe", 1, ""), ("describe", 0, "READY")]),
+    ("recover", RECOVER, UP),
 ]  # fmt: skip
 
 
@@ -414,7 +567,8 @@ REQUIRED = {
     "logs": (COMMON, ["--name", "--project", "--zone"]),
     "stop": (COMMON, ["--name", "--project", "--zone"]),
     "delete": (COMMON, ["--name", "--project", "--zone"]),
-    "recover": (COMMON, ["--name", "--project", "--zone"]),
+    "recover": ([*COMMON, "--checkpoint-dir", "gs://b/ckpt"],
+                ["--name", "--project", "--zone", "--checkpoint-dir"]),
 }  # fmt: skip
 MISSING = [(script, flag) for script, (_, flags) in REQUIRED.items() for flag in flags]
 

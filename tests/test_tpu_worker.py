@@ -347,3 +347,20 @@ def test_mount_uses_maxtexts_gcsfuse_cache_flags(worker, tmp_path):
         "/mnt/my-bucket",
     ]]  # fmt: skip
     assert ["mkdir", "-p", "/mnt/my-bucket"] in worker.recorded("sudo.jsonl")
+
+
+def test_mount_replaces_a_mount_whose_gcsfuse_died(worker, tmp_path):
+    """After a crash of gcsfuse the mount point stays a mount point but cannot be read."""
+    tools = Path(worker.vars["PATH"].split(os.pathsep)[0])
+    (tools / "gcsfuse").write_text(RECORDER.format(python=sys.executable, log="FAKE_GCSFUSE_LOG"))
+    (tools / "mountpoint").write_text("#!/bin/sh\nexit 0\n")  # mounted, and unreadable:
+    for tool in ("gcsfuse", "mountpoint"):  # /mnt/dead-bucket does not exist here
+        (tools / tool).chmod(0o755)
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh mount dead-bucket /mnt/dead-bucket",
+        FAKE_GCSFUSE_LOG=str(tmp_path / "gcsfuse.jsonl"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "mounted but unreadable" in result.stdout
+    assert ["umount", "-l", "/mnt/dead-bucket"] in worker.recorded("sudo.jsonl")
+    assert worker.recorded("gcsfuse.jsonl")[0][-2:] == ["dead-bucket", "/mnt/dead-bucket"]

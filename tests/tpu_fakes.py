@@ -1,9 +1,13 @@
 """A fake `gcloud` and a clean environment for the tests of the TPU VM scripts in tpu/.
 
 The fake appends each argument list, one JSON line per call, to a log. Its answers are
-scripted by rules, `PATTERN<TAB>STATUS<TAB>STDOUT` lines: a call takes (and removes) the first
-rule whose PATTERN occurs in its space-joined arguments; without one it prints nothing and
-succeeds. `scp` of a local file copies it into a directory the test can read.
+scripted by rules, `PATTERN<TAB>STATUS<TAB>STDOUT[<TAB>THEN]` lines: a call takes (and removes)
+the first rule whose PATTERN occurs in its space-joined arguments, runs the shell command THEN
+if there is one (what happens meanwhile, e.g. a tpu/stop.sh from elsewhere), prints STDOUT
+(`\\t` is a tab) and exits with STATUS. Without a rule, `storage ls|cp|rm` act on a local
+directory standing for Cloud Storage (gs://BUCKET/PATH is FAKE_GCS_DIR/BUCKET/PATH); any other
+call prints nothing and succeeds. `scp` of a local file copies it into a directory the test
+can read.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ TRAIN = [
     "--config", "configs/run.yaml", "--data", "/mnt/bucket/stores",
     "--checkpoint-dir", "gs://bucket/ckpt",
 ]  # fmt: skip
-SSH = ["compute", "tpus", "tpu-vm", "ssh", NAME, *LOC, "--worker=all"]
+KEEPALIVE = ["--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4"]
+SSH = ["compute", "tpus", "tpu-vm", "ssh", NAME, *LOC, "--worker=all", *KEEPALIVE]
 DESCRIBE_VM = ["compute", "tpus", "tpu-vm", "describe", NAME, *LOC, "--format=value(state)"]
 DESCRIBE_QR = [
     "compute", "tpus", "queued-resources", "describe", NAME, *LOC, "--format=value(state.state)",
 ]  # fmt: skip
 
 FAKE_GCLOUD = """#!{python} -S
-import json, os, shutil, sys
+import json, os, shutil, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
     f.write(json.dumps(args) + "\\n")
@@ -44,13 +49,32 @@ rules_file = os.environ["FAKE_GCLOUD_RULES"]
 rules = open(rules_file).read().splitlines() if os.path.exists(rules_file) else []
 joined = " ".join(args)
 for i, rule in enumerate(rules):
-    pattern, status, out = (rule.split("\\t") + ["", ""])[:3]
+    pattern, status, out, then = (rule.split("\\t") + ["", "", ""])[:4]
     if pattern in joined:
         del rules[i]
         with open(rules_file, "w") as f:
             f.write("".join(r + "\\n" for r in rules))
-        print(out)
+        if then:
+            subprocess.run(then, shell=True, check=True)
+        print(out.replace("\\\\t", "\\t"))
         sys.exit(int(status or 0))
+def local(uri):
+    return os.path.join(os.environ["FAKE_GCS_DIR"], uri[len("gs://"):])
+if args[:2] == ["storage", "ls"]:
+    path = local(args[2])
+    if os.path.isfile(path):
+        print(args[2])
+    elif os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            sub = os.path.isdir(os.path.join(path, name))
+            print(args[2].rstrip("/") + "/" + name + ("/" if sub else ""))
+    else:
+        sys.exit("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.")
+elif args[:2] == ["storage", "cp"]:
+    os.makedirs(os.path.dirname(local(args[3])), exist_ok=True)
+    shutil.copy(args[2], local(args[3]))
+elif args[:2] == ["storage", "rm"]:
+    os.remove(local(args[2]))
 """
 
 
@@ -67,6 +91,7 @@ class Env:
         self.rules_file = tmp / "rules.tsv"
         self.scp_dir = tmp / "scp"
         self.scp_dir.mkdir()
+        self.gcs = tmp / "gcs"
         gcloud = self.bin / "gcloud"
         gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
         gcloud.chmod(0o755)
@@ -77,8 +102,10 @@ class Env:
             FAKE_GCLOUD_LOG=str(self.log),
             FAKE_GCLOUD_RULES=str(self.rules_file),
             FAKE_GCLOUD_SCP_DIR=str(self.scp_dir),
+            FAKE_GCS_DIR=str(self.gcs),
             TMPDIR=str(tmp),
             TPU_POLL_SECONDS="0",
+            TPU_RETRY_SECONDS="0",
         )
 
     def run(self, script: str, *args: str, extra_env: dict | None = None, path: Path = TPU):
@@ -92,9 +119,9 @@ class Env:
             timeout=60,
         )
 
-    def rules(self, *rules: tuple[str, int, str]) -> None:
-        """Script the fake's answers: (pattern, exit status, stdout), first match first."""
-        self.rules_file.write_text("".join(f"{p}\t{s}\t{o}\n" for p, s, o in rules))
+    def rules(self, *rules: tuple[str, ...]) -> None:
+        """Script the fake's answers: (pattern, exit status, stdout[, then]), first match first."""
+        self.rules_file.write_text("".join("\t".join(map(str, r)) + "\n" for r in rules))
 
     def calls(self) -> list[list[str]]:
         if not self.log.exists():

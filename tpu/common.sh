@@ -22,7 +22,8 @@ TPU_KNOWN_KEYS="TPU_NAME TPU_PROJECT TPU_ZONE TPU_ACCELERATOR_TYPE TPU_RUNTIME_V
 TPU_QUEUED TPU_CAPACITY TPU_SOURCE TPU_REPO TPU_REF TPU_REMOTE_DIR TPU_PYTHON TPU_DATA \
 TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER TPU_WAIT TPU_POLL_SECONDS TPU_JAX_VERSION \
 TPU_GCSFUSE_BUCKET TPU_MOUNT_POINT TPU_LOG_URI TPU_SYNC_SECONDS TPU_FOREGROUND TPU_GRACE_SECONDS \
-TPU_MAX_RESTARTS"
+TPU_MAX_RESTARTS TPU_CREATE_FLAGS TPU_SSH_FLAGS TPU_RETRY_SECONDS TPU_MAX_RETRY_SECONDS \
+TPU_CREATE_TRIES TPU_MAINTENANCE_SECONDS"
 
 DRY_RUN=0
 EXTRA_ARGS=()   # the words after `--`
@@ -249,6 +250,10 @@ query() {
   return "$status"
 }
 
+# States of a TPU VM or queued resource that never become READY / ACTIVE by themselves.
+# shellcheck disable=SC2034  # used by the scripts that source this file
+DEAD_STATES='^(PREEMPTED|TERMINATED|STOPPED|STOPPING|FAILED|SUSPENDED|SUSPENDING|DELETING)$'
+
 # tpu_state VAR: the state of the queued resource (TPU_QUEUED=1) or of the TPU VM, "" if
 # it does not exist (or in a dry run).
 tpu_state() {
@@ -285,11 +290,87 @@ worker_cmd() {
   printf 'cd %s && tpu/worker.sh %s' "$(remote_path "$TPU_REMOTE_DIR")" "$(quote_cmd "$@")"
 }
 
-# gcloud compute tpus tpu-vm ssh NAME --zone --project --worker --command=CMD [extra]
+# words VAR: the words of a flags variable (TPU_SSH_FLAGS, TPU_CREATE_FLAGS) in WORDS, split at
+# blanks (no quoting: a value with a space cannot be given this way; use the `--` words).
+words() {
+  WORDS=()
+  [[ -n ${!1:-} ]] && read -r -a WORDS <<<"${!1}"
+  return 0
+}
+
+# ssh keepalive: without it a vanished VM leaves the ssh session (and recover.sh) waiting for
+# hours; with it ssh gives up after 4 unanswered probes 30 s apart (exit 255).
+KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4)
+
+# gcloud compute tpus tpu-vm ssh NAME --zone --project --worker KEEPALIVE --command=CMD
+# [TPU_SSH_FLAGS] [extra]
 tpu_ssh() {
   local cmd=$1 worker=${2:-all}
+  words TPU_SSH_FLAGS
   run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
-    --worker="$worker" --command="$cmd" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    --worker="$worker" "${KEEPALIVE[@]}" --command="$cmd" ${WORDS[@]+"${WORDS[@]}"} \
+    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+}
+
+# tpu_scp ARGS...: gcloud compute tpus tpu-vm scp ARGS --zone --project [TPU_SSH_FLAGS] [extra]
+tpu_scp() {
+  words TPU_SSH_FLAGS
+  run gcloud compute tpus tpu-vm scp "$@" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
+    ${WORDS[@]+"${WORDS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+}
+
+# The gcsfuse mount of --gcsfuse-bucket, as a remote command to append to another with " && "
+# (install.sh, and run.sh: a restarted VM has lost its mount); "" without a bucket.
+mount_cmd() {
+  [[ -n ${TPU_GCSFUSE_BUCKET:-} ]] || return 0
+  local bucket=${TPU_GCSFUSE_BUCKET#gs://}
+  bucket=${bucket%/}
+  printf 'tpu/worker.sh mount %s %s' "$(shquote "$bucket")" "$(shquote "${TPU_MOUNT_POINT:-/mnt/$bucket}")"
+}
+
+check_mount() {
+  check TPU_GCSFUSE_BUCKET '^(gs://)?[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]/?$' 'a bucket name (e.g. my-bucket)'
+  check TPU_MOUNT_POINT '^/[A-Za-z0-9_./-]+$' 'an absolute path (e.g. /mnt/data)'
+}
+
+# Stop the trainers (worker.sh stop GRACE) and free the TPUs, on every worker.
+stop_workers() {
+  tpu_ssh "$(worker_cmd stop "$1")" all
+}
+
+# Delete the slice: the queued resource with its TPU (--force), or the TPU VM.
+delete_slice() {
+  if ((${TPU_QUEUED:-0})); then
+    run gcloud compute tpus queued-resources delete "$TPU_NAME" \
+      --zone="$TPU_ZONE" --project="$TPU_PROJECT" --quiet --force ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  else
+    run gcloud compute tpus tpu-vm delete "$TPU_NAME" \
+      --zone="$TPU_ZONE" --project="$TPU_PROJECT" --quiet ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  fi
+}
+
+# The stop marker of a tpu/recover.sh loop: an object (or file) beside the checkpoint directory,
+# so that tpu/stop.sh and tpu/delete.sh, from any machine, end the loop that runs elsewhere.
+stop_marker() { printf '%s.recover-stop' "${TPU_CHECKPOINT_DIR%/}"; }
+
+# leave_stop_marker WHO: written before the trainers are stopped or the slice deleted.
+leave_stop_marker() {
+  if [[ -z ${TPU_CHECKPOINT_DIR:-} ]]; then
+    warn "no --checkpoint-dir (TPU_CHECKPOINT_DIR): a tpu/recover.sh of this run cannot be told to stop"
+    return 0
+  fi
+  local marker file
+  marker=$(stop_marker)
+  file="${TMPDIR:-/tmp}/tpu-recover-stop-$TPU_NAME"
+  ((DRY_RUN)) || printf '%s by %s on %s\n' "$1" "$(id -un 2>/dev/null || echo someone)" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$file"
+  if [[ $marker == gs://* ]]; then
+    run gcloud storage cp "$file" "$marker"
+  else
+    run cp "$file" "$marker"
+  fi
+  ((DRY_RUN)) || rm -f "$file"
+  note "left the stop marker $marker: a tpu/recover.sh of this run ends instead of restarting"
 }
 
 # Remote layout shared by install/run/logs: the project directory (relative to the remote

@@ -34,10 +34,13 @@ Options (flag / environment or env-file variable):
                             TPU_CAPACITY          spot, reserved or on-demand (default)
   --wait                    TPU_WAIT=1            wait until the slice is ready to use
   --poll-seconds N          TPU_POLL_SECONDS      between two describes (default: 30)
+  --create-flags 'FLAGS'    TPU_CREATE_FLAGS      extra words for the create command, split at
+                                                  blanks (e.g. '--network=my-net
+                                                  --service-account=SA --reservation=R')
   --env-file FILE           TPU_ENV_FILE          KEY=VALUE file (see tpu/example.env)
   --dry-run                 print the gcloud command instead of running it
   -h, --help                this help
-Words after `--` are appended to the gcloud command (e.g. -- --network=my-net).
+Words after `--` are appended to the gcloud create command too (e.g. -- --network=my-net).
 Precedence: flags > env file > environment. Missing or invalid parameters exit with status 2.
 EOF
 }
@@ -45,7 +48,7 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds"
+VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds create-flags"
 BOOL_FLAGS="queued wait"
 tpu_parse "$@"
 
@@ -68,25 +71,25 @@ esac
 
 ready=READY
 ((TPU_QUEUED)) && ready=ACTIVE
-# States that never become $ready by themselves.
-dead='^(PREEMPTED|TERMINATED|STOPPED|STOPPING|FAILED|SUSPENDED|SUSPENDING|DELETING)$'
 
 need_gcloud
+words TPU_CREATE_FLAGS
+create_flags=(${WORDS[@]+"${WORDS[@]}"})
 tpu_state state
 if [[ -n $state ]]; then
-  [[ $state =~ $dead ]] && die "$TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
+  [[ $state =~ $DEAD_STATES ]] && die "$TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
   note "$TPU_NAME exists already (state $state); not creating it again"
 elif ((TPU_QUEUED)); then
   run gcloud compute tpus queued-resources create "$TPU_NAME" --node-id="$TPU_NAME" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --runtime-version="$TPU_RUNTIME_VERSION" \
-    ${capacity[@]+"${capacity[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    ${capacity[@]+"${capacity[@]}"} ${create_flags[@]+"${create_flags[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
   ((TPU_WAIT)) || note "queued resource $TPU_NAME requested; it is ready when its state is ACTIVE (create.sh --wait waits for it)"
 else
   run gcloud compute tpus tpu-vm create "$TPU_NAME" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --version="$TPU_RUNTIME_VERSION" \
-    ${capacity[@]+"${capacity[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    ${capacity[@]+"${capacity[@]}"} ${create_flags[@]+"${create_flags[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
 fi
 
 if ((TPU_WAIT)); then
@@ -95,7 +98,7 @@ if ((TPU_WAIT)); then
     tpu_state state
     ((DRY_RUN)) && break
     [[ $state == "$ready" ]] && break
-    [[ $state =~ $dead ]] && { note "error: $TPU_NAME is $state, not $ready"; exit 1; }
+    [[ $state =~ $DEAD_STATES ]] && { note "error: $TPU_NAME is $state, not $ready"; exit 1; }
     if [[ -z $state ]]; then
       unseen=$((unseen + 1))
       ((unseen < 10)) || { note "error: $TPU_NAME cannot be described (10 tries; see the gcloud errors above)"; exit 1; }

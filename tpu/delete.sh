@@ -11,13 +11,16 @@ Delete the slice (no confirmation prompt):
   direct:   gcloud compute tpus tpu-vm delete NAME --zone=ZONE --project=PROJECT --quiet
   --queued: gcloud compute tpus queued-resources delete NAME --zone=ZONE --project=PROJECT
               --quiet --force      (--force also deletes the TPU the queued resource created)
-Checkpoints and data in Cloud Storage are not touched.
+Checkpoints and data in Cloud Storage are not touched. First, with --checkpoint-dir, it leaves
+the stop marker CHECKPOINT_DIR.recover-stop, which ends a tpu/recover.sh loop of this run
+(wherever it runs) instead of letting it re-create the slice.
 
 Options (flag / environment or env-file variable):
   --name NAME           TPU_NAME        TPU (or queued resource) name   [required]
   --project PROJECT     TPU_PROJECT     Google Cloud project id          [required]
   --zone ZONE           TPU_ZONE        e.g. us-central2-b               [required]
   --queued              TPU_QUEUED=1    delete the queued resource (created with create.sh --queued)
+  --checkpoint-dir DIR  TPU_CHECKPOINT_DIR  the run's; the stop marker goes beside it
   --env-file FILE       TPU_ENV_FILE    KEY=VALUE file (see tpu/example.env)
   --dry-run             print the gcloud command instead of running it
   -h, --help            this help
@@ -28,7 +31,7 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone"
+VALUE_FLAGS="name project zone checkpoint-dir"
 BOOL_FLAGS="queued"
 tpu_parse "$@"
 
@@ -36,10 +39,5 @@ check_common
 bool TPU_QUEUED
 
 need_gcloud
-if ((TPU_QUEUED)); then
-  run gcloud compute tpus queued-resources delete "$TPU_NAME" \
-    --zone="$TPU_ZONE" --project="$TPU_PROJECT" --quiet --force ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
-else
-  run gcloud compute tpus tpu-vm delete "$TPU_NAME" \
-    --zone="$TPU_ZONE" --project="$TPU_PROJECT" --quiet ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
-fi
+leave_stop_marker "deleted with tpu/delete.sh"
+delete_slice

@@ -39,6 +39,8 @@ Options (flag / environment or env-file variable):
   --jax-version VERSION   TPU_JAX_VERSION    jax[tpu] version (default: 0.10.2)
   --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET mount gs://BUCKET read-only on every worker
   --mount-point DIR       TPU_MOUNT_POINT    where (default: /mnt/BUCKET)
+  --ssh-flags 'FLAGS'     TPU_SSH_FLAGS      extra words for every gcloud ssh and scp, split at
+                                             blanks (e.g. '--internal-ip')
   --env-file FILE         TPU_ENV_FILE       KEY=VALUE file (see tpu/example.env)
   --dry-run               print the commands instead of running them
   -h, --help              this help
@@ -49,7 +51,7 @@ EOF_USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point"
+VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
@@ -60,8 +62,7 @@ TPU_JAX_VERSION=${TPU_JAX_VERSION:-$DEFAULT_JAX}
 check TPU_PYTHON '^3[.][0-9]+([.][0-9]+)?$' 'a Python version (e.g. 3.12)'
 check TPU_JAX_VERSION '^[0-9]+[.][0-9]+[.][0-9]+$' 'a jax version (e.g. 0.10.2)'
 check TPU_REF '^[A-Za-z0-9_./+@-]+$' 'a git branch, tag or commit'
-check TPU_GCSFUSE_BUCKET '^(gs://)?[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]/?$' 'a bucket name (e.g. my-bucket)'
-check TPU_MOUNT_POINT '^/[A-Za-z0-9_./-]+$' 'an absolute path (e.g. /mnt/data)'
+check_mount
 if [[ -n ${TPU_REF:-} && -z ${TPU_REPO:-} ]]; then
   die "--ref needs --repo (or TPU_REPO); without it the committed HEAD of the local checkout is copied"
 fi
@@ -94,9 +95,7 @@ else
 fi
 remote+="$(worker_cmd setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")"
 if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
-  bucket=${TPU_GCSFUSE_BUCKET#gs://}
-  bucket=${bucket%/}
-  remote+=" && tpu/worker.sh mount $(shquote "$bucket") $(shquote "${TPU_MOUNT_POINT:-/mnt/$bucket}")"
+  remote+=" && $(mount_cmd)"
 fi
 
 need_gcloud
@@ -105,7 +104,6 @@ if [[ -z ${TPU_REPO:-} ]]; then
     trap 'rm -f "$tarball"' EXIT
   fi
   run git -C "$source_dir" archive --format=tar.gz -o "$tarball" HEAD
-  run gcloud compute tpus tpu-vm scp --worker=all "$tarball" "$TPU_NAME:$remote_tarball" \
-    --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  tpu_scp --worker=all "$tarball" "$TPU_NAME:$remote_tarball"
 fi
 tpu_ssh "$remote" all

@@ -31,6 +31,7 @@ Options (flag / environment or env-file variable):
   --collect DIR                          copy the logs into local DIR instead of streaming
   --remote-dir DIR      TPU_REMOTE_DIR   project dir on the workers (default: pipeline)
   --log-dir DIR         TPU_LOG_DIR      relative to REMOTE_DIR unless absolute (default: logs)
+  --ssh-flags 'FLAGS'   TPU_SSH_FLAGS    extra words for every gcloud ssh/scp (e.g. --internal-ip)
   --env-file FILE       TPU_ENV_FILE     KEY=VALUE file (see tpu/example.env)
   --dry-run             print the commands instead of running them
   -h, --help            this help
@@ -41,7 +42,7 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone worker lines collect remote-dir log-dir"
+VALUE_FLAGS="name project zone worker lines collect remote-dir log-dir ssh-flags"
 BOOL_FLAGS=""
 unset TPU_LINES TPU_COLLECT # flags only, never from the environment
 tpu_parse "$@"
@@ -69,9 +70,7 @@ if [[ -n ${TPU_COLLECT:-} ]]; then
     workers=$TPU_WORKER
   fi
   for worker in ${workers//,/ }; do
-    run gcloud compute tpus tpu-vm scp --recurse --worker="$worker" \
-      "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT" \
-      --zone="$TPU_ZONE" --project="$TPU_PROJECT" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    tpu_scp --recurse --worker="$worker" "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT"
   done
   ((DRY_RUN)) || note "logs copied to $TPU_COLLECT/$(basename "$REMOTE_LOG_DIR")/"
 else

@@ -50,6 +50,9 @@ Options (flag / environment or env-file variable):
                                               outlives the slice
   --sync-seconds N        TPU_SYNC_SECONDS    between two log copies (default: 60)
   --foreground            TPU_FOREGROUND=1    wait for the trainers; exit 1 if one fails
+  --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET  re-mount it before the preflight (a restarted VM
+  --mount-point DIR       TPU_MOUNT_POINT     loses its mount; see tpu/install.sh)
+  --ssh-flags 'FLAGS'     TPU_SSH_FLAGS       extra words for every gcloud ssh (e.g. --internal-ip)
   --env KEY=VALUE         (repeatable)        extra environment for the trainer
   --env-file FILE         TPU_ENV_FILE        KEY=VALUE file (see tpu/example.env)
   --dry-run               print the gcloud commands instead of running them
@@ -61,13 +64,15 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir log-uri sync-seconds env"
+VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir log-uri sync-seconds \
+gcsfuse-bucket mount-point ssh-flags env"
 BOOL_FLAGS="foreground"
 tpu_parse "$@"
 
 check_common
 require TPU_CONFIG TPU_DATA TPU_CHECKPOINT_DIR
 remote_layout
+check_mount
 bool TPU_FOREGROUND
 TPU_SYNC_SECONDS=${TPU_SYNC_SECONDS:-60}
 check TPU_SYNC_SECONDS '^[0-9]+$' 'a number of seconds'
@@ -101,6 +106,11 @@ remote="cd $(remote_path "$TPU_REMOTE_DIR") && . .venv/bin/activate && export $e
 # Words after -- belong to the trainer, not to gcloud.
 EXTRA_ARGS=()
 need_gcloud
-tpu_ssh "$(worker_cmd preflight)" all
+preflight=$(worker_cmd preflight)
+if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
+  # A VM restarted in place (maintenance, tpu/recover.sh) has lost its gcsfuse mount.
+  preflight="cd $(remote_path "$TPU_REMOTE_DIR") && $(mount_cmd) && tpu/worker.sh preflight"
+fi
+tpu_ssh "$preflight" all
 tpu_ssh "$remote" all
 ((DRY_RUN || TPU_FOREGROUND)) || note "logs: $REMOTE_LOG_DIR/train-<worker hostname>.log on each worker (tpu/logs.sh)"

@@ -16,6 +16,9 @@ after GRACE seconds, SIGKILL to a trainer still running and to whatever else sti
 /dev/accel* or /dev/vfio/* open, and removes /tmp/libtpu_lockfile. Succeeds when nothing runs.
 (A TPU can be opened by one process at a time; a leftover process makes the next run fail
 with "TPU in use" or hang at start-up.)
+First, with --checkpoint-dir, it leaves the stop marker CHECKPOINT_DIR.recover-stop, which
+ends a tpu/recover.sh loop of this run (wherever it runs) instead of letting it restart:
+  gcloud storage cp /tmp/tpu-recover-stop-NAME CHECKPOINT_DIR.recover-stop
 
 Options (flag / environment or env-file variable):
   --name NAME           TPU_NAME            TPU name                    [required]
@@ -23,6 +26,8 @@ Options (flag / environment or env-file variable):
   --zone ZONE           TPU_ZONE            e.g. us-west4-a             [required]
   --grace-seconds N     TPU_GRACE_SECONDS   time to save and exit before SIGKILL (default: 300)
   --remote-dir DIR      TPU_REMOTE_DIR      project dir on the workers (default: pipeline)
+  --checkpoint-dir DIR  TPU_CHECKPOINT_DIR  the run's; the stop marker goes beside it
+  --ssh-flags 'FLAGS'   TPU_SSH_FLAGS       extra words for gcloud ssh (e.g. --internal-ip)
   --env-file FILE       TPU_ENV_FILE        KEY=VALUE file (see tpu/example.env)
   --dry-run             print the gcloud command instead of running it
   -h, --help            this help
@@ -33,7 +38,7 @@ EOF_USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone grace-seconds remote-dir"
+VALUE_FLAGS="name project zone grace-seconds remote-dir checkpoint-dir ssh-flags"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
@@ -43,4 +48,5 @@ TPU_GRACE_SECONDS=${TPU_GRACE_SECONDS:-300}
 check TPU_GRACE_SECONDS '^[0-9]+$' 'a number of seconds'
 
 need_gcloud
-tpu_ssh "$(worker_cmd stop "$TPU_GRACE_SECONDS")" all
+leave_stop_marker "stopped with tpu/stop.sh"
+stop_workers "$TPU_GRACE_SECONDS"

@@ -100,8 +100,13 @@ mount_bucket() {
   sudo mkdir -p "$point"
   sudo chown "$(id -u):$(id -g)" "$point"
   if mountpoint -q "$point"; then
-    echo "$point is already mounted on $host"
-    return 0
+    if ls "$point" >/dev/null 2>&1; then
+      echo "$point is already mounted on $host"
+      return 0
+    fi
+    # gcsfuse died under the mount ("Transport endpoint is not connected"): mount it again.
+    echo "$point is mounted but unreadable on $host: unmounting it to mount it again"
+    fusermount -u -z "$point" 2>/dev/null || sudo umount -l "$point"
   fi
   # Read-only, with the type, stat, list and metadata caches unbounded and never expiring:
   # the flags MaxText mounts its datasets with (the stores do not change during a run).
