@@ -162,10 +162,16 @@ def test_delete(env, args, expected):
 # --- install --------------------------------------------------------------------------------
 
 
+COUNT = ["compute", "tpus", "tpu-vm", "describe", NAME, *LOC,
+         "--format=value(networkEndpoints.len())"]  # fmt: skip
+
+
 def test_install_copies_git_archive_then_sets_up_on_all_workers(env, agent, source_repo):
+    env.rules(("networkEndpoints", 0, "4"))
     result = ok(env.run("install", *COMMON, "--source", str(source_repo)))
     tarball = str(env.tmp / f"tpu-install-{NAME}.tar.gz")
-    scp, ssh = env.calls()
+    count, scp, ssh = env.calls()
+    assert count == COUNT  # four workers: the ssh key must be in ssh-agent
     # Copying ONTO all workers is what --worker=all supports (never from them).
     assert scp == ["compute", "tpus", "tpu-vm", "scp", "--worker=all", tarball,
                    f"{NAME}:pipeline-src.tar.gz", *LOC]  # fmt: skip
@@ -185,16 +191,25 @@ def test_install_copies_git_archive_then_sets_up_on_all_workers(env, agent, sour
 
 
 def test_install_needs_the_tpu_key_in_ssh_agent_and_says_the_fix(env, agent, source_repo):
+    env.rules(("networkEndpoints", 0, "4"), ("networkEndpoints", 0, "4"))
     no_agent = env.run("install", *COMMON, "--source", str(source_repo),
                        extra_env={"SSH_AUTH_SOCK": str(env.tmp / "nothing")})  # fmt: skip
-    assert no_agent.returncode == 2 and no_agent.stderr.count("\n") == 1
-    assert f'eval "$(ssh-agent -s)" && ssh-add {agent}' in no_agent.stderr
+    assert no_agent.returncode == 2
+    [error] = [line for line in no_agent.stderr.splitlines() if line.startswith("error:")]
+    assert error.endswith(f'run: eval "$(ssh-agent -s)" && ssh-add {agent}')
     agent.unlink()
     agent.with_suffix(".pub").unlink()
     no_key = env.run("install", *COMMON, "--source", str(source_repo))
     assert no_key.returncode == 2 and "--worker=0 --command=true" in no_key.stderr
-    assert env.calls() == []
+    assert env.calls() == [COUNT, COUNT]  # nothing copied
     ok(env.run("install", *COMMON, "--source", str(source_repo), "--dry-run"))  # needs no agent
+
+
+def test_install_on_a_one_host_slice_needs_no_ssh_agent(env, source_repo):
+    env.rules(("networkEndpoints", 0, "1"))
+    ok(env.run("install", *COMMON, "--source", str(source_repo),
+               extra_env={"SSH_AUTH_SOCK": str(env.tmp / "nothing")}))  # fmt: skip
+    assert [c[3] for c in env.calls()] == ["describe", "scp", "ssh"]
 
 
 def test_install_clone_mode_with_ref_pins_and_gcsfuse(env):
@@ -550,7 +565,8 @@ def test_dry_run_prints_the_same_commands_and_calls_nothing(
 
 def test_dry_run_install_prints_git_archive(env, source_repo):
     dry = ok(env.run("install", *COMMON, "--source", str(source_repo), "--dry-run"))
-    first = shlex.split(dry.stdout.splitlines()[0])
+    count, first = (shlex.split(line) for line in dry.stdout.splitlines()[:2])
+    assert count == ["gcloud", *COUNT]
     assert first == ["git", "-C", str(source_repo), "archive", "--format=tar.gz", "-o",
                      str(env.tmp / f"tpu-install-{NAME}.tar.gz"), "HEAD"]  # fmt: skip
 
@@ -795,3 +811,64 @@ def test_the_walkthrough_data_config_is_valid_yaml_with_absolute_store_paths(mon
     monkeypatch.setenv("PIPELINE_DATA_DIR", "/mnt/my-bucket/stores")
     parsed = parse_config(yaml.safe_load(config), origin="configs/my-run.yaml")
     assert [str(s.path) for s in parsed.sources] == ["/mnt/my-bucket/stores/web"]
+
+
+# --- autocheckpoint, multislice, worker ranges ------------------------------------------------
+
+
+def test_autocheckpoint_creates_on_the_alpha_track(env):
+    ok(env.run("create", *COMMON, *SLICE, "--spot", "--autocheckpoint"))
+    assert env.calls()[1] == ["alpha", *CREATE_VM, "--spot", "--autocheckpoint-enabled"]
+    env.reset()
+    ok(env.run("create", *COMMON, *SLICE, "--queued", extra_env={"TPU_AUTOCHECKPOINT": "1"}))
+    assert env.calls()[1] == ["alpha", *CREATE_QR, "--autocheckpoint-enabled"]
+    assert env.calls()[0] == DESCRIBE_QR  # describe and delete stay on the GA track
+
+
+def test_multislice_create_makes_one_node_per_slice(env):
+    ok(env.run("create", *COMMON, *SLICE, "--queued", "--node-count", "2"))
+    create = env.calls()[1]
+    assert create[:5] == ["compute", "tpus", "queued-resources", "create", NAME]
+    assert create[5:7] == ["--node-count=2", f"--node-prefix={NAME}"]
+    assert f"--node-id={NAME}" not in create
+    direct = env.run("create", *COMMON, *SLICE, "--num-slices", "2")
+    assert direct.returncode == 2 and "--num-slices 2 needs --queued" in direct.stderr
+
+
+def test_multislice_run_gives_every_worker_the_megascale_environment(env):
+    env.rules(("networkEndpoints[0].ipAddress", 0, "10.0.0.2"))
+    ok(env.run("run", *COMMON, *TRAIN, "--num-slices", "2", "--foreground"))
+    describe, *ssh = env.calls()
+    assert describe == ["compute", "tpus", "tpu-vm", "describe", f"{NAME}-0", *LOC,
+                        "--format=value(networkEndpoints[0].ipAddress)"]  # fmt: skip
+    nodes = sorted((c[4], command_of(c)) for c in ssh)  # each slice's ssh runs at once
+    assert [node for node, _ in nodes] == [f"{NAME}-0", f"{NAME}-0", f"{NAME}-1", f"{NAME}-1"]
+    starts = [cmd for _, cmd in nodes if START in cmd]
+    for slice_id, cmd in enumerate(starts):
+        assert (
+            "MEGASCALE_COORDINATOR_ADDRESS=10.0.0.2:8080 MEGASCALE_PORT=8080 "
+            f"MEGASCALE_NUM_SLICES=2 MEGASCALE_SLICE_ID={slice_id} && exec tpu/worker.sh start"
+        ) in cmd
+    dry = ok(env.run("run", *COMMON, *TRAIN, "--num-slices", "2", "--dry-run"))
+    lines = dry.stdout.splitlines()
+    assert len(lines) == 5 and "MEGASCALE_COORDINATOR_ADDRESS=COORDINATOR_IP:8080" in lines[-1]
+    assert [shlex.split(line)[5] for line in lines[1:]] == [f"{NAME}-0", f"{NAME}-1"] * 2
+
+
+def test_multislice_install_and_stop_reach_every_slice(env):
+    ok(env.run("install", *COMMON, "--repo", "https://e.com/r.git", "--num-slices", "3"))
+    assert sorted(c[4] for c in env.calls()) == [f"{NAME}-0", f"{NAME}-1", f"{NAME}-2"]
+    env.reset()
+    ok(env.run("stop", *COMMON, extra_env={"TPU_NUM_SLICES": "2"}))
+    assert sorted(c[4] for c in env.calls()) == [f"{NAME}-0", f"{NAME}-1"]
+
+
+def test_worker_ranges(env, tmp_path):
+    ok(env.run("logs", *COMMON, "--worker", "0-3"))
+    assert "--worker=0-3" in env.calls()[0]  # gcloud's ssh takes ranges
+    env.reset()
+    dest = tmp_path / "collected"
+    ok(env.run("logs", *COMMON, "--collect", str(dest), "--worker", "0,2-3"))
+    assert env.calls() == [scp_from(0, dest), scp_from(2, dest), scp_from(3, dest)]
+    bad = env.run("logs", *COMMON, "--worker", "0-")
+    assert bad.returncode == 2 and "--worker" in bad.stderr

@@ -23,7 +23,7 @@ TPU_QUEUED TPU_CAPACITY TPU_SOURCE TPU_REPO TPU_REF TPU_REMOTE_DIR TPU_PYTHON TP
 TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER TPU_WAIT TPU_POLL_SECONDS TPU_JAX_VERSION \
 TPU_GCSFUSE_BUCKET TPU_MOUNT_POINT TPU_LOG_URI TPU_SYNC_SECONDS TPU_FOREGROUND TPU_GRACE_SECONDS \
 TPU_MAX_RESTARTS TPU_CREATE_FLAGS TPU_SSH_FLAGS TPU_RETRY_SECONDS TPU_MAX_RETRY_SECONDS \
-TPU_CREATE_TRIES TPU_MAINTENANCE_SECONDS"
+TPU_CREATE_TRIES TPU_MAINTENANCE_SECONDS TPU_AUTOCHECKPOINT TPU_NUM_SLICES"
 
 DRY_RUN=0
 EXTRA_ARGS=()   # the words after `--`
@@ -94,6 +94,7 @@ tpu_parse() {
           name=${name%%=*}
           has_value=1
         fi
+        [[ $name == node-count ]] && name=num-slices # gcloud's name for it
         if [[ $name == env ]] && _in_list env "$VALUE_FLAGS"; then
           if ((!has_value)); then
             (($#)) || die "--env needs a value KEY=VALUE"
@@ -302,14 +303,67 @@ words() {
 # hours; with it ssh gives up after 4 unanswered probes 30 s apart (exit 255).
 KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4)
 
-# gcloud compute tpus tpu-vm ssh NAME --zone --project --worker KEEPALIVE --command=CMD
-# [TPU_SSH_FLAGS] [extra]
+# Multislice: --num-slices N (TPU_NUM_SLICES, gcloud's --node-count) > 1 makes the queued
+# resource NAME create the nodes NAME-0 ... NAME-(N-1), one slice each.
+check_slices() {
+  TPU_NUM_SLICES=${TPU_NUM_SLICES:-1}
+  check TPU_NUM_SLICES '^[1-9][0-9]*$' 'a number of slices (1 or more)'
+}
+
+# The TPU node of each slice, one per line.
+nodes() {
+  local i
+  if ((${TPU_NUM_SLICES:-1} == 1)); then
+    printf '%s\n' "$TPU_NAME"
+  else
+    for ((i = 0; i < TPU_NUM_SLICES; i++)); do printf '%s-%s\n' "$TPU_NAME" "$i"; done
+  fi
+}
+
+# tpu_ssh CMD [WORKER]: gcloud compute tpus tpu-vm ssh NODE --zone --project --worker KEEPALIVE
+# --command=CMD [TPU_SSH_FLAGS] [extra], for the node of every slice; "{slice}" in CMD is the
+# slice's index. Several slices run at once (a foreground run holds every ssh until the end);
+# the status is the last failure's.
 tpu_ssh() {
-  local cmd=$1 worker=${2:-all}
+  local cmd=$1 worker=${2:-all} node slice=0 status=0 pids=() pid
   words TPU_SSH_FLAGS
-  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
-    --worker="$worker" "${KEEPALIVE[@]}" --command="$cmd" ${WORDS[@]+"${WORDS[@]}"} \
-    ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+  for node in $(nodes); do
+    set -- gcloud compute tpus tpu-vm ssh "$node" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
+      --worker="$worker" "${KEEPALIVE[@]}" --command="${cmd//\{slice\}/$slice}" \
+      ${WORDS[@]+"${WORDS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    if ((${TPU_NUM_SLICES:-1} > 1 && !DRY_RUN)); then
+      run "$@" &
+      pids+=($!)
+    else
+      run "$@" || status=$?
+    fi
+    slice=$((slice + 1))
+  done
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    wait "$pid" || status=$?
+  done
+  return "$status"
+}
+
+# count_workers VAR NODE: the number of workers (hosts) of a node, from describe; status 1
+# when describe fails or says no number (and in a dry run, which cannot know).
+count_workers() {
+  query "$1" gcloud compute tpus tpu-vm describe "$2" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
+    --format='value(networkEndpoints.len())' || return 1
+  [[ ${!1} =~ ^[1-9][0-9]*$ ]]
+}
+
+# expand_workers LIST: "0-2,5" -> "0 1 2 5" (gcloud's ssh takes ranges, its scp one worker).
+expand_workers() {
+  local part out=""
+  for part in ${1//,/ }; do
+    if [[ $part == *-* ]]; then
+      out+=" $(seq -s ' ' "${part%-*}" "${part#*-}")"
+    else
+      out+=" $part"
+    fi
+  done
+  printf '%s' "${out# }"
 }
 
 # tpu_scp ARGS...: gcloud compute tpus tpu-vm scp ARGS --zone --project [TPU_SSH_FLAGS] [extra]

@@ -19,7 +19,8 @@ An existing slice that is usable or on its way (READY, CREATING, ACTIVE, WAITING
   --queued:
     gcloud compute tpus queued-resources create NAME --node-id=NAME --zone=ZONE
       --project=PROJECT --accelerator-type=TYPE --runtime-version=RUNTIME [--spot|--reserved]
-    (the queued resource waits for capacity; the TPU node it creates is also called NAME)
+    (the queued resource waits for capacity; the TPU node it creates is also called NAME;
+    with --num-slices N: --node-count=N --node-prefix=NAME instead of --node-id)
   --wait: then poll the describe command every POLL seconds until the state is READY (direct)
     or ACTIVE (queued); FAILED, SUSPENDED, PREEMPTED, ... end the wait with that state, exit 1.
 
@@ -33,6 +34,10 @@ Options (flag / environment or env-file variable):
   --spot | --reserved | --on-demand
                             TPU_CAPACITY          spot, reserved or on-demand (default)
   --wait                    TPU_WAIT=1            wait until the slice is ready to use
+  --autocheckpoint          TPU_AUTOCHECKPOINT=1  create with `gcloud alpha ... --autocheckpoint-enabled`:
+                                                  SIGTERM (a save) before maintenance events
+  --num-slices N            TPU_NUM_SLICES        multislice (with --queued): N slices, the
+                                                  nodes NAME-0 ... NAME-(N-1) (alias --node-count)
   --poll-seconds N          TPU_POLL_SECONDS      between two describes (default: 30)
   --create-flags 'FLAGS'    TPU_CREATE_FLAGS      extra words for the create command, split at
                                                   blanks (e.g. '--network=my-net
@@ -48,16 +53,22 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds create-flags"
-BOOL_FLAGS="queued wait"
+VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds create-flags \
+num-slices"
+BOOL_FLAGS="queued wait autocheckpoint"
 tpu_parse "$@"
 
 check_common
 require TPU_ACCELERATOR_TYPE TPU_RUNTIME_VERSION
 check TPU_ACCELERATOR_TYPE '^v[0-9][a-z0-9]*-[0-9]+$' 'a valid accelerator type (e.g. v5litepod-16, v4-32)'
 check TPU_RUNTIME_VERSION '^[A-Za-z0-9._-]+$' 'a valid runtime version (e.g. v2-alpha-tpuv5-lite)'
-bool TPU_QUEUED
 bool TPU_WAIT
+bool TPU_AUTOCHECKPOINT
+bool TPU_QUEUED
+check_slices
+if ((TPU_NUM_SLICES > 1 && !TPU_QUEUED)); then
+  die "--num-slices $TPU_NUM_SLICES needs --queued (TPU_QUEUED=1): only a queued resource creates several slices"
+fi
 TPU_POLL_SECONDS=${TPU_POLL_SECONDS:-30}
 check TPU_POLL_SECONDS '^[0-9]+([.][0-9]+)?$' 'a number of seconds'
 TPU_CAPACITY=${TPU_CAPACITY:-on-demand}
@@ -68,6 +79,17 @@ case $TPU_CAPACITY in
   spot) capacity=(--spot) ;;
   reserved) capacity=(--reserved) ;;
 esac
+
+# --autocheckpoint: the alpha track's --autocheckpoint-enabled makes Cloud TPU send the
+# trainer SIGTERM (so it saves) before a maintenance event; without it maintenance just starts.
+track=()
+if ((TPU_AUTOCHECKPOINT)); then
+  track=(alpha)
+  capacity+=(--autocheckpoint-enabled)
+fi
+# One slice: --node-id=NAME; several: the nodes NAME-0 ... NAME-(N-1).
+node=(--node-id="$TPU_NAME")
+((TPU_NUM_SLICES > 1)) && node=(--node-count="$TPU_NUM_SLICES" --node-prefix="$TPU_NAME")
 
 ready=READY
 ((TPU_QUEUED)) && ready=ACTIVE
@@ -80,13 +102,13 @@ if [[ -n $state ]]; then
   [[ $state =~ $DEAD_STATES ]] && die "$TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
   note "$TPU_NAME exists already (state $state); not creating it again"
 elif ((TPU_QUEUED)); then
-  run gcloud compute tpus queued-resources create "$TPU_NAME" --node-id="$TPU_NAME" \
+  run gcloud ${track[@]+"${track[@]}"} compute tpus queued-resources create "$TPU_NAME" "${node[@]}" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --runtime-version="$TPU_RUNTIME_VERSION" \
     ${capacity[@]+"${capacity[@]}"} ${create_flags[@]+"${create_flags[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
   ((TPU_WAIT)) || note "queued resource $TPU_NAME requested; it is ready when its state is ACTIVE (create.sh --wait waits for it)"
 else
-  run gcloud compute tpus tpu-vm create "$TPU_NAME" \
+  run gcloud ${track[@]+"${track[@]}"} compute tpus tpu-vm create "$TPU_NAME" \
     --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
     --accelerator-type="$TPU_ACCELERATOR_TYPE" --version="$TPU_RUNTIME_VERSION" \
     ${capacity[@]+"${capacity[@]}"} ${create_flags[@]+"${create_flags[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}

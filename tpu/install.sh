@@ -22,7 +22,8 @@ mounts the bucket read-only (`tpu/worker.sh mount`, MaxText's gcsfuse cache flag
     git -C SOURCE archive --format=tar.gz -o TARBALL HEAD
     gcloud compute tpus tpu-vm scp --worker=all TARBALL NAME:pipeline-src.tar.gz ...
     gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='...unpack; worker.sh setup'
-    (gcloud copies to several workers only with its ssh key in ssh-agent; checked first)
+    (gcloud copies to several workers only with its ssh key in ssh-agent: unless describe
+    counts one worker, the key is checked first)
   clone (--repo URL [--ref REF]): each worker clones or fetches the repository itself
     gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='git clone ...; worker.sh setup'
 
@@ -51,12 +52,13 @@ EOF_USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags"
+VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags num-slices"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
 check_common
 remote_layout
+check_slices
 TPU_PYTHON=${TPU_PYTHON:-$DEFAULT_PYTHON}
 TPU_JAX_VERSION=${TPU_JAX_VERSION:-$DEFAULT_JAX}
 check TPU_PYTHON '^3[.][0-9]+([.][0-9]+)?$' 'a Python version (e.g. 3.12)'
@@ -68,9 +70,6 @@ if [[ -n ${TPU_REF:-} && -z ${TPU_REPO:-} ]]; then
 fi
 if [[ -n ${TPU_REPO:-} && -n ${TPU_SOURCE:-} ]]; then
   die "--repo and --source exclude each other: clone on the workers, or copy a local checkout"
-fi
-if [[ -z ${TPU_REPO:-} ]]; then
-  need_ssh_agent # copy mode copies to all workers at once
 fi
 
 dir=$(remote_path "$TPU_REMOTE_DIR")
@@ -100,10 +99,17 @@ fi
 
 need_gcloud
 if [[ -z ${TPU_REPO:-} ]]; then
+  # Copy mode copies to all workers at once, which needs the key in ssh-agent unless the slice
+  # has one host.
+  hosts=""
+  count_workers hosts "$(nodes | head -n 1)" || true
+  [[ $hosts == 1 ]] || need_ssh_agent
   if ((!DRY_RUN)); then
     trap 'rm -f "$tarball"' EXIT
   fi
   run git -C "$source_dir" archive --format=tar.gz -o "$tarball" HEAD
-  tpu_scp --worker=all "$tarball" "$TPU_NAME:$remote_tarball"
+  for node in $(nodes); do
+    tpu_scp --worker=all "$tarball" "$node:$remote_tarball"
+  done
 fi
 tpu_ssh "$remote" all

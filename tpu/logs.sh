@@ -26,7 +26,8 @@ Options (flag / environment or env-file variable):
   --name NAME           TPU_NAME         TPU name                                   [required]
   --project PROJECT     TPU_PROJECT      Google Cloud project id                    [required]
   --zone ZONE           TPU_ZONE         e.g. us-west4-a                            [required]
-  --worker W            TPU_WORKER       all (default), a worker index such as 0, or a list 0,2
+  --worker W            TPU_WORKER       all (default), a worker index such as 0, a list 0,2,
+                                         a range 0-3 or both (0,4-6); of each slice
   --lines N                              lines of history to show first (default: 200)
   --collect DIR                          copy the logs into local DIR instead of streaming
   --remote-dir DIR      TPU_REMOTE_DIR   project dir on the workers (default: pipeline)
@@ -42,7 +43,7 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone worker lines collect remote-dir log-dir ssh-flags"
+VALUE_FLAGS="name project zone worker lines collect remote-dir log-dir ssh-flags num-slices"
 BOOL_FLAGS=""
 unset TPU_LINES TPU_COLLECT # flags only, never from the environment
 tpu_parse "$@"
@@ -50,27 +51,28 @@ tpu_parse "$@"
 check_common
 remote_layout
 TPU_WORKER=${TPU_WORKER:-all}
-check TPU_WORKER '^(all|[0-9]+(,[0-9]+)*)$' 'all or a worker index (e.g. 0)'
+check TPU_WORKER '^(all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$' 'all, a worker index or a list of indexes and ranges (e.g. 0, 0,2 or 0-3)'
+check_slices
 TPU_LINES=${TPU_LINES:-200}
 check TPU_LINES '^[0-9]+$' 'a number of lines'
 
 need_gcloud
 if [[ -n ${TPU_COLLECT:-} ]]; then
   run mkdir -p "$TPU_COLLECT"
-  if [[ $TPU_WORKER == all ]]; then
-    workers=0 count=""
-    if query count gcloud compute tpus tpu-vm describe "$TPU_NAME" --zone="$TPU_ZONE" \
-      --project="$TPU_PROJECT" --format='value(networkEndpoints.len())'; then
-      [[ $count =~ ^[1-9][0-9]*$ ]] || die "cannot count the workers of $TPU_NAME (describe said '$count')"
-      workers=$(seq -s , 0 $((count - 1)))
-    elif ((!DRY_RUN)); then
-      die "cannot describe $TPU_NAME (see the gcloud error above)"
+  for node in $(nodes); do
+    if [[ $TPU_WORKER == all ]]; then
+      workers=0 count=""
+      if count_workers count "$node"; then
+        workers="0-$((count - 1))"
+      elif ((!DRY_RUN)); then
+        die "cannot describe $node or count its workers (see the gcloud error above)"
+      fi
+    else
+      workers=$TPU_WORKER
     fi
-  else
-    workers=$TPU_WORKER
-  fi
-  for worker in ${workers//,/ }; do
-    tpu_scp --recurse --worker="$worker" "$TPU_NAME:$REMOTE_LOG_DIR" "$TPU_COLLECT"
+    for worker in $(expand_workers "$workers"); do
+      tpu_scp --recurse --worker="$worker" "$node:$REMOTE_LOG_DIR" "$TPU_COLLECT"
+    done
   done
   ((DRY_RUN)) || note "logs copied to $TPU_COLLECT/$(basename "$REMOTE_LOG_DIR")/"
 else

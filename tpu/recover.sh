@@ -63,14 +63,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds repo ref \
 source remote-dir python jax-version gcsfuse-bucket mount-point config data checkpoint-dir \
 log-dir log-uri sync-seconds grace-seconds max-restarts retry-seconds max-retry-seconds \
-create-tries maintenance-seconds create-flags ssh-flags env"
-BOOL_FLAGS="queued"
+create-tries maintenance-seconds create-flags ssh-flags num-slices env"
+BOOL_FLAGS="queued autocheckpoint"
 tpu_parse "$@"
 
 check_common
 require TPU_CHECKPOINT_DIR
 remote_layout
 bool TPU_QUEUED
+check_slices
 TPU_MAX_RESTARTS=${TPU_MAX_RESTARTS:-10}
 TPU_RETRY_SECONDS=${TPU_RETRY_SECONDS:-60}
 TPU_MAX_RETRY_SECONDS=${TPU_MAX_RETRY_SECONDS:-1800}
@@ -161,9 +162,10 @@ latest_step() {
 
 step_name() { if (($1 < 0)); then printf 'none'; else printf 'step %s' "$1"; fi; }
 
-# CONDITION (ready, wait or dead) and SEEN (what describe said) of the slice.
+# CONDITION (ready, wait or dead) and SEEN (what describe said) of the slice: of its worst
+# node when there are several slices.
 slice_condition() {
-  local qr described state health
+  local qr described state health node condition
   if ((TPU_QUEUED)); then
     tpu_state qr
     if [[ $qr != ACTIVE ]]; then
@@ -171,20 +173,30 @@ slice_condition() {
       return 0
     fi
   fi
-  query described gcloud compute tpus tpu-vm describe "$TPU_NAME" --zone="$TPU_ZONE" \
-    --project="$TPU_PROJECT" '--format=value(state,health)' || described=""
-  read -r state health <<<"$described" || true
-  SEEN="${state:-gone}${health:+ ($health)}"
-  case $state in
-    READY)
-      case ${health:-HEALTHY} in
-        HEALTHY | HEALTH_UNSPECIFIED) CONDITION=ready ;;
-        *) CONDITION="wait" ;; # UNHEALTHY_MAINTENANCE, TIMEOUT, ...
-      esac
-      ;;
-    CREATING | STARTING | RESTARTING | REIMAGING | REPAIRING | UNHIDING) CONDITION="wait" ;;
-    *) CONDITION=dead ;;
-  esac
+  CONDITION=ready SEEN=""
+  for node in $(nodes); do
+    query described gcloud compute tpus tpu-vm describe "$node" --zone="$TPU_ZONE" \
+      --project="$TPU_PROJECT" '--format=value(state,health)' || described=""
+    state="" health=""
+    read -r state health <<<"$described" || true
+    case $state in
+      READY)
+        case ${health:-HEALTHY} in
+          HEALTHY | HEALTH_UNSPECIFIED) condition=ready ;;
+          *) condition="wait" ;; # UNHEALTHY_MAINTENANCE, TIMEOUT, ...
+        esac
+        ;;
+      CREATING | STARTING | RESTARTING | REIMAGING | REPAIRING | UNHIDING) condition="wait" ;;
+      *) condition=dead ;;
+    esac
+    if [[ $condition == dead || ($condition == wait && $CONDITION == ready) || -z $SEEN ]]; then
+      SEEN="${state:-gone}${health:+ ($health)}"
+      ((TPU_NUM_SLICES > 1)) && SEEN="$SEEN ($node)"
+    fi
+    [[ $condition == dead || ($condition == wait && $CONDITION == ready) ]] && CONDITION=$condition
+    [[ $CONDITION == dead ]] && return 0
+  done
+  return 0
 }
 
 # slice_condition, polled while the slice is under maintenance (at most --maintenance-seconds).

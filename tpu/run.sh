@@ -53,6 +53,9 @@ Options (flag / environment or env-file variable):
   --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET  re-mount it before the preflight (a restarted VM
   --mount-point DIR       TPU_MOUNT_POINT     loses its mount; see tpu/install.sh)
   --ssh-flags 'FLAGS'     TPU_SSH_FLAGS       extra words for every gcloud ssh (e.g. --internal-ip)
+  --num-slices N          TPU_NUM_SLICES      multislice (tpu/create.sh --num-slices): run on the
+                                              nodes NAME-0 ... NAME-(N-1) at once, with the
+                                              MEGASCALE_* environment JAX needs to join them
   --env KEY=VALUE         (repeatable)        extra environment for the trainer
   --env-file FILE         TPU_ENV_FILE        KEY=VALUE file (see tpu/example.env)
   --dry-run               print the gcloud commands instead of running them
@@ -65,7 +68,7 @@ EOF
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir log-uri sync-seconds \
-gcsfuse-bucket mount-point ssh-flags env"
+gcsfuse-bucket mount-point ssh-flags num-slices env"
 BOOL_FLAGS="foreground"
 tpu_parse "$@"
 
@@ -73,6 +76,7 @@ check_common
 require TPU_CONFIG TPU_DATA TPU_CHECKPOINT_DIR
 remote_layout
 check_mount
+check_slices
 bool TPU_FOREGROUND
 TPU_SYNC_SECONDS=${TPU_SYNC_SECONDS:-60}
 check TPU_SYNC_SECONDS '^[0-9]+$' 'a number of seconds'
@@ -86,6 +90,19 @@ fi
 
 exports="JAX_PLATFORMS=tpu TPU_STDERR_LOG_LEVEL=0 TPU_MIN_LOG_LEVEL=0 TF_CPP_MIN_LOG_LEVEL=0 PYTHONUNBUFFERED=1"
 exports+=" PIPELINE_DATA_DIR=$(shquote "$TPU_DATA")"
+need_gcloud
+if ((TPU_NUM_SLICES > 1)); then
+  # Multislice: what JAX (jax._src.clusters.cloud_tpu_cluster) and libtpu's DCN transport read
+  # to join the slices: every process of slice i gets MEGASCALE_SLICE_ID=i; the coordinator is
+  # worker 0 of slice 0. JAX numbers the processes slice by slice.
+  coordinator=""
+  query coordinator gcloud compute tpus tpu-vm describe "$TPU_NAME-0" --zone="$TPU_ZONE" \
+    --project="$TPU_PROJECT" '--format=value(networkEndpoints[0].ipAddress)' ||
+    ((DRY_RUN)) || die "cannot describe $TPU_NAME-0 for the multislice coordinator's address"
+  ((DRY_RUN)) && coordinator=COORDINATOR_IP # the dry run cannot know it
+  exports+=" MEGASCALE_COORDINATOR_ADDRESS=$coordinator:8080 MEGASCALE_PORT=8080"
+  exports+=" MEGASCALE_NUM_SLICES=$TPU_NUM_SLICES MEGASCALE_SLICE_ID={slice}"
+fi
 for kv in ${REMOTE_ENV[@]+"${REMOTE_ENV[@]}"}; do
   exports+=" ${kv%%=*}=$(shquote "${kv#*=}")"
 done
@@ -105,7 +122,6 @@ remote="cd $(remote_path "$TPU_REMOTE_DIR") && . .venv/bin/activate && export $e
 
 # Words after -- belong to the trainer, not to gcloud.
 EXTRA_ARGS=()
-need_gcloud
 preflight=$(worker_cmd preflight)
 if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
   # A VM restarted in place (maintenance, tpu/recover.sh) has lost its gcsfuse mount.

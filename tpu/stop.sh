@@ -38,12 +38,13 @@ EOF_USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone grace-seconds remote-dir checkpoint-dir ssh-flags"
+VALUE_FLAGS="name project zone grace-seconds remote-dir checkpoint-dir ssh-flags num-slices"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
 check_common
 remote_layout
+check_slices
 TPU_GRACE_SECONDS=${TPU_GRACE_SECONDS:-300}
 check TPU_GRACE_SECONDS '^[0-9]+$' 'a number of seconds'
 
