@@ -872,3 +872,19 @@ def test_worker_ranges(env, tmp_path):
     assert env.calls() == [scp_from(0, dest), scp_from(2, dest), scp_from(3, dest)]
     bad = env.run("logs", *COMMON, "--worker", "0-")
     assert bad.returncode == 2 and "--worker" in bad.stderr
+
+
+def test_install_records_and_installs_the_runs_lock_beside_its_checkpoints(env):
+    clone = [*COMMON, "--repo", "https://e.com/r.git"]
+    ok(env.run("install", *clone, "--checkpoint-dir", "gs://bkt/runs/r1/"))
+    assert command_of(env.calls()[-1]).endswith(
+        "tpu/worker.sh setup --python 3.12 --jax 0.10.2 --lock gs://bkt/runs/r1.requirements.txt"
+    )
+    env.reset()
+    ok(env.run("install", *clone, "--checkpoint-dir", "gs://bkt/r1", "--lock-uri", "none"))
+    assert command_of(env.calls()[-1]).endswith("setup --python 3.12 --jax 0.10.2")
+    env.reset()
+    ok(env.run("install", *clone, "--lock-uri", "gs://bkt/locks/r1.txt"))
+    assert command_of(env.calls()[-1]).endswith("--lock gs://bkt/locks/r1.txt")
+    bad = env.run("install", *clone, "--lock-uri", "/tmp/lock.txt")
+    assert bad.returncode == 2 and "--lock-uri" in bad.stderr

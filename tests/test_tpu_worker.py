@@ -59,10 +59,27 @@ with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
     f.write(json.dumps(args) + "\\n")
 if os.environ.get("FAKE_GCS_FAIL"):
     sys.exit("ERROR: (gcloud.storage.cp) HTTPError 403: permission denied")
-if args[:2] == ["storage", "cp"] and args[3].startswith("gs://"):
-    dest = os.path.join(os.environ["FAKE_GCS_DIR"], args[3][len("gs://"):])
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    shutil.copy(args[2], dest)
+def local(uri):
+    return os.path.join(os.environ["FAKE_GCS_DIR"], uri[len("gs://"):])
+words = [a for a in args if not a.startswith("--")]
+if words[:2] == ["storage", "ls"] and not os.path.exists(local(words[2])):
+    sys.exit("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.")
+if words[:2] == ["storage", "cp"] and words[3].startswith("gs://"):
+    if "--if-generation-match=0" in args and os.path.exists(local(words[3])):
+        sys.exit("ERROR: (gcloud.storage.cp) HTTPError 412: precondition failed")
+    os.makedirs(os.path.dirname(local(words[3])), exist_ok=True)
+    shutil.copy(words[2], local(words[3]))
+elif words[:2] == ["storage", "cp"]:
+    shutil.copy(local(words[2]), words[3])
+"""
+
+# uv: record the arguments; `pip freeze` prints $FAKE_UV_FREEZE.
+UV = """#!{python} -S
+import json, os, sys
+with open(os.environ["FAKE_UV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1:3] == ["pip", "freeze"]:
+    print(os.environ["FAKE_UV_FREEZE"])
 """
 
 # sudo: run lsof and kill for real (they only ever see the sandbox's files and pids).
@@ -93,7 +110,8 @@ class Worker:
         recorder = RECORDER.format(python=sys.executable, log="FAKE_SUDO_RECORD_LOG")
         (tools / "sudo-record").write_text(recorder)
         (tools / "gcloud").write_text(GCLOUD.format(python=sys.executable))
-        for tool in ("gcloud", "sudo-record"):
+        (tools / "uv").write_text(UV.format(python=sys.executable))
+        for tool in ("gcloud", "sudo-record", "uv"):
             (tools / tool).chmod(0o755)
         (tools / "sudo").write_text(SUDO.format(recorder=tools / "sudo-record"))
         (tools / "pgrep").write_text(f'#!/bin/sh\nexec {shutil.which("pgrep")} -s 0 "$@"\n')
@@ -111,6 +129,8 @@ class Worker:
             FAKE_GCLOUD_LOG=str(tmp / "worker-gcloud.jsonl"),
             FAKE_SUDO_RECORD_LOG=str(tmp / "sudo.jsonl"),
             FAKE_GCS_DIR=str(tmp / "gcs"),
+            FAKE_UV_LOG=str(tmp / "uv.jsonl"),
+            FAKE_UV_FREEZE="jax==0.10.2\nnumpy==2.1.0",
             PIPELINE_TPU_DEVICES=f"{tmp}/accel*",
         )
         self.log = self.project / "logs" / f"train-{socket.gethostname()}.log"
@@ -364,3 +384,48 @@ def test_mount_replaces_a_mount_whose_gcsfuse_died(worker, tmp_path):
     assert "mounted but unreadable" in result.stdout
     assert ["umount", "-l", "/mnt/dead-bucket"] in worker.recorded("sudo.jsonl")
     assert worker.recorded("gcsfuse.jsonl")[0][-2:] == ["dead-bucket", "/mnt/dead-bucket"]
+
+
+LOCK = "gs://bucket/ckpt.requirements.txt"
+SETUP = f"cd pipeline && tpu/worker.sh setup --python 3.12 --jax 0.10.2 --lock {LOCK}"
+# setup ends by importing jax and pipeline with the venv's python (this interpreter here).
+IMPORTS = os.pathsep.join(p for p in sys.path if p)
+
+
+def test_the_first_install_of_a_run_records_its_lock_and_every_later_one_installs_it(worker):
+    first = worker.shell(SETUP, timeout=120, PYTHONPATH=IMPORTS)
+    assert first.returncode == 0, first.stderr
+    assert f"recorded this run's environment in {LOCK}" in first.stdout
+    assert worker.objects() == {LOCK: "jax==0.10.2\nnumpy==2.1.0\n"}
+    uv = worker.recorded("uv.jsonl")
+    resolved = ["pip", "install", "--quiet", "--python", ".venv/bin/python", "-e", ".[tpu,train]",
+                "jax[tpu]==0.10.2"]  # fmt: skip
+    locked = str(worker.project / ".trainer" / "requirements.txt")
+    venv = ["--quiet", "--python", ".venv/bin/python"]
+    assert resolved in uv and ["pip", "sync", *venv, locked] in uv
+    assert uv[-1] == ["pip", "install", *venv, "--no-deps", "-e", "."]
+    # A re-created slice: the lock is there, nothing is resolved again.
+    (worker.tmp / "uv.jsonl").unlink()
+    again = worker.shell(SETUP.replace("0.10.2", "0.10.3"), timeout=120, PYTHONPATH=IMPORTS)
+    assert again.returncode == 0, again.stderr
+    assert resolved not in worker.recorded("uv.jsonl")
+    assert "installed the run's locked environment (2 packages from" in again.stdout
+    assert f"warning: the run's lock {LOCK} has jax==0.10.2, not jax==0.10.3" in again.stderr
+
+
+def test_a_trainer_in_another_environment_than_the_runs_lock_is_one_line(worker):
+    state = worker.project / ".trainer"
+    state.mkdir()
+    seen = worker.shell(  # a distribution the trainer's python sees, with its version
+        "cd pipeline && . .venv/bin/activate && python -c 'import importlib.metadata as m; "
+        'd = next(iter(m.distributions())); print(d.metadata["Name"] + "==" + d.version)\''
+    ).stdout.strip()
+    (state / "requirements.txt").write_text(f"{seen}\nnot-installed==1.0\n")
+    result = worker.shell(
+        "cd pipeline && . .venv/bin/activate && tpu/worker.sh start --log-dir logs --foreground "
+        "-- python scripts/train.py"
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("warning:")]
+    assert line.endswith(": not-installed==1.0 (installed: none)"), line
+    assert line in worker.log.read_text()

@@ -40,6 +40,12 @@ Options (flag / environment or env-file variable):
   --jax-version VERSION   TPU_JAX_VERSION    jax[tpu] version (default: 0.10.2)
   --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET mount gs://BUCKET read-only on every worker
   --mount-point DIR       TPU_MOUNT_POINT    where (default: /mnt/BUCKET)
+  --lock-uri URI          TPU_LOCK_URI       the run's lock of exact dependency versions
+                                             (default: CHECKPOINT_DIR.requirements.txt for a
+                                             gs:// --checkpoint-dir; none: no lock). The first
+                                             install resolves and records it, every later one
+                                             (a re-created slice) installs exactly it
+  --checkpoint-dir DIR    TPU_CHECKPOINT_DIR the run's checkpoints (for the lock's default)
   --ssh-flags 'FLAGS'     TPU_SSH_FLAGS      extra words for every gcloud ssh and scp, split at
                                              blanks (e.g. '--internal-ip')
   --env-file FILE         TPU_ENV_FILE       KEY=VALUE file (see tpu/example.env)
@@ -52,7 +58,8 @@ EOF_USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags num-slices"
+VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags num-slices \
+checkpoint-dir lock-uri"
 BOOL_FLAGS=""
 tpu_parse "$@"
 
@@ -92,7 +99,16 @@ else
   tarball="${TMPDIR:-/tmp}/tpu-install-$TPU_NAME.tar.gz"
   remote+="mkdir -p $dir; tar -xzf $remote_tarball -C $dir; rm -f $remote_tarball; "
 fi
-remote+="$(worker_cmd setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")"
+setup=(setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")
+# The run's lock of exact dependency versions, beside its gs:// checkpoints unless told.
+if [[ -z ${TPU_LOCK_URI:-} && ${TPU_CHECKPOINT_DIR:-} == gs://* ]]; then
+  TPU_LOCK_URI="${TPU_CHECKPOINT_DIR%/}.requirements.txt"
+fi
+check TPU_LOCK_URI '^(none|gs://[a-z0-9][-a-z0-9_.]*[a-z0-9]/.+)$' 'a gs://bucket/object URI or none'
+if [[ -n ${TPU_LOCK_URI:-} && $TPU_LOCK_URI != none ]]; then
+  setup+=(--lock "$TPU_LOCK_URI")
+fi
+remote+="$(worker_cmd "${setup[@]}")"
 if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
   remote+=" && $(mount_cmd)"
 fi

@@ -63,7 +63,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds repo ref \
 source remote-dir python jax-version gcsfuse-bucket mount-point config data checkpoint-dir \
 log-dir log-uri sync-seconds grace-seconds max-restarts retry-seconds max-retry-seconds \
-create-tries maintenance-seconds create-flags ssh-flags num-slices env"
+create-tries maintenance-seconds create-flags ssh-flags num-slices lock-uri env"
 BOOL_FLAGS="queued autocheckpoint"
 tpu_parse "$@"
 

@@ -2,8 +2,11 @@
 # What runs ON each TPU VM worker. The tpu/ scripts call it over `gcloud ... ssh --worker=all`,
 # from the project directory that tpu/install.sh filled; one subcommand per job:
 #
-#   setup --python VERSION --jax VERSION   uv, a pinned Python in .venv, the project's [tpu]
-#                                          and [train] extras and jax[tpu]==VERSION
+#   setup --python VERSION --jax VERSION [--lock gs://..]
+#                                          uv, a pinned Python in .venv, the project's [tpu]
+#                                          and [train] extras and jax[tpu]==VERSION; with
+#                                          --lock, exactly the versions recorded there (the
+#                                          first install of the run records them)
 #   mount BUCKET MOUNT_POINT               gcsfuse read-only mount with MaxText's cache flags
 #   preflight                              refuse while a trainer runs, clear stale TPU holders,
 #                                          fail unless this worker sees its TPU chips; then arm
@@ -64,11 +67,12 @@ clear_holders() {
 }
 
 setup() {
-  local python="" jax=""
+  local python="" jax="" lock="" locked
   while (($#)); do
     case $1 in
       --python) python=$2 && shift 2 ;;
       --jax) jax=$2 && shift 2 ;;
+      --lock) lock=$2 && shift 2 ;;
       *) die "setup: unknown argument '$1'" ;;
     esac
   done
@@ -80,10 +84,56 @@ setup() {
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet --upgrade uv
   fi
   uv venv --quiet --allow-existing --python "$python" .venv
-  uv pip install --quiet --python .venv/bin/python -e '.[tpu,train]' "jax[tpu]==$jax"
+  if [[ -z $lock ]]; then
+    uv pip install --quiet --python .venv/bin/python -e '.[tpu,train]' "jax[tpu]==$jax"
+  else
+    # The run's lock: exact versions of every dependency, resolved by the first install of the
+    # run and recorded at LOCK; every later install (a re-created slice) installs exactly that.
+    mkdir -p "$STATE"
+    locked=$STATE/requirements.txt
+    if ! gcloud storage ls "$lock" >/dev/null 2>&1; then
+      uv pip install --quiet --python .venv/bin/python -e '.[tpu,train]' "jax[tpu]==$jax"
+      uv pip freeze --python .venv/bin/python --exclude-editable >"$locked"
+      # The first worker to record it wins; the others install what it recorded.
+      if gcloud storage cp --if-generation-match=0 "$locked" "$lock" >/dev/null 2>&1; then
+        echo "recorded this run's environment in $lock on $host"
+      fi
+    fi
+    gcloud storage cp "$lock" "$locked" >/dev/null || die "cannot read the run's lock $lock"
+    grep -qx "jax==$jax" "$locked" ||
+      echo "warning: the run's lock $lock has $(grep '^jax==' "$locked" || echo 'no jax'), not jax==$jax: installing the lock (delete it to resolve again)" >&2
+    uv pip sync --quiet --python .venv/bin/python "$locked"
+    uv pip install --quiet --python .venv/bin/python --no-deps -e .
+    echo "installed the run's locked environment ($(grep -c '==' "$locked") packages from $lock) on $host"
+  fi
   # Versions only: touching the devices here would hold the TPU.
   .venv/bin/python -c 'import sys, jax, pipeline
 print("installed on", sys.argv[1], "python", sys.version.split()[0], "jax", jax.__version__)' "$host"
+}
+
+# One line when the venv differs from the run's lock (recorded by setup --lock): a slice that
+# trains with other libraries than the checkpoint's run is named, not silent.
+check_environment() {
+  [[ -f $STATE/requirements.txt ]] || return 0
+  python - "$STATE/requirements.txt" <<'PY'
+import importlib.metadata as metadata
+import re
+import sys
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+want = {}
+for line in open(sys.argv[1]):
+    name, sep, version = line.strip().partition("==")
+    if sep and not name.startswith("#"):
+        want[norm(name)] = version.split(";")[0].strip()
+have = {norm(d.metadata["Name"]): d.version for d in metadata.distributions()}
+diff = [f"{n}=={v} (installed: {have.get(n, 'none')})" for n, v in sorted(want.items())
+        if have.get(n) != v]
+if diff:
+    print(f"warning: the environment differs from the run's lock {sys.argv[1]}: " + ", ".join(diff))
+PY
 }
 
 mount_bucket() {
@@ -241,6 +291,7 @@ start() {
     printf '==== %s attempt started on %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$*"
     [[ -n $uri ]] && printf '==== this attempt is copied to %s\n' "$object"
   } >>"$log"
+  check_environment | tee -a "$log" || true
   "$@" >>"$log" 2>&1 </dev/null 9>&- &
   child=$!
   printf '%s %s\n' "$child" "$(start_ticks "$child" || true)" >"$STATE/pid"
