@@ -50,8 +50,9 @@ Options (flag / environment or env-file variable):
                                               outlives the slice
   --sync-seconds N        TPU_SYNC_SECONDS    between two log copies (default: 60)
   --foreground            TPU_FOREGROUND=1    wait for the trainers; exit 1 if one fails
-  --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET  re-mount it before the preflight (a restarted VM
-  --mount-point DIR       TPU_MOUNT_POINT     loses its mount; see tpu/install.sh)
+  --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET  mount it again before the preflight, since a
+                                              restarted VM loses its mount (tpu/install.sh)
+  --mount-point DIR       TPU_MOUNT_POINT     where (default: /mnt/BUCKET)
   --ssh-flags 'FLAGS'     TPU_SSH_FLAGS       extra words for every gcloud ssh (e.g. --internal-ip)
   --num-slices N          TPU_NUM_SLICES      multislice (tpu/create.sh --num-slices): run on the
                                               nodes NAME-0 ... NAME-(N-1) at once, with the
