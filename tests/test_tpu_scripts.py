@@ -177,8 +177,11 @@ def test_install_copies_git_archive_then_sets_up_on_all_workers(env, agent, sour
                    f"{NAME}:pipeline-src.tar.gz", *LOC]  # fmt: skip
     assert ssh[: len(SSH)] == SSH
     assert command_of(ssh) == (
-        "set -e; mkdir -p pipeline; tar -xzf pipeline-src.tar.gz -C pipeline; "
-        "rm -f pipeline-src.tar.gz; cd pipeline && tpu/worker.sh setup --python 3.12 --jax 0.10.2"
+        "set -e; rm -rf pipeline.new; mkdir -p pipeline pipeline.new; "
+        "tar -xzf pipeline-src.tar.gz -C pipeline.new; rm -f pipeline-src.tar.gz; "
+        "for kept in .venv .trainer logs; do if [ -e pipeline/$kept ]; then mv pipeline/$kept "
+        "pipeline.new/; fi; done; rm -rf pipeline; mv pipeline.new pipeline; "
+        "cd pipeline && tpu/worker.sh setup --python 3.12 --jax 0.10.2"
     )
     # The tarball is `git archive HEAD`: committed files only; removed afterwards.
     names = subprocess.run(
@@ -888,3 +891,10 @@ def test_install_records_and_installs_the_runs_lock_beside_its_checkpoints(env):
     assert command_of(env.calls()[-1]).endswith("--lock gs://bkt/locks/r1.txt")
     bad = env.run("install", *clone, "--lock-uri", "/tmp/lock.txt")
     assert bad.returncode == 2 and "--lock-uri" in bad.stderr
+
+
+@pytest.mark.parametrize("remote_dir", ["~", "~/", ".", "/"])
+def test_install_refuses_to_replace_a_remote_dir_that_is_not_its_own(env, source_repo, remote_dir):
+    result = env.run("install", *COMMON, "--source", str(source_repo), "--remote-dir", remote_dir)
+    assert result.returncode == 2 and "must be a directory of its own" in result.stderr
+    assert env.calls() == []

@@ -429,3 +429,27 @@ def test_a_trainer_in_another_environment_than_the_runs_lock_is_one_line(worker)
     [line] = [x for x in result.stdout.splitlines() if x.startswith("warning:")]
     assert line.endswith(": not-installed==1.0 (installed: none)"), line
     assert line in worker.log.read_text()
+
+
+def test_a_copy_install_replaces_the_tree_and_keeps_the_venv_state_and_logs(worker, tmp_path):
+    source = tmp_path / "src"
+    (source / "scripts").mkdir(parents=True)
+    (source / "scripts" / "train.py").write_text("print('new')\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(source)]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "new"]):
+        subprocess.run([*git, *step], check=True)
+    (worker.project / "deleted-since.py").write_text("old\n")
+    for kept in (".venv/kept", ".trainer/status", "logs/train-old.log"):
+        (worker.project / kept).parent.mkdir(exist_ok=True)
+        (worker.project / kept).write_text("kept\n")
+    worker.env.rules(("networkEndpoints", 0, "1"))  # one host: no ssh-agent needed
+    ok(worker.env.run("install", *COMMON, "--source", str(source)))
+    shutil.copy(next(worker.env.scp_dir.iterdir()), worker.home / "pipeline-src.tar.gz")
+    unpack = command_of(worker.env.calls()[-1]).split("cd pipeline && tpu/worker.sh setup")[0]
+    ok(worker.shell(unpack))
+    assert not (worker.project / "deleted-since.py").exists()
+    assert (worker.project / "scripts" / "train.py").read_text() == "print('new')\n"
+    for kept in (".venv/kept", ".trainer/status", "logs/train-old.log"):
+        assert (worker.project / kept).read_text() == "kept\n"
+    assert (worker.project / ".venv" / "bin" / "activate").exists()
+    assert sorted(p.name for p in worker.home.iterdir()) == ["pipeline"]

@@ -18,7 +18,9 @@ Orbax and the trainer reach gs://) and [train] extra (the trainer's optax) and
 jax[tpu]==JAX_VERSION. With --gcsfuse-bucket it also
 mounts the bucket read-only (`tpu/worker.sh mount`, MaxText's gcsfuse cache flags).
 
-  copy (default): the committed tree of the local checkout (uncommitted changes are NOT sent)
+  copy (default): the committed tree of the local checkout (uncommitted changes are NOT sent),
+    unpacked as a clean tree that replaces REMOTE_DIR (its .venv, .trainer and a log directory
+    inside it are kept)
     git -C SOURCE archive --format=tar.gz -o TARBALL HEAD
     gcloud compute tpus tpu-vm scp --worker=all TARBALL NAME:pipeline-src.tar.gz ...
     gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='...unpack; worker.sh setup'
@@ -97,7 +99,20 @@ else
     warn "uncommitted changes in $source_dir are not copied (the workers get 'git archive HEAD')"
   fi
   tarball="${TMPDIR:-/tmp}/tpu-install-$TPU_NAME.tar.gz"
-  remote+="mkdir -p $dir; tar -xzf $remote_tarball -C $dir; rm -f $remote_tarball; "
+  # A clean tree: the copy replaces the old one (files deleted since are gone); the venv, the
+  # trainer's state and a log directory inside the project are moved over.
+  if [[ ${TPU_REMOTE_DIR%/} =~ ^(~|[.]|/|)$ ]]; then
+    die "--remote-dir '$TPU_REMOTE_DIR' must be a directory of its own: each copy replaces it"
+  fi
+  kept=".venv .trainer"
+  logs_top=${TPU_LOG_DIR%%/*}
+  if [[ $TPU_LOG_DIR != /* && $logs_top =~ ^[A-Za-z0-9_][A-Za-z0-9_.+@-]*$ ]]; then
+    kept+=" $logs_top"
+  fi
+  new="$dir.new"
+  remote+="rm -rf $new; mkdir -p $dir $new; tar -xzf $remote_tarball -C $new; rm -f $remote_tarball; "
+  remote+="for kept in $kept; do if [ -e $dir/\$kept ]; then mv $dir/\$kept $new/; fi; done; "
+  remote+="rm -rf $dir; mv $new $dir; "
 fi
 setup=(setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")
 # The run's lock of exact dependency versions, beside its gs:// checkpoints unless told.
