@@ -142,6 +142,21 @@ def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path, capsys):
     assert '+  pipeline_data_switch: bool = Field(False, description="' in out
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_relative_path_works_and_the_output_names_the_package_patched(
+    dry_run, tmp_path, capsys, monkeypatch
+):
+    root = checkout(tmp_path, "src-maxtext-2026-08")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = install(capsys, root.name, *(["--dry-run"] if dry_run else []))
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == f"MaxText package: {(root / 'src/maxtext').resolve()}"
+    if dry_run:
+        assert "--- a/src/maxtext/input_pipeline/input_pipeline_interface.py\n" in out
+    else:
+        assert "patched input_pipeline/input_pipeline_interface.py" in out
+
+
 def test_the_installed_package_directory_is_a_layout_too(tmp_path, capsys):
     package = checkout(tmp_path, "src-maxtext-2026-08") / "src" / "maxtext"
     code, out, _ = install(capsys, package)

@@ -21,7 +21,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "by name, in MaxText/, src/MaxText/, src/maxtext/ or an installed maxtext package; "
         "running it again changes nothing.",
     )
-    p.add_argument("maxtext_dir", type=Path, metavar="MAXTEXT_DIR")
+    p.add_argument(
+        "maxtext_dir",
+        type=Path,
+        metavar="MAXTEXT_DIR",
+        help="root of a MaxText checkout, or the directory of an installed maxtext package",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     p.add_argument("--elastic", action="store_true", help="also the restore with any process count")
     p.set_defaults(run=install)
@@ -29,6 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def install(args: argparse.Namespace) -> int:
     plan = maxtext_install.plan_install(args.maxtext_dir, elastic=args.elastic)
+    print(f"MaxText package: {plan.package}")
     for note in plan.notes:
         print(f"unchanged: {note}")
     if args.dry_run:

@@ -73,6 +73,7 @@ def find_package(root: Path) -> Path:
 def plan_install(root: Path, *, elastic: bool = False) -> Plan:
     """Every edit, computed in memory; raises InstallError if an anchor is missing."""
     package = find_package(root)
+    root = root.resolve()  # diffs name paths relative to it, and `package` is resolved
     edits, notes = [], []
     for change in (add_dispatch, declare_keys_in_types, declare_keys_in_base_yml):
         edit, note = change(package)
