@@ -121,6 +121,23 @@ def test_bad_jsonl_names_file_and_line(tmp_path: Path, content: bytes, match: st
     assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("text_field", [None, "messages"])
+def test_chat_rows_read_as_text_name_the_row_formats(tmp_path: Path, text_field) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    path = _write(tmp_path / "chat.jsonl", json.dumps(chat).encode() + b"\n")
+    [spec] = resolve_inputs([str(path)], **({"text_field": text_field} if text_field else {}))
+    with pytest.raises(PrepareError) as error:
+        list(iter_documents(spec))
+    assert "--format messages or --format prompt-completion" in str(error.value)
+
+
+def test_parquet_rows_read_as_text_name_the_row_formats(tmp_path: Path) -> None:
+    path = tmp_path / "pc.parquet"
+    pq.write_table(pa.table({"prompt": ["q"], "completion": ["a"]}), path)
+    with pytest.raises(PrepareError, match="--format messages or --format prompt-completion"):
+        resolve_inputs([str(path)])
+
+
 def test_parquet_in_record_batches(tmp_path: Path) -> None:
     texts = [f"row {i}" for i in range(2500)]
     path = tmp_path / "t.parquet"

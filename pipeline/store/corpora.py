@@ -88,6 +88,11 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 PARQUET_BATCH_ROWS = 1024
 TFDS_BATCH = 256
+ROWS_HINT = (
+    "; chat or instruction rows need --format messages or --format prompt-completion "
+    "(docs/instruction-data.md)"
+)
+"""Appended where a record lacks a text string: a chat file read as text fails exactly there."""
 TFDS_PATTERN = re.compile(r"^tfds:([A-Za-z0-9_]+(?:/[A-Za-z0-9_.\-]+)?):(\S+)$")
 _EXCLUDED_CODE_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
@@ -293,6 +298,7 @@ def _check_file(argument: str, path: str, kind: str, text_field: str | None) -> 
         raise PrepareError(
             f"input {argument!r}: {path} has no column {text_field!r} (columns: "
             f"{', '.join(columns)}); pass --text-field with the column that holds the text"
+            f"{ROWS_HINT}"
         )
 
 
@@ -606,12 +612,13 @@ def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iter
                 raise PrepareError(
                     f"{path} line {number} has no field {field!r} (keys: "
                     f"{', '.join(sorted(record)) or 'none'}); pass --text-field with the text field"
+                    f"{ROWS_HINT}"
                 )
             text = record[field]
             if not isinstance(text, str):
                 raise PrepareError(
                     f"{path} line {number}: field {field!r} is {json_kind(text)}, not a "
-                    "string; store the text as a JSON string"
+                    f"string; store the text as a JSON string{ROWS_HINT}"
                 )
             yield Document(f"{key}:{number}", text)
 
@@ -649,7 +656,7 @@ def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> It
     if field not in columns:
         raise PrepareError(
             f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
-            "pass --text-field with the column that holds the text"
+            f"pass --text-field with the column that holds the text{ROWS_HINT}"
         )
     row = 0
     try:
