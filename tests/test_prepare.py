@@ -233,6 +233,25 @@ def test_eval_split_partitions_the_corpus(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    ("fraction", "message"),
+    [
+        (0.01, "--eval-fraction 0.01 held out none of the 3 documents (about 0.03 expected); "),
+        (0.999, "--eval-fraction 0.999 held out all 3 documents, none is left for training"),
+    ],
+)
+def test_an_empty_split_says_which_way_the_eval_fraction_is_off(
+    tmp_path: Path, fraction: float, message: str
+) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(3)))
+    options = PrepareOptions([str(path)], tmp_path / "s", eval_fraction=fraction, progress=False)
+    with pytest.raises(PrepareError) as error:
+        prepare(options)
+    assert str(error.value).startswith(message)
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "s").exists()
+
+
 def test_killed_prepare_leaves_no_store_and_reruns(tmp_path: Path) -> None:
     stdlib_tests = Path(sysconfig.get_paths()["stdlib"]) / "test"
     inputs = ["builtin:python-code"] + (["builtin:python-tests"] if stdlib_tests.is_dir() else [])
@@ -321,7 +340,7 @@ def _bad_input_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
             f"input '{tmp_path / 'nope.txt'}' does not exist",
         ),
         "not utf-8": ([str(tmp_path / "latin1")], f"{tmp_path / 'latin1' / 'b.txt'} is not valid"),
-        "empty corpus": ([str(tmp_path / "blank")], "no non-empty documents for the train split"),
+        "empty corpus": ([str(tmp_path / "blank")], "no non-empty documents (1 empty); nothing"),
         "tokenizer": ([good, "--tokenizer", "wordpiece"], "unknown tokenizer 'wordpiece'"),
         "text field": ([str(tmp_path / "rows.jsonl")], "line 1 has no field 'text' (keys: body)"),
         "exists": ([good, "--out", str(tmp_path / "existing")], "output directory exists"),

@@ -257,8 +257,8 @@ def finish(
 ) -> None:
     """Both runners' last step: every manifest, then the atomic renames (train first)."""
     bad_rows = bad if validated.masked else None  # the CLI's summary line names them
+    _require_documents(shards, options, sum(empty.values()), bad)
     for split, staging in stagings.items():
-        _require_documents(shards[split], options, split)
         record = creation_record(options, split, empty[split], bad_rows, validated.template)
         tokenizer = tokenizer_record(validated.tokenizer)
         write_manifest(staging, shards[split], tokenizer, validated.dtype, record)
@@ -434,9 +434,27 @@ def sort_shard(entries: list[tuple[int, str, T]]) -> list[T]:
     return [payload for _, _, payload in entries]
 
 
-def _require_documents(shards: list[ShardInfo], options: PrepareOptions, split: str) -> None:
-    if sum(s.documents for s in shards) == 0:
+def _require_documents(
+    shards: dict[str, list[ShardInfo]], options: PrepareOptions, empty: int, bad: int
+) -> None:
+    """Refuse a split without documents, saying why: nothing to store at all, or
+    --eval-fraction held out all documents (train) or none of them (eval)."""
+    counts = {split: sum(s.documents for s in infos) for split, infos in shards.items()}
+    total = sum(counts.values())
+    if total == 0:
+        skipped = f", {bad} bad rows skipped" if bad else ""
         raise PrepareError(
-            f"{', '.join(options.inputs)}: no non-empty documents for the {split} split "
-            "(empty corpus, or --eval-fraction too large)"
+            f"{', '.join(options.inputs)}: no non-empty documents ({empty} empty{skipped}); "
+            "nothing to store"
+        )
+    fraction = options.eval_fraction
+    if counts[TRAIN] == 0:
+        raise PrepareError(
+            f"--eval-fraction {fraction} held out all {total} documents, none is left for "
+            "training; lower it"
+        )
+    if counts.get(EVAL) == 0:
+        raise PrepareError(
+            f"--eval-fraction {fraction} held out none of the {total} documents (about "
+            f"{fraction * total:.2g} expected); raise it, or leave it out on a corpus this small"
         )
