@@ -15,9 +15,11 @@ import glob
 import os
 import re
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pipeline.errors import StoreError
 from pipeline.extras import require
@@ -25,6 +27,8 @@ from pipeline.extras import require
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
 _COPY_BLOCK = 16 << 20  # a streamed copy holds at most this much of a shard in memory
+_CONNECT_TIMEOUT_S = 5.0
+_reached: set[tuple[str, int]] = set()  # endpoints this process has connected to once
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -47,8 +51,39 @@ def location(value: str | os.PathLike) -> Any:
     return epath.Path(text)
 
 
+def check_reachable(url: Any) -> None:
+    """Stop in seconds, with one line, when the Cloud Storage endpoint of a gs:// URL cannot be
+    connected to at all (no network, a wrong STORAGE_EMULATOR_HOST): gcsfs would retry each
+    request with backoff for about 35 s and end in a traceback of its internals. One TCP
+    connection per endpoint and process; transient failures later are gcsfs's to retry."""
+    text = str(url)
+    if not text.startswith("gs://"):
+        return
+    # gcsfs's endpoint: STORAGE_EMULATOR_HOST (with or without a scheme), else Google's
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST", "") or "default"
+    if endpoint == "default":
+        endpoint = "https://storage.googleapis.com"
+    elif "://" not in endpoint:
+        endpoint = f"http://{endpoint}"
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if (host, port) in _reached:
+        return
+    try:
+        socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise StoreError(
+            f"{text}: cannot connect to Cloud Storage at {host}:{port} ({reason}); check the "
+            "network (or STORAGE_EMULATOR_HOST for an emulator)"
+        ) from None
+    _reached.add((host, port))
+
+
 def read_bytes(url: str) -> bytes:
     """The bytes at a URL; OSError (with the URL) when it cannot be read."""
+    check_reachable(url)
     try:
         return location(url).read_bytes()
     except OSError:
@@ -139,6 +174,7 @@ def _filesystem(url: Any) -> tuple[Any, str]:
     from etils.epath.backend import fsspec_backend
 
     text = str(location(url))
+    check_reachable(text)
     fs = fsspec_backend.fs(text)
     return fs, fs._strip_protocol(text)
 
@@ -146,6 +182,7 @@ def _filesystem(url: Any) -> tuple[Any, str]:
 def remove_tree(path: Any) -> None:
     """Delete a directory or a URL prefix and everything under it; a missing one is fine."""
     if is_url(path):
+        check_reachable(path)
         if path.exists():
             path.rmtree()
     else:

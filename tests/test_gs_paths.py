@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +62,32 @@ def test_a_config_read_from_a_url_needs_absolute_store_paths():
         {**RAW, "sources": {"web": {"path": "/mnt/data/web"}}}, "gs://b/c.yaml", None
     )
     assert config.sources[0].path == Path("/mnt/data/web")
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["prepare", "{text}", "--out", "gs://b/s", "--no-progress"], ["verify-store", "gs://b/s"]],
+)
+def test_an_unreachable_bucket_is_one_line_exit_2_in_seconds(tmp_path, command):
+    text = tmp_path / "a.txt"
+    text.write_text("some text")
+    port = closed_port()
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", *(a.format(text=text) for a in command)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 20  # gcsfs alone retried for ~35 s
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("error: gs://b/s") and len(done.stderr.splitlines()) == 1
+    assert (
+        f"cannot connect to Cloud Storage at 127.0.0.1:{port} (Connection refused)" in done.stderr
+    )

@@ -30,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # the pipeline's own progress lines; other libraries' only from warnings up (gcsfs, for
+    # one, announces its experimental features at INFO on every import)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("pipeline").setLevel(logging.INFO)
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough: list[str] = []
     if "--" in argv:  # everything after a lone `--` is for another program (e.g. Beam)

@@ -36,7 +36,7 @@ from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_d
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
 from pipeline.store.shard_readers import READER_OPTIONS
 from pipeline.store.store_files import FLAT_SUFFIX, file_sha256
-from pipeline.urls import clear_prefix, copy_file, is_url, remove_tree
+from pipeline.urls import check_reachable, clear_prefix, copy_file, is_url, remove_tree
 
 # One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -290,6 +290,7 @@ def check_destination(out: Path, overwrite: bool) -> None:
     """Refuse, before any work, an `--out` that exists (without `overwrite`) or that is not a
     directory (`overwrite` replaces directories only)."""
     if is_url(out):  # a bucket prefix: it exists when it holds an object
+        check_reachable(out)
         if out.exists() and not overwrite and not interrupted_upload(out):
             raise PrepareError(f"{out}: output directory exists (pass --overwrite to replace it)")
         return
