@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sysconfig
@@ -276,10 +277,14 @@ def test_tfds_data_dir_from_environment(tfds_dir: str, monkeypatch: pytest.Monke
         ("tfds:mnist:train", "dataset mnist is not prepared in"),
     ],
 )
-def test_tfds_bad_inputs(tfds_dir: str, argument: str, match: str) -> None:
+def test_tfds_bad_inputs(
+    tfds_dir: str, argument: str, match: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
     with pytest.raises(PrepareError, match=match) as error:
         resolve_inputs([argument], tfds_data_dir=tfds_dir)
     assert argument in str(error.value) and "\n" not in str(error.value)
+    assert [record.getMessage() for record in caplog.records] == []  # the error line alone
 
 
 def test_tfds_missing_feature_lists_features(tfds_dir: str) -> None:

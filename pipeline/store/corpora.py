@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import os
 import re
 import sysconfig
@@ -410,8 +411,15 @@ def _resolve_tfds(argument: str, text_field: str, tfds_data_dir: str | None) -> 
     name, split = match.group(1), match.group(2)
     data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
     data_dir = os.path.expanduser(data_dir)
-    builder = _tfds_builder(argument, name, data_dir)
-    if not builder.is_prepared():
+    absl = logging.getLogger("absl")  # TFDS's warnings say what the one-line error below says
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        builder = _tfds_builder(argument, name, data_dir)
+        prepared = builder.is_prepared()
+    finally:
+        absl.setLevel(level)
+    if not prepared:
         raise PrepareError(
             f"input {argument!r}: dataset {name} is not prepared in {data_dir}; run "
             f"tfds.builder({name!r}, data_dir=...).download_and_prepare("
