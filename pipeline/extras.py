@@ -1,8 +1,10 @@
 """Optional dependencies: import one, or stop with one line naming the extra that installs it.
 
 The core install (`pip install pipeline`) reads, plans and feeds; what only some users need is an
-extra (pyproject.toml): `tokenizers` (SentencePiece, Hugging Face), `parquet`, `plot`, `train`
-(the reference trainer), `beam`. `make setup` installs them all.
+extra (pyproject.toml): `tokenizers` (SentencePiece, Hugging Face), `chat`, `plot`, `train`
+(the reference trainer), `beam`, `gcs`. `parquet` and `metrics` name what the core's own
+dependencies bring already (TFDS pyarrow, Orbax prometheus_client); their error shows only
+after `pip install --no-deps`, as into MaxText's environment. `make setup` installs them all.
 """
 
 from __future__ import annotations

@@ -6,12 +6,17 @@ every import of that package fail for real, as on a machine without the extra.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from pipeline.errors import MissingExtraError
 from pipeline.extras import require
@@ -120,3 +125,64 @@ def test_a_failure_inside_an_installed_package_is_not_called_a_missing_extra(tmp
             require("absent_package_xyz", "plot", "a test")
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def core_distributions() -> set[str]:
+    """Every distribution `pip install .` brings, from the installed packages' metadata: the
+    core dependencies of pyproject.toml and, transitively, theirs (extras not followed)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S)
+    todo = [Requirement(r) for r in re.findall(r'^\s*"([^"]+)"', block[1], re.M)]
+    seen: set[str] = set()
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            todo += map(Requirement, metadata.requires(requirement.name) or [])
+    return seen
+
+
+def extra_packages() -> dict[str, set[str]]:
+    """pyproject.toml's extras: name -> the distributions it lists."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    block = pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    extras: dict[str, set[str]] = {}
+    for name, body in re.findall(r"^(\w+) = \[(.*?)\]\s*(?:#[^\n]*)?$", block, re.M | re.S):
+        names = re.findall(r'"([^"]+)"', body)
+        extras[name] = {canonicalize_name(Requirement(r).name) for r in names}
+    return extras
+
+
+def test_the_readme_says_which_extras_the_core_already_brings():
+    readme = (ROOT / "README.md").read_text()
+    core = core_distributions()
+    assert {"tensorflow-datasets", "orbax-checkpoint", "numpy"} <= core  # the walk works
+    for extra, packages in extra_packages().items():
+        [row] = re.findall(rf"^\| `{extra}` \|.*$", readme, re.M) or [f"no row for {extra}"]
+        assert ("already in the core install" in row) == (packages <= core), (extra, row)
+
+
+def test_the_readmes_missing_extra_example_can_happen_after_a_plain_install(data):
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    example = re.search(r"stops with one line naming it, e\.g\. `(error: [^`]+)`", readme)[1]
+    package, extra = re.search(
+        r"needs (\S+), which is not installed: pip install 'pipeline\[(\w+)\]'", example
+    ).groups()
+    assert canonicalize_name(package) in extra_packages()[extra]
+    assert canonicalize_name(package) not in core_distributions()
+    tokenizer = re.search(r"tokenizer '([^']+)'", example)[1]
+    text = data / "text.txt"
+    done = run_without(
+        package,
+        "pipeline",
+        "prepare",
+        str(text),
+        "--tokenizer",
+        tokenizer,
+        "--out",
+        str(data / "x"),
+    )
+    assert done.stderr == example + "\n"
