@@ -265,6 +265,19 @@ def test_bench_help_lists_the_benchmark_options_loaded_on_demand(capsys):
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
 
 
+def test_bench_in_an_installed_package_says_it_needs_a_source_checkout(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("pipeline.commands.bench.BENCH_FILE", tmp_path / "benchmarks/bench.py")
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: pipeline bench") and "runs from a source checkout" in out
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: `pipeline bench` runs from a source checkout of pipeline")
+    assert err.count("\n") == 1 and str(tmp_path / "benchmarks/bench.py") in err
+
+
 @pytest.mark.multiprocess  # one contender process, importing JAX
 def test_a_free_running_contender_prints_no_input_bound_warnings(tmp_path, capfd):
     """A contender's feed is input-bound by design; the feed's warning about it, every 100

@@ -38,11 +38,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     b.set_defaults(run=run)
 
 
+NEEDS_CHECKOUT = (
+    "`pipeline bench` runs from a source checkout of pipeline: its benchmarks/ folder is not "
+    "part of the installed package (clone the repository and run `make bench` there)"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     if not BENCH_FILE.is_file():  # an installed wheel: the command explains itself
-        raise PipelineError(
-            f"{BENCH_FILE}: missing; `pipeline bench` runs from a source checkout of pipeline"
-        )
+        if {"-h", "--help"} & set(args.options):
+            print(f"usage: pipeline bench [options]\n\n{DESCRIPTION}\n\n{NEEDS_CHECKOUT}.")
+            return 0
+        raise PipelineError(f"{NEEDS_CHECKOUT}; not found: {BENCH_FILE}")
     spec = importlib.util.spec_from_file_location("pipeline_bench", BENCH_FILE)
     bench: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
