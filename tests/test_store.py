@@ -193,6 +193,9 @@ def test_fingerprint_is_content_not_location(tmp_path: Path) -> None:
 def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no such store directory"):
         TokenStore(tmp_path / "absent")
+    (tmp_path / "data.txt").write_text("a file")
+    with pytest.raises(StoreError, match=r"data\.txt: a file, not a store directory"):
+        TokenStore(tmp_path / "data.txt")
     (tmp_path / "empty").mkdir()
     assert not is_store(tmp_path / "empty")
     with pytest.raises(StoreError, match=r"not a token store \(manifest.json is missing"):

@@ -90,6 +90,11 @@ def load_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(read_bytes(str(manifest_path)))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
+        if path.exists() and not path.is_dir():
+            raise StoreError(
+                f"{path}: a file, not a store directory (give the directory `pipeline "
+                "prepare` wrote)"
+            ) from error
         if not path.is_dir():
             raise StoreError(
                 f"{path}: no such store directory (create it with `pipeline prepare`)"
