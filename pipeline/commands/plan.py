@@ -41,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
     )  # fmt: skip
     _common(i)
-    i.add_argument("--step", type=_nonnegative, required=True)
+    i.add_argument("--step", type=_nonnegative, required=True, help="the step to show")
     i.add_argument("--rows", type=_row_list, help="rows, e.g. 0,3,5-7 (default: all)")
     i.add_argument("--preview", type=int, default=60, help="characters of decoded preview")
     i.set_defaults(run=run_inspect)
@@ -55,8 +55,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _common(d)
     d.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
-    d.add_argument("--process-index", type=_nonnegative, default=0)
-    d.add_argument("--process-count", type=_positive, default=1)
+    d.add_argument(
+        "--process-index", type=_nonnegative, default=0, help="the host whose rows (default 0)"
+    )
+    d.add_argument(
+        "--process-count", type=_positive, default=1, help="hosts in the run (default 1)"
+    )
     d.add_argument("--out", type=Path, required=True, help="FILE.npz")
     d.set_defaults(run=run_dump)
 
@@ -77,7 +81,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="append",
         help="process counts to check (repeatable; default 1, 2, 4, ... that fit)",
     )
-    v.add_argument("--no-progress", action="store_true")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(run=run_verify)
 
     e = commands.add_parser("epochs", help="rows per lane per epoch and the steps epochs roll over")

@@ -25,7 +25,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "builtin:python-docstrings|python-docstrings-chat) into a store. Instruction and chat "
         "rows (--format) get a loss mask: see docs/instruction-data.md.",
     )
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="what to tokenize (see above)")
     p.add_argument(
         "--out", required=True, type=location, help="store directory (or gs:// URL) to create"
     )
@@ -67,7 +67,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="leave out rows that cannot be trained on, counted in the manifest (default: stop)",
     )
-    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--num-shards", type=int, default=8, help="shard files per store (default 8)")
     p.add_argument(
         "--record-tokens",
         type=int,
@@ -92,7 +92,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="replace an existing --out directory, deleting whatever it holds (store or not)",
     )
     p.add_argument("--verify", action="store_true", help="re-open and checksum the result")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--runner",
         choices=["local", "beam"],
@@ -103,13 +103,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_prepare, takes_passthrough=True)
 
     v = commands.add_parser("verify-store", help="check a store's files and checksums")
-    v.add_argument("store", type=location)
+    v.add_argument("store", type=location, help="store directory or gs:// URL")
     v.set_defaults(run=run_verify_store)
 
     i = commands.add_parser(
         "store-info", help="summarise a store: documents, tokens, shards, tokenizer"
     )
-    i.add_argument("store", type=location)
+    i.add_argument("store", type=location, help="store directory or gs:// URL")
     i.set_defaults(run=run_store_info)
 
 
