@@ -147,6 +147,24 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
     return next((code for code in codes if code), 0)
 
 
+def refuse_a_used_checkpoint_dir(args: argparse.Namespace) -> None:
+    """Without --resume a run starts at step 0: in a directory that holds another run's
+    checkpoints it would save its steps among the old ones and mix the two runs. Orbax names
+    each complete step's directory by its number (renamed into place last)."""
+    from pipeline.errors import ConfigError
+    from pipeline.urls import location as url_or_path
+
+    directory = url_or_path(location(args.checkpoint_dir))
+    if args.resume or not directory.is_dir():
+        return
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    if steps:
+        raise ConfigError(
+            f"{directory}: holds a run's checkpoints (latest step {steps[-1]}); pass --resume "
+            "to continue it, or give another --checkpoint-dir"
+        )
+
+
 def initialize(args: argparse.Namespace) -> bool:
     """Start jax.distributed where there is more than this process; True if it was started."""
     import jax
@@ -322,11 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("absl", "jax", "orbax", "gcsfs", "fsspec"):  # their INFO lines: each open
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.num_processes > 1 and args.process_id is None:
-        return launch_local(args, argv)
     from pipeline.errors import PipelineError
 
     try:
+        if args.process_id is None:  # started by hand, not by launch_local: check once
+            refuse_a_used_checkpoint_dir(args)
+        if args.num_processes > 1 and args.process_id is None:
+            return launch_local(args, argv)
         return train(args, distributed=initialize(args))
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -73,6 +73,16 @@ def test_the_trainer_learns_resumes_and_switches(run_dir):
     assert "step 19 | stage main | loss" in first.stderr
     assert "joins" not in first.stderr  # rare is in the mixture from step 0, drawn or not
 
+    saved = sorted(p.name for p in (run_dir / "run-ckpt").iterdir())
+    again = train(run_dir, "data.yaml", 30)  # no --resume: would start over at step 0 here
+    assert (again.returncode, again.stdout) == (2, "")
+    assert again.stderr == (
+        f"error: {run_dir / 'run-ckpt'}: holds a run's checkpoints (latest step 20); pass "
+        "--resume to continue it, or give another --checkpoint-dir\n"
+    )
+    assert sorted(p.name for p in (run_dir / "run-ckpt").iterdir()) == saved
+    assert [r["step"] for r in records(run_dir)] == list(range(20))
+
     refused = train(run_dir, "bigger.yaml", 30, "--resume")
     assert refused.returncode == 2
     assert "global_batch_size: 8 -> 16" in refused.stderr
