@@ -275,7 +275,7 @@ def test_stages_shows_boundaries_of_an_epochized_stage(tmp_path, stores, capsys)
     assert "open" in rest
 
 
-def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys):
+def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys, monkeypatch):
     config = write_config(tmp_path, stores)
     plan = Plan.from_config(load_config(config))
     first = plan.ledger.segments[0]
@@ -287,6 +287,13 @@ def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys):
     assert code == 0
     assert "ledger segment from step 0" in out and "ledger segment from step 20" in out
     assert "(19) switched" in out and "only-a" in out
+    titles = []
+    monkeypatch.setattr(
+        "pipeline.commands.plot.plot_mixture", lambda *a, title: titles.append(title)
+    )
+    assert run(capsys, "plot", config, "--steps", "0:4", "--out", tmp_path / "c.png")[0] == 0
+    assert run(capsys, "plot", config, "--ledger", path, "--steps", "0:4", "--out", path)[0] == 0
+    assert titles == [config.name, f"ledger.json ({config.name}, switched at step 20)"]
 
 
 def test_stages_shows_where_a_run_anchored_switch_joins_the_new_layout(tmp_path, stores, capsys):

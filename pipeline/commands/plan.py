@@ -407,6 +407,16 @@ def run_plot(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.config, args.ledger)
     first, stop = args.steps
-    plot_mixture(plan, first, stop, args.out, title=args.title or f"{args.config.name}")
+    plot_mixture(plan, first, stop, args.out, title=args.title or _plot_title(args, plan))
     print(f"wrote {args.out}")
     return 0
+
+
+def _plot_title(args: argparse.Namespace, plan: Plan) -> str:
+    """The config's name; for a ledger that switched, the ledger's: the plot is then the whole
+    run's, and the config given only one of its segments."""
+    switches = [f"{segment.start_step:,}" for segment in plan.ledger.segments[1:]]
+    if not switches:
+        return args.config.name
+    at = f"step {switches[0]}" if len(switches) == 1 else f"steps {', '.join(switches)}"
+    return f"{args.ledger.name} ({args.config.name}, switched at {at})"
