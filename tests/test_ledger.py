@@ -15,6 +15,7 @@ from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
+from pipeline.store.token_store import TokenStore
 from tests.storegen import write_synthetic_store
 
 
@@ -56,6 +57,22 @@ def test_an_undeclared_change_is_refused_with_a_readable_diff(stores):
     assert "declare the switch with reconcile(..., switch=True)" in message
     assert "--switch-data" not in message  # a library call has no trainer flag
     assert "global_batch_size: 4 -> 8" in message
+
+
+def test_a_refused_added_or_replaced_source_is_named_by_its_store_path(stores):
+    plan = Plan.from_config(config(stores))
+    sources = {n: {"path": str(stores / n)} for n in ("main", "task", "extra")}
+    sources["task"] = {"path": str(stores / "extra")}
+    with pytest.raises(LedgerError) as error:
+        reconcile(plan, config(stores, sources=sources), step=10)
+    lines = str(error.value).splitlines()
+    extra = TokenStore(stores / "extra").fingerprint
+    task = TokenStore(stores / "task").fingerprint
+    assert f"  sources.extra: <absent> -> {stores / 'extra'} (store {extra})" in lines
+    assert (
+        f"  sources.task: {stores / 'task'} (store {task}) -> {stores / 'extra'} (store {extra})"
+        in lines
+    )
 
 
 def test_lanes_seed_and_seq_len_cannot_change_even_as_a_switch(stores):

@@ -364,14 +364,29 @@ def _check_lined_up(segments: list[Segment], origin: str) -> None:
             )
 
 
-def describe_diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Readable `key: old -> new` lines between two data orders."""
+def describe_diff(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    paths: tuple[dict[str, str], dict[str, str]] = ({}, {}),
+) -> list[str]:
+    """Readable `key: old -> new` lines between two data orders. An order names a source's
+    store by fingerprint only; `paths` (source name -> store path, before and after) shows the
+    path beside it, which is what a reader recognises."""
     old, new = _flatten(before), _flatten(after)
     lines = []
     for key in sorted(set(old) | set(new), key=str):
         if old.get(key, "<absent>") != new.get(key, "<absent>"):
-            lines.append(f"{key}: {old.get(key, '<absent>')} -> {new.get(key, '<absent>')}")
+            lines.append(f"{key}: {_shown(key, old, paths[0])} -> {_shown(key, new, paths[1])}")
     return lines
+
+
+def _shown(key: str, values: dict[str, Any], paths: dict[str, str]) -> Any:
+    name = key.removeprefix("sources.")
+    if key not in values:
+        return "<absent>"
+    if key.startswith("sources.") and name in paths:
+        return f"{paths[name]} (store {values[key]})"
+    return values[key]
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -65,7 +65,11 @@ def reconcile(
     same = fingerprint_of(order) == fingerprint_of(last.order)
     if same and not skip:
         return ledger
-    diff = describe_diff(last.order, order)
+    paths = tuple(
+        {name: entry["path"] for name, entry in sources.items()}
+        for sources in (last.config["sources"], mapping["sources"])
+    )
+    diff = describe_diff(last.order, order, paths)
     if not same and not switch:
         raise LedgerError(
             f"{config.origin}: the data config differs from the checkpoint's (ledger segment "
