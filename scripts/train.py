@@ -30,8 +30,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -127,9 +129,14 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
                 f"127.0.0.1:{port}",
             ],
             env=env,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i in range(args.num_processes)
     ]
+    relays = [threading.Thread(target=relay_stdout, args=(child.stdout,)) for child in children]
+    for relay in relays:
+        relay.start()
 
     def forward(signum: int, frame: object) -> None:
         for child in children:
@@ -144,7 +151,19 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
         for child in children:
             if child.poll() is None:
                 child.kill()
+        for relay in relays:
+            relay.join()  # each ends at its child's end of output
     return next((code for code in codes if code), 0)
+
+
+def relay_stdout(stream: TextIO) -> None:
+    """Pass a child's stdout on, except Gloo's lines: JAX's CPU collectives print one per
+    process and communicator ("[Gloo] Rank 0 is connected to 1 peer ranks ..."), 8 per launch
+    of 2 processes, with no switch to turn them off."""
+    for line in stream:
+        if not line.startswith("[Gloo] "):
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 def refuse_a_used_checkpoint_dir(args: argparse.Namespace) -> None:
