@@ -28,8 +28,9 @@ test-multiprocess: setup
 # Opt-in, not part of `make test`: MaxText's real trainer in its own Python 3.12 venv
 # (.venv-maxtext), with `pipeline maxtext install`, kill -9 + resume, elastic 2 -> 1, a switch,
 # packed SFT (MaxText's loss weights) and a data error on one of 2 processes stopping both.
+# MAXTEXT=~/maxtext: a GitHub checkout of MaxText instead of the maxtext package.
 test-maxtext:
-	$(PYTHON) scripts/test_maxtext.py
+	$(PYTHON) scripts/test_maxtext.py $(if $(MAXTEXT),--maxtext $(MAXTEXT))
 
 demo: setup
 	$(BIN)/python scripts/demo.py
@@ -50,4 +51,4 @@ bench: setup
 	$(BIN)/python -m pipeline bench --no-scale
 
 clean:
-	rm -rf $(VENV) .venv-maxtext data runs .pytest_cache
+	rm -rf $(VENV) .venv-maxtext .venv-maxtext-checkout data runs .pytest_cache

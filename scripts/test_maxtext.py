@@ -1,12 +1,15 @@
 """`make test-maxtext`: the adapter inside MaxText's real trainer, on the CPU, opt-in.
 
     python3 scripts/test_maxtext.py [--work runs/maxtext-test] [--python PYTHON3.12]
+                                    [--maxtext CHECKOUT]
 
 1. Finds a Python >= 3.12 (MaxText's syntax needs it): --python, $MAXTEXT_PYTHON,
    python3.12 or python3.13 on PATH, or a pyenv version. Stops with one line if there is none.
 2. Creates `.venv-maxtext` with the pinned `maxtext` package and the dependencies its trainer
    imports (tests/maxtext_real/requirements.txt, jax/grain/orbax as ours), and this package
-   with --no-deps, as docs/maxtext.md tells users to.
+   with --no-deps, as docs/maxtext.md tells users to. With `--maxtext CHECKOUT`:
+   `.venv-maxtext-checkout`, with the dependencies alone and the GitHub checkout installed
+   with `pip install --no-deps -e` (docs/maxtext.md's checkout path).
 3. Runs `pipeline maxtext install` on the installed maxtext package (twice: idempotent).
 4. Trains a tiny model 20 steps (checkpoints every 5), 1 process x 4 CPU devices: the
    reference. Kills it with -9 after checkpoint 10 and resumes: every logged loss equals the
@@ -41,8 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv-maxtext"
-REQUIREMENTS = ROOT / "tests" / "maxtext_real" / "requirements.txt"
+REQUIREMENTS = ROOT / "tests" / "maxtext_real" / "requirements.txt"  # maxtext==0.2.4 and its deps
+DEPENDENCIES = REQUIREMENTS.with_name("requirements-deps.txt")  # the deps alone, for a checkout
 STEPS, PERIOD, SWITCH_AT = 20, 5, 10
 MODEL = [  # a tiny decoder: what matters is the data path, bit for bit
     "base_emb_dim=64", "base_num_query_heads=2", "base_num_kv_heads=2", "base_mlp_dim=128",
@@ -112,21 +115,29 @@ def find_python(given: str | None) -> str:
     )
 
 
-def ensure_venv(python: str, say: Transcript) -> Path:
-    stamp = VENV / ".installed"
-    inputs = [REQUIREMENTS, ROOT / "pyproject.toml"]
-    if stamp.exists() and all(p.stat().st_mtime <= stamp.stat().st_mtime for p in inputs):
-        return VENV / "bin" / "python"
+def ensure_venv(python: str, say: Transcript, checkout: Path | None) -> Path:
+    """`.venv-maxtext` with the maxtext package, or `.venv-maxtext-checkout` with a GitHub
+    checkout installed editable (importable as `maxtext`), as docs/maxtext.md section 1 says."""
+    venv = ROOT / (".venv-maxtext-checkout" if checkout else ".venv-maxtext")
+    stamp = venv / ".installed"
+    inputs = [REQUIREMENTS, DEPENDENCIES, ROOT / "pyproject.toml"]
+    fresh = stamp.exists() and all(p.stat().st_mtime <= stamp.stat().st_mtime for p in inputs)
+    if fresh and stamp.read_text() == str(checkout or ""):
+        return venv / "bin" / "python"
     started = time.monotonic()
-    shutil.rmtree(VENV, ignore_errors=True)
-    run([python, "-m", "venv", str(VENV)])
-    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    shutil.rmtree(venv, ignore_errors=True)
+    run([python, "-m", "venv", str(venv)])
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     run([*pip, "--upgrade", "pip"])
-    run([*pip, "-r", str(REQUIREMENTS)])
+    if checkout:
+        run([*pip, "-r", str(DEPENDENCIES)])
+        run([*pip, "--no-deps", "-e", str(checkout)])
+    else:
+        run([*pip, "-r", str(REQUIREMENTS)])
     run([*pip, "--no-deps", "-e", str(ROOT)])  # MaxText's jax/grain/orbax pins stay
-    stamp.touch()
-    say(f"== .venv-maxtext created in {time.monotonic() - started:.0f} s ({python})")
-    return VENV / "bin" / "python"
+    stamp.write_text(str(checkout or ""))
+    say(f"== {venv.name} created in {time.monotonic() - started:.0f} s ({python})")
+    return venv / "bin" / "python"
 
 
 def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -383,13 +394,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "maxtext-test")
     parser.add_argument("--python", help="a Python >= 3.12 for .venv-maxtext")
+    parser.add_argument(
+        "--maxtext",
+        type=Path,
+        metavar="CHECKOUT",
+        help="a GitHub checkout of MaxText to test instead of the maxtext package",
+    )
     args = parser.parse_args(argv)
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
     say = Transcript(work / "transcript.txt")
     started = time.monotonic()
     try:
-        python = ensure_venv(find_python(args.python), say)
+        checkout = args.maxtext.resolve() if args.maxtext else None
+        python = ensure_venv(find_python(args.python), say, checkout)
         mt = MaxText(python, work, say)
         for _ in range(2):
             out = run([str(python), "-m", "pipeline", "maxtext", "install", str(mt.package)])
@@ -438,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         line = next((x for x in refused.splitlines() if flag in x), None)
         if line is None:
             raise Failed(f"switch: the refusal does not say '{flag}'")
+        say(f"   {line.strip()}")
+        added = f"sources.again: <absent> -> {docs} (store "  # the added source, by its path
+        line = next((x for x in refused.splitlines() if added in x), None)
+        if line is None:
+            raise Failed(f"switch: the refusal does not name the added source: '{added}'")
         say(f"   {line.strip()}")
         mt.train("switch", switched, STEPS, "pipeline_data_switch=true")
         state = json.loads((work / f"out/switch/checkpoints/{STEPS - 1}/iter/process_0.json")
