@@ -293,7 +293,8 @@ def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys, monk
     )
     assert run(capsys, "plot", config, "--steps", "0:4", "--out", tmp_path / "c.png")[0] == 0
     assert run(capsys, "plot", config, "--ledger", path, "--steps", "0:4", "--out", path)[0] == 0
-    assert titles == [config.name, f"ledger.json ({config.name}, switched at step 20)"]
+    later = f"ledger.json ({config.name} and 1 later segment from step 20)"
+    assert titles == [config.name, later]
 
 
 def test_stages_shows_where_a_run_anchored_switch_joins_the_new_layout(tmp_path, stores, capsys):

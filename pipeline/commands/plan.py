@@ -413,10 +413,11 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def _plot_title(args: argparse.Namespace, plan: Plan) -> str:
-    """The config's name; for a ledger that switched, the ledger's: the plot is then the whole
-    run's, and the config given only one of its segments."""
-    switches = [f"{segment.start_step:,}" for segment in plan.ledger.segments[1:]]
-    if not switches:
+    """The config's name; for a ledger of several segments (switches, skips), the ledger's: the
+    plot is then the whole run's, and the config given only one of its segments."""
+    starts = [f"{segment.start_step:,}" for segment in plan.ledger.segments[1:]]
+    if not starts:
         return args.config.name
-    at = f"step {switches[0]}" if len(switches) == 1 else f"steps {', '.join(switches)}"
-    return f"{args.ledger.name} ({args.config.name}, switched at {at})"
+    shown = ", ".join(starts[:3]) + (", ..." if len(starts) > 3 else "")
+    later = f"{counted(len(starts), 'later segment')} from step{'s' * (len(starts) > 1)} {shown}"
+    return f"{args.ledger.name} ({args.config.name} and {later})"
