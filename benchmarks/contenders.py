@@ -147,12 +147,12 @@ class Feed:
 
 
 class MaxText(Feed):
-    """`pipeline.feed.maxtext.create_data_iterator(config, mesh)`, as MaxText calls it."""
+    """`pipeline.maxtext.create_data_iterator(config, mesh)`, as MaxText calls it."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         import yaml
 
-        from pipeline.feed.maxtext import create_data_iterator
+        from pipeline.maxtext.adapter import create_data_iterator
 
         self.spec = spec
         self.mesh = mesh()

@@ -53,7 +53,6 @@ _LAZY = {
     "host_source": "pipeline.feed.grain_source",
     "reconcile": "pipeline.plan.resume",
 }
-_LAZY_MODULES = {"maxtext": "pipeline.feed.maxtext"}  # `from pipeline import maxtext` in patches
 
 __all__ = [
     "ConfigError",
@@ -82,6 +81,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in _LAZY_MODULES:
-        return import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

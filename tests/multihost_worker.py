@@ -254,7 +254,7 @@ def straggle(config, task: dict, out: Path) -> None:
 def maxtext(task: dict) -> None:
     import grain.python as grain
 
-    from pipeline.feed.maxtext import create_data_iterator
+    from pipeline.maxtext.adapter import create_data_iterator
     from tests.test_maxtext import maxtext_config
 
     devices = np.array(jax.devices()).reshape(2, -1)

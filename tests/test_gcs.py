@@ -26,7 +26,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.errors import StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
-from pipeline.feed.maxtext import create_data_iterator, read_iter_state
+from pipeline.maxtext.adapter import create_data_iterator, read_iter_state
 from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan

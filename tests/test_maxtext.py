@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed import host_stop
-from pipeline.feed.maxtext import (
+from pipeline.maxtext.adapter import (
     EvalIterator,
     TrainIterator,
     batch_axes,
@@ -445,7 +445,7 @@ MAXTEXT_LOOP = """
 import sys, threading, time
 import jax, numpy as np
 from jax.sharding import Mesh
-from pipeline.feed.maxtext import create_data_iterator
+from pipeline.maxtext.adapter import create_data_iterator
 from tests.test_maxtext import maxtext_config
 mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
 train, _ = create_data_iterator(maxtext_config(sys.argv[1], eval_interval=-1), mesh)

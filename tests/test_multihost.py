@@ -225,7 +225,7 @@ def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
     file holds the same state, and `restore_from` takes any of them (the --elastic path)."""
     from jax.sharding import Mesh
 
-    from pipeline.feed.maxtext import create_data_iterator, read_iter_state
+    from pipeline.maxtext.adapter import create_data_iterator, read_iter_state
     from tests.test_maxtext import maxtext_config, write_data_yaml
 
     data_yaml = write_data_yaml(tmp_path)

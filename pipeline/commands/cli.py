@@ -12,8 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipeline.commands import bench, maxtext, plan, store
+from pipeline.commands import bench, plan, store
 from pipeline.errors import PipelineError
+from pipeline.maxtext import cli as maxtext
 
 COMMAND_MODULES = (store, plan, bench, maxtext)
 

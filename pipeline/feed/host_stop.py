@@ -16,7 +16,7 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   process does at exit), logs the line once more and ends the process with exit status 2, so
   that host's log ends with the same line.
 * a trainer that exits on a data error may still not end: the MaxText adapter raises a
-  `SystemExit` (`pipeline.feed.maxtext.DataStop`), and the interpreter then waits for its
+  `SystemExit` (`pipeline.maxtext.adapter.DataStop`), and the interpreter then waits for its
   non-daemon threads, such as an Orbax checkpoint save waiting for a peer that stops too.
   `end_process_after` ends such a process the same way `GRACE_S` later.
 * the watcher also asks each store, every `STORE_CHECK_S`, whether it is still the store it

@@ -1,7 +1,7 @@
 """Restoring a data state into a feed: check it everywhere, reconcile it, seek (no Orbax here).
 
 Shared by the Orbax item (`pipeline.feed.checkpoint`) and the MaxText adapter
-(`pipeline.feed.maxtext`), which differ only in where the state's JSON lives.
+(`pipeline.maxtext.adapter`), which differ only in where the state's JSON lives.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The checkpointed data state, `{version, step, ledger, digest}`: its one reader and writer.
 
-The Orbax item (`pipeline.feed.checkpoint`), the MaxText adapter (`pipeline.feed.maxtext`), the
+The Orbax item (`pipeline.feed.checkpoint`), the MaxText adapter (`pipeline.maxtext.adapter`), the
 CLI's `--ledger` and `scripts/demo.py` all go through this module, which imports no Orbax, so
 the file format lives in one place. In a checkpoint it is `STEP/data/data_state.json`.
 
@@ -30,7 +30,7 @@ FILENAME = "data_state.json"
 ITEM = "data"
 """The item name under which trainers save the data state in a `CheckpointManager`."""
 MAXTEXT_ITEM = "iter"
-"""The item name of MaxText's data iterator state (`pipeline.feed.maxtext`)."""
+"""The item name of MaxText's data iterator state (`pipeline.maxtext.adapter`)."""
 STATE_VERSION = 2
 """Version 2 added `digest`; version-1 states (no digest) are refused by name."""
 

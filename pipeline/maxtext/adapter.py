@@ -23,7 +23,7 @@ HyperParameters, or anything with the same attribute names) and MaxText's mesh a
   seek).
 * The eval iterator serves an EvalFeed: the same batches after every `reset()`.
 
-Our keys (`pipeline.config.maxtext_keys`) are read from MaxText's config, else from their
+Our keys (`pipeline.maxtext.keys`) are read from MaxText's config, else from their
 environment variables. The checks made before any step runs are listed in docs/maxtext.md.
 """
 
@@ -41,7 +41,12 @@ import jax
 from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, load_config
-from pipeline.config.maxtext_keys import (
+from pipeline.errors import ConfigError, LedgerError, PipelineError
+from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.eval_feed import EvalFeed
+from pipeline.feed.host_stop import end_process_after
+from pipeline.feed.restore import current_state, restore_state
+from pipeline.maxtext.keys import (
     DATA_CONFIG,
     DATA_SKIP,
     DATA_SWITCH,
@@ -50,11 +55,6 @@ from pipeline.config.maxtext_keys import (
     parse_bool,
     parse_count,
 )
-from pipeline.errors import ConfigError, LedgerError, PipelineError
-from pipeline.feed.data_feed import DataFeed
-from pipeline.feed.eval_feed import EvalFeed
-from pipeline.feed.host_stop import end_process_after
-from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan import data_state
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import location

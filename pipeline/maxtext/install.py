@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.maxtext_keys import KEYS, MaxTextKey
 from pipeline.errors import InstallError
+from pipeline.maxtext.keys import KEYS, MaxTextKey
 
 LAYOUTS = ("src/maxtext", "src/MaxText", "MaxText", "maxtext", ".")
 """Where MaxText's package lives under MAXTEXT_DIR, newest layout first; `.`: MAXTEXT_DIR is
@@ -163,7 +163,7 @@ def restore_on_any_process_count(package: Path) -> tuple[Edit | None, str | None
     """Let an older MaxText restore the pipeline's `iter` item with any number of processes.
 
     MaxText that restores a Grain `ElasticIterator` from one shared file needs nothing: the
-    adapter's iterator takes that path (pipeline.feed.maxtext). Older versions count the
+    adapter's iterator takes that path (pipeline.maxtext.adapter). Older versions count the
     per-process files and refuse another count, so a `case` is added before the Grain case of
     `load_state_if_possible`'s `match`: it restores the model as the fallback case does and the
     data state from any one file (`TrainIterator.restore_from`).

@@ -1,6 +1,6 @@
 """The MaxText config keys of the adapter, each with an environment-variable form.
 
-One table serves both sides: the adapter (`pipeline.feed.maxtext`) reads a key from MaxText's
+One table serves both sides: the adapter (`pipeline.maxtext.adapter`) reads a key from MaxText's
 config, else from its variable, and `pipeline maxtext install` declares the keys in MaxText's
 `configs/types.py` and `base.yml` with these types and defaults. The variables work without
 that install step, on every MaxText version: set them on every host.

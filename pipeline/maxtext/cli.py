@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.commands import maxtext_install
+from pipeline.maxtext import install as installer
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def install(args: argparse.Namespace) -> int:
-    plan = maxtext_install.plan_install(args.maxtext_dir, elastic=args.elastic)
+    plan = installer.plan_install(args.maxtext_dir, elastic=args.elastic)
     print(f"MaxText package: {plan.package}")
     for note in plan.notes:
         print(f"unchanged: {note}")
@@ -41,7 +41,7 @@ def install(args: argparse.Namespace) -> int:
         for edit in plan.edits:
             print(edit.diff(plan.root), end="")
         return 0
-    maxtext_install.apply(plan)
+    installer.apply(plan)
     for edit in plan.edits:
         print(f"patched {edit.path.relative_to(plan.package).as_posix()}: {edit.what}")
     if not plan.edits:
