@@ -151,7 +151,7 @@ def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed
 def builtin_store(name: str, cache: Path) -> Path:
     path = store_dir(cache) / name
     if not usable(path):
-        from pipeline.store.prepare import PrepareOptions, prepare
+        from pipeline.ingest.prepare import PrepareOptions, prepare
 
         path.parent.mkdir(parents=True, exist_ok=True)
         prepare(PrepareOptions([f"builtin:{name}"], path, overwrite=True, progress=False))

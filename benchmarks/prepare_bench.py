@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.store.corpora import iter_documents, resolve_inputs
-from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.tokenizers import load_tokenizer
+from pipeline.ingest.corpora import iter_documents, resolve_inputs
+from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.ingest.tokenizers import load_tokenizer
 
 
 def _cpu_seconds() -> float:
@@ -51,7 +51,7 @@ def _run(
     if runner == "local":
         prepare(options)
     else:
-        from pipeline.store.prepare_beam import prepare_beam  # only when asked: an extra
+        from pipeline.ingest.prepare_beam import prepare_beam  # only when asked: an extra
 
         prepare_beam(options)
     return time.perf_counter() - start, _cpu_seconds() - cpu

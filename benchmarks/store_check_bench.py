@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 
 

@@ -37,10 +37,10 @@ from pipeline.errors import (
     StoreError,
     TokenizerError,
 )
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows, micro_batch_rows
 from pipeline.store.meta import StoreMeta
-from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 
 _LAZY = {

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.audit import audit
 from pipeline.plan.plan import Plan
 from pipeline.plan.report import stage_rows
 from pipeline.plan.resume import reconcile
-from pipeline.store.prepare import PrepareOptions, prepare
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

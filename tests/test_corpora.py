@@ -16,7 +16,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from pipeline.errors import PrepareError
-from pipeline.store.corpora import (
+from pipeline.ingest.corpora import (
     BUILTIN_CORPORA,
     Document,
     InputSpec,

@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 from pipeline.errors import MissingExtraError
 from pipeline.extras import require
-from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,13 +37,13 @@ from pipeline.errors import ConfigError, FeedError, LedgerError, StoreError
 from pipeline.feed import host_stop, shared_stores
 from pipeline.feed.checkpoint import FILENAME, DataRestore
 from pipeline.feed.data_feed import DataFeed
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan, SegmentPlan
 from pipeline.plan.resume import reconcile
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import StoreMeta
-from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import MANIFEST, TokenStore, read_pieces
 from tests.feedstores import two_stage_config, two_stage_raw
 from tests.storegen import write_synthetic_store

@@ -26,12 +26,12 @@ from pipeline.config import load_config, parse_config
 from pipeline.errors import StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.maxtext.adapter import create_data_iterator, read_iter_state
 from pipeline.plan import data_state
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
-from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
 from tests.feedstores import two_stage_config
@@ -109,7 +109,7 @@ def test_round_trip_prepare_verify_feed_inspect(tmp_path: Path, prefix, corpus, 
 
 
 def test_the_beam_runner_writes_the_same_store_to_a_bucket(tmp_path: Path, prefix, corpus):
-    from pipeline.store.prepare_beam import prepare_beam
+    from pipeline.ingest.prepare_beam import prepare_beam
 
     beam = prepare_beam(PrepareOptions([corpus], location(f"{prefix}/beam"), num_shards=2))
     local = prepare(PrepareOptions([corpus], tmp_path / "local", num_shards=2, progress=False))
@@ -433,8 +433,8 @@ def test_a_masked_store_in_a_bucket_keeps_its_mask(tmp_path: Path, prefix):
     import json
 
     from pipeline.config import parse_config
-    from pipeline.store.chat import RowFields
-    from pipeline.store.prepare_beam import prepare_beam
+    from pipeline.ingest.chat import RowFields
+    from pipeline.ingest.prepare_beam import prepare_beam
 
     rows = tmp_path / "chat.jsonl"
     rows.write_text("".join(
@@ -631,7 +631,7 @@ def test_prepare_reads_bucket_inputs_as_it_reads_local_copies(tmp_path: Path, bu
 
 
 def test_the_beam_runner_reads_bucket_inputs_on_its_workers(tmp_path: Path, bucket_inputs):
-    from pipeline.store.prepare_beam import prepare_beam
+    from pipeline.ingest.prepare_beam import prepare_beam
 
     local_inputs, urls = bucket_inputs
     local = prepare(PrepareOptions(local_inputs, tmp_path / "local", num_shards=2, progress=False))
@@ -642,7 +642,7 @@ def test_the_beam_runner_reads_bucket_inputs_on_its_workers(tmp_path: Path, buck
 
 def test_bucket_inputs_that_are_not_there_are_one_line(prefix):
     from pipeline.errors import PrepareError
-    from pipeline.store.corpora import resolve_inputs
+    from pipeline.ingest.corpora import resolve_inputs
 
     with pytest.raises(PrepareError, match=r"^input '.*/missing.jsonl' does not exist; give an"):
         resolve_inputs([f"{prefix}/missing.jsonl"])

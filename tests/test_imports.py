@@ -50,7 +50,7 @@ def run_cli(*argv: str) -> str:
     [
         "pipeline.config, pipeline.store",
         "pipeline.plan.plan, pipeline.plan.report, pipeline.plan.audit, pipeline.plan.resume",
-        "pipeline, pipeline.commands.cli, pipeline.store.prepare, pipeline.store.summary",
+        "pipeline, pipeline.commands.cli, pipeline.ingest.prepare, pipeline.commands.summary",
     ],
 )
 def test_the_lower_layers_import_without_jax_orbax_or_grain(modules):

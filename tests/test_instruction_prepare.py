@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from pipeline.commands.cli import main
 from pipeline.errors import PrepareError, StoreError
-from pipeline.store.chat import RowFields
-from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.prepare_beam import prepare_beam
+from pipeline.ingest.chat import RowFields
+from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare_beam import prepare_beam
 from pipeline.store.token_store import TokenStore, file_sha256
 from tests.test_faults import cli, edit_manifest
 from tests.test_prepare_beam import _assert_same_stores
@@ -559,10 +559,10 @@ _text = st.text(alphabet="ab\n é", max_size=12)
 def test_trained_tokens_are_exactly_the_assistant_turns(turns: list[tuple[str, str]]) -> None:
     """Property: with the builtin template, the trained bytes are each assistant message with
     its `<|end|>\\n`, in order, then the eod; everything else keeps its place untrained."""
-    from pipeline.store.chat import BUILTIN_TEMPLATE, ChatTemplate
-    from pipeline.store.corpora import Document
-    from pipeline.store.prepare import DocumentEncoder
-    from pipeline.store.tokenizers import BytesTokenizer
+    from pipeline.ingest.chat import BUILTIN_TEMPLATE, ChatTemplate
+    from pipeline.ingest.corpora import Document
+    from pipeline.ingest.prepare import DocumentEncoder
+    from pipeline.ingest.tokenizers import BytesTokenizer
 
     options = PrepareOptions(["unused"], Path("unused"))
     encoder = DocumentEncoder(

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed import host_stop
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.maxtext.adapter import (
     EvalIterator,
     TrainIterator,
@@ -34,7 +35,6 @@ from pipeline.plan.batch import FIELDS
 from pipeline.plan.eval_plan import eval_config
 from pipeline.plan.ledger import MixEntry
 from pipeline.plan.plan import Plan
-from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import MANIFEST
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 PREEMPTED = 75

@@ -22,9 +22,9 @@ import tokenizers
 
 from pipeline.commands.cli import main
 from pipeline.errors import PrepareError, StoreError
-from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.ingest.tokenizers import load_tokenizer
 from pipeline.store.token_store import TokenStore
-from pipeline.store.tokenizers import load_tokenizer
 from pipeline.store.writer import token_dtype
 
 REPO = Path(__file__).resolve().parents[1]
@@ -407,7 +407,7 @@ class _CountedUnpickles:
 def test_worker_processes_receive_the_encoder_once_not_with_every_chunk() -> None:
     # The encoder sent with every task was unpickled per chunk of 32 documents, and a tokenizer
     # unpickles by loading its file again: 2 workers spent 4.6x the CPU of 1 with a 32k BPE.
-    from pipeline.store.prepare import _mapper
+    from pipeline.ingest.prepare import _mapper
 
     with _mapper(2, _CountedUnpickles()) as imap:
         results = list(imap(range(400)))

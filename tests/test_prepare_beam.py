@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import PrepareError, TokenizerError
-from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.prepare_beam import (
+from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare_beam import (
     pipeline_flags,
     prepare_beam,
     resolve_runner,
@@ -143,7 +143,7 @@ def test_overwrite_replaces_a_store(tmp_path: Path) -> None:
 
 
 def test_units_of_work_and_flags(mixed_corpus: list[str]) -> None:
-    from pipeline.store.corpora import resolve_inputs
+    from pipeline.ingest.corpora import resolve_inputs
 
     units = units_of_work(resolve_inputs([*mixed_corpus, "builtin:python-docs"]))
     assert [len(u.files) for u in units] == [1] * 8 + [0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dask.distributed import Client, LocalCluster
 
-from pipeline.store.prepare import PrepareOptions, prepare
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from tests.test_prepare_beam import _assert_same_stores, _cli, _no_leftovers, write_mixed_corpus
 
 

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import PrepareError, StoreError
-from pipeline.store.doc_order import Placement, place
+from pipeline.ingest.doc_order import Placement, place
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.meta import StoreMeta
-from pipeline.store.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore, is_store, read_pieces
 
 EOD = 256

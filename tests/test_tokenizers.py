@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import TokenizerError
-from pipeline.store.tokenizers import EOD_TEXT, Tokenizer, load_tokenizer
+from pipeline.ingest.tokenizers import EOD_TEXT, Tokenizer, load_tokenizer
 
 TRAIN_TEXT = "\n".join(
     line for topic in sorted(topics)[:20] for line in topics[topic].splitlines() if line.strip()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import load_config
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.plan import Plan
-from pipeline.store.prepare import PrepareOptions, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 

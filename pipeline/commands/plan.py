@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.commands.summary import decode_preview
 from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
@@ -25,7 +26,6 @@ from pipeline.plan.packing import PackedLayout
 from pipeline.plan.plan import Draws, Plan, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.sources import keyed, open_stores
-from pipeline.store.summary import decode_preview
 from pipeline.urls import location
 from pipeline.wording import counted
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 
+from pipeline.commands.summary import describe_store
 from pipeline.errors import PrepareError
-from pipeline.store.chat import ROW_FORMATS, TRAIN_ON, RowFields
-from pipeline.store.corpora import INSTRUCTION_CORPORA
-from pipeline.store.prepare import PrepareOptions, prepare
-from pipeline.store.summary import describe_store
+from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
+from pipeline.ingest.corpora import INSTRUCTION_CORPORA
+from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
 from pipeline.urls import location
@@ -185,7 +185,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )
     if args.runner == "beam":
-        from pipeline.store.prepare_beam import prepare_beam  # Beam is an optional extra
+        from pipeline.ingest.prepare_beam import prepare_beam  # Beam is an optional extra
 
         # Beam's INFO log is its machinery's (servers started, caches made): its warnings stay
         logging.getLogger("apache_beam").setLevel(logging.WARNING)

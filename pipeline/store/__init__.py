@@ -1,4 +1,4 @@
-"""The store layer: text in, token stores out, and the reader every other layer uses.
+"""The store layer: the token store format, its reader and its writer.
 
 `token_store` reads a prepared store (ArrayRecord shards, document and record indexes, a
 checksummed manifest) from a directory or a `gs://` URL, with one module per job: the files'
@@ -7,10 +7,8 @@ bounded pool of shard readers that retries transient faults (`shard_readers`, `r
 the batched copy of a batch's pieces (`piece_reads`);
 `meta` is what planning needs of a store (shard sizes, content fingerprint, tokenizer identity),
 read from its manifest alone; `identity` is what makes a store itself (the manifest's checksum,
-each shard's sampled records, the tokenizer's identity); `writer` writes one atomically;
-`prepare` and `prepare_beam` tokenize corpora (`corpora`) with a tokenizer (`tokenizers`) into
-stores, placing documents by a keyed hash (`doc_order`) so both runners write byte-identical
-stores; `summary` describes one. Nothing here imports JAX, Orbax or Grain.
+each shard's sampled records, the tokenizer's identity); `writer` writes one atomically.
+Corpora become stores in `pipeline.ingest`. Nothing here imports JAX, Orbax or Grain.
 """
 
 from pipeline.store.meta import StoreMeta

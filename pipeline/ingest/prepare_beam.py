@@ -41,9 +41,9 @@ import numpy as np
 
 from pipeline.errors import PrepareError
 from pipeline.extras import require
-from pipeline.store.corpora import Document, InputSpec, iter_documents
-from pipeline.store.doc_order import place
-from pipeline.store.prepare import (
+from pipeline.ingest.corpora import Document, InputSpec, iter_documents
+from pipeline.ingest.doc_order import place
+from pipeline.ingest.prepare import (
     PrepareOptions,
     Validated,
     finish,

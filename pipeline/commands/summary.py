@@ -7,8 +7,8 @@ from functools import lru_cache
 import numpy as np
 
 from pipeline.errors import TokenizerError
+from pipeline.ingest.tokenizers import Tokenizer, load_tokenizer
 from pipeline.store.token_store import TokenStore
-from pipeline.store.tokenizers import Tokenizer, load_tokenizer
 from pipeline.wording import counted
 
 

@@ -57,8 +57,8 @@ from typing import Any, BinaryIO
 
 from pipeline.errors import PrepareError
 from pipeline.extras import require
-from pipeline.store.chat import RowFields, json_kind
-from pipeline.store.docstrings import SYSTEM_PROMPT, module_files, pairs
+from pipeline.ingest.chat import RowFields, json_kind
+from pipeline.ingest.docstrings import SYSTEM_PROMPT, module_files, pairs
 from pipeline.urls import is_url, list_files, location
 
 __all__ = [

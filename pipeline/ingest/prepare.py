@@ -26,8 +26,7 @@ from typing import Any, BinaryIO, TypeVar
 import numpy as np
 
 from pipeline.errors import PrepareError
-from pipeline.progress import progress_bar
-from pipeline.store.chat import (
+from pipeline.ingest.chat import (
     TRAIN_ON,
     BadRow,
     ChatTemplate,
@@ -36,15 +35,16 @@ from pipeline.store.chat import (
     load_template,
     render,
 )
-from pipeline.store.corpora import (
+from pipeline.ingest.corpora import (
     Document,
     InputSpec,
     check_fields_read,
     iter_documents,
     resolve_inputs,
 )
-from pipeline.store.doc_order import EVAL, TRAIN, place
-from pipeline.store.tokenizers import Tokenizer, load_tokenizer
+from pipeline.ingest.doc_order import EVAL, TRAIN, place
+from pipeline.ingest.tokenizers import Tokenizer, load_tokenizer
+from pipeline.progress import progress_bar
 from pipeline.store.writer import (
     DEFAULT_RECORD_TOKENS,
     ShardInfo,
