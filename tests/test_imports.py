@@ -1,11 +1,16 @@
-"""Light imports: the store, config and plan layers and the store commands start without JAX.
+"""The package's shape: layers that import down only, no import circle, small modules, and
+light imports (the store, config, plan and ingest layers and the store commands start without
+JAX).
 
-Each check runs in a fresh interpreter (this test process has JAX loaded already) and reads
+The shape is read from the source with `ast`: every `import` of a `pipeline` module, at module
+level or inside a function (or under `TYPE_CHECKING`), is an edge of the graph. The light
+imports run in a fresh interpreter (this test process has JAX loaded already) and read
 `sys.modules` afterwards, so any import of JAX, Orbax or Grain on the way fails the test.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -14,6 +19,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pipeline"
+# The layers, top to bottom (pipeline/__init__.py's docstring draws them): a module imports
+# modules of its own package or of a lower rank only. Rank 0 is the shared top-level modules.
+RANKS = {
+    "commands": 6,
+    "maxtext": 5,
+    "feed": 4,
+    "plan": 2,
+    "ingest": 2,
+    "config": 1,
+    "store": 1,
+}
+FACADES = {"pipeline", "pipeline.__main__"}  # the package's names and `python -m pipeline`
+MAX_LINES = 600
 HEAVY = ("jax", "jaxlib", "orbax", "grain")
 REPORT = f"""
 import sys
@@ -77,3 +96,80 @@ def test_the_feed_still_loads_jax_lazily_through_the_package():
 def test_only_bench_loads_the_benchmark_file():
     help_only = run_cli("--help") + "assert 'pipeline_bench' not in sys.modules\n"
     assert loaded_after(help_only) == []
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at any depth of its source."""
+    known = modules()
+    graph = {}
+    for name, path in known.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                edges.add(node.module)
+                edges.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = {edge for edge in edges if edge in known and edge != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: each one found as a path that comes back to its start."""
+    found, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in done:
+                walk(nxt, [*path, nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            walk(start, [start])
+    return found
+
+
+def rank(module: str) -> tuple[str, int]:
+    """(layer, rank) of a module: its subpackage, or the shared top-level modules' rank 0."""
+    parts = module.split(".")
+    layer = parts[1] if len(parts) > 2 or parts[1] in RANKS else ""
+    return layer, RANKS.get(layer, 0)
+
+
+def test_the_import_graph_sees_imports_inside_functions_and_type_checking():
+    graph = import_graph()
+    assert "pipeline.feed.data_feed" in graph["pipeline.feed.eval_feed"]  # module level
+    assert "pipeline.feed.metrics" in graph["pipeline.feed.data_feed"]  # in a method
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_package_has_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_imports_point_down_the_layers_only():
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module not in FACADES
+        for target in sorted(targets)
+        if rank(target)[0] != rank(module)[0] and rank(target)[1] >= rank(module)[1]
+    ]
+    assert upward == []
+
+
+def test_every_layer_is_ranked():
+    layers = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert layers == set(RANKS)

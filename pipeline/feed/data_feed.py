@@ -585,7 +585,7 @@ class DataFeed:
         if self._stats is None:
             raise FeedError("metrics_port: the metrics are the statistics; stats=False has none")
         try:
-            self._metrics = serve(self, port)
+            self._metrics = serve(self.stats, port)
         except FeedError:
             self.close()  # the stores opened for this feed
             raise

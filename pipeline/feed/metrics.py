@@ -9,13 +9,9 @@ per-source samples also `source`. The list is docs/observability.md's table.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from pipeline.errors import FeedError
 from pipeline.feed.stats import FeedStats, Quantiles
-
-if TYPE_CHECKING:
-    from pipeline.feed.data_feed import DataFeed
 
 PREFIX = "pipeline_feed_"
 
@@ -87,8 +83,8 @@ class MetricsServer:
         self._thread.join()
 
 
-def serve(feed: DataFeed, port: int) -> MetricsServer:
-    """Serve `feed.stats()` on http://0.0.0.0:`port`/metrics."""
+def serve(stats: Callable[[], FeedStats], port: int) -> MetricsServer:
+    """Serve `stats()` (a feed's `DataFeed.stats`) on http://0.0.0.0:`port`/metrics."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
@@ -96,7 +92,7 @@ def serve(feed: DataFeed, port: int) -> MetricsServer:
             "feed.metrics_port needs prometheus_client: install the extra pipeline[metrics]"
         ) from None
     registry = CollectorRegistry()
-    registry.register(_Collector(feed.stats))
+    registry.register(_Collector(stats))
     try:
         return MetricsServer(*start_http_server(port, registry=registry))
     except OSError as error:

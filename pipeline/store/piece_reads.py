@@ -4,27 +4,42 @@ A batch is a few hundred pieces (token ranges of shards) of a few stores; per pi
 one slice copy, so what it costs is the Python and numpy calls around it. `read_pieces` checks
 every range at once, copies a piece of a shard with a flat sidecar from its memory map, and
 copies the pieces of a shard without one by reading each ArrayRecord record they overlap once
-(`_copy_records`). It reads through a `TokenStore`'s public methods only: what is checked, open
-or cached is the store's business.
+(`_copy_records`). It reads through a `TokenStore`'s public methods only (`PieceSource`): what
+is checked, open or cached is the store's business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.store.flat_blocks import FlatBlocks
 
-if TYPE_CHECKING:
-    from pipeline.store.flat_blocks import FlatBlocks
-    from pipeline.store.token_store import TokenStore
+
+class PieceSource(Protocol):
+    """What `read_pieces` needs of a store: `TokenStore`'s methods, declared here rather than
+    imported, since `token_store` imports this module."""
+
+    shard_tokens: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def num_shards(self) -> int: ...
+    def check_shard(self, shard: int) -> int: ...
+    def shard_file(self, shard: int) -> Path: ...
+    def flat_blocks(self, shard: int) -> FlatBlocks | None: ...
+    def doc_offsets(self, shard: int) -> np.ndarray: ...
+    def record_offsets(self, shard: int) -> np.ndarray: ...
+    def read_record_list(self, shard: int, records: list[int]) -> list[bytes]: ...
 
 
 def read_pieces(
-    stores: Sequence[TokenStore],
+    stores: Sequence[PieceSource],
     which: Sequence[int],
     shards: Sequence[int],
     lo: Sequence[int],
@@ -91,7 +106,7 @@ def read_pieces(
 
 
 def _copy_records(
-    store: TokenStore,
+    store: PieceSource,
     shard: int,
     starts: list[int],
     stops: list[int],
