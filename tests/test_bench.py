@@ -2,7 +2,7 @@
 
 The bench's timings are never asserted; its table's structure and token accounting are. The
 batched read (`layout.window_pieces`, `piece_reads.read_pieces`, `batch.fields`) replaced
-a per-row path (`SourceLayout.read` + a cumsum assembly); both are kept here as the reference
+a per-row path (`SourceLayout.read_window` + a cumsum assembly); both are kept here as the reference
 the fast path must equal bit for bit, through the flat sidecars and through ArrayRecord.
 """
 
@@ -34,13 +34,13 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(H
 
 
 def reference_batch(plan: Plan, step: int, rows=None) -> dict[str, np.ndarray]:
-    """The pre-optimisation read: one `SourceLayout.read` per row, per-token scans."""
+    """The pre-optimisation read: one `SourceLayout.read_window` per row, per-token scans."""
     draws = plan.draws(step, rows)
     segment = plan.segment_plan(draws.segment_index)
     seq_len = segment.config.seq_len
     layouts = [segment.layouts[draws.source_names[s]] for s in draws.source]
     windows = [
-        layout.read(plan.store(layout.meta), int(e), int(t))
+        layout.read_window(plan.store(layout.meta), int(e), int(t))
         for layout, e, t in zip(layouts, draws.epoch, draws.start)
     ]
     tokens = np.empty((len(windows), seq_len + 1), dtype=np.int32)

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from pipeline import Plan, parse_config
+from pipeline.config.parse import PACKINGS
 from pipeline.errors import ConfigError
 from pipeline.plan import packing, packing_cache
 from pipeline.plan.packing_cache import CACHE_ENV, MAX_GB_ENV, cached
+from pipeline.store.token_store import TokenStore
 from tests.test_packing import write_masked_store
 
 KEY = {"store": "abc", "seed": 1, "source": "sft", "seq_len": 8, "lanes": 1, "too_long": "drop"}
@@ -216,3 +218,42 @@ def test_an_entry_removed_before_it_is_read_is_packed_again_quietly(
     monkeypatch.undo()
     monkeypatch.setenv(CACHE_ENV, str(directory))
     assert path.exists() and _equal(cached({**KEY, "seed": 1}, 5, _never), _packing())
+
+
+class OnePerRow(packing.PackedLayout):
+    """A second packing policy, registered by the test below: one document per row."""
+
+    policy = "one_per_row"
+
+    @staticmethod
+    def pack(
+        store: TokenStore, seed: int, name: str, seq_len: int, lanes: int, too_long: str
+    ) -> dict[str, np.ndarray]:
+        packed = dict(packing.PackedLayout.pack(store, seed, name, seq_len, lanes, too_long))
+        docs = np.sort(packed["row_docs"])
+        packed["row_docs"], packed["row_offsets"] = docs, np.arange(docs.size + 1)
+        return packed
+
+
+LAYOUT = OnePerRow  # this module is the policy's module: its registry line names it
+
+
+def test_two_packing_policies_never_share_a_cache_entry(
+    directory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(PACKINGS, OnePerRow.policy, __name__)  # the one registry line
+    store = write_masked_store(tmp_path / "sft", [[(3 + i % 5, 0) for i in range(12)]])
+    raw = {"seed": 5, "seq_len": 16, "global_batch_size": 1, "lanes": 1, "mix": {"sft": 1},
+           "sources": {"sft": {"path": str(store.path), "packing": "best_fit"}}}  # fmt: skip
+    best_fit = Plan.from_config(parse_config(raw)).segment_plan(0).layouts["sft"]
+    raw["sources"]["sft"]["packing"] = OnePerRow.policy
+    for new_process in (False, True):  # served from memory, then from the disk
+        if new_process:
+            packing._CACHE.clear()
+        plan = Plan.from_config(parse_config(raw))
+        layout = plan.segment_plan(0).layouts["sft"]
+        assert isinstance(layout, OnePerRow)
+        assert layout.row_offsets.tolist() == list(range(13))
+        assert len(best_fit.row_offsets) < 13  # best-fit packs several documents per row
+        assert plan.batch(0)["inputs_segmentation"].max() == 1
+    assert len(list(directory.iterdir())) == 2

@@ -212,7 +212,7 @@ def _print_row(plan: Plan, draws: Draws, i: int, row: int, preview: int) -> None
     layout = seg.layouts[name]
     store = plan.store(layout.meta)
     epoch, start = int(draws.epoch[i]), int(draws.start[i])
-    if isinstance(layout, PackedLayout):
+    if layout.whole_documents:
         print(
             f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} "
             f"{name:<10} {epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "

@@ -61,7 +61,10 @@ AUTO_THREADS = "auto"
 MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 
 
-PACKINGS = ("concat", "best_fit")
+# The row layouts a source's `packing:` names, each by the module that declares it (its
+# `LAYOUT`, a `pipeline.plan.row_layout.RowLayout`): a new layout is that module and one line
+# here (docs/architecture.md).
+PACKINGS = {"concat": "pipeline.plan.layout", "best_fit": "pipeline.plan.packing"}
 TOO_LONG = ("truncate", "drop")
 
 
@@ -308,12 +311,12 @@ def _sources(
             raise where.fail(f"{key}.path", f"unset environment variable in {entry['path']!r}")
         packing = entry.get("packing", "concat")
         if packing not in PACKINGS:
-            raise where.fail(f"{key}.packing", f"expected concat or best_fit, got {packing!r}")
+            raise where.fail(f"{key}.packing", f"expected {' or '.join(PACKINGS)}, got {packing!r}")
         too_long = entry.get("too_long", "truncate")
         if too_long not in TOO_LONG:
             raise where.fail(f"{key}.too_long", f"expected truncate or drop, got {too_long!r}")
-        if "too_long" in entry and packing != "best_fit":
-            raise where.fail(f"{key}.too_long", "only a packing: best_fit source has too_long")
+        if "too_long" in entry and packing == "concat":
+            raise where.fail(f"{key}.too_long", "a packing: concat source has no too_long")
         if is_url(path):  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long))
             continue

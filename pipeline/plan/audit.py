@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.batch import FIELDS
-from pipeline.plan.packing import PackedLayout, PackingStats
+from pipeline.plan.packing import PackingStats
 from pipeline.plan.plan import Plan, host_rows
 from pipeline.progress import progress_bar
 from pipeline.wording import counted
@@ -146,7 +146,7 @@ def audit(
         size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)
         kinds = [seg.layouts[name] for name in draws.source_names]
-        whole = np.array([isinstance(k, PackedLayout) for k in kinds])[draws.source]
+        whole = np.array([k.whole_documents for k in kinds])[draws.source]
         masked = np.array([k.meta.masked for k in kinds])[draws.source]
         _check_padding(report, step, batch, size, config.seq_len, whole, masked)
         step_counts = default_process_counts(size, config.lanes) if counts is None else counts
@@ -257,7 +257,7 @@ def _check_documents(
     document exactly once (through the packed rows drawn)."""
     key, _, epoch, window = columns[:4]
     for k, layout in enumerate(layouts):
-        if not isinstance(layout, PackedLayout):
+        if not layout.whole_documents:
             continue
         report.packing[names[k]] = layout.stats
         mine = key == k

@@ -8,10 +8,14 @@
                     so positions stay below seq_len for any position embedding
 
 `targets_*` describe the target tokens (w[1:]), so `targets_segmentation` is the segment of the
-token being predicted.
+token being predicted. A target that carries no loss (a prompt's, in a masked store) has
+segment 0 there: `mask_untrained`, for windows and whole-document rows alike.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -53,3 +57,39 @@ def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> di
         "inputs_position": positions[:, :-1],
         "targets_position": positions[:, 1:],
     }
+
+
+class MaskSource(Protocol):
+    """What the loss mask needs of a store (`TokenStore`'s members)."""
+
+    masked: bool
+
+    def untrained_spans(
+        self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def mask_untrained(
+    targets: np.ndarray,
+    stores: Sequence[MaskSource],
+    owner: np.ndarray,
+    shard: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    at: np.ndarray,
+    floor: np.ndarray,
+) -> None:
+    """Segment 0 on the targets that carry no loss, in place: the one loss-mask path of every
+    row layout. `targets` is the rows' `targets_segmentation`, flat; piece i is tokens
+    [lo[i], hi[i]) of shard shard[i] of stores[owner[i]], whose token t (t from 0) is the
+    target at flat index at[i] + t - 1, and none below floor[i] (the first target of the row
+    a window starts, or of a whole document's slots). One `untrained_spans` call per store."""
+    for k, store in enumerate(stores):
+        if not store.masked:
+            continue
+        mine = np.flatnonzero(owner == k)
+        piece, first, end = store.untrained_spans(shard[mine], lo[mine], hi[mine])
+        before = at[mine][piece] - 1
+        starts = np.maximum(before + first, floor[mine][piece]).tolist()
+        for a, b in zip(starts, (before + end).tolist()):
+            targets[a:b] = 0

@@ -12,19 +12,25 @@ The k-th window a lane draws from the source is window `perm(k % W)` of epoch `k
 `perm` is a keyed bijection per (seed, source, epoch, lane) (`pipeline.plan.permutation`), so
 each window is used exactly once per epoch and any k is computed directly. The shard order of
 epoch `e` is the same bijection on the shard indices, keyed per (seed, source, epoch).
+
+`SourceLayout` is the `concat` row layout (`pipeline.plan.row_layout.RowLayout`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from typing import ClassVar
 
 import numpy as np
 
+from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
+from pipeline.plan.batch import fields, mask_untrained
 from pipeline.plan.permutation import permutation, permute, round_keys
+from pipeline.plan.row_layout import Arrays, OpenStore
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenSpan, TokenStore
+from pipeline.store.token_store import TokenSpan, TokenStore, read_pieces
 from pipeline.wording import counted
 
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
@@ -34,7 +40,11 @@ SMALL_DOMAIN = 1 << 16
 
 class SourceLayout:
     """One source's epochs, lanes and windows, from its store's metadata alone; reading a window
-    takes the open store (`read`; a batch's windows: `window_pieces`)."""
+    takes the open store (`read_window`; a batch's windows: `window_pieces`)."""
+
+    policy: ClassVar[str] = "concat"
+    whole_documents: ClassVar[bool] = False
+    stats = None  # nothing beyond the windows to report
 
     def __init__(self, name: str, meta: StoreMeta, seed: int, seq_len: int, lanes: int) -> None:
         self.name = name
@@ -52,6 +62,57 @@ class SourceLayout:
             )
         self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
         self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
+
+    @classmethod
+    def build(
+        cls, spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
+    ) -> SourceLayout:
+        """Laid out from the store's metadata alone: no file is opened."""
+        return cls(spec.name, meta, config.seed, config.seq_len, config.lanes)
+
+    @staticmethod
+    def order_key(entry: Mapping[str, str]) -> None:
+        """Windows depend on the store alone."""
+        return None
+
+    @classmethod
+    def draw(
+        cls,
+        layouts: Sequence[SourceLayout],
+        which: np.ndarray,
+        counter: np.ndarray,
+        lane: np.ndarray,
+    ) -> Arrays:
+        return window_draws(layouts, which, counter, lane)
+
+    @classmethod
+    def read(
+        cls,
+        layouts: Sequence[SourceLayout],
+        open_store: OpenStore,
+        which: np.ndarray,
+        epoch: np.ndarray,
+        window: np.ndarray,
+        start: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The shard pieces of every drawn window are found in one pass over all sources
+        (`window_pieces`) and copied in one pass (`read_pieces`) straight into one
+        [rows, seq_len + 1] buffer."""
+        sources = np.unique(which).tolist()
+        seq_len = layouts[sources[0]].seq_len
+        tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
+        owner = np.searchsorted(sources, which)
+        stores = [open_store(layouts[s].meta) for s in sources]
+        pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
+        owner, shard, lo, hi, row, col = pieces
+        batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
+        if any(store.masked for store in stores):
+            # its own array: the segment fields are views of one buffer
+            batch["targets_segmentation"] = batch["targets_segmentation"].copy()
+            first = row * seq_len  # a window's target column j is its token j + 1
+            targets = batch["targets_segmentation"].reshape(-1)
+            mask_untrained(targets, stores, owner, shard, lo, hi, first + col, first)
+        return batch
 
     def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
         """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""
@@ -75,7 +136,7 @@ class SourceLayout:
             position += 1
         return out
 
-    def read(self, store: TokenStore, epoch: int, start: int) -> TokenSpan:
+    def read_window(self, store: TokenStore, epoch: int, start: int) -> TokenSpan:
         """The window of `seq_len + 1` tokens at `start` of the epoch stream, from `store`."""
         spans, offset, doc_starts = [], 0, []
         for shard, lo, hi in self.pieces(epoch, start, start + self.seq_len + 1):
@@ -174,3 +235,6 @@ def window_pieces(
     piece, window, lo, hi = piece[keep], window[keep], lo[keep], hi[keep]
     return (owners[piece], shards[piece], lo - bounds[piece], hi - bounds[piece], window,
             lo - start[window])  # fmt: skip
+
+
+LAYOUT = SourceLayout

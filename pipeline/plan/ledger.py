@@ -46,6 +46,7 @@ import numpy as np
 from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
+from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
 
 LEDGER_VERSION = 4  # 2 added "stages_from", 3 "order_version", 4 a segment's "skip", "mixes"
@@ -73,12 +74,9 @@ def data_order(mapping: dict[str, Any], fingerprints: dict[str, str]) -> dict[st
     """The part of a config mapping that decides the batches, stores named by content."""
     order = {k: mapping[k] for k in ("seed", "seq_len", "global_batch_size", "lanes", "stages")}
     order["sources"] = {name: fingerprints[name] for name in sorted(mapping["sources"])}
-    packed = {
-        name: [entry["packing"], entry["too_long"]]
-        for name, entry in sorted(mapping["sources"].items())
-        if entry.get("packing", "concat") != "concat"
-    }
-    if packed:  # only then: the orders of configs without best-fit sources are unchanged
+    keys = {name: order_key(entry) for name, entry in sorted(mapping["sources"].items())}
+    packed = {name: key for name, key in keys.items() if key is not None}
+    if packed:  # only then: the orders of configs of concat sources alone are unchanged
         order["packing"] = packed
     return order
 

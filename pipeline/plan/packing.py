@@ -18,23 +18,33 @@ the k-th row a lane draws is computed directly (epoch k // R), and restoring at 
 nothing beyond the packing, which is computed when a process first opens the source (its cost
 grows with the store, never with the step), shared by the plans of that process and kept on
 local disk (packing_cache.py), so a restore in a new process reads it instead of packing again.
+
+`PackedLayout` is the `best_fit` row layout (`pipeline.plan.row_layout.RowLayout`); a packing
+policy of another name subclasses it with its own `policy` and `pack`, and never shares its
+packings (their keys hold the policy).
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left, insort
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
+from typing import ClassVar
 
 import numpy as np
 
+from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
-from pipeline.plan.batch import FIELDS
+from pipeline.plan.batch import FIELDS, mask_untrained
 from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
+from pipeline.plan.row_layout import Arrays, OpenStore
+from pipeline.plan.sources import keyed
 from pipeline.store.identity import MANIFEST_CHECKSUM
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, read_pieces
 from pipeline.wording import counted
 
@@ -92,6 +102,9 @@ class PackingStats:
 class PackedLayout:
     """Where a best-fit source's rows are, per epoch and lane (the `SourceLayout` of packing)."""
 
+    policy: ClassVar[str] = "best_fit"
+    whole_documents: ClassVar[bool] = True
+
     def __init__(
         self, name: str, store: TokenStore, seed: int, seq_len: int, lanes: int, too_long: str
     ) -> None:
@@ -102,13 +115,14 @@ class PackedLayout:
         self.seq_len = seq_len
         self.lanes = lanes
         self.too_long = too_long
-        settings = {"store": store.manifest[MANIFEST_CHECKSUM], "seed": seed, "source": name,
-                    "seq_len": seq_len, "lanes": lanes, "too_long": too_long}  # fmt: skip
+        settings = {"packing": self.policy, "store": store.manifest[MANIFEST_CHECKSUM],
+                    "seed": seed, "source": name, "seq_len": seq_len, "lanes": lanes,
+                    "too_long": too_long}  # fmt: skip
         key = tuple(settings.values())
         with _CACHE_LOCK:
             packed = _CACHE.pop(key, None)
             if packed is None:
-                pack = partial(_pack_store, store, *key[1:])
+                pack = partial(self.pack, store, seed, name, seq_len, lanes, too_long)
                 packed = cached(settings, store.num_documents, pack)
             _CACHE[key] = packed  # most recent last
             while len(_CACHE) > CACHED_PACKINGS:
@@ -119,6 +133,67 @@ class PackedLayout:
         self.truncated, self.dropped = packed["counts"].tolist()
         self.windows_per_lane = (len(self.row_offsets) - 1) // lanes
         self._permutation = lru_cache(maxsize=64)(self._epoch_permutation)
+
+    @classmethod
+    def build(
+        cls, spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
+    ) -> PackedLayout:
+        """Packs the store's documents, so opens it (the document index) when the plan is
+        made: a shard damaged there is named by the source's config key, as at open
+        (`sources.path_key`)."""
+        with keyed(config, spec.name):
+            store = open_store(meta)
+            return cls(spec.name, store, config.seed, config.seq_len, config.lanes, spec.too_long)
+
+    @staticmethod
+    def order_key(entry: Mapping[str, str]) -> list[str]:
+        """The policy and what it does with a document longer than a row."""
+        return [entry["packing"], entry.get("too_long", "truncate")]
+
+    @staticmethod
+    def pack(
+        store: TokenStore, seed: int, name: str, seq_len: int, lanes: int, too_long: str
+    ) -> Packing:
+        """The packing of a store's documents: the policy itself (`_pack_store`)."""
+        return _pack_store(store, seed, name, seq_len, lanes, too_long)
+
+    @classmethod
+    def draw(
+        cls,
+        layouts: Sequence[PackedLayout],
+        which: np.ndarray,
+        counter: np.ndarray,
+        lane: np.ndarray,
+    ) -> Arrays:
+        """(epoch, packed row, -1) of each draw, by each source's own layout."""
+        out = tuple(np.empty_like(counter) for _ in range(3))
+        for k in np.unique(which).tolist():
+            rows = np.flatnonzero(which == k)
+            for part, values in zip(out, layouts[k].epoch_and_window(counter[rows], lane[rows])):
+                part[rows] = values
+        return out
+
+    @classmethod
+    def read(
+        cls,
+        layouts: Sequence[PackedLayout],
+        open_store: OpenStore,
+        which: np.ndarray,
+        epoch: np.ndarray,
+        window: np.ndarray,
+        start: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The drawn packed rows (`window`), each source's by its `read_fields`."""
+        sources = np.unique(which).tolist()
+        if len(sources) == 1:
+            return layouts[sources[0]].read_fields(window)
+        shape = (len(which), layouts[sources[0]].seq_len)
+        out = {name: np.zeros(shape, dtype=np.int32) for name in FIELDS}
+        for s in sources:
+            rows = np.flatnonzero(which == s)
+            for name, values in layouts[s].read_fields(window[rows]).items():
+                out[name][rows] = values
+        return out
 
     @cached_property
     def stats(self) -> PackingStats:
@@ -215,16 +290,15 @@ class PackedLayout:
         tokens: np.ndarray,
         begin: np.ndarray,
     ) -> np.ndarray:
-        """`segment` with 0 on each untrained target: token t >= 1 of the document whose slots
-        begin at begin[i] is the target of slot begin[i] + t - 1 (its first token is none).
-        An unmasked store has none: `segment` itself, as batch fields are read-only."""
+        """`segment` with 0 on each untrained target (`mask_untrained`): token t >= 1 of the
+        document whose slots begin at begin[i] is the target of slot begin[i] + t - 1 (its
+        first token is none). An unmasked store has none: `segment` itself, as batch fields
+        are read-only."""
         if not self.store.masked:
             return segment
         trained = segment.copy()
-        piece, lo, hi = self.store.untrained_spans(shards, first, first + tokens)
-        before = begin[piece] - 1
-        for a, b in zip((before + np.maximum(lo, 1)).tolist(), (before + hi).tolist()):
-            trained[a:b] = 0
+        owner = np.zeros_like(shards)  # every document: of the one store
+        mask_untrained(trained, [self.store], owner, shards, first, first + tokens, begin, begin)
         return trained
 
     def _row_order(self, epoch: int, position: np.ndarray) -> np.ndarray:
@@ -288,3 +362,6 @@ def _even_out(rows: list[list[int]], lanes: int, where: str) -> None:
             f"{where}: its documents make {counted(len(rows), 'row')}, which cannot be split "
             f"evenly over {counted(lanes, 'lane')}; use fewer lanes or a larger store"
         )
+
+
+LAYOUT = PackedLayout

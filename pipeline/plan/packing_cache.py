@@ -3,9 +3,10 @@
 Packing is a pure function of the store's content and a few settings, so its result can be
 kept: one `.npz` file per key under `$PIPELINE_PACKING_CACHE` (default
 `$XDG_CACHE_HOME/pipeline/packings`, `off` disables it). The key is everything the packing
-depends on: the store's manifest checksum (`manifest_sha256`, which covers every shard's files),
-the seed, source name, `seq_len`, lanes, `too_long` and `PACKING_VERSION`, bumped whenever the
-packing algorithm changes. A file is used only if it names exactly that key and its arrays
+depends on: the packing policy's name (two policies never share an entry), the store's manifest
+checksum (`manifest_sha256`, which covers every shard's files), the seed, source name,
+`seq_len`, lanes, `too_long` and `PACKING_VERSION`, bumped whenever the packing algorithm
+changes. A file is used only if it names exactly that key and its arrays
 match the SHA-256 it carries, with the shapes the store implies; anything else (damaged,
 truncated, stale, another key's) is logged, rebuilt and rewritten, never used. Files are
 written atomically (`write_atomically`), so readers on the same host never see half of one.

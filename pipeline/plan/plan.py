@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,15 +47,14 @@ import numpy as np
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError, StoreError
-from pipeline.plan.batch import fields
+from pipeline.plan import row_layout
 from pipeline.plan.clock import StepClock
-from pipeline.plan.layout import SourceLayout, window_draws, window_pieces
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
-from pipeline.plan.packing import PackedLayout
+from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
 from pipeline.plan.sources import keyed, open_stores, path_key
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenStore, read_pieces
+from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
 
 
@@ -387,7 +386,7 @@ class Plan:
         return {
             name: before[name]
             if previous.fingerprints.get(name) == fingerprint
-            and _packing(previous.config["sources"].get(name, {})) == _packing(sources[name])
+            and order_key(previous.config["sources"].get(name, {})) == order_key(sources[name])
             else 0
             for name, fingerprint in fingerprints.items()
         }
@@ -399,7 +398,7 @@ class Plan:
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         names = plan.config.source_names
-        epoch, window, start = _draw_windows(
+        epoch, window, start = row_layout.draw(
             [plan.layouts[n] for n in names], source, counter, lane
         )
         stages = tuple(stage.spec.name for stage in plan.table.stages)
@@ -426,43 +425,11 @@ class Plan:
         return batch
 
     def _read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """The shard pieces of every concat source's window are found in one pass over all
-        sources (`window_pieces`) and copied in one pass (`read_pieces`) straight into one
-        [rows, seq_len + 1] buffer; a best-fit source's rows are assembled by
-        `PackedLayout.read_fields`."""
+        """Each row layout reads its sources' rows (`row_layout.read`)."""
         plan = self.segment_plan(draws.segment_index)
-        sources = np.unique(draws.source).tolist()
-        layouts = {s: plan.layouts[draws.source_names[s]] for s in sources}
-        packed = [s for s in sources if isinstance(layouts[s], PackedLayout)]
-        concat = [s for s in sources if s not in packed]
-        if len(packed) == len(sources) == 1:  # one best-fit source draws every row
-            return layouts[packed[0]].read_fields(draws.window)
-        source, epoch, start = draws.source, draws.epoch, draws.start
-        # the concat sources' rows only: no fancy-index copies when no best-fit source drew a row
-        if packed:
-            windows = np.flatnonzero(np.isin(source, concat))
-            source, epoch, start = source[windows], epoch[windows], start[windows]
-        tokens = np.empty((len(source), plan.config.seq_len + 1), dtype=np.int32)
-        which = np.searchsorted(concat, source)
-        stores = [self.store(layouts[s].meta) for s in concat]
-        pieces = window_pieces([layouts[s] for s in concat], which, epoch, start)
-        owner, shard, lo, hi, row, col = pieces
-        batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
-        if any(store.masked for store in stores):
-            # its own array: the segment fields are views of one buffer
-            batch["targets_segmentation"] = batch["targets_segmentation"].copy()
-            _mask_untrained(batch["targets_segmentation"], stores, *pieces)
-        if not packed:
-            return batch
-        shape = (len(draws.rows), plan.config.seq_len)
-        out = {name: np.zeros(shape, dtype=np.int32) for name in batch}
-        for name in out:
-            out[name][windows] = batch[name]
-        for s in packed:
-            rows = np.flatnonzero(draws.source == s)
-            for name, values in layouts[s].read_fields(draws.window[rows]).items():
-                out[name][rows] = values
-        return out
+        layouts = [plan.layouts[name] for name in draws.source_names]
+        rows = (draws.source, draws.epoch, draws.window, draws.start)
+        return row_layout.read(layouts, self.store, *rows, plan.config.seq_len)
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
@@ -582,77 +549,15 @@ def _tokenizer(meta: StoreMeta) -> str:
     return f"{meta.tokenizer['name']}, vocab {meta.tokenizer['vocab_size']}"
 
 
-def _draw_windows(
-    layouts: list[Layout], source: np.ndarray, counter: np.ndarray, lane: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(epoch, window, token start) of each draw: the concat sources' rows in one pass
-    (`window_draws`), a best-fit source's (packed row, start -1) by its own layout."""
-    packed = [k for k, layout in enumerate(layouts) if isinstance(layout, PackedLayout)]
-    if not packed:
-        return window_draws(layouts, source, counter, lane)
-    out = tuple(np.empty_like(counter) for _ in range(3))
-    windows = np.flatnonzero(~np.isin(source, packed))
-    for part, values in zip(
-        out, window_draws(layouts, *(a[windows] for a in (source, counter, lane)))
-    ):
-        part[windows] = values
-    for k in packed:
-        rows = np.flatnonzero(source == k)
-        for part, values in zip(out, layouts[k].epoch_and_window(counter[rows], lane[rows])):
-            part[rows] = values
-    return out
-
-
-def _layout(spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore) -> Layout:
-    """A concat source is laid out from its metadata; a best-fit one packs its documents, so
-    it opens its store (the document index) when the plan is made: a shard damaged there is
-    named by the source's config key, as at open (`sources.path_key`)."""
-    if spec.packing == "best_fit":
-        with keyed(config, spec.name):
-            store = open_store(meta)
-            return PackedLayout(
-                spec.name, store, config.seed, config.seq_len, config.lanes, spec.too_long
-            )
-    return SourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes)
-
-
-def _packing(entry: Mapping[str, str]) -> tuple[str, str]:
-    """How a source's config entry turns documents into rows (absent keys: the defaults)."""
-    return entry.get("packing", "concat"), entry.get("too_long", "truncate")
+def _layout(
+    spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
+) -> RowLayout:
+    """Source `spec`'s layout, by the kind its `packing` names."""
+    return layout_kind(spec.packing).build(spec, meta, config, open_store)
 
 
 def _open_meta(meta: StoreMeta, check_reads: bool = True) -> TokenStore:
     return _open(meta.path, meta.fingerprint, check_reads)
-
-
-OpenStore = Callable[[StoreMeta], TokenStore]
-
-
-Layout = SourceLayout | PackedLayout
-
-
-def _mask_untrained(
-    targets_segmentation: np.ndarray,
-    stores: list[TokenStore],
-    owner: np.ndarray,
-    shard: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    row: np.ndarray,
-    col: np.ndarray,
-) -> None:
-    """Segment 0 on the targets that carry no loss: the untrained spans inside each piece
-    (`window_pieces`) of a masked store's windows, one `untrained_spans` call per store (a
-    window's target column j is its token j + 1)."""
-    for k, store in enumerate(stores):
-        if not store.masked:
-            continue
-        at = np.flatnonzero(owner == k)
-        piece, first, end = store.untrained_spans(shard[at], lo[at], hi[at])
-        starts = (col[at][piece] + first - 1).tolist()
-        ends = (col[at][piece] + end - 1).tolist()
-        for r, a, b in zip(row[at][piece].tolist(), starts, ends):
-            targets_segmentation[r, max(a, 0) : b] = 0
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.plan.packing import PackedLayout, PackingStats
+from pipeline.plan.packing import PackingStats
 from pipeline.plan.plan import Plan, SegmentPlan
 from pipeline.plan.stages import StageLayout
 
@@ -211,7 +211,7 @@ def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
                     seg.config.seq_len,
                     layout.meta.num_tokens,
                     rollovers,
-                    layout.stats if isinstance(layout, PackedLayout) else None,
+                    layout.stats,
                 )
             )
     return out

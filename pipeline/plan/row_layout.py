@@ -1,0 +1,137 @@
+"""How a source's documents become rows: the interface every row layout declares, and its registry.
+
+A source's `packing:` names its layout (`concat`: windows of the concatenated stream, in
+`layout`; `best_fit`: whole documents packed into rows, in `packing`). The names and the module
+of each are `pipeline.config.parse.PACKINGS`, the one registry: the config checks a name there,
+and `layout_kind` imports the module's `LAYOUT`. Everything the plan does per kind goes through
+this interface, so a new layout is one module (a class with these members, `LAYOUT = ...`)
+and one registry line (docs/architecture.md).
+
+A layout works in batches of draws of all the sources of its kind at once (`draw`, `read`),
+which keeps a step's concat windows one vectorised pass over every concat source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from importlib import import_module
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from pipeline.config import DataConfig, SourceSpec
+from pipeline.config.parse import PACKINGS
+from pipeline.plan.batch import FIELDS
+from pipeline.store.meta import StoreMeta
+from pipeline.store.token_store import TokenStore
+
+OpenStore = Callable[[StoreMeta], TokenStore]
+"""The open store of some metadata: the plan's one way to a store's files (injected)."""
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class RowLayout(Protocol):
+    """Where one source's rows are, per epoch and lane, and how its rows are read."""
+
+    policy: ClassVar[str]  # its name in PACKINGS (`packing:`), part of every key it makes
+    whole_documents: ClassVar[bool]  # rows are whole documents then padding, not windows
+    name: str
+    meta: StoreMeta
+    seq_len: int
+    lanes: int
+    windows_per_lane: int  # rows each lane draws per epoch
+
+    @classmethod
+    def build(
+        cls, spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
+    ) -> RowLayout:
+        """The layout of source `spec` of `config` (its store's metadata `meta`; its files only
+        through `open_store`)."""
+        ...
+
+    @staticmethod
+    def order_key(entry: Mapping[str, str]) -> list[str] | None:
+        """What of a source's config entry decides its rows besides the store (its part of the
+        ledger's data-order fingerprint; None: nothing, as concat)."""
+        ...
+
+    @classmethod
+    def draw(
+        cls, layouts: Sequence[RowLayout], which: np.ndarray, counter: np.ndarray, lane: np.ndarray
+    ) -> Arrays:
+        """(epoch, window, token start) of draws of sources of this kind: draw i is the
+        counter[i]-th row lane[i] draws from layouts[which[i]]."""
+        ...
+
+    @classmethod
+    def read(
+        cls,
+        layouts: Sequence[RowLayout],
+        open_store: OpenStore,
+        which: np.ndarray,
+        epoch: np.ndarray,
+        window: np.ndarray,
+        start: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The six batch fields of drawn rows of sources of this kind, [rows, seq_len] each."""
+        ...
+
+    @property
+    def stats(self) -> Any:
+        """What `epochs` and `verify` print of the layout (None: nothing)."""
+        ...
+
+
+def layout_kind(packing: str) -> type[RowLayout]:
+    """The layout class registered under `packing` (a name the config has checked)."""
+    return import_module(PACKINGS[packing]).LAYOUT
+
+
+def order_key(entry: Mapping[str, str]) -> list[str] | None:
+    """`RowLayout.order_key` of a source's config entry (no `packing`: concat)."""
+    return layout_kind(entry.get("packing", "concat")).order_key(entry)
+
+
+def by_kind(layouts: Sequence[RowLayout], which: np.ndarray) -> list[tuple[type, np.ndarray]]:
+    """The layout kinds of the drawn sources (`which` indexes `layouts`), each with its rows."""
+    kinds: dict[type, list[int]] = {}
+    for k in np.unique(which).tolist():
+        kinds.setdefault(type(layouts[k]), []).append(k)
+    return [(kind, np.flatnonzero(np.isin(which, mine))) for kind, mine in kinds.items()]
+
+
+def draw(
+    layouts: Sequence[RowLayout], which: np.ndarray, counter: np.ndarray, lane: np.ndarray
+) -> Arrays:
+    """`RowLayout.draw` of draws of any sources: each kind's rows in one call."""
+    groups = by_kind(layouts, which)
+    if len(groups) == 1:
+        return groups[0][0].draw(layouts, which, counter, lane)
+    out = tuple(np.empty_like(counter) for _ in range(3))
+    for kind, rows in groups:
+        for part, values in zip(out, kind.draw(layouts, which[rows], counter[rows], lane[rows])):
+            part[rows] = values
+    return out
+
+
+def read(
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    window: np.ndarray,
+    start: np.ndarray,
+    seq_len: int,
+) -> dict[str, np.ndarray]:
+    """`RowLayout.read` of drawn rows of any sources: each kind's rows in one call, into
+    zeros when kinds share the rows."""
+    groups = by_kind(layouts, which)
+    if len(groups) == 1:
+        return groups[0][0].read(layouts, open_store, which, epoch, window, start)
+    out = {name: np.zeros((len(which), seq_len), dtype=np.int32) for name in FIELDS}
+    for kind, rows in groups:
+        part = kind.read(layouts, open_store, which[rows], epoch[rows], window[rows], start[rows])
+        for name in FIELDS:
+            out[name][rows] = part[name]
+    return out
