@@ -16,13 +16,16 @@ import pytest
 import tensorflow_datasets as tfds
 
 from pipeline.errors import PrepareError
+from pipeline.ingest.chat import RowFields
 from pipeline.ingest.corpora import (
     BUILTIN_CORPORA,
     Document,
     InputSpec,
+    check_fields_read,
     iter_documents,
     resolve_inputs,
 )
+from pipeline.ingest.formats import FORMATS
 
 
 def _docs(inputs: list[str], **kwargs: object) -> list[Document]:
@@ -347,3 +350,19 @@ def test_mixed_inputs_have_unique_keys(tfds_dir: str, corpus: Path) -> None:
     )
     keys = [d.key for d in docs]
     assert len(keys) == len(set(keys))
+
+
+def test_a_new_input_format_is_one_module_and_one_registry_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(FORMATS, "lines", "tests.lines_format")
+    path = _write(tmp_path / "a.lines", "first\nsecond\n")
+    docs = _docs([str(path)])
+    assert [(d.key, d.text) for d in docs] == [("a.lines:1", "first"), ("a.lines:2", "second")]
+    glob_docs = _docs([str(tmp_path / "*.lines")])  # a glob's files go by their format too
+    assert [d.text for d in glob_docs] == ["first", "second"]
+    specs = resolve_inputs([str(path)])
+    with pytest.raises(PrepareError, match=r"is lines of text \(one document per line\)"):
+        check_fields_read(specs, ["--text-field"], "text")
+    with pytest.raises(PrepareError, match="is not JSONL or Parquet rows"):
+        resolve_inputs([str(path)], fields=RowFields("messages"))

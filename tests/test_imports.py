@@ -173,3 +173,9 @@ def test_imports_point_down_the_layers_only():
 def test_every_layer_is_ranked():
     layers = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     assert layers == set(RANKS)
+
+
+@pytest.mark.parametrize("path", sorted(modules().values()), ids=lambda p: p.name)
+def test_no_module_is_over_600_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines"

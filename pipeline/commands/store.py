@@ -7,8 +7,8 @@ import logging
 
 from pipeline.commands.summary import describe_store
 from pipeline.errors import PrepareError
+from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
-from pipeline.ingest.corpora import INSTRUCTION_CORPORA
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS

@@ -1,0 +1,123 @@
+"""The `parquet` input format: column `--text-field` of each row, read in record batches.
+
+With `--format messages|prompt-completion` a row's columns are an instruction or chat row
+(`Document.row`), rendered when tokenized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from pipeline.errors import PrepareError
+from pipeline.extras import require
+from pipeline.ingest.chat import RowFields
+from pipeline.ingest.formats import ROWS_HINT, Document, InputSpec, as_text
+from pipeline.ingest.text import open_input
+from pipeline.urls import is_url
+
+NAME = "parquet"
+SUFFIXES = (".parquet",)
+PREFIX = ""
+READS_FIELDS = True
+READS_ROWS = True
+NO_FIELDS = ""
+PARQUET_BATCH_ROWS = 1024
+
+
+def check(argument: str, path: str, text_field: str | None, rows: RowFields | None) -> None:
+    """The file's schema has the text column, or the columns of `rows`."""
+    if rows is not None:
+        missing = [c for c in rows.columns if c not in _parquet_columns(path)]
+        if missing:
+            raise PrepareError(
+                f"input {argument!r}: {path} has no column {missing[0]!r} for "
+                f"--format {rows.format} (columns: {', '.join(_parquet_columns(path))})"
+            )
+        return
+    if text_field is None:
+        return
+    columns = _parquet_columns(path)
+    if text_field not in columns:
+        raise PrepareError(
+            f"input {argument!r}: {path} has no column {text_field!r} (columns: "
+            f"{', '.join(columns)}); pass --text-field with the column that holds the text"
+            f"{ROWS_HINT}"
+        )
+
+
+def read(spec: InputSpec, path: str, key: str) -> Iterator[Document]:
+    return _iter_parquet(path, key, spec.text_field, spec.fields)
+
+
+def _parquet(path: str) -> ModuleType:
+    return require("pyarrow.parquet", "parquet", f"{path}: reading Parquet")
+
+
+@contextlib.contextmanager
+def _parquet_file(path: str) -> Iterator[Any]:
+    """pyarrow's ParquetFile of a local file (by path) or of a bucket object (`_open`)."""
+    pq = _parquet(path)
+    with open_input(path) if is_url(path) else contextlib.nullcontext(path) as source:
+        yield pq.ParquetFile(source)
+
+
+def _parquet_columns(path: str) -> list[str]:
+    try:
+        with _parquet_file(path) as parquet:
+            return list(parquet.schema_arrow.names)
+    except PrepareError:
+        raise
+    except Exception as error:  # ArrowInvalid / OSError for a file that is not Parquet.
+        raise PrepareError(
+            f"{path} is not a readable Parquet file ({str(error).splitlines()[0]}); "
+            "check the file or give it a different extension"
+        ) from None
+
+
+def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
+    columns = _parquet_columns(path)
+    if rows is not None:
+        yield from _iter_parquet_rows(path, key, rows)
+        return
+    if field not in columns:
+        raise PrepareError(
+            f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
+            f"pass --text-field with the column that holds the text{ROWS_HINT}"
+        )
+    row = 0
+    try:
+        with _parquet_file(path) as parquet:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field]):
+                for value in batch.column(0).to_pylist():
+                    yield Document(
+                        f"{key}:row {row}", as_text(value, f"{path} row {row} column {field!r}")
+                    )
+                    row += 1
+    except PrepareError:
+        raise
+    except Exception as error:  # a truncated or corrupt row group.
+        raise PrepareError(
+            f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
+            "the file is damaged, write it again"
+        ) from None
+
+
+def _iter_parquet_rows(path: str, key: str, rows: RowFields) -> Iterator[Document]:
+    row = 0
+    try:
+        with _parquet_file(path) as parquet:
+            columns = list(rows.columns)
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+                for record in batch.to_pylist():
+                    yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+                    row += 1
+    except PrepareError:
+        raise
+    except Exception as error:  # a truncated or corrupt row group.
+        raise PrepareError(
+            f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
+            "the file is damaged, write it again"
+        ) from None
