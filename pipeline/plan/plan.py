@@ -35,11 +35,8 @@ Nothing here holds iterator state: resuming is calling `batch(step, rows)` with 
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +51,7 @@ from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_ke
 from pipeline.plan.sources import keyed, open_stores, path_key
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.store.meta import StoreMeta
+from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
 
@@ -136,7 +134,7 @@ class SegmentPlan:
         shift: int = 0,
         mixes: tuple[MixEntry, ...] = (),
     ):
-        open_store = open_store or partial(_open_meta, check_reads=config.feed.check_reads)
+        open_store = open_store or StoreSet(check_reads=config.feed.check_reads).open
         self.segment = segment
         self.config = config
         # served steps: its step t is plan step t + shift (`Ledger.shift`)
@@ -269,42 +267,42 @@ class Plan:
     """The plan of a whole run (all ledger segments).
 
     `stores` are open `TokenStore`s or only their `StoreMeta`: metadata is enough to compute
-    draws; `read` opens a store the plan was given only the metadata of on first use, checking
-    its reads unless `check_reads` is False (the config's `feed: {verify: off}`).
+    draws; `read` opens a store the plan was given only the metadata of on first use (through
+    its `StoreSet`), checking its reads unless `check_reads` is False (the config's
+    `feed: {verify: off}`).
 
     A plan pickles (for another process: a Grain worker of `host_dataset`) to what rebuilds
-    it, not its open stores: there it opens each store on first use, with `_open`'s identity
+    it, not its open stores: there it opens each store on first use, with `StoreSet`'s identity
     check, so a store replaced since is refused in the worker with the line the parent gives.
     """
 
     def __init__(
         self,
         ledger: Ledger,
-        stores: Iterable[TokenStore | StoreMeta] = (),
+        stores: StoreSet | Iterable[TokenStore | StoreMeta] = (),
         *,
         check_reads: bool = True,
     ) -> None:
         self.ledger = ledger
-        self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
-        self._metas: dict[str, StoreMeta] = {}
-        self._stores: dict[str, TokenStore] = {}
-        self._opening = threading.Lock()
-        for store in stores:
-            self._metas[store.fingerprint] = _meta(store)
-            if isinstance(store, TokenStore):
-                self._stores[store.fingerprint] = store
+        self.store_set = (
+            stores if isinstance(stores, StoreSet) else StoreSet(stores, check_reads=check_reads)
+        )
         self._segments: dict[int, SegmentPlan] = {}
         # configs to lay segments out from instead of the ledger's (an unpickled plan's)
         self._configs: dict[int, DataConfig] = {}
+
+    @property
+    def check_reads(self) -> bool:
+        """Whether a store given as metadata is opened with its reads checked (`StoreSet`)."""
+        return self.store_set.check_reads
 
     def __getstate__(self) -> dict[str, Any]:
         """The ledger, the store metadata, the configs of the segments laid out so far (a
         config keeps its origin, the file that messages name) and whether reads are checked,
         without stores or lock."""
         configs = {**self._configs, **{i: plan.config for i, plan in self._segments.items()}}
-        metas = list(self._metas.values())
         return {
-            "ledger": self.ledger, "metas": metas, "configs": configs,
+            "ledger": self.ledger, "metas": self.store_set.metas(), "configs": configs,
             "check_reads": self.check_reads,
         }  # fmt: skip
 
@@ -323,12 +321,12 @@ class Plan:
         refused here (`check_one_vocabulary`).
         """
         stores = open_stores(config) if stores is None else stores
-        metas = {name: _meta(store) for name, store in stores.items()}
+        metas = {name: meta_of(store) for name, store in stores.items()}
         check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
         fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
         ledger = Ledger.start(config, fingerprints)
         plan = cls(ledger, stores.values(), check_reads=config.feed.check_reads)
-        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store)
+        plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store_set.open)
         return plan
 
     @property
@@ -344,7 +342,8 @@ class Plan:
             config = self._configs.get(index) or segment.parsed(where)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
             shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
-            self._segments[index] = SegmentPlan(segment, config, metas, self.store, shift, mixes)
+            opener = self.store_set.open
+            self._segments[index] = SegmentPlan(segment, config, metas, opener, shift, mixes)
         return self._segments[index]
 
     def with_mix(self, entry: MixEntry) -> Plan:
@@ -354,7 +353,7 @@ class Plan:
         ledger = self.ledger.with_mix(entry)
         index = len(ledger.segments) - 1
         steered = self.segment_plan(index).steered(ledger.mixes_of(index))
-        plan = object.__new__(Plan)  # a shallow copy; copy.copy would pickle (no stores)
+        plan = object.__new__(type(self))  # a shallow copy; copy.copy would pickle (no stores)
         plan.__dict__.update(self.__dict__)
         plan.ledger = ledger
         plan._segments = {**self._segments, index: steered}
@@ -429,23 +428,15 @@ class Plan:
         plan = self.segment_plan(draws.segment_index)
         layouts = [plan.layouts[name] for name in draws.source_names]
         rows = (draws.source, draws.epoch, draws.window, draws.start)
-        return row_layout.read(layouts, self.store, *rows, plan.config.seq_len)
+        return row_layout.read(layouts, self.store_set.open, *rows, plan.config.seq_len)
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
         return self.read(self.draws(step, rows))
 
     def store(self, meta: StoreMeta) -> TokenStore:
-        """The open store of `meta`'s content, opened at `meta.path` on first use (`_open`: its
-        error names the path, so `read` and a best-fit layout prefix the source's key)."""
-        store = self._stores.get(meta.fingerprint)
-        if store is None:
-            with self._opening:  # reader threads of one step may ask at once: open it once
-                store = self._stores.get(meta.fingerprint)
-                if store is None:
-                    store = _open_meta(meta, self.check_reads)
-                    self._stores[meta.fingerprint] = store
-        return store
+        """The open store of `meta`'s content (`StoreSet.open`)."""
+        return self.store_set.open(meta)
 
     def _source_key(self, index: int, message: str) -> str | None:
         """The config key (`sources.path_key`) of segment `index`'s source whose store (at the
@@ -456,7 +447,7 @@ class Plan:
         roots = {}
         for name in plan.config.source_names:
             meta = plan.layouts[name].meta
-            store = self._stores.get(meta.fingerprint)
+            store = self.store_set.opened(meta.fingerprint)
             roots[name] = str(meta.path if store is None else store.path)
         named = [n for n, root in roots.items() if message.startswith((f"{root}/", f"{root}:"))]
         if not named:
@@ -481,19 +472,16 @@ class Plan:
         return str(error)
 
     def stores(self) -> list[TokenStore]:
-        """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
-        return list(self._stores.values())
+        """The stores opened so far (`StoreSet.stores`)."""
+        return self.store_set.stores()
 
     def _known(self, segment: Segment, config: DataConfig, name: str) -> StoreMeta:
-        """The metadata of a segment's source: given, or its store opened (files checked; an
-        error named by the source's key in the segment, `sources.path_key`)."""
-        expected = segment.fingerprints[name]
-        if expected not in self._metas:
-            with keyed(config, name):
-                store = _open(config.source(name).path, expected, config.feed.check_reads)
-            self._stores[expected] = store
-            self._metas[expected] = store.meta
-        return self._metas[expected]
+        """The metadata of a segment's source: given, or its store opened (files checked as
+        the segment's config says; an error named by the source's key in the segment,
+        `sources.path_key`)."""
+        with keyed(config, name):
+            path, fingerprint = config.source(name).path, segment.fingerprints[name]
+            return self.store_set.meta(path, fingerprint, config.feed.check_reads)
 
 
 def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:
@@ -502,27 +490,6 @@ def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:
     fingerprint), which is read at one copy's path, and the key must lead to that copy."""
     own = (name for name in names if str(location(plan.config.source(name).path)) == root)
     return next(own, names[0])
-
-
-def _meta(store: TokenStore | StoreMeta) -> StoreMeta:
-    return store.meta if isinstance(store, TokenStore) else store
-
-
-def _open(path: Path, fingerprint: str, check_reads: bool) -> TokenStore:
-    """The store at `path`, which must hold the content the ledger recorded: one replaced
-    since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
-    would serve other rows under the same steps. A `StoreError` naming `path` first, as every
-    store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
-    store = TokenStore(path, check_reads=check_reads)
-    if store.fingerprint != fingerprint:
-        raise StoreError(
-            f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
-            f"recorded {fingerprint}: it was replaced after the ledger recorded it (by `prepare "
-            "--overwrite`?); a new run: restart it to read the new store; a resumed run: put "
-            "the recorded store back there (the same inputs and prepare options rebuild it) "
-            "and prepare new content at another path to switch to it"
-        )
-    return store
 
 
 def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:
@@ -554,10 +521,6 @@ def _layout(
 ) -> RowLayout:
     """Source `spec`'s layout, by the kind its `packing` names."""
     return layout_kind(spec.packing).build(spec, meta, config, open_store)
-
-
-def _open_meta(meta: StoreMeta, check_reads: bool = True) -> TokenStore:
-    return _open(meta.path, meta.fingerprint, check_reads)
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -1,0 +1,92 @@
+"""The stores a plan reads: one home for their metadata and the ones opened so far.
+
+A plan is computed from store metadata (`StoreMeta`) alone; a store's files are opened only
+when a row layout needs them (a best-fit packing reads the document index) or a row is read.
+`StoreSet` keeps both by content fingerprint, opens each store once (reader threads of one step
+may ask at once) at the path its metadata was read from, and refuses a store whose content
+changed since (`open_at`). The plan layer reaches stores only through it, as an injected
+opener (`StoreSet.open`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.errors import StoreError
+from pipeline.store.meta import StoreMeta
+from pipeline.store.token_store import TokenStore
+
+
+class StoreSet:
+    """Stores by content fingerprint: metadata of each, and those opened so far."""
+
+    def __init__(
+        self, stores: Iterable[TokenStore | StoreMeta] = (), *, check_reads: bool = True
+    ) -> None:
+        self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
+        self._metas: dict[str, StoreMeta] = {}
+        self._stores: dict[str, TokenStore] = {}
+        self._opening = threading.Lock()
+        for store in stores:
+            self._add(store)
+
+    def meta(self, path: Path, fingerprint: str, check_reads: bool) -> StoreMeta:
+        """The metadata of the store of content `fingerprint`: given, or its store opened at
+        `path` (files checked, reads checked if `check_reads`; `open_at`'s error names
+        `path`)."""
+        if fingerprint not in self._metas:
+            self._add(open_at(path, fingerprint, check_reads))
+        return self._metas[fingerprint]
+
+    def open(self, meta: StoreMeta) -> TokenStore:
+        """The open store of `meta`'s content, opened at `meta.path` on first use (`open_at`:
+        its error names the path, so a reader prefixes the source's key)."""
+        store = self._stores.get(meta.fingerprint)
+        if store is None:
+            with self._opening:  # reader threads of one step may ask at once: open it once
+                store = self._stores.get(meta.fingerprint)
+                if store is None:
+                    store = open_at(meta.path, meta.fingerprint, self.check_reads)
+                    self._stores[meta.fingerprint] = store
+        return store
+
+    def opened(self, fingerprint: str) -> TokenStore | None:
+        """The store of content `fingerprint` if it is open."""
+        return self._stores.get(fingerprint)
+
+    def metas(self) -> list[StoreMeta]:
+        """The metadata of every store in the set (what a plan pickles instead of stores)."""
+        return list(self._metas.values())
+
+    def stores(self) -> list[TokenStore]:
+        """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
+        return list(self._stores.values())
+
+    def _add(self, store: TokenStore | StoreMeta) -> None:
+        self._metas[store.fingerprint] = meta_of(store)
+        if isinstance(store, TokenStore):
+            self._stores[store.fingerprint] = store
+
+
+def meta_of(store: TokenStore | StoreMeta) -> StoreMeta:
+    """The metadata of an open store, or metadata itself."""
+    return store.meta if isinstance(store, TokenStore) else store
+
+
+def open_at(path: Path, fingerprint: str, check_reads: bool) -> TokenStore:
+    """The store at `path`, which must hold the content the ledger recorded: one replaced
+    since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
+    would serve other rows under the same steps. A `StoreError` naming `path` first, as every
+    store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
+    store = TokenStore(path, check_reads=check_reads)
+    if store.fingerprint != fingerprint:
+        raise StoreError(
+            f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
+            f"recorded {fingerprint}: it was replaced after the ledger recorded it (by `prepare "
+            "--overwrite`?); a new run: restart it to read the new store; a resumed run: put "
+            "the recorded store back there (the same inputs and prepare options rebuild it) "
+            "and prepare new content at another path to switch to it"
+        )
+    return store
