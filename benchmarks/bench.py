@@ -443,7 +443,7 @@ def stats_call_seconds(config: dict, calls: int = 2000) -> float:
     reader task's `StepRead.of` and `next()`'s `Recorder.served` (docs/observability.md)."""
     from pipeline.config import parse_config
     from pipeline.feed.stats import Recorder, StepRead
-    from pipeline.plan.plan import Plan
+    from pipeline.read.plan import Plan
 
     plan = Plan.from_config(parse_config(config, origin="bench"))
     recorder = Recorder(0, prefetch=2, share=0.1, window=100, warn=False)
@@ -554,7 +554,7 @@ def checked_reads_cpu(config: dict, steps: int, rounds: int) -> float:
     every block the steps touch is checked inside the clock, as in a run's first epoch), in
     alternating order over `rounds`; the difference of the medians."""
     from pipeline.config import parse_config
-    from pipeline.plan.plan import Plan
+    from pipeline.read.plan import Plan
 
     rows = np.arange(config["global_batch_size"])
     spent: dict[str, list[float]] = {"read": [], "off": []}

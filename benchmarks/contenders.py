@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from pipeline.plan.batch import FIELDS
+from pipeline.read.batch import FIELDS
 
 PREFIX = "bench-answer "
 
@@ -180,7 +180,7 @@ class PlanBatch:
     """`Plan.batch(step, rows)`: the host work alone, no devices (`flat=False`: ArrayRecord)."""
 
     def __init__(self, spec: dict[str, Any], flat: bool = True) -> None:
-        from pipeline.plan.plan import Plan
+        from pipeline.read.plan import Plan
         from pipeline.store.token_store import TokenStore
 
         plan = Plan.from_config(data_config(spec))
@@ -328,13 +328,13 @@ class Decode:
 class Fields:
     """Packed [rows, seq_len + 1] tokens -> the six MaxText fields; a document starts after
     every eod (what a MaxText user derives from eod-separated packing), built by the same
-    `pipeline.plan.batch.fields` our rows use, so both sides do the same host work here."""
+    `pipeline.read.batch.fields` our rows use, so both sides do the same host work here."""
 
     def __init__(self, eod: int) -> None:
         self.eod = eod
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from pipeline.plan.batch import fields
+        from pipeline.read.batch import fields
 
         tokens = batch["tokens"]
         rows, cols = np.nonzero(tokens[:, :-1] == self.eod)
@@ -497,7 +497,7 @@ def grain_view_dataset(spec: dict[str, Any]):
     """Our plan's rows through Grain (docs/jax-integration.md, "Using the Grain view"):
     `host_dataset(plan)` -> `.batch(rows)` -> `to_iter_dataset()` -> `mp_prefetch`."""
     from pipeline.feed.grain_source import host_dataset
-    from pipeline.plan.plan import Plan
+    from pipeline.read.plan import Plan
 
     plan = Plan.from_config(data_config(spec))
     rows = spec["config"]["global_batch_size"]

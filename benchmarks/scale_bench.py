@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import parse_config
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
+from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore, is_store
 from pipeline.store.writer import (
     commit,

@@ -96,7 +96,7 @@ def _config(store: Path, args: argparse.Namespace, packing: str) -> dict:
 
 def _plan(store: Path, args: argparse.Namespace, packing: str):
     from pipeline.config import parse_config
-    from pipeline.plan.plan import Plan
+    from pipeline.read.plan import Plan
 
     return Plan.from_config(parse_config(_config(store, args, packing), origin="bench"))
 
@@ -119,7 +119,7 @@ RESTORE = """
 import json, sys, time
 import jax  # noqa: F401  (a trainer has it imported before it restores)
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 state, step = json.loads(sys.argv[1]), int(sys.argv[2])
 start = time.perf_counter()
 Plan(Ledger.from_json(state)).batch(step)

@@ -1,24 +1,31 @@
 """pipeline: a deterministic, padding-free, exactly resumable multi-host input pipeline for JAX.
 
-The packages are the layers, top to bottom; imports point down only::
+The packages are the layers, top to bottom; imports point down only (tests/test_imports.py
+checks it, and that there is no import circle)::
 
     commands/  the `pipeline` CLI (prepare, inspect, dump, verify, epochs, stages, plot, bench)
        |
+    maxtext/   MaxText: the adapter its trainer calls, its config keys, `pipeline maxtext install`
+       |
     feed/      JAX and Orbax: global jax.Arrays with prefetch, the checkpoint item,
-       |       the Grain view of host rows, the MaxText adapter, statistics and metrics
-    plan/      pure data order, from store metadata alone: layout (epochs, lanes, windows)
-       |       -> mixing/stages (which source) -> plan (ledger, step, row) -> batch fields;
-       |       ledger, resume, reports
+       |       the Grain view of host rows, statistics and metrics
+    read/      a plan's rows as the six batch fields: `Plan` (read, batch) over the plan's one
+       |       set of open stores, windows and whole-document rows, the loss mask; verify, eval
+    plan/      pure data order, `(ledger, step, rows) -> draws`, from store metadata: the row
+       |       layouts (concat windows, best-fit packing; `row_layout` is their registry),
+       |       mixing/stages (which source), ledger, resume, reports
+    ingest/    `prepare`: corpora in (`formats` is the registry of input formats), tokenizers,
+       |       token stores out (local and Beam)
     config/    YAML -> a validated DataConfig (schedules included)
-    store/     token stores: the reader and their metadata, the writer, prepare (local and
-       |       Beam), tokenizers
-    errors, keys, urls, extras, progress
+    store/     token stores: the format, its reader and writer, their metadata, the set of
+       |       stores a plan opens
+    errors, keys, urls, extras, progress, wording
                what every layer shares: typed exceptions, the keyed hash, gs:// URLs kept
                apart from local paths (before a Path mangles them) and read through
                etils.epath, optional imports that name the extra to install, progress bars
 
-Only `feed/` imports JAX, Orbax or Grain; its names below load on first use, so the config,
-store and plan layers (and `pipeline --help`, `prepare`, `verify-store`) start without them.
+Only `feed/` and `maxtext/` import JAX, Orbax or Grain; their names below load on first use, so
+the other layers (and `pipeline --help`, `prepare`, `verify-store`) start without them.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from pipeline.errors import (
 )
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan, host_rows, micro_batch_rows
+from pipeline.plan.plan import host_rows, micro_batch_rows
+from pipeline.read.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 

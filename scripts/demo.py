@@ -35,7 +35,7 @@ from pipeline.commands.summary import describe_store  # noqa: E402
 from pipeline.ingest.prepare import PrepareOptions, prepare  # noqa: E402
 from pipeline.plan import data_state  # noqa: E402
 from pipeline.plan.ledger import Ledger  # noqa: E402
-from pipeline.plan.plan import Plan  # noqa: E402
+from pipeline.read.plan import Plan  # noqa: E402
 from pipeline.store.token_store import TokenStore, is_store  # noqa: E402
 
 DATA = ROOT / "data"

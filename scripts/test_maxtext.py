@@ -364,7 +364,7 @@ def same_trained_targets(say: Transcript, mt: MaxText, python: Path, data: Path)
     count = (
         "import json, sys\n"
         "from pipeline.config import load_config\n"
-        "from pipeline.plan.plan import Plan\n"
+        "from pipeline.read.plan import Plan\n"
         "plan = Plan.from_config(load_config(sys.argv[1]))\n"
         "for step in range(int(sys.argv[2])):\n"
         "    batch = plan.batch(step)\n"

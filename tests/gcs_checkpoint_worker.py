@@ -21,7 +21,7 @@ from etils import epath
 
 from pipeline.feed.checkpoint import DataRestore
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.batch import FIELDS
+from pipeline.read.batch import FIELDS
 from tests.feedstores import two_stage_config
 from tests.test_checkpoint import manager, mesh, save
 

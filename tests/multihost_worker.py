@@ -63,7 +63,7 @@ from pipeline.errors import PipelineError
 from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.restore import current_state, restore_state
-from pipeline.plan.batch import FIELDS
+from pipeline.read.batch import FIELDS
 from tests.gcs_emulator import ENDPOINTS, point_at
 
 
@@ -231,7 +231,7 @@ def stop(config, task: dict, out: Path) -> None:
 def straggle(config, task: dict, out: Path) -> None:
     import logging
 
-    from pipeline.plan.plan import Plan
+    from pipeline.read.plan import Plan
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     if jax.process_index() == task["slow"]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import (

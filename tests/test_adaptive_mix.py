@@ -19,11 +19,11 @@ from pipeline.errors import ConfigError, FeedError, LedgerError
 from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
-from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import MIX_UNIT, Ledger, MixEntry, quantize
 from pipeline.plan.mixing import Mixture, Steered, fixed_counts
-from pipeline.plan.plan import Plan
 from pipeline.plan.report import ScheduledSources, target_shares
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_raw
 from tests.test_checkpoint import manager, mesh
 

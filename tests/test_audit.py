@@ -10,9 +10,9 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.plan.audit import audit, default_process_counts
 from pipeline.plan.ledger import Ledger, Segment
-from pipeline.plan.plan import Plan
+from pipeline.read.audit import audit, default_process_counts
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"s0": [[7, 9, 5], [11, 3], [8, 8, 6]], "s1": [[13, 4, 6, 9], [10]]}

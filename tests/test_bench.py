@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pipeline.commands.cli import main
 from pipeline.config import parse_config
 from pipeline.errors import StoreError
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 from pipeline.store.identity import manifest_digest
 from pipeline.store.token_store import TokenStore, read_pieces
 from tests.storegen import arrayrecord_only, write_synthetic_store
@@ -382,7 +382,7 @@ def test_the_transfer_limit_transfers_fresh_copies_of_the_feeds_six_fields(tmp_p
     import jax
 
     from benchmarks.contenders import TransferLimit, fresh_copy
-    from pipeline.plan.batch import FIELDS
+    from pipeline.read.batch import FIELDS
 
     store = write_synthetic_store(tmp_path / "s", [[60] * 300], record_tokens=64)
     config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,

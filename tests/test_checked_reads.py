@@ -20,7 +20,7 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.errors import FeedError
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 from pipeline.store import flat_blocks, writer
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import MANIFEST

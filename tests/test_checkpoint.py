@@ -18,9 +18,9 @@ from pipeline.errors import LedgerError
 from pipeline.feed.checkpoint import FILENAME, DataRestore, DataSave, restore_or_start
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
-from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config, two_stage_raw
 
 

@@ -15,11 +15,12 @@ import yaml
 from pipeline.commands.cli import main
 from pipeline.config import load_config
 from pipeline.plan import data_state
-from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger, Segment
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
 from pipeline.plan.report import first_draw
 from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"a": [[30, 50, 20], [40, 60]], "b": [[25, 35, 45, 55]]}

@@ -9,10 +9,10 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.ingest.prepare import PrepareOptions, prepare
-from pipeline.plan.audit import audit
-from pipeline.plan.plan import Plan
 from pipeline.plan.report import stage_rows
 from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
+from pipeline.read.plan import Plan
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.plan import layout as layout_module
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
 SHARDS = {  # document lengths per shard

@@ -39,9 +39,10 @@ from pipeline.feed.checkpoint import FILENAME, DataRestore
 from pipeline.feed.data_feed import DataFeed
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan import data_state
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.plan import SegmentPlan
 from pipeline.plan.resume import reconcile
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.store.identity import manifest_digest
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import MANIFEST, TokenStore, read_pieces

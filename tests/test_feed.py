@@ -18,8 +18,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.errors import FeedError, StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.readers import Readers
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan, micro_batch_rows
+from pipeline.plan.plan import micro_batch_rows
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config
 from tests.storegen import arrayrecord_only
 

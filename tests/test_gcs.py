@@ -29,9 +29,9 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.maxtext.adapter import create_data_iterator, read_iter_state
 from pipeline.plan import data_state
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
 from tests.feedstores import two_stage_config

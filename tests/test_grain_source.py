@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, PipelineError, StoreError
 from pipeline.feed.grain_source import host_dataset, host_source
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
 from pipeline.plan.sources import load_metas
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 from tests.test_faults import replaced_line
 from tests.test_plan import build, setups

@@ -26,6 +26,7 @@ RANKS = {
     "commands": 6,
     "maxtext": 5,
     "feed": 4,
+    "read": 3,
     "plan": 2,
     "ingest": 2,
     "config": 1,
@@ -68,7 +69,7 @@ def run_cli(*argv: str) -> str:
     "modules",
     [
         "pipeline.config, pipeline.store",
-        "pipeline.plan.plan, pipeline.plan.report, pipeline.plan.audit, pipeline.plan.resume",
+        "pipeline.plan.plan, pipeline.plan.report, pipeline.plan.resume, pipeline.read.plan",
         "pipeline, pipeline.commands.cli, pipeline.ingest.prepare, pipeline.commands.summary",
     ],
 )

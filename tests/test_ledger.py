@@ -13,8 +13,8 @@ from pipeline.config import parse_config
 from pipeline.errors import LedgerError, StoreError
 from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
+from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore
 from tests.storegen import write_synthetic_store
 

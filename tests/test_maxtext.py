@@ -31,10 +31,10 @@ from pipeline.maxtext.adapter import (
     is_enabled,
     read_iter_state,
 )
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.eval_plan import eval_config
 from pipeline.plan.ledger import MixEntry
-from pipeline.plan.plan import Plan
+from pipeline.read.batch import FIELDS
+from pipeline.read.eval_plan import eval_config
+from pipeline.read.plan import Plan
 from pipeline.store.token_store import MANIFEST
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store

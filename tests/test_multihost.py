@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_raw
 from tests.storegen import arrayrecord_only
 

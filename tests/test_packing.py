@@ -15,8 +15,8 @@ from pipeline import Ledger, Plan, host_rows, parse_config
 from pipeline.commands.cli import main
 from pipeline.errors import ConfigError
 from pipeline.plan import packing
-from pipeline.plan.audit import audit
 from pipeline.plan.packing import PackedLayout, best_fit_decreasing
+from pipeline.read.audit import audit
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import commit, staging_dir, write_manifest, write_shard
 from tests.storegen import TOKENIZER, write_synthetic_store

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
-from pipeline.plan.plan import DrawSummary, Plan, host_rows
+from pipeline.plan.plan import DrawSummary, host_rows
+from pipeline.read.plan import Plan
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))

@@ -15,8 +15,8 @@ from jax.sharding import Mesh
 import pipeline.store.shard_readers as shard_readers
 from pipeline.errors import StoreError
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.store.token_store import TokenStore
 from tests.feedstores import two_stage_config

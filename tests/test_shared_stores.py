@@ -11,8 +11,8 @@ from jax.sharding import Mesh
 
 from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config
 
 

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
 GLOBAL_BATCH = 8192  # 2 rows per host at 4,096 processes

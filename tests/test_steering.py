@@ -15,8 +15,8 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import data_state
 from pipeline.plan.data_state import DataState
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
+from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
 SHARDS = {"main": [[40, 13, 22, 8], [31, 9, 27]], "task": [[17, 5], [12, 12]], "extra": [[60, 20]]}

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.ingest.prepare import PrepareOptions, prepare
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

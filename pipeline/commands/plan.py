@@ -18,14 +18,15 @@ from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import data_state
-from pipeline.plan.audit import audit
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.eval_plan import check_eval
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.plan import Draws, Plan, host_rows
+from pipeline.plan.plan import Draws, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.sources import keyed, open_stores
+from pipeline.read.audit import audit
+from pipeline.read.batch import FIELDS
+from pipeline.read.eval_plan import check_eval
+from pipeline.read.plan import Plan
 from pipeline.urls import location
 from pipeline.wording import counted
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.extras import require
-from pipeline.plan.plan import Plan
 from pipeline.plan.report import rollovers_between, stage_rows, target_shares
+from pipeline.read.plan import Plan
 
 MAX_POINTS = 1500  # steps sampled for the realised share over long ranges
 

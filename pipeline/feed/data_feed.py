@@ -1,7 +1,7 @@
 """The JAX feed: the plan's rows of each step as global `jax.Array`s sharded over a mesh.
 
     feed = DataFeed(load_config("data.yaml"), mesh, batch_axes=("data", "fsdp"))
-    for batch in feed:            # dict of the six MaxText fields (pipeline.plan.batch.FIELDS)
+    for batch in feed:            # dict of the six MaxText fields (pipeline.read.batch.FIELDS)
         state = train_step(state, batch)
 
 Every field of step `s` has global shape [global_batch_size, seq_len] (the batch of step `s`
@@ -66,11 +66,12 @@ from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
-from pipeline.plan.batch import FIELDS
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
-from pipeline.plan.plan import DrawSummary, Plan
+from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import open_stores
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore
 
 if TYPE_CHECKING:

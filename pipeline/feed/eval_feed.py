@@ -16,8 +16,8 @@ from jax.sharding import Mesh
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.feed.data_feed import DataFeed
-from pipeline.plan.eval_plan import eval_plan
-from pipeline.plan.plan import Plan
+from pipeline.read.eval_plan import eval_plan
+from pipeline.read.plan import Plan
 
 
 class EvalFeed:

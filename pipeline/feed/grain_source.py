@@ -22,7 +22,8 @@ import grain
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
+from pipeline.read.plan import Plan
 
 UNBOUNDED_STEPS = 10**12  # Grain needs a length; runs are far shorter than this.
 

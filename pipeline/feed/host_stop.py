@@ -54,7 +54,7 @@ import jax
 
 from pipeline.config.env import positive_number
 from pipeline.errors import FeedError, StoreError
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 from pipeline.urls import is_url
 
 log = logging.getLogger("pipeline")

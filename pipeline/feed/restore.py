@@ -17,8 +17,8 @@ from pipeline.errors import LedgerError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
 from pipeline.plan.data_state import DataState
-from pipeline.plan.plan import Plan
 from pipeline.plan.resume import reconcile
+from pipeline.read.plan import Plan
 
 log = logging.getLogger("pipeline")
 

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.feed.stragglers import Peers, Slowest
-from pipeline.plan.plan import Draws, Plan, SegmentPlan
+from pipeline.plan.plan import Draws, SegmentPlan
+from pipeline.read.plan import Plan
 
 log = logging.getLogger("pipeline")
 

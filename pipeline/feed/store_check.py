@@ -19,7 +19,7 @@ import threading
 import jax
 
 from pipeline.errors import FeedError, PipelineError, StoreError
-from pipeline.plan.plan import Plan
+from pipeline.read.plan import Plan
 
 log = logging.getLogger("pipeline")
 

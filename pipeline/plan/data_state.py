@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.errors import LedgerError, PipelineError
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan
+from pipeline.plan.plan import DrawPlan
 from pipeline.urls import location
 
 log = logging.getLogger("pipeline")
@@ -169,7 +169,7 @@ def load_ledger(path: str | Path) -> Ledger:
 
 def verify(
     state: DataState,
-    plan: Plan,
+    plan: DrawPlan,
     checkpoint_step: int | None = None,
     *,
     saved_after_step: bool = False,
@@ -200,7 +200,7 @@ def verify(
     refuse(differences, state.origin)
 
 
-def verify_ledger(ledger: Ledger, plan: Plan, origin: str) -> None:
+def verify_ledger(ledger: Ledger, plan: DrawPlan, origin: str) -> None:
     """`verify` for a bare ledger (the CLI's `--ledger`): each segment's start counters."""
     refuse(counter_differences(ledger, plan, origin), origin)
 
@@ -215,7 +215,7 @@ def refuse(differences: list[str], origin: str) -> None:
         )
 
 
-def counter_differences(ledger: Ledger, plan: Plan, origin: str) -> list[str]:
+def counter_differences(ledger: Ledger, plan: DrawPlan, origin: str) -> list[str]:
     """One line per segment start counter that differs from what the plan re-derives."""
     differences = []
     segments = ledger.segments

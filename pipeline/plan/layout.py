@@ -26,11 +26,10 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
-from pipeline.plan.batch import fields, mask_untrained
 from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.plan.row_layout import Arrays, OpenStore
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenSpan, TokenStore, read_pieces
+from pipeline.store.token_store import TokenSpan, TokenStore
 from pipeline.wording import counted
 
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
@@ -84,35 +83,6 @@ class SourceLayout:
         lane: np.ndarray,
     ) -> Arrays:
         return window_draws(layouts, which, counter, lane)
-
-    @classmethod
-    def read(
-        cls,
-        layouts: Sequence[SourceLayout],
-        open_store: OpenStore,
-        which: np.ndarray,
-        epoch: np.ndarray,
-        window: np.ndarray,
-        start: np.ndarray,
-    ) -> dict[str, np.ndarray]:
-        """The shard pieces of every drawn window are found in one pass over all sources
-        (`window_pieces`) and copied in one pass (`read_pieces`) straight into one
-        [rows, seq_len + 1] buffer."""
-        sources = np.unique(which).tolist()
-        seq_len = layouts[sources[0]].seq_len
-        tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
-        owner = np.searchsorted(sources, which)
-        stores = [open_store(layouts[s].meta) for s in sources]
-        pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
-        owner, shard, lo, hi, row, col = pieces
-        batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
-        if any(store.masked for store in stores):
-            # its own array: the segment fields are views of one buffer
-            batch["targets_segmentation"] = batch["targets_segmentation"].copy()
-            first = row * seq_len  # a window's target column j is its token j + 1
-            targets = batch["targets_segmentation"].reshape(-1)
-            mask_untrained(targets, stores, owner, shard, lo, hi, first + col, first)
-        return batch
 
     def epoch_and_window(self, counter: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, ...]:
         """(epoch, window index in the lane, token start in the epoch stream) of draw `counter`."""

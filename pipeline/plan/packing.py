@@ -37,7 +37,6 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
-from pipeline.plan.batch import FIELDS, mask_untrained
 from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
@@ -45,7 +44,7 @@ from pipeline.plan.row_layout import Arrays, OpenStore
 from pipeline.plan.sources import keyed
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenStore, read_pieces
+from pipeline.store.token_store import TokenStore
 from pipeline.wording import counted
 
 BLOCK_DOCUMENTS = 4096
@@ -173,28 +172,6 @@ class PackedLayout:
                 part[rows] = values
         return out
 
-    @classmethod
-    def read(
-        cls,
-        layouts: Sequence[PackedLayout],
-        open_store: OpenStore,
-        which: np.ndarray,
-        epoch: np.ndarray,
-        window: np.ndarray,
-        start: np.ndarray,
-    ) -> dict[str, np.ndarray]:
-        """The drawn packed rows (`window`), each source's by its `read_fields`."""
-        sources = np.unique(which).tolist()
-        if len(sources) == 1:
-            return layouts[sources[0]].read_fields(window)
-        shape = (len(which), layouts[sources[0]].seq_len)
-        out = {name: np.zeros(shape, dtype=np.int32) for name in FIELDS}
-        for s in sources:
-            rows = np.flatnonzero(which == s)
-            for name, values in layouts[s].read_fields(window[rows]).items():
-                out[name][rows] = values
-        return out
-
     @cached_property
     def stats(self) -> PackingStats:
         return PackingStats(
@@ -227,79 +204,6 @@ class PackedLayout:
         """(shard, index in the shard) of a document id."""
         shard = int(self.doc_shard[document])
         return shard, int(document - self.store.shard_documents[:shard].sum())
-
-    def read_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The six batch fields of packed rows `rows`, [len(rows), seq_len] each.
-
-        The rows' documents are read one after another into one buffer, then zeros that
-        padding reads. A row is its documents' slots, then padding, so each token field is one
-        gather of len(rows) * seq_len values, no mask or scatter: slot j of a document read at
-        `at` has input token at + j and target token at + j + 1 (a document's inputs are its
-        tokens but the last, its targets its tokens but the first)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        first = self.row_offsets[rows]
-        counts = self.row_offsets[rows + 1] - first
-        ends = np.cumsum(counts)
-        docs = self.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])]
-        tokens = self.doc_tokens[docs]
-        at = np.concatenate([[0], np.cumsum(tokens)])
-        size = int(at[-1])
-        buffer = np.empty(size + self.seq_len + 1, dtype=np.int32)
-        buffer[size:] = 0
-        shards, start = self.doc_shard[docs], self.doc_start[docs]
-        zeros = np.zeros_like(docs)  # every piece: of store 0 (the only one), into row 0
-        pieces = (zeros, shards, start, start + tokens, buffer[None], zeros, at[:-1])
-        read_pieces([self.store], *pieces, doc_starts=False)
-        # Entries: each row's documents, then its padding (maybe empty), read from the zeros.
-        filled = np.concatenate([[0], np.cumsum(tokens - 1)])
-        entry = np.arange(docs.size) + np.repeat(np.arange(rows.size), counts)
-        pad = ends + np.arange(rows.size)
-        slots, source = np.empty((2, docs.size + rows.size), dtype=np.int64)
-        slots[entry], slots[pad] = tokens - 1, self.seq_len - filled[ends] + filled[ends - counts]
-        source[entry], source[pad] = at[:-1], size
-        number = np.zeros(slots.size, dtype=np.int32)
-        number[entry] = np.arange(docs.size) - np.repeat(ends - counts, counts) + 1
-        begin = np.cumsum(slots) - slots  # of each entry in the rows' slots
-        cells = rows.size * self.seq_len
-        kind = np.int32 if max(cells, buffer.size) < 2**31 else np.int64
-        index = np.arange(cells, dtype=kind)
-        position = index - np.repeat(begin.astype(kind), slots)
-        index += np.repeat((source - begin).astype(kind), slots)
-        segment = np.repeat(number, slots)
-        position *= segment != 0  # padding: position 0
-        inputs = buffer[index]
-        index += 1
-        fields = {
-            "inputs": inputs,
-            "targets": buffer[index],
-            "inputs_segmentation": segment,
-            "targets_segmentation": self._target_segments(
-                segment, shards, start, tokens, begin[entry]
-            ),
-            "inputs_position": position.astype(np.int32, copy=False),
-        }
-        fields["targets_position"] = fields["inputs_position"]
-        shape = (rows.size, self.seq_len)
-        return {name: fields[name].reshape(shape) for name in FIELDS}
-
-    def _target_segments(
-        self,
-        segment: np.ndarray,
-        shards: np.ndarray,
-        first: np.ndarray,
-        tokens: np.ndarray,
-        begin: np.ndarray,
-    ) -> np.ndarray:
-        """`segment` with 0 on each untrained target (`mask_untrained`): token t >= 1 of the
-        document whose slots begin at begin[i] is the target of slot begin[i] + t - 1 (its
-        first token is none). An unmasked store has none: `segment` itself, as batch fields
-        are read-only."""
-        if not self.store.masked:
-            return segment
-        trained = segment.copy()
-        owner = np.zeros_like(shards)  # every document: of the one store
-        mask_untrained(trained, [self.store], owner, shards, first, first + tokens, begin, begin)
-        return trained
 
     def _row_order(self, epoch: int, position: np.ndarray) -> np.ndarray:
         """Packed rows at `position` of epoch `epoch`'s keyed order of all the rows."""

@@ -1,4 +1,4 @@
-"""The data plan: every row of every global batch as a pure function of (ledger, step, row).
+"""The data plan: what every row of every global batch draws, from (ledger, step, row) alone.
 
 Index vocabulary, used everywhere in this package:
 
@@ -29,7 +29,8 @@ A config's `origin` is only ever its file label, for messages.
 A `packing: best_fit` source draws packed rows of whole documents instead of windows
 (packing.py): its `window` is the packed row and its token start is -1.
 
-Nothing here holds iterator state: resuming is calling `batch(step, rows)` with another step.
+Nothing here holds iterator state: resuming is calling `draws(step, rows)` with another step
+(`pipeline.read.plan.Plan.batch` reads the drawn rows).
 """
 
 from __future__ import annotations
@@ -37,23 +38,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
-from pipeline.errors import ConfigError, LedgerError, StoreError
+from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import row_layout
 from pipeline.plan.clock import StepClock
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
-from pipeline.plan.sources import keyed, open_stores, path_key
+from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import location
 
 
 @dataclass(frozen=True)
@@ -263,13 +263,16 @@ class SegmentPlan:
         return self.segment.stages_from + int(self.clock.step_of(position))
 
 
-class Plan:
-    """The plan of a whole run (all ledger segments).
+P = TypeVar("P", bound="DrawPlan")
 
-    `stores` are open `TokenStore`s or only their `StoreMeta`: metadata is enough to compute
-    draws; `read` opens a store the plan was given only the metadata of on first use (through
-    its `StoreSet`), checking its reads unless `check_reads` is False (the config's
-    `feed: {verify: off}`).
+
+class DrawPlan:
+    """The draws of a whole run (all ledger segments): which rows every step holds.
+
+    `stores` are open `TokenStore`s or only their `StoreMeta` (or a `StoreSet` of them):
+    metadata is enough to compute draws; a layout that needs a store's files (a best-fit
+    packing) opens it through the set, checking its reads unless `check_reads` is False (the
+    config's `feed: {verify: off}`). Reading the rows is `pipeline.read.plan.Plan`'s.
 
     A plan pickles (for another process: a Grain worker of `host_dataset`) to what rebuilds
     it, not its open stores: there it opens each store on first use, with `StoreSet`'s identity
@@ -312,8 +315,8 @@ class Plan:
 
     @classmethod
     def from_config(
-        cls, config: DataConfig, stores: Mapping[str, TokenStore | StoreMeta] | None = None
-    ) -> Plan:
+        cls: type[P], config: DataConfig, stores: Mapping[str, TokenStore | StoreMeta] | None = None
+    ) -> P:
         """A fresh run's plan, laid out now so every config error names the config file.
 
         `stores` by source name (default: each source's store, opened); metadata alone
@@ -346,7 +349,7 @@ class Plan:
             self._segments[index] = SegmentPlan(segment, config, metas, opener, shift, mixes)
         return self._segments[index]
 
-    def with_mix(self, entry: MixEntry) -> Plan:
+    def with_mix(self: P, entry: MixEntry) -> P:
         """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the last
         segment's plan is laid out again with it (an entry it cannot take raises, and nothing
         changes); stores and the other segments' plans are shared."""
@@ -405,75 +408,9 @@ class Plan:
             step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start
         )
 
-    def read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """The six fields of the drawn rows, read-only: fields share buffers (`inputs` and
-        `targets` are overlapping views of one array, as are the segment and position pairs),
-        so a write into one would silently change another; copy a field to change it.
-
-        A store error (a shard damaged, found at its first use) is prefixed with the config key
-        of the source whose store it names, as at open (`sources.path_key`)."""
-        try:
-            batch = self._read(draws)
-        except StoreError as error:
-            key = self._source_key(draws.segment_index, str(error))
-            if key is None:
-                raise
-            raise StoreError(f"{key}: {error}") from error
-        for values in batch.values():
-            values.flags.writeable = False
-        return batch
-
-    def _read(self, draws: Draws) -> dict[str, np.ndarray]:
-        """Each row layout reads its sources' rows (`row_layout.read`)."""
-        plan = self.segment_plan(draws.segment_index)
-        layouts = [plan.layouts[name] for name in draws.source_names]
-        rows = (draws.source, draws.epoch, draws.window, draws.start)
-        return row_layout.read(layouts, self.store_set.open, *rows, plan.config.seq_len)
-
-    def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
-        """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
-        return self.read(self.draws(step, rows))
-
-    def store(self, meta: StoreMeta) -> TokenStore:
-        """The open store of `meta`'s content (`StoreSet.open`)."""
-        return self.store_set.open(meta)
-
-    def _source_key(self, index: int, message: str) -> str | None:
-        """The config key (`sources.path_key`) of segment `index`'s source whose store (at the
-        path it was read from) `message` names first, as every store error does; of stores
-        nested in one another, the innermost (the longest root), which holds the file; of
-        sources sharing that store, `_reader_at`'s."""
-        plan = self.segment_plan(index)
-        roots = {}
-        for name in plan.config.source_names:
-            meta = plan.layouts[name].meta
-            store = self.store_set.opened(meta.fingerprint)
-            roots[name] = str(meta.path if store is None else store.path)
-        named = [n for n, root in roots.items() if message.startswith((f"{root}/", f"{root}:"))]
-        if not named:
-            return None
-        root = max((roots[name] for name in named), key=len)
-        return path_key(plan.config, _reader_at(plan, [n for n in named if roots[n] == root], root))
-
-    def store_message(self, store: TokenStore, error: StoreError) -> str:
-        """`error` (found in `store` outside a read: a verification, an identity re-check)
-        after the config key (`sources.path_key`) of a source that reads `store` in the latest
-        segment planned that does (`_reader_at`: the one whose path `store` was opened at, else
-        the first by name). One key, as `Plan.read` gives, so the line keeps one format.
-        Unprefixed when no planned segment reads `store`."""
-        for _, plan in sorted(self._segments.items(), reverse=True):
-            names = [
-                name
-                for name in plan.config.source_names
-                if plan.layouts[name].meta.fingerprint == store.fingerprint
-            ]
-            if names:
-                return f"{path_key(plan.config, _reader_at(plan, names, str(store.path)))}: {error}"
-        return str(error)
-
-    def stores(self) -> list[TokenStore]:
-        """The stores opened so far (`StoreSet.stores`)."""
-        return self.store_set.stores()
+    def planned(self) -> list[SegmentPlan]:
+        """The segment plans made so far, latest segment first."""
+        return [plan for _, plan in sorted(self._segments.items(), reverse=True)]
 
     def _known(self, segment: Segment, config: DataConfig, name: str) -> StoreMeta:
         """The metadata of a segment's source: given, or its store opened (files checked as
@@ -482,14 +419,6 @@ class Plan:
         with keyed(config, name):
             path, fingerprint = config.source(name).path, segment.fingerprints[name]
             return self.store_set.meta(path, fingerprint, config.feed.check_reads)
-
-
-def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:
-    """Of `names`, sources of `plan` that share the store opened at `root`, the one whose
-    config path is `root`, else the first: sources may name copies of one store (one
-    fingerprint), which is read at one copy's path, and the key must lead to that copy."""
-    own = (name for name in names if str(location(plan.config.source(name).path)) == root)
-    return next(own, names[0])
 
 
 def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:

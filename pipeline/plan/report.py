@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.plan.packing import PackingStats
-from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.plan import DrawPlan, SegmentPlan
 from pipeline.plan.stages import StageLayout
 
 SEARCH_LIMIT = 10**15  # steps: past this a source counts as never reaching a counter
@@ -36,7 +36,7 @@ class StageRow:
     joined_at: int | None = None  # the run entered the stage here, at a switch, not at its start
 
 
-def segment_stop(plan: Plan, index: int) -> int | None:
+def segment_stop(plan: DrawPlan, index: int) -> int | None:
     """One past the last step ledger segment `index` decides (None: open-ended)."""
     segments = plan.ledger.segments
     if index + 1 < len(segments):
@@ -44,7 +44,7 @@ def segment_stop(plan: Plan, index: int) -> int | None:
     return plan.segment_plan(index).end_step()
 
 
-def batch_span(plan: Plan, step: int) -> tuple[SegmentPlan, float]:
+def batch_span(plan: DrawPlan, step: int) -> tuple[SegmentPlan, float]:
     """The segment plan of `step`, and the first later step whose batch may differ: the batch
     schedule's next point or the ledger's next segment (inf: neither). A caller that asks at
     every step (the feed's geometry, `ScheduledSources`) recomputes only there."""
@@ -58,7 +58,7 @@ def batch_span(plan: Plan, step: int) -> tuple[SegmentPlan, float]:
     return segment, end
 
 
-def stage_rows(plan: Plan) -> list[StageRow]:
+def stage_rows(plan: DrawPlan) -> list[StageRow]:
     """Each segment's stages in absolute steps, from the one that holds the segment's start.
 
     A run-anchored segment (`starts_at: run`) lays its config out from step 0, so its first
@@ -128,7 +128,7 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def first_draw(plan: Plan, index: int, name: str, counter: int) -> tuple[int, int] | None:
+def first_draw(plan: DrawPlan, index: int, name: str, counter: int) -> tuple[int, int] | None:
     """(step, row inside lane 0) of draw number `counter` of source `name` in segment `index`.
 
     None if the segment never reaches it. Bisection over the segment's steps: O(log steps).
@@ -184,7 +184,7 @@ class EpochInfo:
         return self.rows_per_lane * self.lanes * self.seq_len
 
 
-def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
+def epoch_table(plan: DrawPlan, count: int) -> list[EpochInfo]:
     """Per segment and source: rows per lane per epoch and where epochs 1..count begin.
 
     A rollover is reported in the first segment whose counters reach it; a source whose weight
@@ -217,7 +217,9 @@ def epoch_table(plan: Plan, count: int) -> list[EpochInfo]:
     return out
 
 
-def rollovers_between(plan: Plan, start: int, stop: int, limit: int = 500) -> dict[str, list[int]]:
+def rollovers_between(
+    plan: DrawPlan, start: int, stop: int, limit: int = 500
+) -> dict[str, list[int]]:
     """Steps in [start, stop) at which a source begins a new epoch (per source name)."""
     out: dict[str, list[int]] = {}
     for index, segment in enumerate(plan.ledger.segments):
@@ -240,7 +242,7 @@ def rollovers_between(plan: Plan, start: int, stop: int, limit: int = 500) -> di
     return out
 
 
-def target_shares(plan: Plan, steps: np.ndarray) -> dict[str, np.ndarray]:
+def target_shares(plan: DrawPlan, steps: np.ndarray) -> dict[str, np.ndarray]:
     """Each source's normalised schedule weight at each step (averaged over a lane's rows)."""
     out: dict[str, np.ndarray] = {}
     steps = np.asarray(steps, dtype=np.int64)
@@ -272,7 +274,7 @@ class ScheduledSources:
     step inside that span costs two comparisons (`target_shares` costs ~40 us per step).
     """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: DrawPlan) -> None:
         self.plan = plan
         self._span: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
 

@@ -32,7 +32,7 @@ from pipeline.plan.ledger import (
     describe_diff,
     fingerprint_of,
 )
-from pipeline.plan.plan import Plan, SegmentPlan
+from pipeline.plan.plan import DrawPlan, SegmentPlan
 from pipeline.plan.sources import load_metas
 
 log = logging.getLogger("pipeline")
@@ -41,7 +41,7 @@ FIXED_IN_A_RUN = ("lanes", "seed", "seq_len")
 
 
 def reconcile(
-    plan: Plan,
+    plan: DrawPlan,
     config: DataConfig,
     step: int,
     switch: bool = False,

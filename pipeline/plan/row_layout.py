@@ -7,8 +7,10 @@ and `layout_kind` imports the module's `LAYOUT`. Everything the plan does per ki
 this interface, so a new layout is one module (a class with these members, `LAYOUT = ...`)
 and one registry line (docs/architecture.md).
 
-A layout works in batches of draws of all the sources of its kind at once (`draw`, `read`),
-which keeps a step's concat windows one vectorised pass over every concat source.
+A layout works in batches of draws of all the sources of its kind at once (`draw`), which
+keeps a step's concat windows one vectorised pass over every concat source. Its rows are
+either windows of a stream or whole documents then padding (`whole_documents`): the read
+layer (`pipeline.read`) reads and builds the fields of both.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PACKINGS
-from pipeline.plan.batch import FIELDS
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 
@@ -32,7 +33,7 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class RowLayout(Protocol):
-    """Where one source's rows are, per epoch and lane, and how its rows are read."""
+    """Where one source's rows are, per epoch and lane."""
 
     policy: ClassVar[str]  # its name in PACKINGS (`packing:`), part of every key it makes
     whole_documents: ClassVar[bool]  # rows are whole documents then padding, not windows
@@ -62,19 +63,6 @@ class RowLayout(Protocol):
     ) -> Arrays:
         """(epoch, window, token start) of draws of sources of this kind: draw i is the
         counter[i]-th row lane[i] draws from layouts[which[i]]."""
-        ...
-
-    @classmethod
-    def read(
-        cls,
-        layouts: Sequence[RowLayout],
-        open_store: OpenStore,
-        which: np.ndarray,
-        epoch: np.ndarray,
-        window: np.ndarray,
-        start: np.ndarray,
-    ) -> dict[str, np.ndarray]:
-        """The six batch fields of drawn rows of sources of this kind, [rows, seq_len] each."""
         ...
 
     @property
@@ -112,26 +100,4 @@ def draw(
     for kind, rows in groups:
         for part, values in zip(out, kind.draw(layouts, which[rows], counter[rows], lane[rows])):
             part[rows] = values
-    return out
-
-
-def read(
-    layouts: Sequence[RowLayout],
-    open_store: OpenStore,
-    which: np.ndarray,
-    epoch: np.ndarray,
-    window: np.ndarray,
-    start: np.ndarray,
-    seq_len: int,
-) -> dict[str, np.ndarray]:
-    """`RowLayout.read` of drawn rows of any sources: each kind's rows in one call, into
-    zeros when kinds share the rows."""
-    groups = by_kind(layouts, which)
-    if len(groups) == 1:
-        return groups[0][0].read(layouts, open_store, which, epoch, window, start)
-    out = {name: np.zeros((len(which), seq_len), dtype=np.int32) for name in FIELDS}
-    for kind, rows in groups:
-        part = kind.read(layouts, open_store, which[rows], epoch[rows], window[rows], start[rows])
-        for name in FIELDS:
-            out[name][rows] = part[name]
     return out

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.plan.batch import FIELDS
 from pipeline.plan.packing import PackingStats
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
 from pipeline.progress import progress_bar
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.wording import counted
 
 MAX_VIOLATIONS = 1000

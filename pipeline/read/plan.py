@@ -1,0 +1,148 @@
+"""A plan that reads its rows: the six batch fields of any rows of any step.
+
+`Plan` is the plan of the draws (`pipeline.plan.plan.DrawPlan`, pure) with the read path: one
+reader of a step's rows (`read`, `batch`) over the plan's one set of open stores
+(`store_set`), by the two kinds of rows a layout has: windows of a stream (`windows`) and whole
+documents then padding (`documents`), both masked by `batch.mask_untrained`. A store error
+found in a read is named by the config key of the source whose store it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.plan.plan import DrawPlan, Draws, SegmentPlan
+from pipeline.plan.row_layout import OpenStore, RowLayout
+from pipeline.plan.sources import path_key
+from pipeline.read.batch import FIELDS
+from pipeline.read.documents import document_fields
+from pipeline.read.windows import read_windows
+from pipeline.store.meta import StoreMeta
+from pipeline.store.token_store import TokenStore
+from pipeline.urls import location
+
+Reader = Callable[..., dict[str, np.ndarray]]  # (which, epoch, window, start) -> fields
+
+
+class Plan(DrawPlan):
+    """The plan of a whole run, and the reader of its rows (the package's `pipeline.Plan`)."""
+
+    def read(self, draws: Draws) -> dict[str, np.ndarray]:
+        """The six fields of the drawn rows, read-only: fields share buffers (`inputs` and
+        `targets` are overlapping views of one array, as are the segment and position pairs),
+        so a write into one would silently change another; copy a field to change it.
+
+        A store error (a shard damaged, found at its first use) is prefixed with the config key
+        of the source whose store it names, as at open (`sources.path_key`)."""
+        try:
+            batch = self._read(draws)
+        except StoreError as error:
+            key = self._source_key(draws.segment_index, str(error))
+            if key is None:
+                raise
+            raise StoreError(f"{key}: {error}") from error
+        for values in batch.values():
+            values.flags.writeable = False
+        return batch
+
+    def _read(self, draws: Draws) -> dict[str, np.ndarray]:
+        """The windows of every windowed source in one pass (`read_windows`), each
+        whole-document source's rows on their own (`document_fields`); into zeros when
+        several share the rows."""
+        plan = self.segment_plan(draws.segment_index)
+        layouts = [plan.layouts[name] for name in draws.source_names]
+        groups = _readers(layouts, self.store_set.open, draws.source)
+        rows = (draws.source, draws.epoch, draws.window, draws.start)
+        if len(groups) == 1:  # no fancy-index copies when one reader reads every row
+            return groups[0][0](*rows)
+        out = {name: np.zeros((len(draws.rows), plan.config.seq_len), np.int32) for name in FIELDS}
+        for read, mine in groups:
+            for name, values in read(*(a[mine] for a in rows)).items():
+                out[name][mine] = values
+        return out
+
+    def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
+        """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
+        return self.read(self.draws(step, rows))
+
+    def store(self, meta: StoreMeta) -> TokenStore:
+        """The open store of `meta`'s content (`StoreSet.open`)."""
+        return self.store_set.open(meta)
+
+    def _source_key(self, index: int, message: str) -> str | None:
+        """The config key (`sources.path_key`) of segment `index`'s source whose store (at the
+        path it was read from) `message` names first, as every store error does; of stores
+        nested in one another, the innermost (the longest root), which holds the file; of
+        sources sharing that store, `_reader_at`'s."""
+        plan = self.segment_plan(index)
+        roots = {}
+        for name in plan.config.source_names:
+            meta = plan.layouts[name].meta
+            store = self.store_set.opened(meta.fingerprint)
+            roots[name] = str(meta.path if store is None else store.path)
+        named = [n for n, root in roots.items() if message.startswith((f"{root}/", f"{root}:"))]
+        if not named:
+            return None
+        root = max((roots[name] for name in named), key=len)
+        return path_key(plan.config, _reader_at(plan, [n for n in named if roots[n] == root], root))
+
+    def store_message(self, store: TokenStore, error: StoreError) -> str:
+        """`error` (found in `store` outside a read: a verification, an identity re-check)
+        after the config key (`sources.path_key`) of a source that reads `store` in the latest
+        segment planned that does (`_reader_at`: the one whose path `store` was opened at, else
+        the first by name). One key, as `Plan.read` gives, so the line keeps one format.
+        Unprefixed when no planned segment reads `store`."""
+        for plan in self.planned():
+            names = [
+                name
+                for name in plan.config.source_names
+                if plan.layouts[name].meta.fingerprint == store.fingerprint
+            ]
+            if names:
+                return f"{path_key(plan.config, _reader_at(plan, names, str(store.path)))}: {error}"
+        return str(error)
+
+    def stores(self) -> list[TokenStore]:
+        """The stores opened so far (`StoreSet.stores`)."""
+        return self.store_set.stores()
+
+
+def _readers(
+    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray
+) -> list[tuple[Reader, np.ndarray]]:
+    """Who reads which of the drawn rows (`which` indexes `layouts`): one reader for all
+    windowed sources' rows, one per whole-document source."""
+    drawn = np.unique(which).tolist()
+    windows = [k for k in drawn if not layouts[k].whole_documents]
+    groups = []
+    if windows:
+        groups.append((partial(read_windows, layouts, open_store), np.isin(which, windows)))
+    for k in drawn:
+        if layouts[k].whole_documents:
+            store = open_store(layouts[k].meta)
+            groups.append((partial(_documents, layouts[k], store), which == k))
+    return [(read, np.flatnonzero(mine)) for read, mine in groups]
+
+
+def _documents(
+    layout: RowLayout,
+    store: TokenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    window: np.ndarray,
+    start: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """A whole-document source's rows: its packed rows are the drawn `window`s."""
+    return document_fields(layout, store, window)
+
+
+def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:
+    """Of `names`, sources of `plan` that share the store opened at `root`, the one whose
+    config path is `root`, else the first: sources may name copies of one store (one
+    fingerprint), which is read at one copy's path, and the key must lead to that copy."""
+    own = (name for name in names if str(location(plan.config.source(name).path)) == root)
+    return next(own, names[0])

@@ -1,0 +1,44 @@
+"""Reading the rows of `concat` sources: windows of `seq_len + 1` tokens of an epoch stream.
+
+The shard pieces of every drawn window, of all such sources of a step, are found in one pass
+(`layout.window_pieces`) and copied in one pass (`read_pieces`) straight into one
+[rows, seq_len + 1] buffer, which `batch.fields` turns into the six fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipeline.plan.layout import window_pieces
+from pipeline.plan.row_layout import OpenStore, RowLayout
+from pipeline.read.batch import fields, mask_untrained
+from pipeline.store.token_store import read_pieces
+
+
+def read_windows(
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    window: np.ndarray,
+    start: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The six fields of drawn windows: row i is the window at token start[i] of epoch
+    epoch[i] of source layouts[which[i]]."""
+    sources = np.unique(which).tolist()
+    seq_len = layouts[sources[0]].seq_len
+    tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
+    owner = np.searchsorted(sources, which)
+    stores = [open_store(layouts[s].meta) for s in sources]
+    pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
+    owner, shard, lo, hi, row, col = pieces
+    batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
+    if any(store.masked for store in stores):
+        # its own array: the segment fields are views of one buffer
+        batch["targets_segmentation"] = batch["targets_segmentation"].copy()
+        first = row * seq_len  # a window's target column j is its token j + 1
+        targets = batch["targets_segmentation"].reshape(-1)
+        mask_untrained(targets, stores, owner, shard, lo, hi, first + col, first)
+    return batch
