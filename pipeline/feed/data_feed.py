@@ -44,7 +44,6 @@ and a Prometheus endpoint (`metrics_port`, pipeline.feed.metrics).
 from __future__ import annotations
 
 import logging
-import math
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -54,12 +53,13 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from pipeline.config import DataConfig
 from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
+from pipeline.feed.geometry import Geometry, geometry
 from pipeline.feed.host_stop import HostStop, stop_periods
 from pipeline.feed.mix_agreement import check_same_call
 from pipeline.feed.readers import Readers, reader_count
@@ -70,7 +70,6 @@ from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import open_stores
-from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore
 
@@ -78,42 +77,6 @@ if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
 
 log = logging.getLogger("pipeline")
-
-
-@dataclass(frozen=True)
-class _Geometry:
-    """How one (global_batch_size, seq_len) maps onto the mesh for this process."""
-
-    shape: tuple[int, ...]
-    sharding: NamedSharding
-    row_sharding: NamedSharding  # of per-row provenance fields: no sequence axis
-    rows: np.ndarray  # sorted global rows this process reads
-    local_shape: tuple[int, ...]  # the process's block of a field, rows in `rows` order
-    whole: bool  # the process holds every row and every device of the mesh
-
-    def to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """The global arrays of the process's rows: one transfer call for all fields.
-
-        `make_array_from_process_local_data` maps the process's sorted row blocks onto its
-        devices' slices itself, so no per-device copy is made here. A process that holds every
-        row on every device of the mesh (one process) has the global values themselves: one
-        `jax.device_put` places them, skipping ~0.1 ms of index bookkeeping per step. The
-        fields go as two lists, each with one sharding and one shape (the token fields and
-        the per-row provenance), not as dicts with one per field: 0.05 ms less per step.
-        """
-        tokens = [name for name in host if name in FIELDS]
-        rows = [name for name in host if name not in FIELDS]  # provenance: no sequence axis
-        local = [
-            [host[name].reshape(self.local_shape) for name in tokens],
-            [host[name].reshape(self.local_shape[:-1]) for name in rows],
-        ]
-        shardings = [self.sharding, self.row_sharding]
-        if self.whole:
-            placed = jax.device_put(local, shardings)
-        else:
-            shapes = [self.shape, self.shape[:-1]]
-            placed = jax.make_array_from_process_local_data(shardings, local, shapes)
-        return dict(zip(tokens + rows, placed[0] + placed[1]))  # host's order: fields first
 
 
 @dataclass
@@ -153,7 +116,7 @@ def _read_rows(
 def _read_step(
     plan: Plan,
     step: int,
-    geometry: _Geometry,
+    geometry: Geometry,
     provenance: tuple[str, ...],
     measure: bool,
     scheduled: ScheduledSources | None = None,
@@ -263,10 +226,10 @@ class DataFeed:
         self._release = weakref.finalize(self, _release_stores, self._shared)
         # decided once, from the stores open now: a later switch to a remote store keeps it
         self.reader_threads = reader_count(self.threads, self.prefetch, self._plan.stores())
-        self._geometries: dict[tuple[int, int], _Geometry] = {}
+        self._geometries: dict[tuple[int, int], Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)
-        self._span: tuple[Plan | None, int, float, _Geometry | None] = (None, 0, 0, None)
+        self._span: tuple[Plan | None, int, float, Geometry | None] = (None, 0, 0, None)
         for _, size in self.config.batch_sizes:  # every scheduled size, before any step
             self._geometry(size, self.config.seq_len)
         self._readers: Readers | None = None
@@ -471,7 +434,7 @@ class DataFeed:
                 f"(mesh axes: {sizes})"
             )
 
-    def _geometry_at(self, step: int) -> _Geometry:
+    def _geometry_at(self, step: int) -> Geometry:
         plan, first, end, geometry = self._span
         if plan is self._plan and first <= step < end:
             return geometry
@@ -480,47 +443,13 @@ class DataFeed:
         self._span = (self._plan, step, end, geometry)
         return geometry
 
-    def _geometry(self, global_batch_size: int, seq_len: int) -> _Geometry:
+    def _geometry(self, global_batch_size: int, seq_len: int) -> Geometry:
         key = (global_batch_size, seq_len)
-        if key in self._geometries:
-            return self._geometries[key]
-        accum = self.config.grad_accum
-        shards = math.prod(self.mesh.shape[axis] for axis in self.batch_axes)
-        sizes = " x ".join(f"{axis}={self.mesh.shape[axis]}" for axis in self.batch_axes)
-        if global_batch_size % accum:
-            raise FeedError(
-                f"global_batch_size {global_batch_size} is not divisible by grad_accum {accum}"
+        if key not in self._geometries:
+            self._geometries[key] = geometry(
+                self.mesh, self.batch_axes, self.config.grad_accum, global_batch_size, seq_len
             )
-        micro = global_batch_size // accum
-        if micro % shards:
-            what = f"the micro-batch of {micro} rows" if accum > 1 else "global_batch_size"
-            raise FeedError(
-                f"mesh batch axes {sizes} split the batch {shards} ways, which does not divide "
-                f"{what} ({global_batch_size} rows / grad_accum {accum}); choose batch axes "
-                f"whose size divides {micro}, or a batch size that is a multiple of {shards}"
-            )
-        if accum == 1:
-            shape: tuple[int, ...] = (global_batch_size, seq_len)
-            spec = PartitionSpec(self.batch_axes, None)
-        else:
-            shape = (accum, micro, seq_len)
-            spec = PartitionSpec(None, self.batch_axes, None)
-        sharding = NamedSharding(self.mesh, spec)
-        # Row r of the step is row r % micro of micro-batch r // micro (`micro_batch_rows`).
-        all_rows = np.arange(global_batch_size).reshape(accum, micro)
-        per_device = []
-        for index in sharding.addressable_devices_indices_map(shape).values():
-            rows = all_rows.reshape(-1)[index[0]] if accum == 1 else all_rows[index[:2]]
-            per_device.append(rows.reshape(-1))
-        local = np.unique(np.concatenate(per_device))
-        # Every device holds the same slice of each micro-batch, so the sorted local rows are
-        # `accum` equal groups, one per micro-batch.
-        local_shape = (len(local), seq_len) if accum == 1 else (accum, len(local) // accum, seq_len)
-        row_sharding = NamedSharding(self.mesh, PartitionSpec(*spec[:-1]))
-        whole = len(local) == global_batch_size and sharding.is_fully_addressable
-        geometry = _Geometry(shape, sharding, row_sharding, local, local_shape, whole)
-        self._geometries[key] = geometry
-        return geometry
+        return self._geometries[key]
 
     # -- prefetch ----------------------------------------------------------------------------
 
