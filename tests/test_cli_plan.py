@@ -475,3 +475,13 @@ def test_a_step_past_the_last_addressable_one_is_one_line(tmp_path, stores, caps
     assert code == 2 and out == ""
     assert err.startswith("error: step ") and len(err.strip().splitlines()) == 1
     assert f"last step this plan can address ({2**62 // 4 - 1:,})" in err  # 4 rows per lane
+
+
+def test_plot_labels_a_ledger_line_with_the_entrys_kind_not_its_keys():
+    """The changed keys of a switch run off a figure's top (demo-switch changes eight): the line
+    says switch / skip N steps, and `stages --ledger` lists the keys."""
+    from pipeline.commands.plot import _kind
+
+    entry = "switch: packing, sources, stages changed; skip 10 steps (step 20 serves plan step 30)"
+    assert _kind(entry) == "switch; skip 10 steps"
+    assert _kind("switch: stages laid out anew") == "switch"

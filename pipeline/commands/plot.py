@@ -115,7 +115,7 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
             ax.text(
                 segment.start_step,
                 0.02,
-                f" ledger {plan.ledger.entry(index)} (segment {index})",
+                f" ledger {_kind(plan.ledger.entry(index))} (segment {index})",
                 rotation=90,
                 va="bottom",
                 ha="left",
@@ -140,3 +140,9 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
+
+
+def _kind(entry: str) -> str:
+    """`switch` / `skip N steps` of a ledger entry: what fits beside a line in the figure (the
+    changed keys are listed by `pipeline stages --ledger`)."""
+    return "; ".join(part.split(":")[0].split(" (")[0] for part in entry.split("; "))
