@@ -130,7 +130,7 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     sizes = sorted({plan.batch_size(int(step)) for step in steps})
     batch = f"batch {sizes[0]}" if len(sizes) == 1 else f"batch {sizes[0]}..{sizes[-1]}"
     ax.set_title(
-        f"{title}: target weight vs realised share per step ({batch})"
+        f"{title}\ntarget weight vs realised share per step ({batch})"
         + (f", every {stride} steps" if stride > 1 else "")
     )
     ax.grid(alpha=0.25)
