@@ -9,7 +9,9 @@ batch, silently stalls) a job of hundreds. Two signals name it:
   service's key-value store that `jax.distributed.initialize` started, under
   `pipeline/ttb/<process index>`, and reads every host's latest value back: the slowest host
   and its time are in `FeedStats` (so Prometheus) and in one INFO line of process 0 per window.
-  Two small RPCs per window, from the training thread after the window's last step.
+  Two small RPCs per window, from the training thread after the window's last step; process 0,
+  which logs, reads again (bounded by `WINDOW_WAIT_S`) until every host's figure is of the same
+  window, so the host it names is the slowest of that window, not of the one before.
 * **Readiness barrier** (`feed.ready_timeout_s: T`, off by default). After its first batch each
   process writes `pipeline/ready/<n>/<process index>` (n counts the feeds that wait, in the
   order each process starts them: the same on every process) and waits up to T seconds for
@@ -32,6 +34,10 @@ from pipeline.feed.host_stop import coordination_client
 
 TIME_TO_BATCH = "pipeline/ttb/"
 """Key-value directory of each process's latest time to batch: `<last step> <seconds>`."""
+WINDOW_WAIT_S = 2.0
+"""How long process 0 waits at a window's end for the other hosts' figures of that window (they
+reach it within a step of one another: every step ends in a collective), so that the slowest
+host it names is this window's."""
 READY = "pipeline/ready/"
 """Key-value directory of the readiness barriers: `<n>/<process index>`."""
 
@@ -64,11 +70,28 @@ class Peers:
             return Slowest(self._index, seconds)
         key = f"{TIME_TO_BATCH}{self._index}"
         self._client.key_value_set(key, f"{last_step} {seconds!r}", allow_overwrite=True)
-        published = {self._index: seconds}
+        published = self._published(seconds)
+        if self._index == 0:  # the host that logs waits for this window's figure of every host
+            deadline = time.monotonic() + WINDOW_WAIT_S
+            while min(step for step, _ in published.values()) < last_step:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+                published = self._published(seconds)
+        process = max(published, key=lambda p: (published[p][1], -p))
+        return Slowest(process, published[process][1])
+
+    def _published(self, seconds: float) -> dict[int, tuple[int, float]]:
+        """Every host's latest `(last step, seconds)`; a host that has published none counts
+        as step -1."""
+        published = {p: (-1, 0.0) for p in range(jax.process_count())}
+        published[self._index] = (1 << 62, seconds)
         for name, value in self._client.key_value_dir_get(TIME_TO_BATCH):
-            published[int(name.rsplit("/", 1)[-1])] = float(value.split()[1])
-        process = max(published, key=lambda p: (published[p], -p))
-        return Slowest(process, published[process])
+            step, figure = value.split()
+            process = int(name.rsplit("/", 1)[-1])
+            if process != self._index:
+                published[process] = (int(step), float(figure))
+        return published
 
 
 def wait_until_ready(timeout_s: float, first_batch_s: float) -> None:
