@@ -87,32 +87,24 @@ def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> It
             f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
             f"pass --text-field with the column that holds the text{ROWS_HINT}"
         )
-    row = 0
-    try:
-        with _parquet_file(path) as parquet:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field]):
-                for value in batch.column(0).to_pylist():
-                    yield Document(
-                        f"{key}:row {row}", as_text(value, f"{path} row {row} column {field!r}")
-                    )
-                    row += 1
-    except PrepareError:
-        raise
-    except Exception as error:  # a truncated or corrupt row group.
-        raise PrepareError(
-            f"{path}: cannot read rows from row {row} ({str(error).splitlines()[0]}); "
-            "the file is damaged, write it again"
-        ) from None
+    for row, record in enumerate(_parquet_records(path, [field])):
+        text = as_text(record[field], f"{path} row {row} column {field!r}")
+        yield Document(f"{key}:row {row}", text)
 
 
 def _iter_parquet_rows(path: str, key: str, rows: RowFields) -> Iterator[Document]:
+    for row, record in enumerate(_parquet_records(path, list(rows.columns))):
+        yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+
+
+def _parquet_records(path: str, columns: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of `columns`, a dict each; a damaged file is one line naming the row."""
     row = 0
     try:
         with _parquet_file(path) as parquet:
-            columns = list(rows.columns)
             for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
                 for record in batch.to_pylist():
-                    yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+                    yield record
                     row += 1
     except PrepareError:
         raise
