@@ -416,3 +416,21 @@ def test_worker_processes_receive_the_encoder_once_not_with_every_chunk() -> Non
     for pid, tag, _ in results:
         tags.setdefault(pid, set()).add(tag)
     assert pid != os.getpid() and all(len(seen) == 1 for seen in tags.values()), tags
+
+
+def test_a_damaged_parquet_row_group_is_one_line(tmp_path, capsys):
+    """A file whose footer reads but whose third row group's pages are overwritten: prepare
+    stops with one line naming the file, nothing stored."""
+    table = pa.table({"text": [f"document number {i} " * 20 for i in range(2000)]})
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path, row_group_size=500, compression="NONE")
+    offset = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    out = tmp_path / "store"
+    assert main(["prepare", str(path), "--text-field", "text", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: cannot read rows from row "), err
+    assert err.rstrip().endswith("the file is damaged, write it again") and err.count("\n") == 1
+    assert not (out / "manifest.json").exists()
