@@ -10,6 +10,8 @@ from pipeline.errors import PrepareError
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.store.formats import open_store
+from pipeline.store.megatron_index import build_index
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
 from pipeline.urls import location
@@ -112,6 +114,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     i.add_argument("store", type=location, help="store directory or gs:// URL")
     i.set_defaults(run=run_store_info)
 
+    x = commands.add_parser(
+        "index",
+        help="index a Megatron .bin/.idx dataset to read it in place",
+        description="Index the Megatron dataset PREFIX.bin + PREFIX.idx (read, never "
+        "rewritten) for `format: megatron` sources: documents, block checksums and identity "
+        "(docs/in-place-corpora.md).",
+    )
+    x.add_argument("prefix", help="the dataset's path without .bin/.idx")
+    x.add_argument("--out", help="index directory (default PREFIX.pipeline-index)")
+    x.add_argument("--vocab-size", type=int, help="ids are below this (default: largest id + 1)")
+    x.set_defaults(run=run_index)
+
 
 # each row option and the --format values that read it
 ROW_OPTIONS = {
@@ -203,12 +217,20 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_verify_store(args: argparse.Namespace) -> int:
-    store = TokenStore(args.store, verify=True)
+    store = open_store(args.store, verify=True)
     print(f"ok: {describe_store(store)}")
     return 0
 
 
 def run_store_info(args: argparse.Namespace) -> int:
-    store = TokenStore(args.store)
+    store = open_store(args.store)
     print(describe_store(store))
+    return 0
+
+
+def run_index(args: argparse.Namespace) -> int:
+    path = build_index(args.prefix, args.out, vocab_size=args.vocab_size)
+    store = open_store(path)
+    eod = store.eod_id if store.eod_id >= 0 else "none (documents carry no end token)"
+    print(f"{describe_store(store)}; eod id: {eod}")
     return 0

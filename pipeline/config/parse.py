@@ -35,6 +35,7 @@ from typing import Any
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
+from pipeline.store.megatron_index import default_index_dir
 from pipeline.urls import is_url, location
 from pipeline.wording import counted
 
@@ -66,6 +67,7 @@ MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 # here (docs/architecture.md).
 PACKINGS = {"concat": "pipeline.plan.layout", "best_fit": "pipeline.plan.packing"}
 TOO_LONG = ("truncate", "drop")
+FORMATS = ("store", "megatron")  # a prepared store; a Megatron .bin/.idx read in place
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,15 @@ class SourceSpec:
     path: Path
     packing: str = "concat"  # windows of the concatenated stream, or whole documents
     too_long: str = "truncate"  # best_fit: a document longer than a row is cut or dropped
+    # format megatron: `path` is the index directory (`pipeline index`), `prefix` the data's
+    format: str = "store"
+    prefix: Path | None = None
 
     def to_json(self) -> dict[str, str]:
         """The source as config keys; defaults are left out, so concat sources read as ever."""
         out = {"path": str(self.path)}
+        if self.format == "megatron":
+            out = {"path": str(self.prefix), "format": self.format, "index": str(self.path)}
         if self.packing != "concat":
             out.update(packing=self.packing, too_long=self.too_long)
         return out
@@ -300,7 +307,9 @@ def _sources(
         key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
-        allowed = ("path",) if parent != "sources" else ("path", "packing", "too_long")
+        allowed = ("path",)
+        if parent == "sources":
+            allowed = ("path", "packing", "too_long", "format", "index")
         where.keys(where.mapping(entry, key), allowed, key)
         if not isinstance(entry.get("path"), str):
             raise where.fail(
@@ -317,6 +326,13 @@ def _sources(
             raise where.fail(f"{key}.too_long", f"expected truncate or drop, got {too_long!r}")
         if "too_long" in entry and packing == "concat":
             raise where.fail(f"{key}.too_long", "a packing: concat source has no too_long")
+        kind = entry.get("format", "store")
+        if kind not in FORMATS:
+            raise where.fail(f"{key}.format", f"expected store or megatron, got {kind!r}")
+        if "index" in entry and kind != "megatron":
+            raise where.fail(f"{key}.index", "only a format: megatron source has an index")
+        if is_url(path) and kind == "megatron":
+            raise where.fail(f"{key}.path", "a Megatron dataset is read from a local path")
         if is_url(path):  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long))
             continue
@@ -327,6 +343,14 @@ def _sources(
                 "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
             )
         resolved = ((base_dir or Path()) / path).resolve()
+        if kind == "megatron":
+            index = entry.get("index")
+            if index is not None and not isinstance(index, str):
+                raise where.fail(f"{key}.index", f"expected a directory, got {index!r}")
+            store = default_index_dir(resolved) if index is None else (base_dir or Path()) / index
+            spec = SourceSpec(name, store.resolve(), packing, too_long, kind, resolved)
+            sources.append(spec)
+            continue
         sources.append(SourceSpec(name, resolved, packing, too_long))
     return tuple(sorted(sources, key=lambda s: s.name))
 

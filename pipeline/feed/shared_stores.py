@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from pipeline.store.formats import open_store
 from pipeline.store.token_store import TokenStore
 
 _lock = threading.Lock()
@@ -25,7 +26,7 @@ _users: dict[int, int] = {}  # id(store) -> feeds holding it
 def acquire(path: str | Path, check_reads: bool = True) -> TokenStore:
     """The open store at `path`: the one another feed holds if its files are unchanged (and it
     checks its reads as `check_reads` says)."""
-    fresh = TokenStore(path, check_reads=check_reads)
+    fresh = open_store(path, check_reads=check_reads)
     with _lock:
         held = _latest.get(fresh.path)
         if held is not None and held.same_as(fresh):

@@ -15,6 +15,8 @@ from typing import TypeVar
 
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, StoreError
+from pipeline.store.formats import load_meta, open_store
+from pipeline.store.megatron_index import load_index_record
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 
@@ -22,7 +24,7 @@ T = TypeVar("T")
 
 
 def open_stores(
-    config: DataConfig, open_store: Callable[..., TokenStore] = TokenStore
+    config: DataConfig, open_store: Callable[..., TokenStore] = open_store
 ) -> dict[str, TokenStore]:
     """Every source's store, opened (its files checked) by `open_store(path, check_reads=...)`
     as the config's `feed.verify` says, by source name."""
@@ -31,7 +33,7 @@ def open_stores(
 
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
     """Every source's store metadata (its manifest alone), by source name."""
-    return _each_source(config, StoreMeta.load)
+    return _each_source(config, load_meta)
 
 
 def path_key(config: DataConfig, name: str) -> str:
@@ -53,6 +55,8 @@ def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
     out = {}
     for spec in config.sources:
         try:
+            if spec.format == "megatron":  # not indexed yet: say how, not "no store here"
+                load_index_record(spec.path)
             out[spec.name] = load(spec.path)
         except StoreError as error:
             raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import google_crc32c
@@ -41,12 +42,17 @@ def block_count(size: int, block_bytes: int) -> int:
     return -(-size // block_bytes)
 
 
-def prefix_crcs(path: Path, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+def prefix_crcs(
+    path: Path, block_bytes: int = BLOCK_BYTES, on_chunk: Callable[[bytes], None] | None = None
+) -> np.ndarray:
     """The running CRC32C of the file at `path` at each `block_bytes` boundary and at its end
-    (uint32, blocks + 1 entries, the first 0: the CRC of nothing): what prepare records."""
+    (uint32, blocks + 1 entries, the first 0: the CRC of nothing): what prepare records.
+    `on_chunk` sees every chunk read (a caller that checks the bytes too reads them once)."""
     crcs, running = [0], 0
     with path.open("rb") as file:
         for chunk in iter(lambda: file.read(block_bytes * 1024), b""):
+            if on_chunk is not None:
+                on_chunk(chunk)
             for at in range(0, len(chunk), block_bytes):
                 running = google_crc32c.extend(running, chunk[at : at + block_bytes])
                 crcs.append(running)
