@@ -68,8 +68,8 @@ class FlatBlocks:
     both check a run, which is harmless)."""
 
     __slots__ = (
-        "_bytes", "_crcs", "_lock", "_path", "_whole_sha256", "block_bytes", "checked", "shift",
-        "tokens",
+        "_bytes", "_crcs", "_lock", "_path", "_remedy", "_whole_sha256", "block_bytes", "checked",
+        "shift", "tokens",
     )  # fmt: skip
 
     def __init__(
@@ -81,6 +81,7 @@ class FlatBlocks:
         block_bytes: int,
         whole_sha256: str,
         check: bool = True,
+        remedy: str = "the sidecar was altered or damaged; prepare the store again",
     ) -> None:
         self.tokens = tokens
         self.block_bytes = block_bytes
@@ -90,7 +91,7 @@ class FlatBlocks:
         self.checked = bytearray(b"\x01" * count if not check else count)
         self._bytes = tokens.view(np.uint8)
         self._crcs = None if crcs is None else crcs.tolist()  # Python ints: cheap to compare
-        self._path, self._whole_sha256 = path, whole_sha256
+        self._path, self._whole_sha256, self._remedy = path, whole_sha256, remedy
         self._lock = threading.Lock()  # one hash of a whole sidecar at a time
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -115,8 +116,7 @@ class FlatBlocks:
         if google_crc32c.extend(crcs[first], self._bytes[first * size : end]) != crcs[last]:
             raise StoreError(
                 f"{self._path}: bytes {first * size}..{end - 1} do not match their block "
-                "checksums (flat_blocks): the sidecar was altered or damaged; prepare the store "
-                "again"
+                f"checksums (flat_blocks): {self._remedy}"
             )
         self.checked[first:last] = b"\x01" * (last - first)
 

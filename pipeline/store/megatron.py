@@ -80,12 +80,13 @@ class MegatronStore:
             )
         tokens = np.memmap(self.bin_path, dtype=self.dtype.newbyteorder("<"), mode="r")
         self._flat = FlatBlocks(
-            self.bin_path,
+            Path(f"{self.path}: {self.bin_path}"),  # the index dir first: the plan keys by it
             tokens,
             crcs,
             block_bytes=self.manifest["block_bytes"],
             whole_sha256="",
             check=check_reads,
+            remedy=REINDEX,
         )
         self.shard_tokens = self.meta.shard_tokens
         self.shard_starts = self.meta.shard_starts
