@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.config import load_config
@@ -13,6 +14,9 @@ from pipeline.plan.report import stage_rows
 from pipeline.plan.resume import reconcile
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
+from pipeline.store.megatron_format import write_megatron
+from pipeline.store.megatron_index import build_index
+from pipeline.store.token_store import TokenStore
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -27,6 +31,15 @@ def workdir(tmp_path_factory) -> Path:
                 inputs=[f"builtin:{name}"], out=root / "data" / name, num_shards=2, progress=False
             )
         )
+    with TokenStore(root / "data" / "python-docs") as store:  # as a Megatron dataset
+        docs = [
+            [store.document(shard, k).tolist()]
+            for shard in range(store.num_shards)
+            for k in range(int(store.shard_documents[shard]))
+        ]
+    (root / "data" / "megatron").mkdir()
+    write_megatron(root / "data" / "megatron" / "python-docs", docs, np.uint16)
+    build_index(root / "data" / "megatron" / "python-docs")
     shutil.copytree(CONFIGS[0].parent, root / "configs")
     return root / "configs"
 
@@ -121,3 +134,17 @@ def test_seeds01_switch_to_the_task_dataset_repeats_no_window(workdir):
     before = main.batch(switch - 1)
     for field, value in switched.batch(switch - 1).items():
         assert (value == before[field]).all()
+
+
+def test_the_megatron_example_reads_the_documents_in_place(workdir):
+    """configs/megatron-in-place.yaml: the Megatron copy of python-docs serves its documents,
+    each ending with the bytes tokenizer's eod, which the index detects."""
+    plan = Plan.from_config(load_config(workdir / "megatron-in-place.yaml"))
+    megatron = plan.segment_plan(0).layouts["docs"].meta
+    with TokenStore(workdir.parent / "data" / "python-docs") as store:
+        assert megatron.num_tokens == store.num_tokens
+        assert megatron.tokenizer["eod_id"] == store.eod_id
+        first = store.document(0, 0)
+    assert plan.store(megatron).document(0, 0).tolist() == first.tolist()
+    draws = plan.draws(3)
+    assert set(draws.source_names[s] for s in draws.source.tolist()) == {"code", "docs"}

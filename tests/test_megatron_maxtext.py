@@ -1,0 +1,42 @@
+"""A Megatron dataset read in place through the MaxText iterator (the feed, on CPU devices)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import yaml
+from jax.sharding import Mesh
+
+from pipeline.config import load_config
+from pipeline.feed.maxtext import create_data_iterator
+from pipeline.plan.batch import FIELDS
+from pipeline.plan.plan import Plan
+from pipeline.store.megatron_format import write_megatron
+from pipeline.store.megatron_index import build_index
+from tests.test_maxtext import maxtext_config
+
+
+def test_the_maxtext_iterator_serves_a_megatron_datasets_planned_rows(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [[[*rng.integers(1, 300, rng.integers(2, 30)).tolist(), 0]] for _ in range(120)]
+    write_megatron(tmp_path / "corpus", docs)
+    build_index(tmp_path / "corpus")
+    raw = {
+        "seed": 5, "seq_len": 8, "global_batch_size": 8, "lanes": 4,
+        "sources": {"meg": {"path": "corpus", "format": "megatron"}}, "mix": {"meg": 1.0},
+    }  # fmt: skip
+    data_yaml = tmp_path / "data.yaml"
+    data_yaml.write_text(yaml.safe_dump(raw))
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+    plan = Plan.from_config(load_config(data_yaml))
+    train, evals = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    try:
+        for step in range(6):
+            batch = next(train)
+            expected = plan.batch(step)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), expected[field])
+    finally:
+        for iterator in (train, evals):
+            if iterator is not None:
+                iterator.close()
