@@ -29,7 +29,7 @@ from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
 from pipeline.store.megatron_format import read_index
 from pipeline.store.megatron_index import (
     INDEX_FILE,
-    _TokenScan,
+    TokenScan,
     data_files,
     load_index_record,
     sampled_digest,
@@ -200,7 +200,7 @@ class MegatronStore:
         offsets = index.document_offsets(self.manifest["bin"]["bytes"])
         if not np.array_equal(np.unique(offsets), self._docs):
             raise StoreError(f"{self.path / 'docs.npy'}: does not match {self.idx_path}; {REINDEX}")
-        scan = _TokenScan(self.bin_path, self.dtype)
+        scan = TokenScan(self.bin_path, self.dtype)
         crcs = prefix_crcs(self.bin_path, self.manifest["block_bytes"], scan)
         if int(crcs[-1]) != self.manifest["bin"]["crc32c"]:
             raise StoreError(

@@ -71,7 +71,7 @@ def sampled_digest(path: Path, block_bytes: int = BLOCK_BYTES) -> str:
         return sample_digest(math.ceil(size / block_bytes), block)
 
 
-class _TokenScan:
+class TokenScan:
     """The per-chunk checks of the `.bin`'s tokens during the CRC pass: every id a whole
     number in [0, 2**31), and the largest one."""
 
@@ -107,7 +107,7 @@ def build_index(
     index = read_index(idx_path)
     bin_bytes = bin_path.stat().st_size
     offsets = index.document_offsets(bin_bytes)
-    scan = _TokenScan(bin_path, index.dtype)
+    scan = TokenScan(bin_path, index.dtype)
     crcs = prefix_crcs(bin_path, BLOCK_BYTES, scan)
     sizes = np.diff(offsets)
     docs = offsets[np.concatenate([np.flatnonzero(sizes), [len(sizes)]])]
