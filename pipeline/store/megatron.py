@@ -34,7 +34,7 @@ from pipeline.store.megatron_index import (
     load_index_record,
     sampled_digest,
 )
-from pipeline.store.meta import StoreMeta
+from pipeline.store.meta import StoreFacts, StoreMeta
 from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
 from pipeline.store.token_store import TokenSpan
 
@@ -54,11 +54,10 @@ def load_megatron_meta(path: str | Path) -> StoreMeta:
     )
 
 
-class MegatronStore:
+class MegatronStore(StoreFacts):
     """A Megatron dataset, by its index directory `path`; see the module docstring."""
 
     masked = False
-    num_shards = 1
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         self.path = Path(os.path.abspath(path))
@@ -93,22 +92,6 @@ class MegatronStore:
         self.shard_documents = np.array([self.num_documents], dtype=np.int64)
         if verify:
             self.verify()
-
-    @property
-    def num_tokens(self) -> int:
-        return self.meta.num_tokens
-
-    @property
-    def num_documents(self) -> int:
-        return int(self.manifest["num_documents"])
-
-    @property
-    def fingerprint(self) -> str:
-        return self.meta.fingerprint
-
-    @property
-    def tokenizer_identity(self) -> tuple[str, str, int, int]:
-        return self.meta.tokenizer_identity
 
     def _check_file(self, file: Path, recorded: dict) -> FileIdentity:
         """The file's identity, refused unless its size and sampled digest are as indexed."""

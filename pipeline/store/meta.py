@@ -83,6 +83,36 @@ class StoreMeta:
         return np.concatenate([[0], np.cumsum(self.shard_tokens)])
 
 
+class StoreFacts:
+    """What an open store of any format tells from its metadata alone (`meta`, and the
+    `manifest`, or index record, it was read from)."""
+
+    meta: StoreMeta
+    manifest: dict[str, Any]
+
+    @property
+    def num_shards(self) -> int:
+        return self.meta.num_shards
+
+    @property
+    def num_tokens(self) -> int:
+        return self.meta.num_tokens
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.manifest["num_documents"])
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the content (not the location): equal stores have equal fingerprints."""
+        return self.meta.fingerprint
+
+    @property
+    def tokenizer_identity(self) -> tuple[str, str, int, int]:
+        """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
+        return self.meta.tokenizer_identity
+
+
 def load_manifest(path: Path) -> dict[str, Any]:
     """The manifest, in one read when it exists (one request for a `gs://` store), checked to
     be one this version reads and to be its own (`identity.check_manifest`)."""

@@ -37,7 +37,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
-from pipeline.store.meta import MANIFEST, StoreMeta, load_manifest
+from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import (
@@ -86,7 +86,7 @@ class TokenSpan:
     doc_starts: np.ndarray
 
 
-class TokenStore:
+class TokenStore(StoreFacts):
     """A verified, read-only view of a token store. Cheap to open; shards open on first read.
 
     Opening checks the manifest (its checksum and fields) and every shard's size
@@ -162,28 +162,6 @@ class TokenStore:
         self._first_use_identities: list[FileIdentity | None] = [None] * len(shards)
         if verify:
             self.verify()
-
-    @property
-    def num_shards(self) -> int:
-        return self.meta.num_shards
-
-    @property
-    def num_tokens(self) -> int:
-        return self.meta.num_tokens
-
-    @property
-    def num_documents(self) -> int:
-        return int(self.manifest["num_documents"])
-
-    @property
-    def fingerprint(self) -> str:
-        """Identity of the content (not the location): equal stores have equal fingerprints."""
-        return self.meta.fingerprint
-
-    @property
-    def tokenizer_identity(self) -> tuple[str, str, int, int]:
-        """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
-        return self.meta.tokenizer_identity
 
     def check_unchanged(self) -> None:
         """Refuse a store that is no longer the one opened (`store_identity` changed): checked
