@@ -355,7 +355,7 @@ def test_bad_format_keys_are_one_line(tmp_path, entry, message):
 
 def test_a_dataset_not_indexed_yet_says_how(tmp_path):
     write_megatron(tmp_path / "corpus", random_documents(7, 20))
-    with pytest.raises(ConfigError, match=r"sources\.meg\.path: .* run `pipeline index PREFIX`"):
+    with pytest.raises(ConfigError, match=r"sources\.meg\.path: .* run `pipeline index`"):
         plan_of(tmp_path, config_for(tmp_path, {"meg": {"path": "corpus", "format": "megatron"}}))
 
 
