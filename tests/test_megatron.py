@@ -331,7 +331,7 @@ def test_the_config_names_the_index_and_round_trips(tmp_path):
     sources = {"meg": {"path": "corpus", "format": "megatron", "index": "elsewhere"}}
     config = parse_config(config_for(tmp_path, sources), "c.yaml", tmp_path)
     spec = config.source("meg")
-    assert spec.path == tmp_path / "elsewhere" and spec.prefix == tmp_path / "corpus"
+    assert spec.path == tmp_path / "elsewhere" and spec.data == tmp_path / "corpus"
     again = parse_config(config_for(tmp_path, {"meg": spec.to_json()}), "c.yaml", tmp_path)
     assert again.source("meg") == spec
     assert Plan.from_config(config).batch(0)["inputs"].shape == (8, 8)
@@ -342,9 +342,9 @@ def test_the_config_names_the_index_and_round_trips(tmp_path):
     [
         (
             {"path": "corpus", "format": "arrow"},
-            r"sources\.meg\.format: expected store or megatron",
+            r"sources\.meg\.format: expected store, megatron or parquet",
         ),
-        ({"path": "corpus", "index": "x"}, r"sources\.meg\.index: only a format: megatron"),
+        ({"path": "corpus", "index": "x"}, r"sources\.meg\.index: only a source read in place"),
         ({"path": "gs://b/corpus", "format": "megatron"}, "read from a local path"),
     ],
 )

@@ -6,10 +6,11 @@ import argparse
 import logging
 
 from pipeline.commands.summary import describe_store
-from pipeline.errors import PrepareError
+from pipeline.errors import PrepareError, StoreError
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.store.columns_index import DEFAULT_COLUMN, build_columns_index
 from pipeline.store.formats import open_store
 from pipeline.store.megatron_index import build_index
 from pipeline.store.token_store import TokenStore
@@ -116,13 +117,17 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     x = commands.add_parser(
         "index",
-        help="index a Megatron .bin/.idx dataset to read it in place",
-        description="Index the Megatron dataset PREFIX.bin + PREFIX.idx (read, never "
-        "rewritten) for `format: megatron` sources: documents, block checksums and identity "
+        help="index a tokenized corpus (Megatron .bin/.idx, Parquet/Arrow) to read it in place",
+        description="Index a tokenized corpus, read and never rewritten, for `format: megatron` "
+        "or `format: parquet` sources: documents, checksums and identity "
         "(docs/in-place-corpora.md).",
     )
-    x.add_argument("prefix", help="the dataset's path without .bin/.idx")
-    x.add_argument("--out", help="index directory (default PREFIX.pipeline-index)")
+    x.add_argument(
+        "data", help="megatron: PREFIX (of PREFIX.bin/.idx); parquet: a directory or a glob"
+    )
+    x.add_argument("--format", choices=("megatron", "parquet"), default="megatron")
+    x.add_argument("--column", help=f"parquet: the token column (default {DEFAULT_COLUMN})")
+    x.add_argument("--out", help="index directory (default DATA.pipeline-index)")
     x.add_argument("--vocab-size", type=int, help="ids are below this (default: largest id + 1)")
     x.set_defaults(run=run_index)
 
@@ -229,7 +234,13 @@ def run_store_info(args: argparse.Namespace) -> int:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    path = build_index(args.prefix, args.out, vocab_size=args.vocab_size)
+    if args.format == "parquet":
+        column = args.column or DEFAULT_COLUMN
+        path = build_columns_index(args.data, args.out, column=column, vocab_size=args.vocab_size)
+    elif args.column is not None:
+        raise StoreError("--column is for --format parquet; a Megatron dataset has one stream")
+    else:
+        path = build_index(args.data, args.out, vocab_size=args.vocab_size)
     store = open_store(path)
     eod = store.eod_id if store.eod_id >= 0 else "none (documents carry no end token)"
     print(f"{describe_store(store)}; eod id: {eod}")

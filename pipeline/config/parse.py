@@ -35,6 +35,7 @@ from typing import Any
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
+from pipeline.store.columns_index import DEFAULT_COLUMN
 from pipeline.store.megatron_index import default_index_dir
 from pipeline.urls import is_url, location
 from pipeline.wording import counted
@@ -67,7 +68,9 @@ MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 # here (docs/architecture.md).
 PACKINGS = {"concat": "pipeline.plan.layout", "best_fit": "pipeline.plan.packing"}
 TOO_LONG = ("truncate", "drop")
-FORMATS = ("store", "megatron")  # a prepared store; a Megatron .bin/.idx read in place
+# a prepared store; corpora read in place (docs/in-place-corpora.md): Megatron .bin/.idx,
+# Parquet/Arrow token columns
+FORMATS = ("store", "megatron", "parquet")
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,19 @@ class SourceSpec:
     path: Path
     packing: str = "concat"  # windows of the concatenated stream, or whole documents
     too_long: str = "truncate"  # best_fit: a document longer than a row is cut or dropped
-    # format megatron: `path` is the index directory (`pipeline index`), `prefix` the data's
+    # read in place (megatron, parquet): `path` is the index directory (`pipeline index`),
+    # `data` the corpus's path (PREFIX; a directory or glob) and `column` its token column
     format: str = "store"
-    prefix: Path | None = None
+    data: Path | None = None
+    column: str | None = None
 
     def to_json(self) -> dict[str, str]:
         """The source as config keys; defaults are left out, so concat sources read as ever."""
         out = {"path": str(self.path)}
-        if self.format == "megatron":
-            out = {"path": str(self.prefix), "format": self.format, "index": str(self.path)}
+        if self.format != "store":
+            out = {"path": str(self.data), "format": self.format, "index": str(self.path)}
+        if self.column is not None:
+            out["column"] = self.column
         if self.packing != "concat":
             out.update(packing=self.packing, too_long=self.too_long)
         return out
@@ -309,7 +316,7 @@ def _sources(
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
         allowed = ("path",)
         if parent == "sources":
-            allowed = ("path", "packing", "too_long", "format", "index")
+            allowed = ("path", "packing", "too_long", "format", "index", "column")
         where.keys(where.mapping(entry, key), allowed, key)
         if not isinstance(entry.get("path"), str):
             raise where.fail(
@@ -328,11 +335,16 @@ def _sources(
             raise where.fail(f"{key}.too_long", "a packing: concat source has no too_long")
         kind = entry.get("format", "store")
         if kind not in FORMATS:
-            raise where.fail(f"{key}.format", f"expected store or megatron, got {kind!r}")
-        if "index" in entry and kind != "megatron":
-            raise where.fail(f"{key}.index", "only a format: megatron source has an index")
-        if is_url(path) and kind == "megatron":
-            raise where.fail(f"{key}.path", "a Megatron dataset is read from a local path")
+            raise where.fail(f"{key}.format", f"expected store, megatron or parquet, got {kind!r}")
+        if "index" in entry and kind == "store":
+            raise where.fail(f"{key}.index", "only a source read in place has an index")
+        if "column" in entry and kind != "parquet":
+            raise where.fail(f"{key}.column", "only a format: parquet source has a column")
+        column = entry.get("column", DEFAULT_COLUMN) if kind == "parquet" else None
+        if column is not None and not isinstance(column, str):
+            raise where.fail(f"{key}.column", f"expected a column name, got {column!r}")
+        if is_url(path) and kind != "store":
+            raise where.fail(f"{key}.path", f"a format: {kind} corpus is read from a local path")
         if is_url(path):  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long))
             continue
@@ -343,12 +355,14 @@ def _sources(
                 "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
             )
         resolved = ((base_dir or Path()) / path).resolve()
-        if kind == "megatron":
+        if kind != "store":
             index = entry.get("index")
             if index is not None and not isinstance(index, str):
                 raise where.fail(f"{key}.index", f"expected a directory, got {index!r}")
+            if index is None and any(c in path for c in "*?["):
+                raise where.fail(f"{key}.index", "a glob's index directory must be named")
             store = default_index_dir(resolved) if index is None else (base_dir or Path()) / index
-            spec = SourceSpec(name, store.resolve(), packing, too_long, kind, resolved)
+            spec = SourceSpec(name, store.resolve(), packing, too_long, kind, resolved, column)
             sources.append(spec)
             continue
         sources.append(SourceSpec(name, resolved, packing, too_long))

@@ -15,8 +15,7 @@ from typing import TypeVar
 
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, StoreError
-from pipeline.store.formats import load_meta, open_store
-from pipeline.store.megatron_index import load_index_record
+from pipeline.store.formats import check_index, load_meta, open_store
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 
@@ -55,8 +54,8 @@ def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
     out = {}
     for spec in config.sources:
         try:
-            if spec.format == "megatron":  # not indexed yet: say how, not "no store here"
-                load_index_record(spec.path)
+            if spec.format != "store":  # not indexed yet: say how, not "no store here"
+                check_index(spec.format, spec.path, spec.column)
             out[spec.name] = load(spec.path)
         except StoreError as error:
             raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error

@@ -1,9 +1,10 @@
 """The one place a store's format picks the class that reads it.
 
-A prepared store (`pipeline prepare`, a directory with `manifest.json`) is a `TokenStore`; a
-Megatron dataset read in place is a `MegatronStore`, opened by its index directory
-(`pipeline index`, which holds `megatron-index.json`). Both offer what the plan reads: the
-metadata (`meta`: fingerprint, token counts), document offsets, checked token reads.
+A prepared store (`pipeline prepare`, a directory with `manifest.json`) is a `TokenStore`.
+Corpora read in place are opened by their index directory (`pipeline index`): a Megatron
+dataset's holds `megatron-index.json` (`MegatronStore`), Parquet/Arrow token columns'
+`columns-index.json` (`ColumnStore`). All offer what the plan reads: the metadata (`meta`:
+fingerprint, token counts), document offsets, checked token reads.
 """
 
 from __future__ import annotations
@@ -11,29 +12,52 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.store.megatron import MegatronStore, load_megatron_meta
-from pipeline.store.megatron_index import is_index
+from pipeline.errors import StoreError
+from pipeline.store.columns import ColumnStore
+from pipeline.store.inplace import InPlaceStore, load_record, record_meta
+from pipeline.store.megatron import MegatronStore
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url
 
-AnyStore = TokenStore | MegatronStore
+AnyStore = TokenStore | InPlaceStore
+IN_PLACE: dict[str, type[InPlaceStore]] = {"megatron": MegatronStore, "parquet": ColumnStore}
 
 
-def _megatron(path: str | Path) -> bool:
-    return not is_url(path) and is_index(Path(path))
+def _in_place(path: str | Path) -> type[InPlaceStore] | None:
+    """The in-place store class whose index is at `path`; None for a prepared store."""
+    if is_url(path):
+        return None
+    return next((c for c in IN_PLACE.values() if (Path(path) / c.RECORD).is_file()), None)
+
+
+def _record(cls: type[InPlaceStore], path: Path) -> dict[str, Any]:
+    return load_record(path, cls.RECORD, cls.KIND, cls.VERSION)
 
 
 def open_store(path: str | Path, **options: Any) -> AnyStore:
     """The store at `path`, opened by the class its format needs (options: `TokenStore`'s;
-    a Megatron store takes `verify` and `check_reads`)."""
-    if _megatron(path):
-        return MegatronStore(
-            path, **{k: v for k, v in options.items() if k in ("verify", "check_reads")}
-        )
-    return TokenStore(path, **options)
+    a store read in place takes `verify` and `check_reads`)."""
+    cls = _in_place(path)
+    if cls is None:
+        return TokenStore(path, **options)
+    return cls(path, **{k: v for k, v in options.items() if k in ("verify", "check_reads")})
 
 
 def load_meta(path: str | Path) -> StoreMeta:
     """The plan's metadata of the store at `path`, reading its manifest or index record only."""
-    return load_megatron_meta(path) if _megatron(path) else StoreMeta.load(path)
+    cls = _in_place(path)
+    return (
+        StoreMeta.load(path) if cls is None else record_meta(Path(path), _record(cls, Path(path)))
+    )
+
+
+def check_index(kind: str, path: Path, column: str | None = None) -> None:
+    """A `format: megatron | parquet` source's index is at `path` (else: how to make it), and
+    a token column's indexes the configured `column`."""
+    record = _record(IN_PLACE[kind], path)
+    if column is not None and record["column"] != column:
+        raise StoreError(
+            f"{path}: indexes column {record['column']!r}, the source reads {column!r}; index "
+            "that column (`pipeline index --column`) into another directory"
+        )

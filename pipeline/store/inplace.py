@@ -84,11 +84,11 @@ def eod_of(last_tokens: np.ndarray) -> int:
     return int(ends[0]) if ends.size and np.all(ends == ends[0]) else -1
 
 
-def vocabulary(scan: TokenScan, vocab_size: int | None, where: Path) -> int:
+def vocabulary(max_id: int, vocab_size: int | None, where: Path) -> int:
     """`vocab_size`, default the largest id + 1; refused when an id is not below it."""
-    vocab = scan.max_id + 1 if vocab_size is None else vocab_size
-    if vocab <= scan.max_id:
-        raise StoreError(f"{where}: token id {scan.max_id} is not below --vocab-size {vocab}")
+    vocab = max_id + 1 if vocab_size is None else vocab_size
+    if vocab <= max_id:
+        raise StoreError(f"{where}: token id {max_id} is not below --vocab-size {vocab}")
     return vocab
 
 

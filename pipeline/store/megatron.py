@@ -25,17 +25,10 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
-from pipeline.store.inplace import REINDEX, InPlaceStore, TokenScan, load_record, record_meta
+from pipeline.store.inplace import REINDEX, InPlaceStore, TokenScan
 from pipeline.store.megatron_format import read_index
 from pipeline.store.megatron_index import INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, data_files
-from pipeline.store.meta import StoreMeta
 from pipeline.store.store_files import sha256_of
-
-
-def load_megatron_meta(path: str | Path) -> StoreMeta:
-    """What the plan needs (fingerprint, tokens, dtype, ids), from the index record alone."""
-    path = Path(path)
-    return record_meta(path, load_record(path, INDEX_FILE, INDEX_FORMAT, INDEX_VERSION))
 
 
 class MegatronStore(InPlaceStore):

@@ -32,7 +32,6 @@ from pipeline.store.inplace import (
     TokenScan,
     eod_of,
     file_entry,
-    load_record,
     nonempty,
     save_array,
     tokenizer_entry,
@@ -79,7 +78,7 @@ def build_index(
     docs = nonempty(offsets)
     tokens = np.memmap(bin_path, dtype=index.dtype.newbyteorder("<"), mode="r")
     eod = eod_of(tokens[docs[1:] - 1] if docs.size > 1 else [])
-    vocab = vocabulary(scan, vocab_size, bin_path)
+    vocab = vocabulary(scan.max_id, vocab_size, bin_path)
     target = default_index_dir(prefix) if out is None else Path(out)
     target.mkdir(parents=True, exist_ok=True)
     idx_sha256 = file_sha256(idx_path)
@@ -106,13 +105,3 @@ def build_index(
     content.update(idx=idx_sha256, bin=record["bin"]["crc32c"], bin_bytes=bin_bytes)
     write_record(target, INDEX_FILE, record, content)
     return target
-
-
-def load_index_record(path: Path) -> dict[str, Any]:
-    """The index record in directory `path`, checked to be one this version reads and its own."""
-    return load_record(path, INDEX_FILE, INDEX_FORMAT, INDEX_VERSION)
-
-
-def is_index(path: Path) -> bool:
-    """Whether `path` is a directory holding a Megatron index (what `formats` dispatches on)."""
-    return (Path(path) / INDEX_FILE).is_file()

@@ -1,0 +1,133 @@
+"""Parquet/Arrow token columns read in place, behind the interface the plan reads stores by.
+
+`ColumnStore` opens an index directory written by `pipeline index DIR_OR_GLOB --format
+parquet` (columns_index.py). Each file is a shard; its documents are its rows. The files are
+never rewritten: a read decodes the chunks (row groups, record batches) it needs, checks each
+against the CRC32C the index recorded (unless reads are unchecked) and keeps the last few
+decoded per file. At open, the files' sizes and sampled digests are checked against the index;
+`check_unchanged` compares their identities with those taken at open; `verify()` decodes and
+checks every chunk and re-derives every file's documents.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.store.columns_files import ColumnFile
+from pipeline.store.columns_index import INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, chunk_crc
+from pipeline.store.inplace import REINDEX, InPlaceStore, nonempty
+
+KEEP_CHUNKS = 4  # decoded chunks kept per file
+
+
+class ChunkReader:
+    """A file's ids by token range, decoded chunk by chunk and checked on decode."""
+
+    def __init__(
+        self,
+        path: Path,
+        column: str,
+        starts: np.ndarray,
+        crcs: np.ndarray,
+        check: bool,
+        index: Path,
+    ) -> None:
+        self.path, self.column, self.check = path, column, check
+        self.index = index  # errors name the index directory first: the plan keys by it
+        self.starts, self.crcs = starts, crcs.tolist()
+        self._file: ColumnFile | None = None
+        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Ids [start, stop) of the file (a non-empty range)."""
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, stop, side="left"))
+        parts = []
+        for chunk in range(first, last):
+            base = int(self.starts[chunk])
+            lo, hi = max(start, base) - base, min(stop, int(self.starts[chunk + 1])) - base
+            parts.append(self.chunk(chunk)[lo:hi])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def chunk(self, index: int) -> np.ndarray:
+        """Chunk `index`'s ids: decoded (and checked) or kept from an earlier read."""
+        with self._lock:
+            values = self._decoded.get(index)
+            if values is not None:
+                self._decoded.move_to_end(index)
+                return values
+            values = self.decode(index, self.check)[1]
+            self._decoded[index] = values
+            if len(self._decoded) > KEEP_CHUNKS:
+                self._decoded.popitem(last=False)
+            return values
+
+    def decode(self, index: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths, ids) of chunk `index` from the file, its size and (`check`) its CRC32C
+        against the index."""
+        try:
+            if self._file is None:
+                self._file = ColumnFile(self.path, self.column)
+            lengths, values = self._file.chunk(index)
+        except StoreError as error:
+            raise StoreError(f"{self.index}: {error}") from error
+        expected = int(self.starts[index + 1] - self.starts[index])
+        if values.size != expected or (check and chunk_crc(values) != self.crcs[index]):
+            raise StoreError(
+                f"{self.index}: {self.path}: chunk {index} (row group or record batch) does "
+                f"not match its size and checksum in the index; {REINDEX}"
+            )
+        return lengths, values
+
+
+class ColumnStore(InPlaceStore):
+    """Parquet/Arrow token columns, by their index directory `path`; see the module
+    docstring."""
+
+    RECORD, KIND, VERSION = INDEX_FILE, INDEX_FORMAT, INDEX_VERSION
+
+    def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
+        super().__init__(path, check_reads)
+        entries = self.manifest["files"]
+        files = [Path(entry["file"]) for entry in entries]
+        for number, (file, entry) in enumerate(zip(files, entries)):
+            self._check_file(f"file{number}", file, entry)
+        docs = np.split(self._array("docs"), np.cumsum([e["documents"] + 1 for e in entries])[:-1])
+        chunks = np.split(self._array("chunks"), np.cumsum([e["chunks"] + 1 for e in entries])[:-1])
+        crcs = np.split(self._array("crcs"), np.cumsum([e["chunks"] for e in entries])[:-1])
+        column = self.manifest["column"]
+        readers = [
+            ChunkReader(file, column, starts, crc, check_reads, self.path)
+            for file, starts, crc in zip(files, chunks, crcs)
+        ]
+        self._shards(files, docs, readers)
+        if verify:
+            self.verify()
+
+    def _watched(self) -> dict[str, Path]:
+        return {**super()._watched(), **{f"file{n}": f for n, f in enumerate(self._files)}}
+
+    def verify(self, shards: object = None) -> None:
+        """The full pass: every chunk of every file decoded and checked, every file's
+        documents re-derived, every id below the vocabulary size."""
+        for shard, reader in enumerate(self._readers):
+            lengths, top = [np.zeros(1, np.int64)], -1
+            for chunk in range(len(reader.crcs)):
+                chunk_lengths, values = reader.decode(chunk, check=True)
+                lengths.append(chunk_lengths)
+                top = max(top, int(values.max()) if values.size else -1)
+            if not np.array_equal(nonempty(np.cumsum(np.concatenate(lengths))), self._docs[shard]):
+                raise StoreError(
+                    f"{self._files[shard]}: its documents are not as indexed; {REINDEX}"
+                )
+            if top >= self.vocab_size:
+                raise StoreError(
+                    f"{self._files[shard]}: token id {top} is not below the vocabulary size "
+                    f"{self.vocab_size}"
+                )

@@ -1,0 +1,88 @@
+"""Token columns in Parquet and Arrow files, read chunk by chunk (needs the `parquet` extra).
+
+A corpus tokenized by Hugging Face `datasets` (or any Arrow writer) keeps one document per row
+as a list of ids in a column (`input_ids`). `ColumnFile` reads that column of one file by
+*chunk*: a Parquet row group, or a record batch of an Arrow IPC file (what
+`datasets.save_to_disk` writes: `data-00000-of-00001.arrow`, read through a memory map, so its
+ids are never copied until served). Each chunk gives the documents' lengths and their ids,
+flattened; a null row or a column that is not a list of integer ids is refused by name.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.extras import require
+
+SUFFIXES = (".parquet", ".arrow")
+
+
+def column_files(spec: str | Path) -> list[Path]:
+    """The Parquet/Arrow files of a directory (its `*.parquet` and `*.arrow`, by name) or of
+    a glob, refused when there are none."""
+    path = Path(spec)
+    if path.is_dir():
+        found = [p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()]
+    else:
+        found = [Path(p) for p in glob.glob(str(spec)) if Path(p).suffix in SUFFIXES]
+    if not found:
+        raise StoreError(f"{spec}: no .parquet or .arrow files")
+    return sorted(found)
+
+
+class ColumnFile:
+    """One file's token column, by chunk (see the module docstring)."""
+
+    def __init__(self, path: Path, column: str) -> None:
+        self.path, self.column = path, column
+        self._parquet, self._batches = None, []
+        pa = require("pyarrow", "parquet", "Parquet/Arrow token columns")
+        try:
+            if path.suffix == ".parquet":
+                parquet = require("pyarrow.parquet", "parquet", "Parquet token columns")
+                self._parquet = parquet.ParquetFile(str(path), memory_map=True)
+                schema = self._parquet.schema_arrow
+                self.count = self._parquet.num_row_groups
+            else:
+                self._batches = _arrow_batches(pa, path)
+                schema = self._batches[0].schema if self._batches else None
+                self.count = len(self._batches)
+        except (OSError, pa.ArrowException) as error:
+            raise StoreError(f"{path}: cannot read: {error}") from None
+        if schema is None or column not in schema.names:
+            names = ", ".join(schema.names) if schema is not None else "none"
+            raise StoreError(f"{path}: no column {column!r} (columns: {names})")
+        kind = schema.field(column).type
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        if not listed or not pa.types.is_integer(kind.value_type):
+            raise StoreError(f"{path}: column {column!r} is {kind}, not a list of integer ids")
+        self.dtype = np.dtype(kind.value_type.to_pandas_dtype())
+
+    def chunk(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(documents' lengths, their ids flattened) of chunk `index`."""
+        if self._parquet is not None:
+            table = self._parquet.read_row_group(index, columns=[self.column])
+            array: Any = table.column(0).combine_chunks()
+        else:
+            array = self._batches[index].column(self.column)
+        values = array.flatten()
+        if array.null_count or values.null_count:
+            raise StoreError(f"{self.path}: chunk {index} of column {self.column!r} has nulls")
+        lengths = np.asarray(array.value_lengths(), dtype=np.int64)
+        return lengths, values.to_numpy(zero_copy_only=False)
+
+
+def _arrow_batches(pa: Any, path: Path) -> list:
+    """Every record batch of an Arrow IPC file (file or stream format), memory-mapped."""
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_file(source)
+        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return list(pa.ipc.open_stream(source))
