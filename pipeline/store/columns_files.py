@@ -61,7 +61,7 @@ class ColumnFile:
         listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         if not listed or not pa.types.is_integer(kind.value_type):
             raise StoreError(f"{path}: column {column!r} is {kind}, not a list of integer ids")
-        self.dtype = np.dtype(kind.value_type.to_pandas_dtype())
+        self.dtype = np.dtype(str(kind.value_type))  # int8..uint64: numpy names
 
     def chunk(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(documents' lengths, their ids flattened) of chunk `index`."""

@@ -129,9 +129,7 @@ def build_columns_index(
         "docs": DOCS,
         "docs_sha256": save_array(target, DOCS, np.concatenate([f["docs"] for f in found])),
         "chunks": CHUNKS,
-        "chunks_sha256": save_array(
-            target, CHUNKS, np.concatenate([np.concatenate([[0], f["chunks"]]) for f in found])
-        ),
+        "chunks_sha256": save_array(target, CHUNKS, np.concatenate([f["chunks"] for f in found])),
         "crcs": CRCS,
         "crcs_sha256": save_array(target, CRCS, np.concatenate([f["crcs"] for f in found])),
     }

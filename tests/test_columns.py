@@ -1,0 +1,220 @@
+"""Parquet/Arrow token columns read in place (docs/in-place-corpora.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError, StoreError
+from pipeline.plan.audit import audit
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.plan import Plan, host_rows
+from pipeline.store.columns import ColumnStore
+from pipeline.store.columns_index import build_columns_index
+from pipeline.store.formats import open_store
+from pipeline.store.megatron_format import write_megatron
+from pipeline.store.megatron_index import build_index, default_index_dir
+from tests.test_megatron import run_cli
+
+
+def positional_files(lengths: list[list[int]]) -> tuple[list[list[list[int]]], set[int]]:
+    """Documents per file whose ids are their positions in the natural stream (every id
+    distinct), and the positions where documents start."""
+    files, at, starts = [], 0, set()
+    for file in lengths:
+        docs = []
+        for length in file:
+            starts.add(at)
+            docs.append(list(range(at, at + length)))
+            at += length
+        files.append(docs)
+    return files, starts
+
+
+def write_parquet(directory: Path, files: list, row_group_size: int = 5, **extra) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, docs in enumerate(files):
+        table = pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32())), **extra})
+        pq.write_table(
+            table, directory / f"part-{number:05d}.parquet", row_group_size=row_group_size
+        )
+
+
+def write_saved_dataset(directory: Path, files: list, batch: int = 4) -> None:
+    """Arrow IPC streams in `datasets.save_to_disk`'s layout (data-0000N-of-0000M.arrow and
+    its JSON files), written with pyarrow (`datasets` is not a dependency)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("input_ids", pa.list_(pa.int64()))])
+    for number, docs in enumerate(files):
+        name = directory / f"data-{number:05d}-of-{len(files):05d}.arrow"
+        with pa.OSFile(str(name), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for at in range(0, len(docs), batch):
+                writer.write_batch(
+                    pa.record_batch([pa.array(docs[at : at + batch], pa.list_(pa.int64()))], schema)
+                )
+    (directory / "state.json").write_text(json.dumps({"_data_files": []}))
+    (directory / "dataset_info.json").write_text("{}")
+
+
+def config_for(sources: dict, **extra) -> dict:
+    return {
+        "seed": 9, "seq_len": 8, "global_batch_size": 8, "lanes": 2,
+        "sources": sources, "mix": {name: 1.0 for name in sources}, **extra,
+    }  # fmt: skip
+
+
+def plan_of(tmp: Path, raw: dict) -> Plan:
+    return Plan.from_config(parse_config(raw, str(tmp / "data.yaml"), tmp))
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=12), min_size=1, max_size=4),
+    arrow=st.booleans(),
+    lanes=st.sampled_from([1, 2]),
+)
+def test_every_token_is_an_input_once_per_epoch_and_positions_restart_at_rows(
+    tmp_path_factory, lengths, arrow, lanes
+):
+    tmp = tmp_path_factory.mktemp("cols")
+    files, starts = positional_files(lengths)
+    total = sum(map(sum, lengths))
+    assume(total >= lanes * 10)
+    (write_saved_dataset if arrow else write_parquet)(tmp / "corpus", files)
+    build_columns_index(tmp / "corpus")
+    raw = config_for({"c": {"path": "corpus", "format": "parquet"}}, lanes=lanes)
+    raw["global_batch_size"] = 2 * lanes
+    plan = plan_of(tmp, raw)
+    per_lane = plan.segment_plan(0).layouts["c"].windows_per_lane
+    seen = np.zeros(total, dtype=np.int64)
+    for step in range(-(-per_lane // 2)):
+        draws = plan.draws(step)
+        batch = plan.read(draws)
+        for r in np.flatnonzero(draws.epoch == 0).tolist():
+            ids = np.append(batch["inputs"][r], batch["targets"][r][-1])
+            segment = position = 0
+            for j, token in enumerate(ids.tolist()):
+                if j == 0 or token in starts:
+                    segment, position = segment + 1, 0
+                if j < 8:
+                    assert batch["inputs_segmentation"][r][j] == segment
+                    assert batch["inputs_position"][r][j] == position
+                position += 1
+            seen[batch["inputs"][r]] += 1
+    assert seen.max() == 1 and seen.sum() == per_lane * lanes * 8
+
+
+def test_hosts_resume_mixing_with_megatron_and_a_prepared_style_store(tmp_path):
+    files, _ = positional_files([[12, 30, 7, 19] * 5, [25, 3, 40] * 6])
+    write_parquet(tmp_path / "corpus", files)
+    build_columns_index(tmp_path / "corpus")
+    write_megatron(tmp_path / "meg", [[[5, 6, 7, 0]], [[8, 9, 0]]] * 100)
+    build_index(tmp_path / "meg")
+    sources = {
+        "c": {"path": "corpus", "format": "parquet", "column": "input_ids"},
+        "m": {"path": "meg", "format": "megatron"},
+    }
+    plan = plan_of(tmp_path, config_for(sources, shared_vocabulary=True))
+    resumed = Plan(Ledger.from_json(json.loads(json.dumps(plan.ledger.to_json()))))
+    for step in (0, 5, 33):
+        whole = plan.batch(step)
+        halves = [plan.batch(step, host_rows(8, i, 2)) for i in range(2)]
+        for name, value in whole.items():
+            assert np.array_equal(np.concatenate([h[name] for h in halves]), value)
+            assert np.array_equal(resumed.batch(step)[name], value)
+    report = audit(plan, 0, 60, process_counts=[1, 2])
+    assert report.ok, report.violations
+    assert report.epochs_completed["m"] >= 1
+
+
+def test_a_changed_file_is_refused_at_open_or_at_its_first_read(tmp_path):
+    docs = [[7] * 3000 for _ in range(60)]
+    docs[30] = [7] * 1000 + [123456789] + [7] * 1999  # a marker deep in the middle
+    write_saved_dataset(tmp_path / "corpus", [docs], batch=10)
+    index = build_columns_index(tmp_path / "corpus")
+    arrow = next((tmp_path / "corpus").glob("*.arrow"))
+    data = bytearray(arrow.read_bytes())
+    at = data.find(np.int64(123456789).tobytes())
+    assert 5 * 65536 < at < len(data) - 5 * 65536  # not in a sampled block
+    data[at] ^= 1
+    arrow.write_bytes(bytes(data))
+    store = ColumnStore(index)  # the samples are unchanged
+    with pytest.raises(StoreError, match=r"chunk 3 .* does not match its size and checksum"):
+        store.read_shard_tokens(0, 0, 180_000)
+    with pytest.raises(StoreError, match="does not match its size and checksum"):
+        store.verify()
+    arrow.write_bytes(bytes(data[:-8]))
+    with pytest.raises(StoreError, match=r"data-00000-of-00001\.arrow: the dataset changed"):
+        ColumnStore(index)
+
+
+def test_the_files_are_left_as_they_were(tmp_path):
+    files, _ = positional_files([[10, 20, 30] * 4, [5, 6] * 9])
+    write_parquet(tmp_path / "corpus", files)
+    parts = sorted((tmp_path / "corpus").iterdir())
+    before = [(p.read_bytes(), os.stat(p).st_mtime_ns) for p in parts]
+    build_columns_index(tmp_path / "corpus")
+    plan = plan_of(tmp_path, config_for({"c": {"path": "corpus", "format": "parquet"}}))
+    for step in range(20):
+        plan.batch(step)
+    open_store(default_index_dir(tmp_path / "corpus"), verify=True)
+    assert [(p.read_bytes(), os.stat(p).st_mtime_ns) for p in parts] == before
+    assert sorted((tmp_path / "corpus").iterdir()) == parts
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        (pa.table({"text": ["a"]}), r"no column 'input_ids' \(columns: text\)"),
+        (pa.table({"input_ids": [1, 2]}), "is int64, not a list of integer ids"),
+        (pa.table({"input_ids": pa.array([[1], None], pa.list_(pa.int32()))}), "has nulls"),
+        (pa.table({"input_ids": pa.array([[1, -2]], pa.list_(pa.int32()))}), "not all whole ids"),
+    ],
+)
+def test_a_column_that_is_not_token_ids_is_one_line(tmp_path, table, message):
+    (tmp_path / "corpus").mkdir()
+    pq.write_table(table, tmp_path / "corpus" / "a.parquet")
+    with pytest.raises(StoreError, match=message):
+        build_columns_index(tmp_path / "corpus")
+
+
+def test_config_keys_of_a_parquet_source(tmp_path):
+    files, _ = positional_files([[10, 20, 30] * 4])
+    write_parquet(tmp_path / "corpus", files, labels=pa.array([[1]] * 12))
+    with pytest.raises(ConfigError, match=r"sources\.c\.index: a glob's index directory"):
+        parse_config(
+            config_for({"c": {"path": "corpus/*.parquet", "format": "parquet"}}), "c", tmp_path
+        )
+    build_columns_index(str(tmp_path / "corpus" / "*.parquet"), tmp_path / "ix")
+    glob = {"path": "corpus/*.parquet", "format": "parquet", "index": "ix"}
+    assert plan_of(tmp_path, config_for({"c": glob})).batch(0)["inputs"].shape == (8, 8)
+    config = parse_config(config_for({"c": glob}), "c", tmp_path)
+    again = parse_config(config_for({"c": config.source("c").to_json()}), "c", tmp_path)
+    assert again.source("c") == config.source("c")
+    with pytest.raises(ConfigError, match=r"sources\.c\.path: .*indexes column 'input_ids'"):
+        plan_of(tmp_path, config_for({"c": {**glob, "column": "labels"}}))
+    with pytest.raises(ConfigError, match=r"sources\.c\.column: only a format: parquet"):
+        parse_config(config_for({"c": {"path": "x", "column": "y"}}), "c", tmp_path)
+
+
+def test_pipeline_index_format_parquet_on_the_command_line(tmp_path):
+    files, _ = positional_files([[4, 5, 6] * 3])
+    write_saved_dataset(tmp_path / "saved", files)
+    done = run_cli("index", str(tmp_path / "saved"), "--format", "parquet")
+    assert done.returncode == 0, done.stderr
+    assert "9 documents" in done.stdout and "eod id: none" in done.stdout
+    glob = run_cli("index", str(tmp_path / "saved" / "*.arrow"), "--format", "parquet")
+    assert glob.returncode == 2 and "needs a directory: --out DIR" in glob.stderr
+    wrong = run_cli("index", str(tmp_path / "saved"), "--column", "ids")
+    assert wrong.returncode == 2 and "--column is for --format parquet" in wrong.stderr
