@@ -23,7 +23,7 @@ from pipeline.store.columns_index import build_columns_index
 from pipeline.store.formats import open_store
 from pipeline.store.megatron_format import write_megatron
 from pipeline.store.megatron_index import build_index, default_index_dir
-from tests.test_megatron import run_cli
+from tests.test_megatron import config_for, plan_of, run_cli
 
 
 def positional_files(lengths: list[list[int]]) -> tuple[list[list[list[int]]], set[int]]:
@@ -65,17 +65,6 @@ def write_saved_dataset(directory: Path, files: list, batch: int = 4) -> None:
     (directory / "dataset_info.json").write_text("{}")
 
 
-def config_for(sources: dict, **extra) -> dict:
-    return {
-        "seed": 9, "seq_len": 8, "global_batch_size": 8, "lanes": 2,
-        "sources": sources, "mix": {name: 1.0 for name in sources}, **extra,
-    }  # fmt: skip
-
-
-def plan_of(tmp: Path, raw: dict) -> Plan:
-    return Plan.from_config(parse_config(raw, str(tmp / "data.yaml"), tmp))
-
-
 @settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -93,7 +82,7 @@ def test_every_token_is_an_input_once_per_epoch_and_positions_restart_at_rows(
     assume(total >= lanes * 10)
     (write_saved_dataset if arrow else write_parquet)(tmp / "corpus", files)
     build_columns_index(tmp / "corpus")
-    raw = config_for({"c": {"path": "corpus", "format": "parquet"}}, lanes=lanes)
+    raw = config_for(tmp, {"c": {"path": "corpus", "format": "parquet"}}, lanes=lanes)
     raw["global_batch_size"] = 2 * lanes
     plan = plan_of(tmp, raw)
     per_lane = plan.segment_plan(0).layouts["c"].windows_per_lane
@@ -125,7 +114,7 @@ def test_hosts_resume_mixing_with_megatron_and_a_prepared_style_store(tmp_path):
         "c": {"path": "corpus", "format": "parquet", "column": "input_ids"},
         "m": {"path": "meg", "format": "megatron"},
     }
-    plan = plan_of(tmp_path, config_for(sources, shared_vocabulary=True))
+    plan = plan_of(tmp_path, config_for(tmp_path, sources, shared_vocabulary=True))
     resumed = Plan(Ledger.from_json(json.loads(json.dumps(plan.ledger.to_json()))))
     for step in (0, 5, 33):
         whole = plan.batch(step)
@@ -165,7 +154,7 @@ def test_the_files_are_left_as_they_were(tmp_path):
     parts = sorted((tmp_path / "corpus").iterdir())
     before = [(p.read_bytes(), os.stat(p).st_mtime_ns) for p in parts]
     build_columns_index(tmp_path / "corpus")
-    plan = plan_of(tmp_path, config_for({"c": {"path": "corpus", "format": "parquet"}}))
+    plan = plan_of(tmp_path, config_for(tmp_path, {"c": {"path": "corpus", "format": "parquet"}}))
     for step in range(20):
         plan.batch(step)
     open_store(default_index_dir(tmp_path / "corpus"), verify=True)
@@ -194,18 +183,20 @@ def test_config_keys_of_a_parquet_source(tmp_path):
     write_parquet(tmp_path / "corpus", files, labels=pa.array([[1]] * 12))
     with pytest.raises(ConfigError, match=r"sources\.c\.index: a glob's index directory"):
         parse_config(
-            config_for({"c": {"path": "corpus/*.parquet", "format": "parquet"}}), "c", tmp_path
+            config_for(tmp_path, {"c": {"path": "corpus/*.parquet", "format": "parquet"}}),
+            "c",
+            tmp_path,
         )
     build_columns_index(str(tmp_path / "corpus" / "*.parquet"), tmp_path / "ix")
     glob = {"path": "corpus/*.parquet", "format": "parquet", "index": "ix"}
-    assert plan_of(tmp_path, config_for({"c": glob})).batch(0)["inputs"].shape == (8, 8)
-    config = parse_config(config_for({"c": glob}), "c", tmp_path)
-    again = parse_config(config_for({"c": config.source("c").to_json()}), "c", tmp_path)
+    assert plan_of(tmp_path, config_for(tmp_path, {"c": glob})).batch(0)["inputs"].shape == (8, 8)
+    config = parse_config(config_for(tmp_path, {"c": glob}), "c", tmp_path)
+    again = parse_config(config_for(tmp_path, {"c": config.source("c").to_json()}), "c", tmp_path)
     assert again.source("c") == config.source("c")
     with pytest.raises(ConfigError, match=r"sources\.c\.path: .*indexes column 'input_ids'"):
-        plan_of(tmp_path, config_for({"c": {**glob, "column": "labels"}}))
+        plan_of(tmp_path, config_for(tmp_path, {"c": {**glob, "column": "labels"}}))
     with pytest.raises(ConfigError, match=r"sources\.c\.column: only a format: parquet"):
-        parse_config(config_for({"c": {"path": "x", "column": "y"}}), "c", tmp_path)
+        parse_config(config_for(tmp_path, {"c": {"path": "x", "column": "y"}}), "c", tmp_path)
 
 
 def test_pipeline_index_format_parquet_on_the_command_line(tmp_path):
