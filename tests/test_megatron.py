@@ -19,6 +19,7 @@ from pipeline.errors import ConfigError, StoreError
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.resume import reconcile
 from pipeline.store.formats import open_store
 from pipeline.store.megatron import MegatronStore
 from pipeline.store.megatron_format import read_index, write_megatron
@@ -248,6 +249,25 @@ def test_a_megatron_source_mixes_with_a_prepared_store(tmp_path):
     assert drawn == {0, 1}
     report = audit(plan, 0, 30, process_counts=[2])
     assert report.ok, report.violations
+
+
+def test_best_fit_packing_and_a_switch_to_a_mixture_keep_their_guarantees(tmp_path):
+    indexed(tmp_path, random_documents(9, 150))
+    write_synthetic_store(tmp_path / "store", [[30, 50, 20], [40, 60]])
+    packed = {"meg": {"path": "corpus", "format": "megatron", "packing": "best_fit"}}
+    report = audit(plan_of(tmp_path, config_for(tmp_path, packed)), 0, 20, process_counts=[2])
+    assert report.ok, report.violations
+    assert report.packing["meg"].documents > 0
+    alone = plan_of(
+        tmp_path, config_for(tmp_path, {"meg": {"path": "corpus", "format": "megatron"}})
+    )
+    sources = {"meg": {"path": "corpus", "format": "megatron"}, "prep": {"path": "store"}}
+    mixed = parse_config(config_for(tmp_path, sources, shared_vocabulary=True), "b.yaml", tmp_path)
+    ledger = reconcile(alone, mixed, 10, switch=True)
+    assert ledger.segments[1].counters["meg"] == alone.segment_plan(0).counters_at(10)["meg"] > 0
+    switched = Plan(ledger)
+    report = audit(switched, 0, 60, process_counts=[2])
+    assert report.ok, report.violations  # no window of meg's epoch drawn twice across the switch
 
 
 # -- identity, changes, and the files left as they were -----------------------------------------
