@@ -1,9 +1,11 @@
-"""A Megatron dataset read in place through the MaxText iterator (the feed, on CPU devices)."""
+"""Corpora read in place (Megatron, Parquet/Arrow) through the MaxText iterator (the feed, on
+CPU devices)."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 import yaml
 from jax.sharding import Mesh
 
@@ -11,19 +13,30 @@ from pipeline.config import load_config
 from pipeline.feed.maxtext import create_data_iterator
 from pipeline.plan.batch import FIELDS
 from pipeline.plan.plan import Plan
+from pipeline.store.columns_index import build_columns_index
 from pipeline.store.megatron_format import write_megatron
 from pipeline.store.megatron_index import build_index
+from tests.test_columns import write_parquet
 from tests.test_maxtext import maxtext_config
 
 
-def test_the_maxtext_iterator_serves_a_megatron_datasets_planned_rows(tmp_path):
+def write_corpus(tmp_path, kind: str) -> dict:
     rng = np.random.default_rng(0)
-    docs = [[[*rng.integers(1, 300, rng.integers(2, 30)).tolist(), 0]] for _ in range(120)]
-    write_megatron(tmp_path / "corpus", docs)
-    build_index(tmp_path / "corpus")
+    docs = [[*rng.integers(1, 300, rng.integers(2, 30)).tolist(), 0] for _ in range(120)]
+    if kind == "megatron":
+        write_megatron(tmp_path / "corpus", [[doc] for doc in docs])
+        build_index(tmp_path / "corpus")
+    else:
+        write_parquet(tmp_path / "corpus", [docs[:50], docs[50:]], row_group_size=16)
+        build_columns_index(tmp_path / "corpus")
+    return {"path": "corpus", "format": kind}
+
+
+@pytest.mark.parametrize("kind", ["megatron", "parquet"])
+def test_the_maxtext_iterator_serves_the_planned_rows_of_a_corpus_read_in_place(tmp_path, kind):
     raw = {
         "seed": 5, "seq_len": 8, "global_batch_size": 8, "lanes": 4,
-        "sources": {"meg": {"path": "corpus", "format": "megatron"}}, "mix": {"meg": 1.0},
+        "sources": {"c": write_corpus(tmp_path, kind)}, "mix": {"c": 1.0},
     }  # fmt: skip
     data_yaml = tmp_path / "data.yaml"
     data_yaml.write_text(yaml.safe_dump(raw))
