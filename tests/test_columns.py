@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
+from pipeline.in_place import default_index_dir
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
@@ -22,7 +23,7 @@ from pipeline.store.columns import ColumnStore
 from pipeline.store.columns_index import build_columns_index
 from pipeline.store.formats import open_store
 from pipeline.store.megatron_format import write_megatron
-from pipeline.store.megatron_index import build_index, default_index_dir
+from pipeline.store.megatron_index import build_index
 from tests.test_megatron import config_for, plan_of, run_cli
 
 

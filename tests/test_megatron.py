@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
+from pipeline.in_place import default_index_dir
 from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Plan, host_rows
@@ -23,7 +24,7 @@ from pipeline.plan.resume import reconcile
 from pipeline.store.formats import open_store
 from pipeline.store.megatron import MegatronStore
 from pipeline.store.megatron_format import read_index, write_megatron
-from pipeline.store.megatron_index import build_index, default_index_dir
+from pipeline.store.megatron_index import build_index
 from tests.storegen import write_synthetic_store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,10 +7,11 @@ import logging
 
 from pipeline.commands.summary import describe_store
 from pipeline.errors import PrepareError, StoreError
+from pipeline.in_place import DEFAULT_COLUMN
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
-from pipeline.store.columns_index import DEFAULT_COLUMN, build_columns_index
+from pipeline.store.columns_index import build_columns_index
 from pipeline.store.formats import open_store
 from pipeline.store.megatron_index import build_index
 from pipeline.store.token_store import TokenStore

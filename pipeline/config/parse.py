@@ -35,8 +35,7 @@ from typing import Any
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
-from pipeline.store.columns_index import DEFAULT_COLUMN
-from pipeline.store.megatron_index import default_index_dir
+from pipeline.in_place import DEFAULT_COLUMN, default_index_dir
 from pipeline.urls import is_url, location
 from pipeline.wording import counted
 

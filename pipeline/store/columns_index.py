@@ -26,6 +26,7 @@ import google_crc32c
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.in_place import DEFAULT_COLUMN, default_index_dir
 from pipeline.store.columns_files import ColumnFile, column_files
 from pipeline.store.inplace import (
     TokenScan,
@@ -37,13 +38,11 @@ from pipeline.store.inplace import (
     vocabulary,
     write_record,
 )
-from pipeline.store.megatron_index import default_index_dir
 
 INDEX_FILE = "columns-index.json"
 INDEX_FORMAT = "pipeline-columns-index"
 INDEX_VERSION = 1
 DOCS, CHUNKS, CRCS = "docs.npy", "chunks.npy", "crcs.npy"
-DEFAULT_COLUMN = "input_ids"
 
 
 def chunk_crc(values: np.ndarray) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.in_place import default_index_dir
 from pipeline.store.flat_blocks import BLOCK_BYTES, prefix_crcs
 from pipeline.store.inplace import (
     TokenScan,
@@ -44,13 +45,7 @@ from pipeline.store.store_files import file_sha256
 INDEX_FILE = "megatron-index.json"
 INDEX_FORMAT = "pipeline-megatron-index"
 INDEX_VERSION = 1
-DEFAULT_SUFFIX = ".pipeline-index"
 DOCS, BLOCKS = "docs.npy", "blocks.npy"
-
-
-def default_index_dir(data: str | Path) -> Path:
-    """Where `pipeline index` keeps the index when no directory is named: beside the data."""
-    return Path(f"{data}{DEFAULT_SUFFIX}")
 
 
 def data_files(prefix: str | Path) -> tuple[Path, Path]:
