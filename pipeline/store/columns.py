@@ -2,11 +2,13 @@
 
 `ColumnStore` opens an index directory written by `pipeline index DIR_OR_GLOB --format
 parquet` (columns_index.py). Each file is a shard; its documents are its rows. The files are
-never rewritten: a read decodes the chunks (row groups, record batches) it needs, checks each
-against the CRC32C the index recorded (unless reads are unchecked) and keeps the last few
-decoded per file. At open, the files' sizes and sampled digests are checked against the index;
-`check_unchanged` compares their identities with those taken at open; `verify()` decodes and
-checks every chunk and re-derives every file's documents.
+never rewritten: a read decodes the chunks (row groups, record batches) it needs and checks
+each against the CRC32C the index recorded on its first decode in the process (unless reads
+are unchecked), as a flat sidecar's blocks are checked on their first read. Arrow chunks are
+views of a memory map and are kept; decoded Parquet chunks are copies, and the last
+`KEEP_BYTES` of them are kept per file. At open, the files' sizes and sampled digests are
+checked against the index; `check_unchanged` compares their identities with those taken at
+open; `verify()` decodes and checks every chunk and re-derives every file's documents.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pipeline.store.columns_files import ColumnFile
 from pipeline.store.columns_index import INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, chunk_crc
 from pipeline.store.inplace import REINDEX, InPlaceStore, nonempty
 
-KEEP_CHUNKS = 4  # decoded chunks kept per file
+KEEP_BYTES = 64 << 20  # decoded Parquet chunks kept per file (Arrow chunks are mapped views)
 
 
 class ChunkReader:
@@ -42,6 +44,8 @@ class ChunkReader:
         self.starts, self.crcs = starts, crcs.tolist()
         self._file: ColumnFile | None = None
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._held = 0  # bytes of decoded Parquet chunks in `_decoded`
+        self._checked: set[int] = set()  # chunks whose CRC passed in this process
         self._lock = threading.Lock()
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -62,10 +66,13 @@ class ChunkReader:
             if values is not None:
                 self._decoded.move_to_end(index)
                 return values
-            values = self.decode(index, self.check)[1]
+            values = self.decode(index, self.check and index not in self._checked)[1]
+            self._checked.add(index)
             self._decoded[index] = values
-            if len(self._decoded) > KEEP_CHUNKS:
-                self._decoded.popitem(last=False)
+            if self.path.suffix == ".parquet":  # a copy: keep the last KEEP_BYTES of them
+                self._held += values.nbytes
+                while self._held > KEEP_BYTES and len(self._decoded) > 1:
+                    self._held -= self._decoded.popitem(last=False)[1].nbytes
             return values
 
     def decode(self, index: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
