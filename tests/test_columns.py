@@ -142,7 +142,7 @@ def test_a_changed_file_is_refused_at_open_or_at_its_first_read(tmp_path):
     store = ColumnStore(index)  # the samples are unchanged
     with pytest.raises(StoreError, match=r"chunk 3 .* does not match its size and checksum"):
         store.read_shard_tokens(0, 0, 180_000)
-    with pytest.raises(StoreError, match="does not match its size and checksum"):
+    with pytest.raises(StoreError, match="its content is not as indexed"):
         store.verify()
     arrow.write_bytes(bytes(data[:-8]))
     with pytest.raises(StoreError, match=r"data-00000-of-00001\.arrow: the dataset changed"):
@@ -167,7 +167,7 @@ def test_the_files_are_left_as_they_were(tmp_path):
     "table, message",
     [
         (pa.table({"text": ["a"]}), r"no column 'input_ids' \(columns: text\)"),
-        (pa.table({"input_ids": [1, 2]}), "is int64, not a list of integer ids"),
+        (pa.table({"input_ids": [1, 2]}), "is int64, not a list of integers"),
         (pa.table({"input_ids": pa.array([[1], None], pa.list_(pa.int32()))}), "has nulls"),
         (pa.table({"input_ids": pa.array([[1, -2]], pa.list_(pa.int32()))}), "not all whole ids"),
     ],
@@ -209,4 +209,43 @@ def test_pipeline_index_format_parquet_on_the_command_line(tmp_path):
     glob = run_cli("index", str(tmp_path / "saved" / "*.arrow"), "--format", "parquet")
     assert glob.returncode == 2 and "needs a directory: --out DIR" in glob.stderr
     wrong = run_cli("index", str(tmp_path / "saved"), "--column", "ids")
-    assert wrong.returncode == 2 and "--column is for --format parquet" in wrong.stderr
+    assert (
+        wrong.returncode == 2 and "--column and --labels are for --format parquet" in wrong.stderr
+    )
+
+
+def test_a_labels_column_masks_the_targets_it_marks_minus_100(tmp_path):
+    files, _ = positional_files([[12, 30, 7, 19] * 4, [25, 3, 40] * 5])
+    labels = [[[-100 if k < len(doc) // 2 else t for k, t in enumerate(doc)] for doc in docs]
+              for docs in files]  # fmt: skip
+    untrained = {t for docs in files for doc in docs for t in doc[: len(doc) // 2]}
+    for number, (docs, marks) in enumerate(zip(files, labels)):
+        table = pa.table({
+            "input_ids": pa.array(docs, pa.list_(pa.int32())),
+            "labels": pa.array(marks, pa.list_(pa.int64())),
+        })  # fmt: skip
+        (tmp_path / "corpus").mkdir(exist_ok=True)
+        pq.write_table(table, tmp_path / "corpus" / f"{number}.parquet", row_group_size=6)
+    build_columns_index(tmp_path / "corpus", labels="labels")
+    store = ColumnStore(default_index_dir(tmp_path / "corpus"), verify=True)
+    assert store.masked and store.trained(1, 0, 25).tolist() == [False] * 12 + [True] * 13
+    plan = plan_of(tmp_path, config_for(tmp_path, {"c": {"path": "corpus", "format": "parquet"}}))
+    for step in range(12):
+        batch = plan.batch(step)
+        for row in range(8):
+            targets = batch["targets"][row].tolist()
+            expected = [t not in untrained for t in targets]
+            assert (batch["targets_segmentation"][row] != 0).tolist() == expected
+    packed = {"c": {"path": "corpus", "format": "parquet", "packing": "best_fit"}}
+    report = audit(plan_of(tmp_path, config_for(tmp_path, packed)), 0, 10, process_counts=[2])
+    assert report.ok, report.violations
+    unmasked = build_columns_index(tmp_path / "corpus", tmp_path / "plain")
+    assert ColumnStore(unmasked).fingerprint != store.fingerprint  # other loss, other data
+
+
+def test_labels_that_do_not_align_with_the_ids_are_refused(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    table = pa.table({"input_ids": [[1, 2, 3]], "labels": [[1, 2]]})
+    pq.write_table(table, tmp_path / "corpus" / "a.parquet")
+    with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: the rows of 'labels' and"):
+        build_columns_index(tmp_path / "corpus", labels="labels")

@@ -128,6 +128,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     x.add_argument("--format", choices=("megatron", "parquet"), default="megatron")
     x.add_argument("--column", help=f"parquet: the token column (default {DEFAULT_COLUMN})")
+    x.add_argument(
+        "--labels", help="parquet: a labels column (-100: no loss), the corpus's loss mask"
+    )
     x.add_argument("--out", help="index directory (default DATA.pipeline-index)")
     x.add_argument("--vocab-size", type=int, help="ids are below this (default: largest id + 1)")
     x.set_defaults(run=run_index)
@@ -237,9 +240,13 @@ def run_store_info(args: argparse.Namespace) -> int:
 def run_index(args: argparse.Namespace) -> int:
     if args.format == "parquet":
         column = args.column or DEFAULT_COLUMN
-        path = build_columns_index(args.data, args.out, column=column, vocab_size=args.vocab_size)
-    elif args.column is not None:
-        raise StoreError("--column is for --format parquet; a Megatron dataset has one stream")
+        path = build_columns_index(
+            args.data, args.out, column=column, labels=args.labels, vocab_size=args.vocab_size
+        )
+    elif args.column is not None or args.labels is not None:
+        raise StoreError(
+            "--column and --labels are for --format parquet; a Megatron dataset has one stream"
+        )
     else:
         path = build_index(args.data, args.out, vocab_size=args.vocab_size)
     store = open_store(path)

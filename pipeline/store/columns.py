@@ -21,8 +21,14 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.columns_files import ColumnFile
-from pipeline.store.columns_index import INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, chunk_crc
-from pipeline.store.inplace import REINDEX, InPlaceStore, nonempty
+from pipeline.store.columns_index import (
+    INDEX_FILE,
+    INDEX_FORMAT,
+    INDEX_VERSION,
+    chunk_crc,
+    index_file,
+)
+from pipeline.store.inplace import REINDEX, InPlaceStore
 
 KEEP_BYTES = 64 << 20  # decoded Parquet chunks kept per file (Arrow chunks are mapped views)
 
@@ -105,9 +111,10 @@ class ColumnStore(InPlaceStore):
         files = [Path(entry["file"]) for entry in entries]
         for number, (file, entry) in enumerate(zip(files, entries)):
             self._check_file(f"file{number}", file, entry)
-        docs = np.split(self._array("docs"), np.cumsum([e["documents"] + 1 for e in entries])[:-1])
-        chunks = np.split(self._array("chunks"), np.cumsum([e["chunks"] + 1 for e in entries])[:-1])
-        crcs = np.split(self._array("crcs"), np.cumsum([e["chunks"] for e in entries])[:-1])
+        docs = self._per_file("docs", [e["documents"] + 1 for e in entries])
+        chunks = self._per_file("chunks", [e["chunks"] + 1 for e in entries])
+        crcs = self._per_file("crcs", [e["chunks"] for e in entries])
+        self._untrained = self._per_file("untrained", [e["untrained_spans"] for e in entries])
         column = self.manifest["column"]
         readers = [
             ChunkReader(file, column, starts, crc, check_reads, self.path)
@@ -120,21 +127,26 @@ class ColumnStore(InPlaceStore):
     def _watched(self) -> dict[str, Path]:
         return {**super()._watched(), **{f"file{n}": f for n, f in enumerate(self._files)}}
 
+    def _per_file(self, key: str, counts: list[int]) -> list[np.ndarray]:
+        """An index array cut into the files' parts (`counts` entries each)."""
+        return np.split(self._array(key), np.cumsum(counts)[:-1])
+
     def verify(self, shards: object = None) -> None:
-        """The full pass: every chunk of every file decoded and checked, every file's
-        documents re-derived, every id below the vocabulary size."""
-        for shard, reader in enumerate(self._readers):
-            lengths, top = [np.zeros(1, np.int64)], -1
-            for chunk in range(len(reader.crcs)):
-                chunk_lengths, values = reader.decode(chunk, check=True)
-                lengths.append(chunk_lengths)
-                top = max(top, int(values.max()) if values.size else -1)
-            if not np.array_equal(nonempty(np.cumsum(np.concatenate(lengths))), self._docs[shard]):
+        """The full pass: every file indexed again (every chunk decoded), its documents, chunk
+        CRCs and loss mask compared with the index, every id below the vocabulary size."""
+        labels = self.manifest["labels"]
+        for shard, (file, reader) in enumerate(zip(self._files, self._readers)):
+            found = index_file(file, self.manifest["column"], labels)
+            same = (
+                np.array_equal(found["docs"], self._docs[shard])
+                and np.array_equal(found["chunks"], reader.starts)
+                and found["crcs"].tolist() == reader.crcs
+                and np.array_equal(found["untrained"], self._untrained[shard])
+            )
+            if not same:
+                raise StoreError(f"{file}: its content is not as indexed; {REINDEX}")
+            if found["max_id"] >= self.vocab_size:
                 raise StoreError(
-                    f"{self._files[shard]}: its documents are not as indexed; {REINDEX}"
-                )
-            if top >= self.vocab_size:
-                raise StoreError(
-                    f"{self._files[shard]}: token id {top} is not below the vocabulary size "
+                    f"{file}: token id {found['max_id']} is not below the vocabulary size "
                     f"{self.vocab_size}"
                 )

@@ -38,7 +38,7 @@ def column_files(spec: str | Path) -> list[Path]:
 class ColumnFile:
     """One file's token column, by chunk (see the module docstring)."""
 
-    def __init__(self, path: Path, column: str) -> None:
+    def __init__(self, path: Path, column: str, labels: str | None = None) -> None:
         self.path, self.column = path, column
         self._parquet, self._batches = None, []
         pa = require("pyarrow", "parquet", "Parquet/Arrow token columns")
@@ -54,25 +54,28 @@ class ColumnFile:
                 self.count = len(self._batches)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"{path}: cannot read: {error}") from None
-        if schema is None or column not in schema.names:
-            names = ", ".join(schema.names) if schema is not None else "none"
-            raise StoreError(f"{path}: no column {column!r} (columns: {names})")
-        kind = schema.field(column).type
-        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-        if not listed or not pa.types.is_integer(kind.value_type):
-            raise StoreError(f"{path}: column {column!r} is {kind}, not a list of integer ids")
-        self.dtype = np.dtype(str(kind.value_type))  # int8..uint64: numpy names
+        for name in (column,) if labels is None else (column, labels):
+            if schema is None or name not in schema.names:
+                names = ", ".join(schema.names) if schema is not None else "none"
+                raise StoreError(f"{path}: no column {name!r} (columns: {names})")
+            kind = schema.field(name).type
+            listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            if not listed or not pa.types.is_integer(kind.value_type):
+                raise StoreError(f"{path}: column {name!r} is {kind}, not a list of integers")
+        self.dtype = np.dtype(str(schema.field(column).type.value_type))  # numpy's names
 
-    def chunk(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(documents' lengths, their ids flattened) of chunk `index`."""
+    def chunk(self, index: int, column: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(documents' lengths, their values flattened) of chunk `index` of the token column
+        (or of `column`)."""
+        name = column or self.column
         if self._parquet is not None:
-            table = self._parquet.read_row_group(index, columns=[self.column])
+            table = self._parquet.read_row_group(index, columns=[name])
             array: Any = table.column(0).combine_chunks()
         else:
-            array = self._batches[index].column(self.column)
+            array = self._batches[index].column(name)
         values = array.flatten()
         if array.null_count or values.null_count:
-            raise StoreError(f"{self.path}: chunk {index} of column {self.column!r} has nulls")
+            raise StoreError(f"{self.path}: chunk {index} of column {name!r} has nulls")
         lengths = np.asarray(array.value_lengths(), dtype=np.int64)
         return lengths, values.to_numpy(zero_copy_only=False)
 

@@ -42,7 +42,8 @@ from pipeline.store.inplace import (
 INDEX_FILE = "columns-index.json"
 INDEX_FORMAT = "pipeline-columns-index"
 INDEX_VERSION = 1
-DOCS, CHUNKS, CRCS = "docs.npy", "chunks.npy", "crcs.npy"
+DOCS, CHUNKS, CRCS, UNTRAINED = "docs.npy", "chunks.npy", "crcs.npy", "untrained.npy"
+IGNORE = -100  # a label that carries no loss (Hugging Face's ignore index)
 
 
 def chunk_crc(values: np.ndarray) -> int:
@@ -58,14 +59,34 @@ def columns_index_dir(data: str | Path) -> Path:
     return default_index_dir(Path(data).resolve())
 
 
-def _index_file(path: Path, column: str) -> dict[str, Any]:
-    """One file's documents, chunk offsets, chunk CRCs, documents' last ids and largest id."""
-    file = ColumnFile(path, column)
+def runs(positions: np.ndarray) -> np.ndarray:
+    """Ascending positions as int64 [k, 2] (start, end) ranges of consecutive ones."""
+    if not positions.size:
+        return np.empty((0, 2), np.int64)
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    firsts = positions[np.concatenate([[0], breaks])]
+    lasts = positions[np.concatenate([breaks - 1, [positions.size - 1]])]
+    return np.stack([firsts, lasts + 1], axis=1).astype(np.int64)
+
+
+def index_file(path: Path, column: str, labels: str | None = None) -> dict[str, Any]:
+    """One file's documents, chunk offsets, chunk CRCs, documents' last ids, largest id and,
+    with a `labels` column, its untrained token ranges (labels of -100)."""
+    file = ColumnFile(path, column, labels)
     scan = TokenScan(path, file.dtype)
     lengths, sizes, crcs, ends = [np.zeros(1, np.int64)], [0], [], []
+    untrained = [np.empty(0, np.int64)]
     for chunk in range(file.count):
         chunk_lengths, values = file.chunk(chunk)
         scan(memoryview(np.ascontiguousarray(values)).cast("B"))
+        if labels is not None:
+            label_lengths, label_values = file.chunk(chunk, labels)
+            if not np.array_equal(label_lengths, chunk_lengths):
+                raise StoreError(
+                    f"{path}: chunk {chunk}: the rows of {labels!r} and {column!r} differ in "
+                    "length; labels must align with the ids"
+                )
+            untrained.append(np.flatnonzero(label_values == IGNORE) + sum(sizes))
         lengths.append(chunk_lengths)
         sizes.append(values.size)
         crcs.append(chunk_crc(values))
@@ -79,6 +100,7 @@ def _index_file(path: Path, column: str) -> dict[str, Any]:
         "crcs": np.array(crcs, dtype=np.uint32),
         "ends": np.concatenate([np.empty(0, file.dtype), *ends]),
         "max_id": scan.max_id,
+        "untrained": runs(np.concatenate(untrained)),
     }
 
 
@@ -87,13 +109,15 @@ def build_columns_index(
     out: str | Path | None = None,
     *,
     column: str = DEFAULT_COLUMN,
+    labels: str | None = None,
     vocab_size: int | None = None,
 ) -> Path:
     """Index the token column of the Parquet/Arrow files at `data` (a directory or a glob)
-    into `out` (default beside a directory); returns the index directory."""
+    into `out` (default beside a directory); returns the index directory. A `labels` column
+    (Hugging Face's: -100 where a token carries no loss) gives the corpus a loss mask."""
     target = columns_index_dir(data) if out is None else Path(out)
     files = column_files(data)
-    found = [_index_file(path, column) for path in files]
+    found = [index_file(path, column, labels) for path in files]
     dtypes = {str(f["dtype"]) for f in found}
     if len(dtypes) > 1:
         raise StoreError(f"{data}: the files' {column!r} ids differ in type ({', '.join(dtypes)})")
@@ -106,6 +130,7 @@ def build_columns_index(
             "documents": int(f["docs"].size - 1),
             "empty_documents": int(f["offsets"].size - f["docs"].size),
             "chunks": int(f["crcs"].size),
+            "untrained_spans": len(f["untrained"]),
         }
         for path, f in zip(files, found)
     ]
@@ -118,6 +143,8 @@ def build_columns_index(
         "format_version": INDEX_VERSION,
         "data": str(Path(data).resolve()) if Path(data).is_dir() else str(data),
         "column": column,
+        "labels": labels,
+        "masked": labels is not None,
         "dtype": dtypes.pop(),
         "files": entries,
         "num_documents": sum(e["documents"] for e in entries),
@@ -131,8 +158,12 @@ def build_columns_index(
         "chunks_sha256": save_array(target, CHUNKS, np.concatenate([f["chunks"] for f in found])),
         "crcs": CRCS,
         "crcs_sha256": save_array(target, CRCS, np.concatenate([f["crcs"] for f in found])),
+        "untrained": UNTRAINED,
+        "untrained_sha256": save_array(
+            target, UNTRAINED, np.concatenate([f["untrained"] for f in found])
+        ),
     }
     content = {key: record[key] for key in ("dtype", "column", "shard_tokens", "docs_sha256")}
-    content["crcs"] = record["crcs_sha256"]
+    content.update(crcs=record["crcs_sha256"], untrained=record["untrained_sha256"])
     write_record(target, INDEX_FILE, record, content)
     return target

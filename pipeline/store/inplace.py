@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ import numpy as np
 from pipeline.errors import StoreError
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import StoreFacts, StoreMeta
+from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
 from pipeline.store.token_store import TokenSpan
 
@@ -158,6 +160,7 @@ def record_meta(path: Path, record: dict[str, Any]) -> StoreMeta:
         np.array(record["shard_tokens"], dtype=np.int64),
         np.dtype(record["dtype"]),
         record["tokenizer"],
+        record["masked"],
     )
 
 
@@ -172,7 +175,6 @@ class InPlaceStore(StoreFacts):
     record, its arrays, the data files' identities, and token reads through each shard's
     reader (`_readers`, set by the format's store with `_shards`)."""
 
-    masked = False
     RECORD = ""  # the record's file name in the index directory
     KIND = ""  # its `format`
     VERSION = 1
@@ -186,6 +188,8 @@ class InPlaceStore(StoreFacts):
         self.manifest = load_record(self.path, self.RECORD, self.KIND, self.VERSION)
         self.meta = record_meta(self.path, self.manifest)
         self.dtype = self.meta.dtype
+        self.masked = self.meta.masked
+        self._untrained: list[np.ndarray] = []  # a masked corpus's spans, per shard
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         self.shard_tokens = self.meta.shard_tokens
@@ -245,14 +249,14 @@ class InPlaceStore(StoreFacts):
         """The shard's reader: `read_pieces` copies from it (checked reads)."""
         return self._readers[self.check_shard(shard)]
 
-    def untrained_spans(self, shards, starts, stops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """No loss mask: every token is trained on."""
-        return (np.empty(0, np.int64),) * 3
-
-    def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
-        """Every token is trained on (no loss mask)."""
-        self.check_shard(shard)
-        return np.ones(stop - start, dtype=bool)
+    def untrained_spans(
+        self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The untrained ranges inside each token range [starts[i], stops[i]) of shard
+        shards[i], as (i, first, end) arrays (`spans.spans_in_ranges`); none without a mask."""
+        if not self.masked:
+            return (np.empty(0, np.int64),) * 3
+        return spans_in_ranges(self._untrained.__getitem__, shards, starts, stops)
 
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of a shard (checked) and the document starts in the range."""

@@ -88,6 +88,7 @@ def build_index(
         "empty_documents": int(offsets.size - docs.size),
         "num_tokens": int(offsets[-1]),
         "shard_tokens": [int(offsets[-1])],
+        "masked": False,
         "eod": "ends" if eod >= 0 else "none",
         "tokenizer": tokenizer_entry(f"megatron:{prefix.name}", vocab, eod),
         "docs": DOCS,

@@ -112,6 +112,14 @@ class StoreFacts:
         """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
         return self.meta.tokenizer_identity
 
+    def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
+        """Per token of shard tokens [start, stop): whether it is trained on (as a target)."""
+        mask = np.ones(stop - start, dtype=bool)
+        spans = self.untrained_spans([shard], [start], [stop])  # type: ignore[attr-defined]
+        for _, lo, hi in zip(*(a.tolist() for a in spans)):
+            mask[lo:hi] = False
+        return mask
+
 
 def load_manifest(path: Path) -> dict[str, Any]:
     """The manifest, in one read when it exists (one request for a `gs://` store), checked to

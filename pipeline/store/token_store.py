@@ -53,6 +53,7 @@ from pipeline.store.shard_readers import (
     default_max_open,
     open_reader,
 )
+from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import (
     CHECKSUMS,
     FileIdentity,
@@ -215,45 +216,11 @@ class TokenStore(StoreFacts):
         self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The untrained ranges inside each token range [starts[i], stops[i]) of shard
-        shards[i], as (i, first, end) arrays, clipped to the range and relative to starts[i]
-        (grouped by shard); none in a store without a loss mask. The plan asks for all of a
-        batch's pieces at once: one `searchsorted` and one gather per shard, the rest in one
-        pass over the pieces."""
-        pieces = [np.asarray(a, np.int64).reshape(-1) for a in (shards, starts, stops)]
-        if not self.masked or not pieces[0].size:
+        shards[i], as (i, first, end) arrays (`spans.spans_in_ranges`); none in a store
+        without a loss mask."""
+        if not self.masked:
             return (np.empty(0, np.int64),) * 3
-        shards, starts, stops = pieces
-        order = np.argsort(shards, kind="stable")
-        numbers, cuts = np.unique(shards[order], return_index=True)
-        cuts = np.append(cuts, order.size).tolist()
-        spans = [self._index(n, "untrained") for n in numbers.tolist()]
-        # In a shard's spans flattened (ascending), n(<= start) // 2 spans end by `start` and
-        # (n(<= stop - 1) + 1) // 2 begin before `stop`.
-        found = np.stack([starts[order], stops[order] - 1], axis=1)
-        for k, mine in enumerate(spans):
-            found[cuts[k] : cuts[k + 1]] = mine.reshape(-1).searchsorted(
-                found[cuts[k] : cuts[k + 1]], side="right"
-            )
-        first = found[:, 0] // 2
-        count = np.maximum((found[:, 1] + 1) // 2 - first, 0)
-        ends = np.cumsum(count)
-        index = np.repeat(first - ends + count, count) + np.arange(ends[-1])
-        bounds = np.empty((index.size, 2), dtype=np.int64)
-        at = np.concatenate([[0], ends])[cuts].tolist()  # each shard's spans in `index`
-        for k, mine in enumerate(spans):
-            bounds[at[k] : at[k + 1]] = mine[index[at[k] : at[k + 1]]]
-        piece = order[np.repeat(np.arange(order.size), count)]
-        base = starts[piece]
-        lo = np.maximum(bounds[:, 0], base) - base
-        hi = np.minimum(bounds[:, 1], stops[piece]) - base
-        return piece, lo, hi
-
-    def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
-        """Per token of shard tokens [start, stop): whether it is trained on (as a target)."""
-        mask = np.ones(stop - start, dtype=bool)
-        for _, lo, hi in zip(*(a.tolist() for a in self.untrained_spans([shard], [start], [stop]))):
-            mask[lo:hi] = False
-        return mask
+        return spans_in_ranges(lambda shard: self._index(shard, "untrained"), shards, starts, stops)
 
     def read_shard_tokens(self, shard: int, start: int, stop: int) -> TokenSpan:
         """Tokens [start, stop) of one shard, reading only the records that overlap the range."""
