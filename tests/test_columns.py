@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
 from pipeline.in_place import default_index_dir
-from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
+from pipeline.read.audit import audit
+from pipeline.read.plan import Plan
 from pipeline.store.columns import ColumnStore
 from pipeline.store.columns_index import build_columns_index
 from pipeline.store.formats import open_store

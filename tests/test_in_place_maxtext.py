@@ -10,9 +10,9 @@ import yaml
 from jax.sharding import Mesh
 
 from pipeline.config import load_config
-from pipeline.feed.maxtext import create_data_iterator
-from pipeline.plan.batch import FIELDS
-from pipeline.plan.plan import Plan
+from pipeline.maxtext.adapter import create_data_iterator
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from pipeline.store.columns_index import build_columns_index
 from pipeline.store.megatron_format import write_megatron
 from pipeline.store.megatron_index import build_index

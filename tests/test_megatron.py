@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
 from pipeline.in_place import default_index_dir
-from pipeline.plan.audit import audit
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Plan, host_rows
+from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
+from pipeline.read.plan import Plan
 from pipeline.store.formats import open_store
 from pipeline.store.megatron import MegatronStore
 from pipeline.store.megatron_format import read_index, write_megatron

@@ -8,6 +8,9 @@ the batched copy of a batch's pieces (`piece_reads`);
 `meta` is what planning needs of a store (shard sizes, content fingerprint, tokenizer identity),
 read from its manifest alone; `identity` is what makes a store itself (the manifest's checksum,
 each shard's sampled records, the tokenizer's identity); `writer` writes one atomically.
+Corpora already tokenized are read in place (docs/in-place-corpora.md): `formats` picks the
+class by the index `pipeline index` wrote, a Megatron dataset's (`megatron`) or Parquet/Arrow
+token columns' (`columns`), both on `inplace`.
 Corpora become stores in `pipeline.ingest`. Nothing here imports JAX, Orbax or Grain.
 """
 

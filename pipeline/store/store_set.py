@@ -15,19 +15,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.errors import StoreError
+from pipeline.store.formats import AnyStore, open_store
 from pipeline.store.meta import StoreMeta
-from pipeline.store.token_store import TokenStore
 
 
 class StoreSet:
     """Stores by content fingerprint: metadata of each, and those opened so far."""
 
     def __init__(
-        self, stores: Iterable[TokenStore | StoreMeta] = (), *, check_reads: bool = True
+        self, stores: Iterable[AnyStore | StoreMeta] = (), *, check_reads: bool = True
     ) -> None:
         self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
         self._metas: dict[str, StoreMeta] = {}
-        self._stores: dict[str, TokenStore] = {}
+        self._stores: dict[str, AnyStore] = {}
         self._opening = threading.Lock()
         for store in stores:
             self._add(store)
@@ -40,7 +40,7 @@ class StoreSet:
             self._add(open_at(path, fingerprint, check_reads))
         return self._metas[fingerprint]
 
-    def open(self, meta: StoreMeta) -> TokenStore:
+    def open(self, meta: StoreMeta) -> AnyStore:
         """The open store of `meta`'s content, opened at `meta.path` on first use (`open_at`:
         its error names the path, so a reader prefixes the source's key)."""
         store = self._stores.get(meta.fingerprint)
@@ -52,7 +52,7 @@ class StoreSet:
                     self._stores[meta.fingerprint] = store
         return store
 
-    def opened(self, fingerprint: str) -> TokenStore | None:
+    def opened(self, fingerprint: str) -> AnyStore | None:
         """The store of content `fingerprint` if it is open."""
         return self._stores.get(fingerprint)
 
@@ -60,27 +60,27 @@ class StoreSet:
         """The metadata of every store in the set (what a plan pickles instead of stores)."""
         return list(self._metas.values())
 
-    def stores(self) -> list[TokenStore]:
+    def stores(self) -> list[AnyStore]:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
         return list(self._stores.values())
 
-    def _add(self, store: TokenStore | StoreMeta) -> None:
+    def _add(self, store: AnyStore | StoreMeta) -> None:
         self._metas[store.fingerprint] = meta_of(store)
-        if isinstance(store, TokenStore):
+        if not isinstance(store, StoreMeta):  # an open store (of any format)
             self._stores[store.fingerprint] = store
 
 
-def meta_of(store: TokenStore | StoreMeta) -> StoreMeta:
+def meta_of(store: AnyStore | StoreMeta) -> StoreMeta:
     """The metadata of an open store, or metadata itself."""
-    return store.meta if isinstance(store, TokenStore) else store
+    return store if isinstance(store, StoreMeta) else store.meta
 
 
-def open_at(path: Path, fingerprint: str, check_reads: bool) -> TokenStore:
+def open_at(path: Path, fingerprint: str, check_reads: bool) -> AnyStore:
     """The store at `path`, which must hold the content the ledger recorded: one replaced
     since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
     would serve other rows under the same steps. A `StoreError` naming `path` first, as every
     store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
-    store = TokenStore(path, check_reads=check_reads)
+    store = open_store(path, check_reads=check_reads)
     if store.fingerprint != fingerprint:
         raise StoreError(
             f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
