@@ -320,7 +320,9 @@ def test_a_changed_idx_or_a_reindexed_dataset_is_refused(tmp_path):
     write_megatron(prefix, random_documents(4, 50))
     build_index(prefix)  # new content, new fingerprint: the recorded run is refused
     with pytest.raises(
-        StoreError, match=r"sources\.meg\.path: .*content fingerprint .* the ledger"
+        StoreError,
+        match=r"sources\.meg\.path: .*content fingerprint .* the ledger.*: the corpus read in "
+        r"place \(its data files, or their `pipeline index`\) changed",
     ):
         Plan(plan.ledger).batch(0)
 

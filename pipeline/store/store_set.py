@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline.errors import StoreError
 from pipeline.store.formats import AnyStore, open_store
 from pipeline.store.meta import StoreMeta
+from pipeline.store.token_store import TokenStore
 
 
 class StoreSet:
@@ -84,9 +85,18 @@ def open_at(path: Path, fingerprint: str, check_reads: bool) -> AnyStore:
     if store.fingerprint != fingerprint:
         raise StoreError(
             f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
-            f"recorded {fingerprint}: it was replaced after the ledger recorded it (by `prepare "
-            "--overwrite`?); a new run: restart it to read the new store; a resumed run: put "
-            "the recorded store back there (the same inputs and prepare options rebuild it) "
-            "and prepare new content at another path to switch to it"
+            f"recorded {fingerprint}: {_REPLACED[isinstance(store, TokenStore)]}"
         )
     return store
+
+
+_REPLACED = {  # why a store's content changed under its path, and the remedy, by kind
+    True: "it was replaced after the ledger recorded it (by `prepare --overwrite`?); a new run: "
+    "restart it to read the new store; a resumed run: put the recorded store back there (the "
+    "same inputs and prepare options rebuild it) and prepare new content at another path to "
+    "switch to it",
+    False: "the corpus read in place (its data files, or their `pipeline index`) changed after "
+    "the ledger recorded it; a new run: restart it to read the new content; a resumed run: put "
+    "the recorded files back there (and index them again) and give new content another path "
+    "to switch to it",
+}
