@@ -20,6 +20,7 @@ from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
 from pipeline.plan.ledger import MIX_UNIT, Ledger, MixEntry, quantize
+from pipeline.plan.mix_table import MixTable
 from pipeline.plan.mixing import Mixture, Steered, fixed_counts
 from pipeline.plan.report import ScheduledSources, target_shares
 from pipeline.read.batch import FIELDS
@@ -187,7 +188,7 @@ def test_bad_calls_are_refused_and_change_nothing(tmp_path):
             feed.set_mix({"docs": 1}, step=40)
         feed.set_mix({"code": 1}, step=3)
         feed.set_mix({"docs": 1}, step=3)  # the same step again: replaces the call
-        assert feed.ledger.mixes == (MixEntry(3, (("docs", MIX_UNIT),)),)
+        assert tuple(feed.ledger.mixes) == (MixEntry(3, (("docs", MIX_UNIT),)),)
         with pytest.raises(LedgerError, match="set mixes in step order"):
             feed.set_mix({"code": 1}, step=2)
 
@@ -211,16 +212,54 @@ def test_mix_entries_are_compact_checked_and_old_ledgers_have_none(tmp_path):
     config = parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml")
     plan = Plan.from_config(config)
     assert "mixes" not in plan.ledger.to_json() and plan.ledger.to_json()["version"] == 3
-    ledger = plan.ledger
-    for step in range(10_000):
-        ledger = ledger.with_mix(MixEntry(step, quantize(weights_at(step))))
+    entries = [MixEntry(step, quantize(weights_at(step))) for step in range(10_000)]
+    ledger = Ledger(plan.ledger.segments, entries)
+    assert ledger.with_mix(entries[-1]) == ledger  # the same call again replaces it
+    assert list(ledger.mixes) == entries and ledger.mixes[5] == entries[5]
     raw = ledger.to_json()
-    assert raw["version"] == 4
-    growth = len(json.dumps(raw)) - len(json.dumps(plan.ledger.to_json()))
+    assert raw["version"] == 5
+    state = data_state.DataState(10_000, ledger).dumps()  # the checkpoint's file, as written
+    assert len(state.encode()) <= 1_000_000
+    growth = len(state) - len(data_state.DataState(10_000, plan.ledger).dumps())
     assert growth / 10_000 <= 100
+    assert data_state.parse(state, "state").ledger == ledger
     assert Ledger.from_json(json.loads(json.dumps(raw))) == ledger
+
+
+def encoded(ledger: Ledger, steps: list[int], weights: list[list[int]], names: list[str]) -> dict:
+    """`ledger`'s JSON with a mix table of these entries, its digest right."""
+    return {**ledger.to_json(), "mixes": MixTable(names, steps, weights).to_json(), "version": 5}
+
+
+def test_a_damaged_or_impossible_mix_table_is_refused_by_name(tmp_path):
+    plan = Plan.from_config(parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml"))
+    ledger = plan.ledger
+    good = encoded(ledger, [0, 5], [[1, 2], [3, 0]], ["code", "docs"])
+    assert list(Ledger.from_json(good).mixes) == [
+        MixEntry(0, (("code", 1), ("docs", 2))),
+        MixEntry(5, (("code", 3),)),
+    ]
+    damaged = {**good, "mixes": {**good["mixes"], "steps": good["mixes"]["weights"]}}
+    for raw, message in (
+        (damaged, r"mixes: the digest does not match the entries"),
+        ({**good, "mixes": [[0, {"code": 1}]]}, r"mixes is malformed"),
+        (encoded(ledger, [5, 5], [[1, 0], [1, 0]], ["code", "docs"]), r"mixes\[1\]: step 5 is"),
+        (encoded(ledger, [-1], [[1]], ["code"]), r"mixes\[0\]: step -1 is negative"),
+        (encoded(ledger, [0, 1], [[1], [2 * MIX_UNIT + 1]], ["code"]), r"mixes\[1\]: weights"),
+        (encoded(ledger, [3], [[1]], ["nope"]), "set_mix at step 3: no source nope"),
+    ):
+        with pytest.raises(LedgerError, match=message):
+            Ledger.from_json(raw)
+
+
+def test_a_version_4_ledger_with_a_list_of_mix_entries_still_reads(tmp_path):
+    plan = Plan.from_config(parse_config(two_stage_raw(tmp_path / "stores"), origin="data.yaml"))
+    raw = {**plan.ledger.to_json(), "version": 4, "mixes": [[0, {"code": 3}], [4, {"docs": 1}]]}
+    ledger = Ledger.from_json(raw)
+    assert list(ledger.mixes) == [MixEntry(0, (("code", 3),)), MixEntry(4, (("docs", 1),))]
+    assert ledger.to_json()["version"] == 5  # written again in the compact form
     for edit, message in (
-        (lambda r: r["mixes"].append([5, {"code": 1}]), r"mixes\[10000\]: step 5 is not after"),
+        (lambda r: r["mixes"].append([3, {"code": 1}]), r"mixes\[2\]: step 3 is not after"),
         (lambda r: r["mixes"][0][1].update(nope=3), "weights must be integers > 0"),
         (lambda r: r["mixes"][0][1].update(code=0.5), "weights must be integers > 0"),
         (lambda r: r["mixes"].append("x"), "malformed"),

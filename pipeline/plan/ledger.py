@@ -21,7 +21,8 @@ size, lanes, stages, and each source's store content), not store paths or feed o
 A ledger may also hold *mix entries* (`MixEntry`, `DataFeed.set_mix`, docs/mixtures.md
 "Adaptive mixtures"): from its step on, the stage in force takes the entry's weights (integers
 in units of 2^-20 of their total) until the next entry, the end of the stage, or the next
-segment; appending a segment drops the entries at or after its start.
+segment; appending a segment drops the entries at or after its start. They are held and
+written as arrays (`mix_table.MixTable`), so that 10,000 of them restore in a few ms.
 
 A ledger also records its *order version* (`ORDER_VERSION`: which shard and window
 permutations made its batches): the same ledger gives other batches under another one, so a
@@ -35,25 +36,24 @@ import bisect
 import hashlib
 import itertools
 import json
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline.config import DataConfig, parse_config
 from pipeline.config.parse import batch_schedule_json
 from pipeline.errors import ConfigError, LedgerError
+from pipeline.plan.mix_table import MIX_UNIT, NO_MIXES, MixEntry, MixTable
+from pipeline.plan.mix_table import quantize as quantize  # where callers found it first
 from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = 4  # 2 added "stages_from", 3 "order_version", 4 a segment's "skip", "mixes"
+LEDGER_VERSION = 5  # 2 added "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`
 UNSTEERED_VERSION = 3
 """The version a ledger without skips or mixes is written as: older releases read it too."""
-MIX_UNIT = 2**20
-"""`set_mix` weights are stored as integers in units of 1/MIX_UNIT of their total."""
+SKIPPED_VERSION = 4
+"""The version a ledger with skips and no mixes is written as (version 4 wrote mixes as a list:
+`_mixes` reads it)."""
 ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
 
 
@@ -126,38 +126,13 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class MixEntry:
-    """A `DataFeed.set_mix` call: from `step` on, the weights of the stage in force."""
-
-    step: int
-    weights: tuple[tuple[str, int], ...]  # (source name, weight in 1/MIX_UNIT), by name, > 0
-
-    def to_json(self) -> list[Any]:
-        return [self.step, dict(self.weights)]  # ~20 bytes + ~15 per source
-
-
-def quantize(weights: Mapping[str, float], where: str = "set_mix") -> tuple[tuple[str, int], ...]:
-    """`weights` as a `MixEntry` holds them: each round(w / total * 2^20), zeros left out, so
-    that hosts whose floats differ in the last bits record the same integers."""
-    if not isinstance(weights, Mapping) or not weights:
-        raise ConfigError(f"{where}: weights must be a non-empty mapping of source names")
-    for name, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
-            raise ConfigError(f"{where}: weight of {name!r} is not a number: {weight!r}")
-        if not math.isfinite(weight) or weight < 0:
-            raise ConfigError(f"{where}: weight of {name!r} must be finite and >= 0, got {weight}")
-    total = math.fsum(float(w) for w in weights.values())
-    units = {str(n): round(float(w) / total * MIX_UNIT) if total > 0 else 0
-             for n, w in weights.items()}  # fmt: skip
-    if not any(units.values()):
-        raise ConfigError(f"{where}: at least one weight must be > 0, got {dict(weights)}")
-    return tuple(sorted((n, u) for n, u in units.items() if u))
-
-
-@dataclass(frozen=True)
 class Ledger:
     segments: tuple[Segment, ...]
-    mixes: tuple[MixEntry, ...] = ()  # by step, strictly increasing
+    mixes: MixTable = NO_MIXES  # by step, strictly increasing
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mixes, MixTable):  # a sequence of `MixEntry`
+            object.__setattr__(self, "mixes", MixTable.from_entries(tuple(self.mixes)))
 
     @classmethod
     def start(cls, config: DataConfig, fingerprints: dict[str, str]) -> Ledger:
@@ -202,52 +177,51 @@ class Ledger:
     def append(self, segment: Segment) -> Ledger:
         """The ledger with `segment` appended; mix entries at or after its start are dropped
         (they were set ahead of the restore that appends it)."""
-        kept = tuple(m for m in self.mixes if m.step < segment.start_step)
+        kept = self.mixes[: self.mixes.first_at(segment.start_step)]
         return Ledger((*self.segments, segment), kept)
 
     def with_mix(self, entry: MixEntry) -> Ledger:
         """The ledger with `entry` recorded; one at the same step as the last is replaced."""
         mixes = self.mixes
-        if mixes and mixes[-1].step == entry.step:
+        last = int(mixes.steps[-1]) if len(mixes) else -1
+        if last == entry.step:
             mixes = mixes[:-1]
-        if mixes and mixes[-1].step > entry.step:
+        elif last > entry.step:
             raise LedgerError(
                 f"set_mix at step {entry.step}: a mix was already set from step "
-                f"{mixes[-1].step}; set mixes in step order"
+                f"{last}; set mixes in step order"
             )
         if entry.step < self.last.start_step:
             raise LedgerError(
                 f"set_mix at step {entry.step}: before the ledger's last segment (from step "
                 f"{self.last.start_step})"
             )
-        return Ledger(self.segments, (*mixes, entry))
+        return Ledger(self.segments, mixes.appended(entry))
 
-    def mixes_of(self, index: int) -> tuple[MixEntry, ...]:
-        """The mix entries inside segment `index`."""
-
-        def first_at(step: int) -> int:
-            return bisect.bisect_left(self.mixes, step, key=lambda mix: mix.step)
-
+    def mixes_of(self, index: int) -> MixTable:
+        """The mix entries inside segment `index` (bisection: O(log entries))."""
         stop = len(self.mixes)
         if index + 1 < len(self.segments):
-            stop = first_at(self.segments[index + 1].start_step)
-        return self.mixes[first_at(self.segments[index].start_step) : stop]
+            stop = self.mixes.first_at(self.segments[index + 1].start_step)
+        return self.mixes[self.mixes.first_at(self.segments[index].start_step) : stop]
 
     def to_json(self) -> dict[str, Any]:
-        steered = self.mixes or any(segment.skip for segment in self.segments)
+        version = UNSTEERED_VERSION
+        if any(segment.skip for segment in self.segments):
+            version = SKIPPED_VERSION
         raw = {
-            "version": LEDGER_VERSION if steered else UNSTEERED_VERSION,
+            "version": LEDGER_VERSION if self.mixes else version,
             "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
         }
         if self.mixes:
-            raw["mixes"] = [m.to_json() for m in self.mixes]
+            raw["mixes"] = self.mixes.to_json()
         return raw
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
         version = raw.get("version") if isinstance(raw, dict) else None
-        if version not in (1, 2, UNSTEERED_VERSION, LEDGER_VERSION):
+        if version not in (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, LEDGER_VERSION):
             raise LedgerError(
                 f"{origin}: not a ledger of versions 1 to {LEDGER_VERSION} (found {version!r}); "
                 "a later release of pipeline wrote it?"
@@ -283,7 +257,15 @@ class Ledger:
                     "(the ledger was edited)"
                 )
         ledger = cls(tuple(segments))
-        return cls(ledger.segments, _mixes(raw.get("mixes") or [], ledger, origin))
+        if version == SKIPPED_VERSION:
+            mixes = MixTable.from_entries(_mixes(raw.get("mixes") or [], ledger, origin))
+        elif version == LEDGER_VERSION:
+            mixes = MixTable.from_json(raw.get("mixes"), f"{origin}: mixes")
+            mixes.check(f"{origin}: mixes")
+            _check_mix_sources(cls(ledger.segments, mixes), f"{origin}: mixes")
+        else:
+            mixes = NO_MIXES
+        return cls(ledger.segments, mixes)
 
     def save(self, path: str | Path) -> None:
         """Write the ledger's JSON to a local path or a `gs://` URL; a run killed while saving
@@ -292,9 +274,18 @@ class Ledger:
         write_atomically(path, text.encode())
 
 
+def _check_mix_sources(ledger: Ledger, where: str) -> None:
+    """Refuse an entry that weights a source its segment does not have (vectorised)."""
+    for index, segment in enumerate(ledger.segments):
+        try:
+            ledger.mixes_of(index).columns(tuple(segment.config["sources"]))
+        except LedgerError as error:
+            raise LedgerError(f"{where}: {error}, segments[{index}]") from None
+
+
 def _mixes(raw: Any, ledger: Ledger, origin: str) -> tuple[MixEntry, ...]:
-    """The `mixes` of a ledger's JSON, checked: steps increasing, weights of the segment's
-    sources, integers > 0 that a `MixEntry` could hold."""
+    """The `mixes` of a version-4 ledger's JSON (a list), checked: steps increasing, weights
+    of the segment's sources, integers > 0 that a `MixEntry` could hold."""
     out: list[MixEntry] = []
     starts = [segment.start_step for segment in ledger.segments]
     previous = -1

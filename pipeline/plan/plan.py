@@ -48,6 +48,7 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import row_layout
 from pipeline.plan.clock import StepClock
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
+from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
@@ -132,7 +133,7 @@ class SegmentPlan:
         metas: Mapping[str, StoreMeta],
         open_store: OpenStore | None = None,
         shift: int = 0,
-        mixes: tuple[MixEntry, ...] = (),
+        mixes: MixTable = NO_MIXES,
     ):
         open_store = open_store or StoreSet(check_reads=config.feed.check_reads).open
         self.segment = segment
@@ -171,7 +172,7 @@ class SegmentPlan:
         if mixes:
             self.table = table(self.table.stages[0].counters_at_start, mixes)
 
-    def _table(self, counters: np.ndarray, mixes: tuple[MixEntry, ...] = ()) -> StageTable:
+    def _table(self, counters: np.ndarray, mixes: MixTable = NO_MIXES) -> StageTable:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
         config = self.config
         windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
@@ -186,25 +187,14 @@ class SegmentPlan:
             overrides,
         )
 
-    def _overrides(self, mixes: tuple[MixEntry, ...]) -> Overrides:
+    def _overrides(self, mixes: MixTable) -> Overrides:
         """`mixes` placed in this segment's layout (vectorised: a restore may hold many)."""
-        names = self.config.source_names
-        column = {name: k for k, name in enumerate(names)}
-        weights = np.zeros((len(mixes), len(names)), dtype=np.int64)
-        for row, mix in enumerate(mixes):
-            for name, weight in mix.weights:
-                if name not in column:
-                    raise LedgerError(
-                        f"set_mix at step {mix.step}: no source {name} in the data config in "
-                        f"force (sources: {', '.join(names)})"
-                    )
-                weights[row, column[name]] = weight
-        steps = np.array([mix.step for mix in mixes], dtype=np.int64)
-        self._from_anchor(int(steps[-1]))  # refused past the last step the plan addresses
-        local = steps - self.anchor
-        return Overrides(steps, local, self.clock.position(local), weights)
+        weights = mixes.columns(self.config.source_names)
+        self._from_anchor(int(mixes.steps[-1]))  # refused past the last step the plan addresses
+        local = mixes.steps - self.anchor
+        return Overrides(mixes.steps, local, self.clock.position(local), weights)
 
-    def steered(self, mixes: tuple[MixEntry, ...]) -> SegmentPlan:
+    def steered(self, mixes: MixTable) -> SegmentPlan:
         """This segment's plan with the mix entries `mixes` instead of its own; its layouts
         are reused (no store is opened or packed again)."""
         plan = copy.copy(self)
