@@ -34,8 +34,9 @@ all the work it did from its first timed round to the end of its last, backgroun
 included); the time the consumer thread spends inside `next()` per step when a simulated
 training step of `--pace-ms` keeps the prefetch ahead. Then the documented restore path to the
 first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
-setting), and ours and the transfer limit in 1, 2 and 4 localhost `jax.distributed` processes on
-the same global batch (CPU per token per process).
+setting; ours also at 10^6 with 10,000 `set_mix` calls in the ledger), and ours and the
+transfer limit in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
+(CPU per token per process).
 Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`, alone with `--sft-only`):
 DataFeed of a best_fit source against Grain's first-fit and best-fit packers (and best-fit with
 mp_prefetch), all ending in the global arrays, in workers of this file's `throughput`.
@@ -70,6 +71,8 @@ WORKER = Path(__file__).resolve().parent / "contenders.py"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeline-bench"
 RESTORE_STEPS = (0, 10**3, 10**6, 10**9)
 RESTORE_REPS = 3  # per step and contender, each after an untimed warm-up; median
+MIX_CALLS = 10_000  # set_mix calls recorded in the ledger of the mixed restore row
+MIX_STEP = 10**6  # the step it restores (a call every MIX_STEP // MIX_CALLS steps before it)
 PACED_RUNS = 2  # of 10 steps each, for the next() timing; median
 PREFIX = "bench-answer "  # contenders.PREFIX: the worker's answer lines
 MIXTURE = {"python-code": 3, "python-tests": 2, "python-docs": 1}
@@ -384,6 +387,21 @@ def restore_times(
     return result
 
 
+def mix_restore_times(feed: Worker, bar) -> dict[str, dict]:
+    """Median restore-to-first-global-batch at MIX_STEP with 0 and MIX_CALLS `set_mix` calls
+    in the ledger (interleaved), and the data state's bytes: the cost of adaptive mixtures'
+    record (docs/mixtures.md, "Adaptive mixtures")."""
+    samples: dict[int, list[dict]] = {0: [], MIX_CALLS: []}
+    for _ in range(RESTORE_REPS):
+        for calls, times in samples.items():
+            times.append(feed.ask({"restore": MIX_STEP, "name": "feed", "mixes": calls}))
+    bar.update()
+    return {
+        str(calls): {key: statistics.median(t[key] for t in times) for key in times[0]}
+        for calls, times in samples.items()
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -472,7 +490,7 @@ def run(args: argparse.Namespace) -> dict:
     contenders = contender_table(args)
     grain = {name: options for name, (kind, options) in contenders.items() if kind == "grain"}
     count = len(contenders) + 1
-    phases = count + args.reps + 1 + len(RESTORE_STEPS) + (0 if args.no_scale else 3)
+    phases = count + args.reps + 2 + len(RESTORE_STEPS) + (0 if args.no_scale else 3)
     bar = progress_bar(total=phases, desc="bench", unit=" phase", enabled=not args.no_progress)
     with tempfile.TemporaryDirectory() as tmp:
         base["tmp"] = tmp
@@ -487,6 +505,7 @@ def run(args: argparse.Namespace) -> dict:
             rates = {name: results[name]["tokens_per_s"] for name in grain}
             grain_best = fastest(rates, grain, mp=False)
             restore = restore_times(workers, grain_best, args, bar)
+            mix_restore = mix_restore_times(workers["feed"], bar)
         finally:
             close_all(list(workers.values()))
         scaled = {} if args.no_scale else scale(base, args, Path(tmp), bar)
@@ -529,6 +548,7 @@ def run(args: argparse.Namespace) -> dict:
         "grain_best_single": grain_best,
         "grain_best_mp": fastest(rates, grain, mp=True),
         "restore_s": restore,
+        "mix_restore_s": mix_restore,
         "scale": scaled,
         "stats_overhead": overhead,
         "checksum_cost": checksum_cost(results, base["config"], args.steps * args.reps, args.reps),
@@ -666,6 +686,15 @@ def table(result: dict) -> str:
         f"ours at step 0: DataFeed(config, mesh) {first['construct'] * 1e3:.1f} ms, "
         f"Orbax restore {first['orbax_restore'] * 1e3:.1f} ms, first next() "
         f"{first['first_next'] * 1e3:.1f} ms"
+    )
+    none, mixed = result["mix_restore_s"]["0"], result["mix_restore_s"][str(MIX_CALLS)]
+    lines.append(
+        f"ours with {MIX_CALLS:,} set_mix calls in the ledger (one every "
+        f"{MIX_STEP // MIX_CALLS} steps, restored at step {MIX_STEP:,}): "
+        f"{mixed['total'] * 1e3:.1f} ms, {none['total'] * 1e3:.1f} ms without "
+        f"({mixed['total'] / none['total']:.2f}x; target <= 2x); data state "
+        f"{mixed['state_bytes'] / 1e3:,.0f} kB, {none['state_bytes'] / 1e3:,.1f} kB without "
+        "(target <= 1 MB)"
     )
     if result["scale"]:
         first = result["scale"]["1"]

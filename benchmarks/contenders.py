@@ -15,7 +15,8 @@ The worker builds the contenders its spec names, takes one warm-up batch of each
   `mp_prefetch` workers) at the start and the end, and the feeds' threads live at the start.
 * `{"restore": STEP}`: the documented restore path to the first global batch (ours: a fresh
   `DataFeed`, `CheckpointManager.restore` of a `DataRestore` item, `next()`; Grain: a fresh
-  iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up.
+  iterator, `set_state`, `next()`, the global arrays), after one untimed warm-up; ours also
+  with `"mixes": N`, a checkpoint whose ledger records N `set_mix` calls.
 * `{"padding": NAME, "steps": n}`: the padding fraction of n more batches of contender NAME,
   counted from its global arrays (the packed-SFT rows).
 * `{"close": NAME}`: close contender NAME (a feed's reader threads and prefetch), so that it
@@ -95,6 +96,19 @@ def mesh():
 # -- ours ---------------------------------------------------------------------------------------
 
 
+def recorded_mixes(ledger, calls: int, step: int):
+    """`ledger` with `calls` `set_mix` entries spread evenly over steps [0, step) (`step` >=
+    `calls`), each weighting its sources 1:2:3... in a rotating order, as a run that steers
+    its mixture every `step // calls` steps records them."""
+    from pipeline.plan.ledger import Ledger
+    from pipeline.plan.mix_table import MIX_UNIT, MixTable
+
+    names = sorted(ledger.last.config["sources"])
+    weights = 1 + (np.arange(calls)[:, None] + np.arange(len(names))) % max(len(names), 2)
+    units = weights * MIX_UNIT // weights.sum(axis=1, keepdims=True)  # as `quantize` makes them
+    return Ledger(ledger.segments, MixTable(names, np.arange(calls) * (step // calls), units))
+
+
 class Feed:
     """`DataFeed(config, mesh)` with its defaults: what a JAX user writes; `stats=False` is the
     A/B for the statistics' cost, `verify="off"` for the block checksums'."""
@@ -110,22 +124,28 @@ class Feed:
     def __next__(self):
         return next(self.iterator)
 
-    def restore(self, step: int, directory: Path) -> dict[str, float]:
-        """Seconds of: a fresh DataFeed, Orbax's restore of its data item, the first batch."""
+    def restore(self, step: int, directory: Path, mixes: int = 0) -> dict[str, float]:
+        """Seconds of: a fresh DataFeed, Orbax's restore of its data item, the first batch; and
+        the bytes of the data state restored. `mixes`: the checkpoint's ledger records that
+        many `set_mix` calls (`recorded_mixes`)."""
         import jax
         import orbax.checkpoint as ocp
 
         from pipeline.feed.checkpoint import DataRestore, DataSave
         from pipeline.feed.data_feed import DataFeed
+        from pipeline.plan.data_state import FILENAME, ITEM
 
         config = data_config(self.spec)
-        if step not in self.managers:  # the trainer's manager, made once (untimed)
-            mngr = ocp.CheckpointManager(directory / f"ours-{step}")
+        where = directory / (f"ours-{step}" + (f"-mixes-{mixes}" if mixes else ""))
+        if (step, mixes) not in self.managers:  # the trainer's manager, made once (untimed)
+            mngr = ocp.CheckpointManager(where)
             with DataFeed(config, self.mesh, step=step) as feed:
+                if mixes:
+                    feed.adopt(recorded_mixes(feed.ledger, mixes, step), step)
                 mngr.save(step, args=ocp.args.Composite(data=DataSave(feed)))
             mngr.wait_until_finished()
-            self.managers[step] = mngr
-        mngr = self.managers[step]
+            self.managers[(step, mixes)] = mngr
+        mngr = self.managers[(step, mixes)]
         times = {}
         start = time.perf_counter()
         feed = DataFeed(config, self.mesh)
@@ -135,9 +155,13 @@ class Feed:
         jax.block_until_ready(next(feed))
         times["total"] = time.perf_counter() - start
         times["first_next"] = times["total"] - times["construct"] - times["orbax_restore"]
-        if feed.step != step + 1:
-            raise RuntimeError(f"restored feed is at step {feed.step}, expected {step + 1}")
+        if feed.step != step + 1 or len(feed.ledger.mixes) != mixes:
+            raise RuntimeError(
+                f"restored feed is at step {feed.step} with {len(feed.ledger.mixes)} set_mix "
+                f"calls, expected {step + 1} and {mixes}"
+            )
         feed.close()
+        times["state_bytes"] = (where / str(step) / ITEM / FILENAME).stat().st_size
         return times
 
     def close(self) -> None:
@@ -618,8 +642,9 @@ def serve(spec: dict[str, Any], contenders: dict[str, Any]) -> None:
                 result = {"padding": padding(contender, command["steps"])}
             elif "restore" in command:
                 contender = contenders[command["name"]]
-                contender.restore(command["restore"], Path(tmp))  # warm: files, caches
-                result = contender.restore(command["restore"], Path(tmp))
+                mixes = {"mixes": command["mixes"]} if "mixes" in command else {}  # ours only
+                contender.restore(command["restore"], Path(tmp), **mixes)  # warm: files, caches
+                result = contender.restore(command["restore"], Path(tmp), **mixes)
             else:
                 contender = contenders[command["run"]]
                 steps, pace, seconds = command["steps"], command["pace"], command.get("seconds", 0)

@@ -135,6 +135,10 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
     assert overhead["stats_call_s"] > 0 and set(overhead["step_s"]) == {"with", "without"}
     assert "feed statistics: DataFeed step" in printed
     assert set(restore[result["grain_best_single"]]) == set(restore["feed"])
+    mixed = result["mix_restore_s"]  # a restore whose ledger records 10,000 set_mix calls
+    assert set(mixed) == {"0", "10000"} and mixed["10000"]["state_bytes"] <= 1_000_000
+    line = next(line for line in printed.splitlines() if "10,000 set_mix calls" in line)
+    assert f"({mixed['10000']['total'] / mixed['0']['total']:.2f}x; target <= 2x)" in line
     assert "sft" not in result and "packed SFT" not in printed
     # The block checksums' cost: DataFeed's A/B against verify: off, and the checks alone.
     feed, checks = contenders["feed"]["cpu_s_per_mtok"], result["checksum_cost"]
@@ -640,3 +644,27 @@ def test_the_checked_reads_bench_prints_a_line_per_step_count(tmp_path):
     assert len(lines) == 2 and all("blocks of 512 bytes" in line for line in lines), lines
     assert ": 2 steps (1% of the tokens): checks alone " in lines[0], lines
     assert ": 3 steps (2% of the tokens): checks alone " in lines[1], lines
+
+
+def test_the_mixed_restore_row_restores_a_ledger_of_recorded_set_mix_calls(tmp_path):
+    """The row's checkpoint holds the calls in its data state, and the timed restore follows
+    them: it is the restore of a run that steered its mixture, not of a plain one."""
+    from benchmarks.contenders import Feed
+    from pipeline.plan import data_state
+
+    stores = [write_synthetic_store(tmp_path / n, [[60] * 300], record_tokens=64) for n in "ab"]
+    config = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "lanes": 1,
+              "sources": {n: {"path": str(s.path)} for n, s in zip("ab", stores)},
+              "mix": {"a": 1, "b": 1}}  # fmt: skip
+    feed = Feed({"config": config})
+    try:
+        plain = feed.restore(400, tmp_path)
+        mixed = feed.restore(400, tmp_path, mixes=200)
+    finally:
+        feed.close()
+    assert plain["total"] > 0 and mixed["total"] > 0
+    ledger = data_state.load_ledger(tmp_path / "ours-400-mixes-200" / "400")
+    assert [m.step for m in ledger.mixes] == list(range(0, 400, 2))
+    assert {dict(m.weights)["a"] for m in ledger.mixes} == {2**20 // 3, 2 * 2**20 // 3}
+    assert len(data_state.load_ledger(tmp_path / "ours-400" / "400").mixes) == 0
+    assert 200 * 16 < mixed["state_bytes"] - plain["state_bytes"] < 200 * 30
