@@ -350,6 +350,40 @@ def test_the_reference_controller_favours_the_source_whose_loss_falls_least(tmp_
         ExcessLoss(("a", "b"), floor=0.5)
 
 
+def test_a_controller_started_from_the_restored_weights_continues_them(tmp_path):
+    from pipeline.feed.adaptive import ExcessLoss
+
+    stages = [{"name": "m", "mix": {"code": 1, "docs": 1}}]
+    config = parse_config(two_stage_raw(tmp_path / "stores", stages=stages), origin="d.yaml")
+    options = {"every": 5, "warmup": 2, "floor": 0.1, "rate": 4.0}
+    controller = ExcessLoss(("code", "docs"), **options)
+    with DataFeed(config, mesh()) as feed:
+        for step in range(20):
+            next(feed)
+            controller.observe({"code": 4.0 / (1 + step), "docs": 4.0})
+            controller.steer(feed)
+        ledger, stores = feed.ledger, feed.plan.stores()
+        # what a resumed run (scripts/train.py) starts from: the shares in force at its step
+        shares = target_shares(Plan(ledger, stores), np.array([20]))
+        resumed = ExcessLoss(("code", "docs"), initial={n: float(s[0]) for n, s in shares.items()},
+                             **options)  # fmt: skip
+        next(feed)
+        resumed.steer(feed)  # not a steering step: nothing set
+        for _ in range(4):  # no reference yet (warmup): the weights stay
+            next(feed)
+            resumed.observe({"code": 1.0, "docs": 1.0})
+        resumed.steer(feed)
+        before, after = (dict(m.weights) for m in feed.ledger.mixes[-2:])
+    assert [m.step for m in feed.ledger.mixes[-2:]] == [20, 25]
+    assert before["docs"] > 0.8 * MIX_UNIT
+    assert all(abs(after[n] - before[n]) <= 1 for n in before)  # the same, to 2^-20
+    fresh = ExcessLoss(("a", "b", "c"), initial={"a": 3, "b": 1, "c": 0}, floor=0.05).weights()
+    # c at the floor; a and b share the rest as their shares' excess over the floor (0.7 : 0.2)
+    assert fresh == pytest.approx({"a": 0.05 + 0.85 * 7 / 9, "b": 0.05 + 0.85 * 2 / 9, "c": 0.05})
+    even = ExcessLoss(("a", "b"), initial={"a": 3, "b": 1}).weights()
+    assert even == pytest.approx({"a": 0.75, "b": 0.25})  # shares above the floor: as given
+
+
 def test_a_plan_with_a_mix_shares_the_open_stores_and_pickles_with_it(tmp_path):
     import pickle
 

@@ -142,12 +142,17 @@ def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_d
     seen = records(run_dir, "adaptive")
     mixes = {r["step"]: r["mix"] for r in seen if "mix" in r}
     assert sorted(mixes) == [3, 7, 11]  # set from steps 4, 8, 12
-    # the config's 3:1 to start, each share kept above the 5% floor: 0.9 * share + 0.05
-    assert mixes[3] == pytest.approx({"docs": 0.725, "again": 0.275})
-    assert mixes[11]["again"] != pytest.approx(0.275, abs=1e-6)  # the losses moved it
+    # the config's 3:1 until the losses have references (10 observations)
+    assert mixes[3] == mixes[7] == pytest.approx({"docs": 0.75, "again": 0.25})
+    assert mixes[11]["again"] != pytest.approx(0.25, abs=1e-6)  # the losses moved it
     assert "step 11: adaptive mix from step 12" in done.stderr
     dumped = dumped_checksums(run_dir, "two.yaml", "adaptive", 14, "0:14")
     assert dumped == [r["checksum"] for r in seen]
+    # resumed, it continues from the weights the ledger holds (none learned yet: the same)
+    done = train(run_dir, "two.yaml", 18, "--adaptive-mix", "4", "--resume", name="adaptive")
+    assert done.returncode == 0, done.stderr
+    resumed = {r["step"]: r["mix"] for r in records(run_dir, "adaptive") if "mix" in r}
+    assert resumed[15] == pytest.approx(mixes[11], abs=2**-19)
 
 
 def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):

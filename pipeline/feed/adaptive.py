@@ -7,17 +7,20 @@
         controller.observe(source_losses)
         controller.steer(feed)             # every `every` steps: feed.set_mix(...)
 
-The weights start from `initial` (default: equal). Each source's loss is smoothed (an
-exponential moving average); the first smoothed value after `warmup` observations is its
-reference. Every `every` steps the log-weights move by `rate` times each source's relative
-excess loss, (loss - reference) / reference, so a source whose loss falls less than the
-others' gains weight; the weights are then mixed with the uniform ones so that each source
-keeps at least `floor` of the total. The weights depend only on the losses given, so processes
-that pass the same globally reduced losses (e.g. computed inside a jitted step on the global
-batch) make the same `set_mix` calls, which `set_mix` checks. The controller's own state is
-not checkpointed: after a restore it starts learning again from the restored step, while
-every step before it replays exactly from the ledger. It illustrates the mechanism; the Aioli
-paper found no mixing rule that reliably beats a fixed stratified mixture.
+The weights start as `initial` (default: equal; a share below `floor` starts at the floor),
+so a run resumed with the weights in force at its step (the ledger's last `set_mix` entry,
+which `report.target_shares` of the restored plan gives) continues from them. Each source's
+loss is smoothed (an exponential moving average); the first smoothed value after `warmup`
+observations is its reference. Every `every` steps the log-weights move by `rate` times each
+source's relative excess loss, (loss - reference) / reference, so a source whose loss falls
+less than the others' gains weight; the weights are then mixed with the uniform ones so that
+each source keeps at least `floor` of the total. The weights depend only on the losses given,
+so processes that pass the same globally reduced losses (e.g. computed inside a jitted step on
+the global batch) make the same `set_mix` calls, which `set_mix` checks. Only the weights are
+checkpointed (in the ledger): after a restore the smoothed losses and references are learned
+again (`warmup` observations, the weights unchanged meanwhile), while every step before it
+replays exactly from the ledger. It illustrates the mechanism; the Aioli paper found no mixing
+rule that reliably beats a fixed stratified mixture.
 """
 
 from __future__ import annotations
@@ -51,7 +54,13 @@ class ExcessLoss:
         self.every, self.rate, self.floor = every, rate, floor
         self.smoothing, self.warmup = smoothing, warmup
         start = initial or dict.fromkeys(self.sources, 1.0)  # e.g. the stage's own weights
-        self.log_weights = {n: math.log(max(start.get(n, 0.0), 1e-9)) for n in self.sources}
+        total = math.fsum(max(start.get(n, 0.0), 0.0) for n in self.sources)
+        uniform = floor * len(self.sources)
+        # the log-weights whose `weights()` are `initial` (those below the floor: the floor)
+        self.log_weights = {
+            n: math.log(max((max(start.get(n, 0.0), 0.0) / total - floor) / (1 - uniform), 1e-9))
+            for n in self.sources
+        }
         self.smoothed: dict[str, float] = {}
         self.seen = dict.fromkeys(self.sources, 0)
         self.reference: dict[str, float] = {}
