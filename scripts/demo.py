@@ -11,7 +11,10 @@
    exactly the batch an uninterrupted run computes from the final ledger, with no padding
    before the instruction stage and exactly the planned trained tokens in it;
 6. draw the loss curve, each source's loss (the trainer's per-source loss, from the feed's
-   `source` field) and the realised mixture (with stage boundaries and epoch rollovers).
+   `source` field) and the realised mixture (with stage boundaries and epoch rollovers);
+7. a short run on code and docs whose weights the reference controller sets from their losses
+   (`--adaptive-mix`, configs/demo-adaptive.yaml), checked against the replay of its ledger,
+   and a plot of the weights it set over the steps.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ CURRICULUM = ROOT / "configs" / "demo-curriculum.yaml"
 SWITCH = ROOT / "configs" / "demo-switch.yaml"
 BUILTIN = {"python-code": 8, "python-tests": 8, "python-docs": 4, "python-docstrings": 4}
 FIRST_LEG, SWITCH_AT, LAST_STEP = 100, 100, 120
+ADAPTIVE = ROOT / "configs" / "demo-adaptive.yaml"
+ADAPTIVE_STEPS, ADAPTIVE_EVERY = 48, 4
 TRAINER = [
     sys.executable, str(ROOT / "scripts" / "train.py"), "--checkpoint-dir", str(RUN / "ckpt"),
     "--num-processes", "2", "--devices-per-process", "2", "--save-every", "10",
@@ -202,6 +207,41 @@ def print_source_losses(last: int = 10) -> None:
           + ", ".join(f"{n} {v:.3f}" for n, v in means.items()), flush=True)  # fmt: skip
 
 
+def adaptive_run() -> None:
+    """Train on code and docs with the reference controller setting the weights every few
+    steps (`train.py --adaptive-mix`), check that the ledger of the last checkpoint replays
+    every trained batch, and draw the weights it set against the realised shares."""
+    run = RUN / "adaptive"
+    command = [
+        "--data-config", str(ADAPTIVE), "--checkpoint-dir", str(run / "ckpt"), "--steps",
+        str(ADAPTIVE_STEPS), "--save-every", str(ADAPTIVE_STEPS), "--width", "64",
+        "--adaptive-mix", str(ADAPTIVE_EVERY), "--adaptive-rate", "10", "--metrics",
+        str(run / "metrics.jsonl"),
+    ]  # fmt: skip
+    print(f"== train.py {' '.join(Path(c).name if c.startswith('/') else c for c in command)}",
+          flush=True)  # fmt: skip
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *command], check=True)
+    ledger = data_state.load_ledger(run / "ckpt" / str(ADAPTIVE_STEPS))
+    plan = Plan(ledger)
+    seen = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in seen:
+        if record["checksum"] != checksum(plan.batch(record["step"])["inputs"]):
+            raise SystemExit(f"demo: adaptive step {record['step']} differs from its replay")
+    docs = [dict(m.weights).get("docs", 0) / sum(dict(m.weights).values()) for m in ledger.mixes]
+    if len(set(docs)) < 2:
+        raise SystemExit("demo: the adaptive controller never changed the weights")
+    print(f"== adaptive check passed: {len(seen)} trained steps match the replay of the "
+          f"checkpoint's ledger, whose {len(docs)} set_mix calls moved docs' weight between "
+          f"{min(docs):.2f} and {max(docs):.2f}", flush=True)  # fmt: skip
+    ledger.save(run / "ledger.json")
+    subprocess.run(
+        [sys.executable, "-m", "pipeline", "plot", str(ADAPTIVE), "--ledger",
+         str(run / "ledger.json"), "--steps", f"0:{ADAPTIVE_STEPS}", "--out",
+         str(RUN / "adaptive-mixture.png")],
+        check=True,
+    )  # fmt: skip
+
+
 def main() -> int:
     prepare_builtin_stores()
     shutil.rmtree(RUN, ignore_errors=True)
@@ -224,6 +264,9 @@ def main() -> int:
     )  # fmt: skip
     print(f"== outputs in {RUN}: metrics.jsonl, ledger.json, loss.png, source-loss.png, "
           "mixture.png, ckpt/")  # fmt: skip
+    adaptive_run()
+    print(f"== adaptive run in {(RUN / 'adaptive').relative_to(ROOT)}: metrics.jsonl, "
+          "ledger.json, ckpt/; its weights in adaptive-mixture.png")  # fmt: skip
     return 0
 
 

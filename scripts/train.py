@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="K",
         help="every K steps, set the mixture from per-source losses (pipeline.feed.adaptive)",
     )
+    p.add_argument(
+        "--adaptive-rate",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="with --adaptive-mix: the controller's step size on the excess losses",
+    )
     p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--depth", type=int, default=2)
@@ -258,7 +265,9 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
 
         shares = target_shares(feed.plan, np.array([feed.step]))
         initial = {name: float(share[0]) for name, share in shares.items()}
-        controller = ExcessLoss(feed.source_names(), every=args.adaptive_mix, initial=initial)
+        controller = ExcessLoss(
+            feed.source_names(), every=args.adaptive_mix, rate=args.adaptive_rate, initial=initial
+        )
     metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
     preempted = False
     try:
