@@ -103,7 +103,9 @@ def run(feed: DataFeed, mngr, stop: int, served: dict[int, dict[str, np.ndarray]
             mngr.save(feed.step, args=ocp.args.Composite(data=DataSave(feed)))
 
 
-def test_a_loop_setting_mixes_resumed_after_a_kill_serves_the_uninterrupted_batches(tmp_path):
+def test_a_loop_setting_mixes_resumed_after_a_kill_serves_the_uninterrupted_batches(
+    tmp_path, capsys
+):
     raw = two_stage_raw(tmp_path / "stores")
     config = parse_config(raw, origin="data.yaml")
     uninterrupted: dict[int, dict] = {}
@@ -140,6 +142,13 @@ def test_a_loop_setting_mixes_resumed_after_a_kill_serves_the_uninterrupted_batc
     assert (
         main(["verify", str(config_file), "--ledger", str(directory / "60"), "--steps", "0:60"])
         == 0
+    )
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", str(directory / "60")]) == 0
+    last = quantize(weights_at(50))
+    shares = ", ".join(f"{n} {w / sum(u for _, u in last):.3f}" for n, w in last)
+    assert f"set_mix: 6 calls, steps 0..50; the last from step 50: {shares}" in (
+        capsys.readouterr().out
     )
 
 

@@ -386,6 +386,14 @@ def run_stages(args: argparse.Namespace) -> int:
             ):
                 end = f"({row.superseded_at - 1:,}) switched"
             print(f"{'':>3} {row.name:<14} {start:>12} {end:>16}  {row.kind:<11} {row.mix}")
+        mixes = plan.ledger.mixes_of(index)
+        if mixes:
+            last = dict(mixes[-1].weights)
+            shares = ", ".join(f"{n} {w / sum(last.values()):.3f}" for n, w in last.items())
+            print(
+                f"{'':>3} set_mix: {counted(len(mixes), 'call')}, steps {mixes[0].step:,}.."
+                f"{mixes[-1].step:,}; the last from step {mixes[-1].step:,}: {shares}"
+            )
     print(
         "end step = the step holding the stage's last row; 'rN' = the stage ends after N rows "
         "of each lane (or starts at row N); 'S (T)' = the run joined at switch step S a stage "
