@@ -12,7 +12,8 @@ slice by itself). Model and data state are saved together in one Orbax Checkpoin
 (with `--resume`, alone or with `--switch-data`) passes over N steps of data after a loss
 spike: the restored step s trains on what the plan had for step s + N (docs/steering.md).
 `--adaptive-mix K` sets the mixture every K steps from the per-source losses
-(`pipeline.feed.adaptive`, docs/mixtures.md "Adaptive mixtures").
+(`pipeline.feed.adaptive`, docs/mixtures.md "Adaptive mixtures"; `--adaptive-rate R`: its step
+size); with `--resume` it continues from the weights the checkpoint's ledger holds.
 
 `--checkpoint-dir` and `--data-config` may be URLs (gs://bucket/run): Orbax writes there
 natively and they are never turned into local paths. SIGTERM (a TPU preemption notice, or
