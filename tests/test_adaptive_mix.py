@@ -256,6 +256,7 @@ def test_a_damaged_or_impossible_mix_table_is_refused_by_name(tmp_path):
         (encoded(ledger, [-1], [[1]], ["code"]), r"mixes\[0\]: step -1 is negative"),
         (encoded(ledger, [0, 1], [[1], [2 * MIX_UNIT + 1]], ["code"]), r"mixes\[1\]: weights"),
         (encoded(ledger, [3], [[1]], ["nope"]), "set_mix at step 3: no source nope"),
+        (encoded(ledger, [3], [[1, 1]], ["code", "code"]), "a source is named twice"),
     ):
         with pytest.raises(LedgerError, match=message):
             Ledger.from_json(raw)

@@ -185,6 +185,8 @@ class MixTable(Sequence[MixEntry]):
             )
         if len(steps) != 8 * count or len(weights) != 4 * count * len(sources):
             raise LedgerError(f"{where}: {count} entries do not fit the arrays' sizes")
+        if len(set(sources)) != len(sources):
+            raise LedgerError(f"{where}: a source is named twice in {sources}")
         step_array = np.frombuffer(steps, dtype="<i8").astype(np.int64)
         weight_array = np.frombuffer(weights, dtype="<u4").astype(np.int64)
         return cls(sources, step_array, weight_array.reshape(count, len(sources)))
