@@ -3,6 +3,13 @@ versus process count.
 
     python benchmarks/scale_bench.py [--dir /tmp/scale-bench] [--quick]
     python benchmarks/scale_bench.py --gcs [--dir /tmp/scale-bench]
+    python benchmarks/scale_bench.py --requests
+
+`--requests` prints, for 1, 2, 256 and 4,096 processes, the requests a second that the feeds'
+stop watchers (pipeline.feed.host_stop) send at steady state, for the whole job, to Cloud
+Storage (a `gs://` store's identity re-check) and to JAX's coordinator (the poll of the published
+stops): each process's count per period, from host_stop's own choice of who checks a store and
+of the poll period, summed over the processes. Nothing is timed: the figures are the periods'.
 
 `--gcs` measures only the start from a `gs://` store: the 10- and 1,000-shard stores are
 uploaded to a local Cloud Storage API server (gcp-storage-emulator, as in the tests) and read
@@ -28,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import parse_config
+from pipeline.feed import host_stop
 from pipeline.plan.plan import host_rows
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore, is_store
@@ -158,13 +166,57 @@ def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) ->
     return {"ms": statistics.median(times) * 1e3, "peak_kb": peak / 1024}
 
 
+def request_rates(processes: int, bucket_stores: int, feeds: int = 1) -> dict[str, float]:
+    """Requests a second of the whole job's stop watchers at the default periods, with
+    `bucket_stores` `gs://` stores (random fingerprints) open in `feeds` feeds per process: to
+    Cloud Storage, each process asks about the stores `checks_remote` gives it every
+    `STORE_CHECK_S`; to the coordinator, each feed of each process polls every `poll_period`
+    (nothing in one process). `*_per_host` are the same before the check and the poll were per
+    job: every process checked every store, and polled every `POLL_S`."""
+    rng = np.random.default_rng(0)
+    fingerprints = [f"{rng.integers(2**63):016x}" for _ in range(bucket_stores)]
+    checks = sum(
+        host_stop.checks_remote(fingerprint, process, processes)
+        for process in range(processes)
+        for fingerprint in fingerprints
+    )
+    polls = 0.0 if processes == 1 else feeds * processes
+    period = host_stop.poll_period(host_stop.POLL_S, processes)
+    return {
+        "storage": checks / host_stop.STORE_CHECK_S,
+        "coordinator": polls / period,
+        "storage_per_host": processes * bucket_stores / host_stop.STORE_CHECK_S,
+        "coordinator_per_host": polls / host_stop.POLL_S,
+        "poll_s": period,
+    }
+
+
+def print_request_rates(bucket_stores: int = 4) -> None:
+    print(f"## Stop watchers' requests a second, whole job ({bucket_stores} gs:// stores, 1 feed)")
+    print(
+        "processes | Cloud Storage (req/s) | coordinator (RPC/s) | poll period (s) | "
+        "before: storage, coordinator"
+    )
+    print("--- | --- | --- | --- | ---")
+    for processes in (1, 2, 256, 4096):
+        r = request_rates(processes, bucket_stores)
+        print(
+            f"{processes:,} | {r['storage']:g} | {r['coordinator']:g} | {r['poll_s']:g} | "
+            f"{r['storage_per_host']:g}, {r['coordinator_per_host']:g}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--quick", action="store_true", help="10x smaller stores")
     parser.add_argument("--gcs", action="store_true", help="only the start from gs:// stores")
+    parser.add_argument("--requests", action="store_true", help="only the request rates")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.requests:
+        print_request_rates()
+        return
     if args.child:
         kind, store, *rest = args.child
         result = measure_rss(store, int(rest[0])) if kind == "rss" else measure_start(store)

@@ -7,6 +7,7 @@ none may end in a traceback. The randomized kill -9 test at the end is `multipro
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -1140,6 +1141,22 @@ def test_a_bad_stop_period_is_refused_by_the_feed_in_one_line(tmp_path, monkeypa
 def test_exactly_one_process_checks_each_bucket_store(fingerprint, processes):
     checkers = [p for p in range(processes) if host_stop.checks_remote(fingerprint, p, processes)]
     assert len(checkers) == 1
+
+
+@given(st.floats(0.01, 60), st.integers(1, 100_000))
+def test_the_job_polls_the_stop_directory_within_its_budget_and_spread_over_the_period(
+    poll_s, processes
+):
+    """Whatever the process count, the whole job asks the coordinator at most JOB_POLLS_PER_S
+    times a second (one feed), a small job keeps the configured period, and the processes'
+    first polls fall at distinct times within one period."""
+    period = host_stop.poll_period(poll_s, processes)
+    assert processes / period <= host_stop.JOB_POLLS_PER_S * (1 + 1e-9)
+    if processes <= host_stop.JOB_POLLS_PER_S * poll_s:
+        assert period == poll_s
+    offsets = [host_stop.first_poll_offset(period, p, processes) for p in range(processes)]
+    assert offsets[0] > 0 and offsets[-1] == pytest.approx(period)
+    assert all(a < b for a, b in itertools.pairwise(offsets))
 
 
 @pytest.mark.multiprocess

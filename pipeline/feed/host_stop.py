@@ -8,13 +8,16 @@ gives up on the lost peer, with JAX's message instead of ours. So:
 * the failing process's `next()` writes the line it raises to the coordination service's
   key-value store (the one `jax.distributed.initialize` started), under `pipeline/stop/<its
   process index>`;
-* every feed's watcher thread polls that directory (one small RPC every `POLL_S`, never on the
-  training thread) and, on a peer's line, logs `host <i>: <line>` at ERROR; the next `next()`
-  raises that line as a `FeedError`. A process whose training thread is stuck in a collective
-  waiting for the stopped peer never calls `next()` again: when the line has not been raised
-  `GRACE_S` after it was seen, the watcher leaves JAX's coordination service (as the stopped
-  process does at exit), logs the line once more and ends the process with exit status 2, so
-  that host's log ends with the same line.
+* every feed's watcher thread polls that directory (one small RPC every `poll_period`: `POLL_S`,
+  or longer in a large job so that the whole job asks at most `JOB_POLLS_PER_S` times a second;
+  each process's first poll is offset by its share of the period, so the job's polls are spread
+  evenly over it rather than arriving together; never on the training thread) and, on a
+  peer's line, logs `host <i>: <line>` at ERROR; the next `next()` raises that line as a
+  `FeedError`. A process whose training thread is stuck in a collective waiting for the stopped
+  peer never calls `next()` again: when the line has not been raised `GRACE_S` after it was
+  seen, the watcher leaves JAX's coordination service (as the stopped process does at exit),
+  logs the line once more and ends the process with exit status 2, so that host's log ends
+  with the same line.
 * a trainer that exits on a data error may still not end: the MaxText adapter raises a
   `SystemExit` (`pipeline.maxtext.adapter.DataStop`), and the interpreter then waits for its
   non-daemon threads, such as an Orbax checkpoint save waiting for a peer that stops too.
@@ -63,6 +66,10 @@ PREFIX = "pipeline/stop/"
 """The key-value directory of published stops: key PREFIX + process index, value the line."""
 POLL_S = 2.0
 """Seconds between two polls of the stop directory (one RPC to the coordinator each)."""
+JOB_POLLS_PER_S = 100.0
+"""The most polls of the stop directory a second, per feed, from all processes of the job
+together: from `JOB_POLLS_PER_S * POLL_S` processes on (200 at the defaults) the period grows
+with the process count (`poll_period`), as does the delay before a peer's stop is seen."""
 STORE_CHECK_S = 10.0
 """Seconds between two checks that each store is still the one opened."""
 GRACE_S = 10.0
@@ -94,6 +101,19 @@ def stop_periods() -> Periods:
     )
 
 
+def poll_period(poll_s: float, processes: int) -> float:
+    """Seconds between two polls of the stop directory by each process: `poll_s`, or longer, so
+    that `processes` processes together poll at most `JOB_POLLS_PER_S` times a second."""
+    return max(poll_s, processes / JOB_POLLS_PER_S)
+
+
+def first_poll_offset(period: float, process: int, processes: int) -> float:
+    """Seconds after the watcher's start of `process`'s first poll: its share of the period
+    (never more than the period), so that processes started together poll at evenly spread
+    times, not in one burst."""
+    return period * (process + 1) / processes
+
+
 def checks_remote(fingerprint: str, process: int, processes: int) -> bool:
     """Whether `process` (of `processes`) is the one that re-checks the cloud store of this
     content fingerprint: the same answer on every process, whatever stores each one holds open
@@ -117,10 +137,11 @@ class HostStop:
     def __init__(self, plan: Callable[[], Plan | None], periods: Periods) -> None:
         """`plan` gives the feed's plan now (None: the feed is gone), whose stores are those
         open now: a switch or a later stage opens more of them."""
-        self._poll_s, self._store_check_s, self._grace_s = periods
+        poll_s, self._store_check_s, self._grace_s = periods
         self._client = coordination_client()
         self._index = jax.process_index()
         self._processes = jax.process_count()
+        self._poll_s = poll_period(poll_s, self._processes)
         self._plan = plan
         self._failure: str | None = None  # what `check()` raises
         self._peer_seen: float | None = None  # when a peer's stop was first seen
@@ -155,7 +176,8 @@ class HostStop:
     def _run(self) -> None:
         start = time.monotonic()
         next_store_check = start + self._store_check_s
-        next_poll = start + self._poll_s if self._client is not None else math.inf
+        offset = first_poll_offset(self._poll_s, self._index, self._processes)
+        next_poll = start + offset if self._client is not None else math.inf
         while not self._done.wait(min(next_poll, next_store_check) - time.monotonic()):
             if self._raised:  # this process stops with its line: nothing more to watch
                 return
