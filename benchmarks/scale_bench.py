@@ -2,7 +2,7 @@
 versus process count.
 
     python benchmarks/scale_bench.py [--dir /tmp/scale-bench] [--quick]
-    python benchmarks/scale_bench.py --gcs [--dir /tmp/scale-bench]
+    python benchmarks/scale_bench.py --gcs [--dir /tmp/scale-bench] [--gcs-shards 10 1000]
     python benchmarks/scale_bench.py --requests
 
 `--requests` prints, for 1, 2, 256 and 4,096 processes, the requests a second that the feeds'
@@ -13,7 +13,8 @@ of the poll period, summed over the processes. Nothing is timed: the figures are
 
 `--gcs` measures only the start from a `gs://` store: the 10- and 1,000-shard stores are
 uploaded to a local Cloud Storage API server (gcp-storage-emulator, as in the tests) and read
-back from there.
+back from there; each row ends with a new process's time to its first batch (the first open,
+then the plan's open and batch) from the bucket and from the same store on local disk.
 
 Stores are synthetic (uint16 tokens, one 4-token document per record) and are built once
 under --dir. Each RSS and start-up figure comes from a fresh child process, so
@@ -119,26 +120,40 @@ def measure_start(store_path: str) -> dict:
     }
 
 
-def gcs_start(directory: Path, reps: int) -> None:
-    """Open and first batch of `gs://` stores on a local emulator (one fresh process each)."""
+def cold_first_batch_ms(times: list[dict]) -> float:
+    """Median time of a new process from nothing to its first host batch: the first open (with
+    the client's set-up) and the plan's open and batch."""
+    return statistics.median(t["open_s"] + t["first_batch_s"] for t in times) * 1e3
+
+
+def gcs_start(directory: Path, reps: int, shard_counts: list[int]) -> None:
+    """Open and first batch of `gs://` stores on a local emulator (one fresh process each), and
+    a new process's time to its first batch from there and from the same store on local disk."""
     from tests.gcs_emulator import serving
 
     print("## Store open and first batch from gs:// (local emulator, 10 records per shard)")
-    print("shards | objects | first open (ms) | open again (ms) | plan + first host batch (ms)")
-    print("--- | --- | --- | --- | ---")
+    print(
+        "shards | objects | first open (ms) | open again (ms) | plan + first host batch (ms) | "
+        "cold to first batch: gs:// (ms) | local (ms)"
+    )
+    print("--- | --- | --- | --- | --- | --- | ---")
     with serving(bare=True) as bucket:
-        for shards in (10, 1000):
+        for shards in shard_counts:
             store = build(directory / f"shards-{shards}", shards, 10)
             url = f"{bucket}/shards-{shards}"
             files = sorted(store.iterdir())
             for file in files:
                 copy_file(file, location(url) / file.name)
             times = [child(["start", url]) for _ in range(reps)]
+            local = [child(["start", str(store)]) for _ in range(reps)]
             opened, again, first = (
                 statistics.median(t[key] for t in times) * 1e3
                 for key in ("open_s", "reopen_s", "first_batch_s")
             )
-            print(f"{shards:,} | {len(files):,} | {opened:.1f} | {again:.1f} | {first:.1f}")
+            print(
+                f"{shards:,} | {len(files):,} | {opened:.1f} | {again:.1f} | {first:.1f} | "
+                f"{cold_first_batch_ms(times):.1f} | {cold_first_batch_ms(local):.1f}"
+            )
 
 
 def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) -> dict:
@@ -211,6 +226,9 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/scale-bench"))
     parser.add_argument("--quick", action="store_true", help="10x smaller stores")
     parser.add_argument("--gcs", action="store_true", help="only the start from gs:// stores")
+    parser.add_argument(
+        "--gcs-shards", type=int, nargs="+", default=[10, 1000], help="--gcs: the stores' shards"
+    )
     parser.add_argument("--requests", action="store_true", help="only the request rates")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,7 +242,7 @@ def main() -> None:
         return
     if args.gcs:
         args.dir.mkdir(parents=True, exist_ok=True)
-        gcs_start(args.dir, reps=3)
+        gcs_start(args.dir, reps=3, shard_counts=args.gcs_shards)
         return
     scale = 10 if args.quick else 1
     args.dir.mkdir(parents=True, exist_ok=True)
