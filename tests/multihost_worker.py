@@ -8,6 +8,7 @@ and a list of tasks:
 * {"kind": "checksums", "name", "mesh": [shape, names], "batch_axes", "steps"}: feed the steps,
   reduce each global batch to per-row checksums in a jitted function, gather them and the
   fields (with the config's `feed.provenance` fields); process 0 writes OUT/<name>.npz.
+  With `"stats": true`, every process writes its last `FeedStats` to OUT/<name>-stats-<id>.json.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
 * {"kind": "disagree", "odd_one": P}: every process restores a data state, process P a state
@@ -96,6 +97,9 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
             result[f"checksum_{step}"] = gather(checksum(batch))
             for field in (*FIELDS, *feed.provenance):
                 result[f"{field}_{step}"] = gather(batch[field])
+        if task.get("stats"):
+            stats = json.dumps(feed.stats().to_json())
+            (out / f"{task['name']}-stats-{jax.process_index()}.json").write_text(stats)
     if jax.process_index() == 0:
         np.savez(out / f"{task['name']}.npz", **result)
 

@@ -1,0 +1,131 @@
+"""Corpora read in place (Megatron `.bin/.idx`, Parquet token columns) mixed with a prepared
+store, through real JAX processes on localhost (tests/test_multihost.py launches them).
+
+Two launches: 2 processes read some steps, then train and are killed after a checkpoint;
+1 process reads the same steps, then resumes that checkpoint to the end. Expectations come
+from the single-process `Plan` computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
+from pipeline.store.columns_index import build_columns_index
+from tests.storegen import write_synthetic_store
+from tests.test_columns import positional_files, write_parquet
+from tests.test_megatron import indexed, random_documents
+from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = [0, 7, 19, 40]  # reached by seeks; every source rolls over an epoch before 40
+PROVENANCE = ["source", "epoch", "window"]
+TOTAL, EVERY, KILL_AT = 24, 4, 14  # the train task: checkpoints every 4 steps, killed at 14
+ITEMSIZE = {"meg": 2, "cols": 4, "store": 4}  # uint16 .bin, int32 column, uint32 store
+
+
+def mixed_raw(tmp: Path) -> dict:
+    """A Megatron source, a Parquet token-column source and a prepared store in one mix."""
+    tmp.mkdir()
+    meg = indexed(tmp, random_documents(seed=1, count=15), name="meg")  # uint16, EOD 0 ends each
+    files, _ = positional_files([[12, 30, 7, 19] * 3, [25, 3, 40] * 3])
+    write_parquet(tmp / "cols", files)  # int32 ids
+    build_columns_index(tmp / "cols")
+    store = write_synthetic_store(tmp / "store", [[7, 30, 11], [25, 5]])
+    return {
+        "seed": 5, "seq_len": 8, "global_batch_size": 8, "lanes": 2,
+        "sources": {
+            "meg": {"path": str(meg), "format": "megatron"},
+            "cols": {"path": str(tmp / "cols"), "format": "parquet", "column": "input_ids"},
+            "store": {"path": str(store.path)},
+        },
+        "mix": {"meg": 1, "cols": 2, "store": 1},
+        "shared_vocabulary": True,
+        "feed": {"provenance": PROVENANCE},
+    }  # fmt: skip
+
+
+def expected_weights(plan: Plan, steps: int) -> list[float]:
+    """The train task's model value after each of `steps` uninterrupted steps (float32, as
+    jitted)."""
+    w, weights = np.float32(0), []
+    for step in range(steps):
+        total = int(reference_checksums(plan.batch(step)).sum(dtype=np.int32))
+        w = np.float32(w + np.float32(total % 9973))
+        weights.append(float(w))
+    return weights
+
+
+def test_in_place_sources_serve_the_plan_on_1_and_2_processes_and_resume_elastically(tmp_path):
+    raw = mixed_raw(tmp_path / "data")
+    plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
+    names = plan.draws(0).source_names
+    epochs = {names[s]: 0 for s in range(len(names))}
+    for step in range(STEPS[-1]):
+        draws = plan.draws(step)
+        for s, e in zip(draws.source.tolist(), draws.epoch.tolist(), strict=True):
+            epochs[names[s]] = max(epochs[names[s]], e)
+    assert min(epochs.values()) >= 1, epochs  # every source crosses an epoch boundary
+
+    def tasks(name: str, **train) -> list[dict]:
+        read = {"kind": "checksums", "name": name, "mesh": [[4], ["data"]],
+                "batch_axes": ["data"], "steps": STEPS, "stats": True}  # fmt: skip
+        run = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": TOTAL,
+               "log": str(tmp_path / "train.jsonl"), "save_every": EVERY, **train}  # fmt: skip
+        return [read, run]
+
+    codes = launch(tmp_path, raw, tasks("two", kill_at=KILL_AT, kill_mode="step"), 2, 2)
+    assert codes == [-signal.SIGKILL] * 2, worker_output(tmp_path)
+    assert launch(tmp_path, raw, tasks("one"), 1, 4) == [0], worker_output(tmp_path)
+
+    # identical global batches on 1 and 2 processes, equal to the plan, with their provenance
+    results = {name: np.load(tmp_path / f"{name}.npz") for name in ("one", "two")}
+    for step in STEPS:
+        expected, draws = plan.batch(step), plan.draws(step)
+        for result in results.values():
+            for field in FIELDS:
+                np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
+            np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
+            for field in PROVENANCE:
+                np.testing.assert_array_equal(result[f"{field}_{step}"], getattr(draws, field))
+
+    # feed.stats(): each process's rows, tokens and bytes per source add up to the steps served
+    served = {name: 0 for name in names}
+    for step in STEPS:
+        for s in plan.draws(step).source.tolist():
+            served[names[s]] += 1
+    ledger = {name: 0 for name in names}
+    for step in range(STEPS[-1] + 1):
+        for s in plan.draws(step).source.tolist():
+            ledger[names[s]] += 1
+    for name, processes in (("one", 1), ("two", 2)):
+        stats = [
+            json.loads((tmp_path / f"{name}-stats-{i}.json").read_text()) for i in range(processes)
+        ]
+        for source in names:
+            rows = sum(s["rows"].get(source, 0) for s in stats)
+            assert rows == served[source], (name, source)
+            assert sum(s["tokens"].get(source, 0) for s in stats) == rows * 8
+            assert sum(s["bytes_read"].get(source, 0) for s in stats) == rows * 9 * ITEMSIZE[source]
+        for s in stats:
+            assert s["step"] == STEPS[-1] + 1
+            assert s["ledger_rows"] == ledger, name
+
+    # elastic resume: the checkpoint of 2 processes, resumed on 1, trains bit-exactly
+    entries = read_log(tmp_path / "train.jsonl")
+    assert {e["step"] for e in entries} == set(range(TOTAL))
+    assert {e["procs"] for e in entries} == {2, 1}
+    assert any(e["step"] == KILL_AT and e["procs"] == 2 for e in entries)
+    weights = expected_weights(plan, TOTAL)
+    for entry in entries:  # every step, the replayed ones too, equals the plan
+        sums = reference_checksums(plan.batch(entry["step"]))
+        np.testing.assert_array_equal(entry["sums"], sums, err_msg=str(entry["step"]))
+        assert entry["w"] == weights[entry["step"]], entry["step"]
