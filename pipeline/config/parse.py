@@ -313,9 +313,9 @@ def _sources(
         key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
-        allowed = ("path",)
+        allowed = ("path", "format", "index", "column")  # an eval set may be read in place
         if parent == "sources":
-            allowed = ("path", "packing", "too_long", "format", "index", "column")
+            allowed = (*allowed, "packing", "too_long")
         where.keys(where.mapping(entry, key), allowed, key)
         if not isinstance(entry.get("path"), str):
             raise where.fail(
