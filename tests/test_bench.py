@@ -685,3 +685,32 @@ def test_the_mixed_restore_row_restores_a_ledger_of_recorded_set_mix_calls(tmp_p
     assert {dict(m.weights)["a"] for m in ledger.mixes} == {2**20 // 3, 2 * 2**20 // 3}
     assert len(data_state.load_ledger(tmp_path / "ours-400" / "400").mixes) == 0
     assert 200 * 16 < mixed["state_bytes"] - plain["state_bytes"] < 200 * 30
+
+
+def test_the_prepare_benchmark_sets_prepare_beside_the_limit_and_datasets_map(
+    tmp_path, hf_tokenizer_json
+):
+    """benchmarks/prepare_bench.py's rows for docs/benchmarks.md: `prepare --workers` 1 and 2,
+    the tokenizer's encode_batch and `datasets.map(num_proc=2)` over the same texts, which
+    count the tokens the tokenizer gives text by text."""
+    import tokenizers
+
+    texts = [f"def f{i}(x):\n    return x * {i} + {'y' * (i % 7)}\n" for i in range(40)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    command = [sys.executable, "benchmarks/prepare_bench.py", str(corpus), "--tokenizer",
+               f"hf:{hf_tokenizer_json}", "--runners", "local", "--workers", "1,2",
+               "--repeat", "1", "--num-shards", "2", "--num-proc", "2"]  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("| ")]
+    names = [(row[0].removeprefix("| "), row[1]) for row in rows[1:]]  # after the header
+    assert names == [
+        ("local", "1"), ("local", "2"), ("encode_batch (the limit)", "threads"),
+        ("datasets.map (the peer)", "num_proc=2"),
+    ]  # fmt: skip
+    model = tokenizers.Tokenizer.from_file(str(hf_tokenizer_json))
+    tokens = sum(len(model.encode(t, add_special_tokens=False).ids) for t in texts)
+    assert f"# encode_batch and datasets.map: {tokens:,} tokens of 40 texts" in out.stdout
