@@ -83,6 +83,7 @@ def _datasets_map(texts: list[str], tokenizer: str, num_proc: int) -> tuple[floa
     except ImportError:
         raise SystemExit("the datasets.map row needs `datasets`: pip install -e '.[dev]'") from None
     datasets.disable_caching()  # every repeat tokenizes, as a first run does
+    datasets.disable_progress_bars()  # stderr only, but not part of the table
     table = datasets.Dataset.from_dict({"text": texts})
     model = load_tokenizer(tokenizer)._model
     start, cpu = time.perf_counter(), _cpu_seconds()
