@@ -250,3 +250,27 @@ def test_labels_that_do_not_align_with_the_ids_are_refused(tmp_path):
     pq.write_table(table, tmp_path / "corpus" / "a.parquet")
     with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: the rows of 'labels' and"):
         build_columns_index(tmp_path / "corpus", labels="labels")
+
+
+def test_verifying_one_shard_indexes_that_file_only(tmp_path, monkeypatch):
+    """The feed's background check asks each process for its shards one at a time
+    (`store.verify([shard])`): one file each, not the whole corpus per call (N^2 over N files);
+    a damaged file is found by the call for its shard."""
+    import pipeline.store.columns as columns
+
+    write_parquet(tmp_path / "corpus", [[[1, 2, 3]] * 4, [[4, 5]] * 4, [[6]] * 4])
+    store = ColumnStore(build_columns_index(tmp_path / "corpus"))
+    indexed: list[str] = []
+    index_file = columns.index_file
+    monkeypatch.setattr(
+        columns,
+        "index_file",
+        lambda file, *a: indexed.append(Path(file).name) or index_file(file, *a),
+    )
+    for shard in range(store.num_shards):
+        store.verify([shard])
+    assert indexed == [f"part-{n:05d}.parquet" for n in range(3)]
+    write_parquet(tmp_path / "corpus", [[[1, 2, 3]] * 4, [[4, 5]] * 3 + [[5, 4]]])
+    store.verify([0])  # the damaged file is the second one
+    with pytest.raises(StoreError, match=r"part-00001\.parquet: its content is not as indexed"):
+        store.verify([1])

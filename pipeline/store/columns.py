@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -131,11 +132,13 @@ class ColumnStore(InPlaceStore):
         """An index array cut into the files' parts (`counts` entries each)."""
         return np.split(self._array(key), np.cumsum(counts)[:-1])
 
-    def verify(self, shards: object = None) -> None:
-        """The full pass: every file indexed again (every chunk decoded), its documents, chunk
+    def verify(self, shards: Iterable[int] | None = None) -> None:
+        """The full pass over `shards` (all by default; a process's share in the feed's
+        background check): each file indexed again (every chunk decoded), its documents, chunk
         CRCs and loss mask compared with the index, every id below the vocabulary size."""
         labels = self.manifest["labels"]
-        for shard, (file, reader) in enumerate(zip(self._files, self._readers)):
+        for shard in range(len(self._files)) if shards is None else shards:
+            file, reader = self._files[shard], self._readers[shard]
             found = index_file(file, self.manifest["column"], labels)
             same = (
                 np.array_equal(found["docs"], self._docs[shard])
