@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -408,3 +409,21 @@ def test_pipeline_index_and_verify_store_on_the_command_line(tmp_path):
     missing = run_cli("index", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "nothing.bin: no such file" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("documents", "out", "message"),
+    [
+        ([], "ix", r"corpus\.bin: the dataset holds no tokens; nothing to index"),
+        ([[[]], [[]]], "ix", r"corpus\.bin: the dataset holds no tokens; nothing to index"),
+        ([[[5, 6]]], "file/ix", r"file/ix: cannot create the index directory: Not a directory"),
+    ],
+)
+def test_pipeline_index_of_an_empty_dataset_or_to_a_bad_out_is_one_line(
+    tmp_path, documents, out, message
+):
+    write_megatron(tmp_path / "corpus", documents)
+    (tmp_path / "file").write_text("not a directory")
+    done = run_cli("index", str(tmp_path / "corpus"), "--out", str(tmp_path / out))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert re.search(message, done.stderr), done.stderr

@@ -32,6 +32,7 @@ from pipeline.store.inplace import (
     TokenScan,
     eod_of,
     file_entry,
+    index_dir,
     nonempty,
     save_array,
     tokenizer_entry,
@@ -122,7 +123,7 @@ def build_columns_index(
     if len(dtypes) > 1:
         raise StoreError(f"{data}: the files' {column!r} ids differ in type ({', '.join(dtypes)})")
     vocab = vocabulary(max(f["max_id"] for f in found), vocab_size, Path(data))
-    target.mkdir(parents=True, exist_ok=True)
+    index_dir(target)
     entries = [
         {
             "file": str(path.resolve()),

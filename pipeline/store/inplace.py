@@ -164,6 +164,15 @@ def record_meta(path: Path, record: dict[str, Any]) -> StoreMeta:
     )
 
 
+def index_dir(target: Path) -> Path:
+    """`target` created for an index (a `pipeline index --out` that cannot be is one line)."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StoreError(f"{target}: cannot create the index directory: {error.strerror}") from None
+    return target
+
+
 class ShardReader(Protocol):
     """A shard's tokens as `read_pieces` copies them: `read(start, stop)`, checked."""
 

@@ -33,6 +33,7 @@ from pipeline.store.inplace import (
     TokenScan,
     eod_of,
     file_entry,
+    index_dir,
     nonempty,
     save_array,
     tokenizer_entry,
@@ -68,6 +69,8 @@ def build_index(
     index = read_index(idx_path)
     bin_bytes = bin_path.stat().st_size
     offsets = index.document_offsets(bin_bytes)
+    if offsets[-1] == 0:  # nothing to map, nothing to train on
+        raise StoreError(f"{bin_path}: the dataset holds no tokens; nothing to index")
     scan = TokenScan(bin_path, index.dtype)
     crcs = prefix_crcs(bin_path, BLOCK_BYTES, scan)
     docs = nonempty(offsets)
@@ -75,7 +78,7 @@ def build_index(
     eod = eod_of(tokens[docs[1:] - 1] if docs.size > 1 else [])
     vocab = vocabulary(scan.max_id, vocab_size, bin_path)
     target = default_index_dir(prefix) if out is None else Path(out)
-    target.mkdir(parents=True, exist_ok=True)
+    index_dir(target)
     idx_sha256 = file_sha256(idx_path)
     record: dict[str, Any] = {
         "format": INDEX_FORMAT,
