@@ -182,6 +182,8 @@ def test_runner_names_resolve_to_beams_runner_classes(name: str, path: str) -> N
         ("Nope", r"^unknown Beam runner 'Nope'; give one of .*DaskRunner, .*DirectRunner, "),
         ("nosuch.module.Runner", r"^Beam runner 'nosuch.module.Runner' cannot be imported"),
         ("apache_beam.runners.Nope", r"apache_beam.runners has no runner class 'Nope'$"),
+        (".Foo", r"^Beam runner '.Foo' cannot be imported from  \("),  # an empty module name
+        ("..x.Foo", r"^Beam runner '..x.Foo' cannot be imported from ..x \("),  # relative
     ],
 )
 def test_an_unknown_runner_is_refused_in_one_line(name: str, message: str) -> None:

@@ -182,7 +182,7 @@ def resolve_runner(name: str) -> str:
         require(package, extra, f"Beam's {attribute}")
     try:
         found = getattr(importlib.import_module(module), attribute, None)
-    except ImportError as error:
+    except (ImportError, ValueError, TypeError) as error:  # also an empty or relative module
         raise PrepareError(
             f"Beam runner {name!r} cannot be imported from {module} ({error}); install what "
             "it needs (docs/prepare-at-scale.md)"
