@@ -237,3 +237,23 @@ def test_a_restore_with_skip_steps_serves_the_plans_later_steps_and_dump_replays
     listing = capsys.readouterr().out
     assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in listing
     assert main(["verify", str(config_file), "--ledger", str(step_dir), "--steps", "0:40"]) == 0
+
+
+@pytest.mark.parametrize("at", [7, 9])  # a set_mix at the restored step, and one ahead of it
+def test_a_skip_after_a_set_mix_at_or_past_the_restore_gives_checkpoints_that_restore(stores, at):
+    """A controller's `set_mix(step=feed.step)` just before the save, then a restore there with
+    a skip: the restore drops the entry, so the skipped steps must count under the weights
+    without it, or every later checkpoint is refused as edited."""
+    from pipeline.plan.ledger import MixEntry, quantize
+
+    run = config(stores)
+    plan = Plan.from_config(run).with_mix(MixEntry(at, quantize({"main": 1.0, "task": 0.0})))
+    state = DataState(7, round_trip(plan.ledger))
+    restored = Plan(state.ledger, plan.stores())
+    data_state.verify(state, restored)
+    steered = reconcile(restored, run, 7, skip=4)
+    assert len(steered.mixes) == 0
+    later = DataState(10, round_trip(steered))
+    data_state.verify(later, Plan(later.ledger, plan.stores()))  # the next restore
+    unsteered = Plan.from_config(run)  # the skip counted under the weights the ledger keeps
+    assert steered.segments[1].counters == unsteered.segment_plan(0).counters_at(11)

@@ -352,6 +352,20 @@ class DrawPlan:
         plan._segments = {**self._segments, index: steered}
         return plan
 
+    def without_mixes_from(self: P, step: int) -> P:
+        """This plan with the ledger's mix entries at or after `step` dropped, as a restore at
+        `step` drops them (`Ledger.append`): what its new segment's counters are counted by,
+        and re-derived by (`data_state.verify`). Stores are shared; segments laid out anew."""
+        mixes = self.ledger.mixes
+        cut = mixes.first_at(step)
+        if cut == len(mixes):
+            return self
+        plan = object.__new__(type(self))  # a shallow copy, as `with_mix` makes
+        plan.__dict__.update(self.__dict__)
+        plan.ledger = Ledger(self.ledger.segments, mixes[:cut])
+        plan._segments = {}
+        return plan
+
     def segment_plan_at(self, step: int) -> SegmentPlan:
         """The plan of the ledger segment that decides `step`."""
         return self.segment_plan(self.ledger.segment_index(step))

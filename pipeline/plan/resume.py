@@ -97,7 +97,7 @@ def reconcile(
             "with the data it should see instead"
         )
     if kept:
-        counters = plan.carried_counters(
+        counters = plan.without_mixes_from(step).carried_counters(
             len(kept) - 1, step + skip, fingerprints, mapping["sources"]
         )
     else:
