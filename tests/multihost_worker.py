@@ -11,8 +11,9 @@ and a list of tasks:
   With `"stats": true`, every process writes its last `FeedStats` to OUT/<name>-stats-<id>.json.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
-* {"kind": "disagree", "odd_one": P}: every process restores a data state, process P a state
-  one step ahead of the others'; each writes the error it got to OUT/disagree-<id>.txt.
+* {"kind": "disagree", "odd_one": P, "skip": bool, "name"}: every process restores a data
+  state, process P a state one step ahead of the others' (with "skip": the same state, skipping
+  3 steps); each writes the error it got to OUT/<name, default disagree>-<id>.txt.
 * {"kind": "train", "ckpt", "log", "steps", "save_every", "kill_at", "kill_mode"}: a train-like
   loop that restores the latest complete checkpoint (model state + data state), consumes the
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
@@ -121,15 +122,20 @@ def open_feed(spec: dict, task: dict, out: Path) -> None:
 def disagree(config, task: dict, out: Path) -> None:
     mesh = make_mesh([jax.device_count()], ["data"])
     with DataFeed(config, mesh) as feed:
-        state = current_state(feed)
+        state, skip = current_state(feed), 0
         if jax.process_index() == task["odd_one"]:
-            state = dataclasses.replace(state, step=state.step + 1)
+            if task.get("skip"):
+                skip = 3
+            else:
+                state = dataclasses.replace(state, step=state.step + 1)
         try:
-            restore_state(feed, dataclasses.replace(state, origin="data_state.json"))
+            restore_state(
+                feed, dataclasses.replace(state, origin="data_state.json"), skip_steps=skip
+            )
             message = "no error"
         except PipelineError as error:
             message = f"{type(error).__name__}: {error}"
-    (out / f"disagree-{jax.process_index()}.txt").write_text(message)
+    (out / f"{task.get('name', 'disagree')}-{jax.process_index()}.txt").write_text(message)
 
 
 def train(spec: dict, config, task: dict) -> None:

@@ -7,6 +7,7 @@ single-process `Plan.batch` computed here, or from an uninterrupted reference ru
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -119,6 +120,7 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
     ]
     tasks.append({"kind": "open", "missing_on": processes - 1})
     tasks.append({"kind": "disagree", "odd_one": processes - 1})
+    tasks.append({"kind": "disagree", "odd_one": processes - 1, "skip": True, "name": "skip"})
     codes = launch(tmp_path, raw, tasks, processes, devices)
     assert codes == [0] * processes, worker_output(tmp_path)
     plan = arrayrecord_only(Plan.from_config(parse_config(raw, origin="multihost.yaml")))
@@ -140,12 +142,14 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
                 f"FeedError: multihost.yaml: process(es) [{processes - 1}] cannot open the data "
                 "(see their logs); every process stops before the first step"
             )
-    # Hosts that restore different data states all refuse, naming the odd one out.
-    for index in range(processes):
-        assert (tmp_path / f"disagree-{index}.txt").read_text() == (
+    # Hosts that restore different data states, or skip differently, all refuse, naming the
+    # odd one out (a host that skipped alone would serve its rows of another plan step).
+    for index, name in itertools.product(range(processes), ("disagree", "skip")):
+        assert (tmp_path / f"{name}-{index}.txt").read_text() == (
             f"LedgerError: data_state.json: processes [{processes - 1}] read a different data "
-            "state or run a different data config than process 0; every host must restore the "
-            "same checkpoint with the same config file"
+            "state, run a different data config, or declare a different switch or skip than "
+            "process 0; every host must restore the same checkpoint with the same config file "
+            "and the same flags"
         )
 
 

@@ -47,7 +47,7 @@ def restore_state(
     (`reconcile`). `skip_steps=N`: the restored step serves the plan's step N later, and so
     on (a ledger segment that skips: docs/steering.md).
     """
-    _check_processes_agree(state, feed)
+    _check_processes_agree(state, feed, switch, skip_steps)
     plan = Plan(state.ledger, feed.plan.stores())
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     reconciled = reconcile(
@@ -64,20 +64,22 @@ def restore_state(
     return current_state(feed)
 
 
-def _check_processes_agree(state: DataState, feed: DataFeed) -> None:
-    """Every process must restore the same state under the same data config."""
+def _check_processes_agree(state: DataState, feed: DataFeed, switch: bool, skip: int) -> None:
+    """Every process must restore the same state under the same data config, and declare the
+    same switch and skip: one that skips otherwise serves its rows of another plan step."""
     if jax.process_count() == 1:
         return
     from jax.experimental import multihost_utils
 
     order = feed.plan.ledger.last.order  # the data order this process's config produced
-    both = json.dumps({"state": state.to_json(), "config": order}, sort_keys=True).encode()
+    mine = {"state": state.to_json(), "config": order, "switch": switch, "skip": skip}
+    both = json.dumps(mine, sort_keys=True).encode()
     mine = np.frombuffer(hashlib.sha256(both).digest()[:16], dtype=np.uint32)
     everyone = np.asarray(multihost_utils.process_allgather(mine))
     differ = [i for i in range(everyone.shape[0]) if not np.array_equal(everyone[i], everyone[0])]
     if differ:
         raise LedgerError(
-            f"{state.origin}: processes {differ} read a different data state or run a different "
-            "data config than process 0; every host must restore the same checkpoint with the "
-            "same config file"
+            f"{state.origin}: processes {differ} read a different data state, run a different "
+            "data config, or declare a different switch or skip than process 0; every host must "
+            "restore the same checkpoint with the same config file and the same flags"
         )
