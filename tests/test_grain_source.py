@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, PipelineError, StoreError
 from pipeline.feed.grain_source import host_dataset, host_source
+from pipeline.plan.ledger import MixEntry, quantize
 from pipeline.plan.plan import host_rows
+from pipeline.plan.resume import reconcile
 from pipeline.plan.sources import load_metas
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
@@ -32,20 +34,27 @@ from tests.test_faults import replaced_line
 from tests.test_plan import build, setups
 
 
-def make_plan(tmp_path, batch=4, seed=5) -> Plan:
-    write_synthetic_store(tmp_path / "a", [[40, 13, 22], [31, 9]])
-    write_synthetic_store(tmp_path / "b", [[17, 50], [12, 12, 12]])
-    raw = {
+def grain_raw(tmp_path, batch=4, seed=5) -> dict:
+    """A two-source config over stores written under `tmp_path` (once)."""
+    if not (tmp_path / "a").exists():
+        write_synthetic_store(tmp_path / "a", [[40, 13, 22], [31, 9]])
+        write_synthetic_store(tmp_path / "b", [[17, 50], [12, 12, 12]])
+    return {
         "seed": seed, "seq_len": 6, "global_batch_size": batch, "lanes": 2,
         "sources": {"a": {"path": str(tmp_path / "a")}, "b": {"path": str(tmp_path / "b")}},
         "mix": {"a": 2, "b": 1},
     }  # fmt: skip
-    return Plan.from_config(parse_config(raw, origin="grain.yaml"))
+
+
+def make_plan(tmp_path, batch=4, seed=5) -> Plan:
+    return Plan.from_config(parse_config(grain_raw(tmp_path, batch, seed), origin="grain.yaml"))
 
 
 def test_a_batch_schedule_is_refused_in_favour_of_the_feed(tmp_path):
     plan = make_plan(tmp_path, batch={"step": {0: 4, 3: 8}})
-    with pytest.raises(ConfigError, match=r"^grain\.yaml: global_batch_size is a schedule; "):
+    with pytest.raises(
+        ConfigError, match=r"^grain\.yaml: global_batch_size is a schedule; the Grain "
+    ):
         host_dataset(plan)
 
 
@@ -168,6 +177,30 @@ def test_a_sources_repr_names_its_rows_and_data_order_the_same_in_any_process(tm
     )
     other = make_plan(tmp_path / "other", seed=6)
     assert repr(host_source(other, 1, 2, num_steps=5)) != repr(source)
+    steered = plan.with_mix(MixEntry(2, quantize({"a": 1.0, "b": 3.0})))  # other rows from 2
+    assert repr(host_source(steered, 1, 2, num_steps=5)) != repr(source)
+
+
+@pytest.mark.parametrize(("before", "after"), [(8, 4), (4, 8)])
+def test_a_ledger_whose_batch_size_changed_is_refused_in_favour_of_the_feed(
+    tmp_path, before, after
+):
+    """A host's rows are fixed in the Grain view: a switch that changed the batch size would
+    leave rows unserved (8 -> 4) or index past a step's rows (4 -> 8); from a first step after
+    the switch, the view serves."""
+    first = make_plan(tmp_path, batch=before)
+    raw = grain_raw(tmp_path, batch=after)
+    switched = reconcile(first, parse_config(raw, origin="switched.yaml"), 3, switch=True)
+    plan = Plan(switched, first.stores())
+    with pytest.raises(
+        ConfigError,
+        match=rf": global_batch_size is {before} in ledger segment 0 \(from step 0\) and {after} "
+        r"in the last; the Grain view serves a fixed number of rows per step",
+    ):
+        host_source(plan, 1, 2)
+    source = host_source(plan, 1, 2, first_step=3, num_steps=2)
+    rows = host_rows(after, 1, 2)
+    np.testing.assert_array_equal(source[0]["inputs"], plan.batch(3, rows[:1])["inputs"][0])
 
 
 def test_every_typed_error_crosses_a_process_boundary_as_itself():

@@ -63,7 +63,10 @@ class HostRowSource:
     def __repr__(self) -> str:
         """The same for the same rows in any process: `grain.DataLoader` compares a restored
         state's `repr` of its source with its own, and refuses another data order."""
-        order = "+".join(segment.fingerprint for segment in self.plan.ledger.segments)
+        ledger = self.plan.ledger
+        order = "+".join(segment.fingerprint for segment in ledger.segments)
+        if len(ledger.mixes):  # set_mix entries change the rows too
+            order += f"+mix:{ledger.mixes.to_json()['digest']}"
         return (
             f"HostRowSource(order={order}, rows={self.rows.tolist()}, "
             f"first_step={self.first_step}, num_steps={self.num_steps}, by_step={self.by_step})"
@@ -82,14 +85,28 @@ def host_source(
     `grain.DataLoader(data_source=...)` (`by_step`: one element per step); `host_dataset` is
     the same rows as a `MapDataset`.
 
-    A host's rows per step are fixed here, so a batch-size schedule is refused (use `DataFeed`).
+    A host's rows per step are fixed here, so a batch-size schedule is refused (use `DataFeed`),
+    and so is a ledger whose segments from `first_step` on differ in batch size (a switch).
     """
-    if plan.config.batch_is_scheduled:
-        raise ConfigError(
-            f"{plan.config.origin}: global_batch_size is a schedule; the Grain view serves a fixed "
-            "number of rows per step, so use DataFeed, which follows the schedule"
-        )
-    rows = host_rows(plan.config.global_batch_size, process_index, process_count)
+    ledger = plan.ledger
+    serving = range(ledger.segment_index(first_step), len(ledger.segments))
+    for index in reversed(serving):  # the last first: its batch is the one served
+        config = plan.segment_plan(index).config
+        where = "" if index == len(ledger.segments) - 1 else f" in ledger segment {index}"
+        if config.batch_is_scheduled:
+            raise ConfigError(
+                f"{plan.config.origin}: global_batch_size is a schedule{where}; the Grain view "
+                "serves a fixed number of rows per step, so use DataFeed, which follows it"
+            )
+        size = plan.config.global_batch_size
+        if config.global_batch_size != size:
+            raise ConfigError(
+                f"{plan.config.origin}: global_batch_size is {config.global_batch_size}{where} "
+                f"(from step {ledger.segments[index].start_step}) and {size} in the last; the "
+                "Grain view serves a fixed number of rows per step, so use DataFeed, which "
+                "follows the ledger"
+            )
+    rows = host_rows(size, process_index, process_count)
     return HostRowSource(plan, rows, first_step, num_steps, by_step)
 
 
