@@ -76,6 +76,8 @@ def test_a_steered_mixture_keeps_the_bound_on_each_piece_and_assigns_each_row(se
 def test_weights_are_quantized_so_float_noise_records_the_same_integers():
     assert quantize({"a": 0.1 + 0.2, "b": 0.7}) == quantize({"a": 0.3, "b": 0.7})
     assert quantize({"a": 3, "b": 1, "c": 0}) == (("a", 3 * MIX_UNIT // 4), ("b", MIX_UNIT // 4))
+    half = MIX_UNIT // 2  # weights whose sum overflows a float still record their shares
+    assert quantize({"a": 1e308, "b": 1e308}) == (("a", half), ("b", half))
     for bad, message in (
         ({}, "non-empty mapping"),
         ({"a": -1}, "finite and >= 0"),
@@ -358,6 +360,8 @@ def test_the_reference_controller_favours_the_source_whose_loss_falls_least(tmp_
     assert last["docs"] > 0.8 * MIX_UNIT and last["code"] >= 0.1 * MIX_UNIT - 1  # the floor
     with pytest.raises(ConfigError, match="ExcessLoss: expected"):
         ExcessLoss(("a", "b"), floor=0.5)
+    with pytest.raises(ConfigError, match=r"give none of the sources a, b a weight > 0$"):
+        ExcessLoss(("a", "b"), initial={"c": 1.0})
 
 
 def test_a_controller_started_from_the_restored_weights_continues_them(tmp_path):

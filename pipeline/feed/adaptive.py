@@ -55,6 +55,11 @@ class ExcessLoss:
         self.smoothing, self.warmup = smoothing, warmup
         start = initial or dict.fromkeys(self.sources, 1.0)  # e.g. the stage's own weights
         total = math.fsum(max(start.get(n, 0.0), 0.0) for n in self.sources)
+        if not total > 0:
+            raise ConfigError(
+                f"ExcessLoss: initial weights {dict(start)} give none of the sources "
+                f"{', '.join(self.sources)} a weight > 0"
+            )
         uniform = floor * len(self.sources)
         # the log-weights whose `weights()` are `initial` (those below the floor: the floor)
         self.log_weights = {

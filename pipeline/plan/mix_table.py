@@ -56,8 +56,9 @@ def quantize(weights: Mapping[str, float], where: str = "set_mix") -> tuple[tupl
             raise ConfigError(f"{where}: weight of {name!r} is not a number: {weight!r}")
         if not math.isfinite(weight) or weight < 0:
             raise ConfigError(f"{where}: weight of {name!r} must be finite and >= 0, got {weight}")
-    total = math.fsum(float(w) for w in weights.values())
-    units = {str(n): round(float(w) / total * MIX_UNIT) if total > 0 else 0
+    largest = max(float(w) for w in weights.values())  # scaled first: 1e308 + 1e308 overflows
+    total = math.fsum(float(w) / largest for w in weights.values()) if largest > 0 else 0.0
+    units = {str(n): round(float(w) / largest / total * MIX_UNIT) if total > 0 else 0
              for n, w in weights.items()}  # fmt: skip
     if not any(units.values()):
         raise ConfigError(f"{where}: at least one weight must be > 0, got {dict(weights)}")
