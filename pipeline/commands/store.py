@@ -126,7 +126,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     x.add_argument(
         "data", help="megatron: PREFIX (of PREFIX.bin/.idx); parquet: a directory or a glob"
     )
-    x.add_argument("--format", choices=("megatron", "parquet"), default="megatron")
+    x.add_argument(
+        "--format",
+        choices=("megatron", "parquet"),
+        default="megatron",
+        help="megatron: PREFIX.bin + PREFIX.idx; parquet: Parquet or Arrow files of token "
+        "lists (default megatron)",
+    )
     x.add_argument("--column", help=f"parquet: the token column (default {DEFAULT_COLUMN})")
     x.add_argument(
         "--labels", help="parquet: a labels column (-100: no loss), the corpus's loss mask"
