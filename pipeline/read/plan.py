@@ -113,11 +113,13 @@ class Plan(DrawPlan):
 
 def _readers(
     layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray
-) -> list[tuple[Reader, np.ndarray]]:
+) -> list[tuple[Reader, np.ndarray | slice]]:
     """Who reads which of the drawn rows (`which` indexes `layouts`): one reader for all
     windowed sources' rows, one per whole-document source."""
     drawn = np.unique(which).tolist()
     windows = [k for k in drawn if not layouts[k].whole_documents]
+    if len(windows) == len(drawn):  # the common step: one reader, no selection of rows
+        return [(partial(read_windows, layouts, open_store), slice(None))]
     groups = []
     if windows:
         groups.append((partial(read_windows, layouts, open_store), np.isin(which, windows)))
