@@ -167,10 +167,9 @@ class Ledger:
         )
         what = [f"switch: {', '.join(changed)} changed"] if changed else []
         if segment.skip:
-            plan_step = segment.start_step + self.shift(index)
             what.append(
                 f"skip {segment.skip} steps (step {segment.start_step:,} serves plan step "
-                f"{plan_step:,})"
+                f"{self.plan_step(segment.start_step):,})"
             )
         return "; ".join(what) or "switch: stages laid out anew"
 

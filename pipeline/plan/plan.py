@@ -346,11 +346,7 @@ class DrawPlan:
         ledger = self.ledger.with_mix(entry)
         index = len(ledger.segments) - 1
         steered = self.segment_plan(index).steered(ledger.mixes_of(index))
-        plan = object.__new__(type(self))  # a shallow copy; copy.copy would pickle (no stores)
-        plan.__dict__.update(self.__dict__)
-        plan.ledger = ledger
-        plan._segments = {**self._segments, index: steered}
-        return plan
+        return self._with_ledger(ledger, {**self._segments, index: steered})
 
     def without_mixes_from(self: P, step: int) -> P:
         """This plan with the ledger's mix entries at or after `step` dropped, as a restore at
@@ -360,10 +356,15 @@ class DrawPlan:
         cut = mixes.first_at(step)
         if cut == len(mixes):
             return self
-        plan = object.__new__(type(self))  # a shallow copy, as `with_mix` makes
+        return self._with_ledger(Ledger(self.ledger.segments, mixes[:cut]), {})
+
+    def _with_ledger(self: P, ledger: Ledger, segments: dict[int, SegmentPlan]) -> P:
+        """A shallow copy (stores shared; `copy.copy` would pickle, without stores) with
+        `ledger` and the segment plans laid out for it so far."""
+        plan = object.__new__(type(self))
         plan.__dict__.update(self.__dict__)
-        plan.ledger = Ledger(self.ledger.segments, mixes[:cut])
-        plan._segments = {}
+        plan.ledger = ledger
+        plan._segments = segments
         return plan
 
     def segment_plan_at(self, step: int) -> SegmentPlan:
