@@ -29,17 +29,17 @@ PARQUET_BATCH_ROWS = 1024
 
 def check(argument: str, path: str, text_field: str | None, rows: RowFields | None) -> None:
     """The file's schema has the text column, or the columns of `rows`."""
+    if rows is None and text_field is None:
+        return
+    columns = _parquet_columns(path)  # one open of the file (a remote one for gs://)
     if rows is not None:
-        missing = [c for c in rows.columns if c not in _parquet_columns(path)]
+        missing = [c for c in rows.columns if c not in columns]
         if missing:
             raise PrepareError(
                 f"input {argument!r}: {path} has no column {missing[0]!r} for "
-                f"--format {rows.format} (columns: {', '.join(_parquet_columns(path))})"
+                f"--format {rows.format} (columns: {', '.join(columns)})"
             )
         return
-    if text_field is None:
-        return
-    columns = _parquet_columns(path)
     if text_field not in columns:
         raise PrepareError(
             f"input {argument!r}: {path} has no column {text_field!r} (columns: "
