@@ -1,10 +1,15 @@
 """Names the config and store layers share for corpora read in place (docs/in-place-corpora.md):
-where `pipeline index` keeps an index by default, and the default token column."""
+their format names, where `pipeline index` keeps an index by default, the default token
+column."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+IN_PLACE_FORMATS = ("megatron", "parquet")
+"""The `format:` names of corpora read in place: the keys of `store.formats.IN_PLACE`."""
+COLUMN_FORMATS = ("parquet",)
+"""Of those, the formats whose ids are a named column (`column:`, `--column`, `--labels`)."""
 INDEX_SUFFIX = ".pipeline-index"
 DEFAULT_COLUMN = "input_ids"
 

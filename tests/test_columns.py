@@ -274,3 +274,12 @@ def test_verifying_one_shard_indexes_that_file_only(tmp_path, monkeypatch):
     store.verify([0])  # the damaged file is the second one
     with pytest.raises(StoreError, match=r"part-00001\.parquet: its content is not as indexed"):
         store.verify([1])
+
+
+def test_the_config_accepts_exactly_the_formats_that_open():
+    """`format:` names live in `pipeline.in_place` (the config cannot import the store layer):
+    each must open through `store.formats.IN_PLACE`, and each there be accepted."""
+    from pipeline.in_place import IN_PLACE_FORMATS
+    from pipeline.store.formats import IN_PLACE
+
+    assert tuple(IN_PLACE) == IN_PLACE_FORMATS

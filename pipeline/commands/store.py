@@ -7,7 +7,7 @@ import logging
 
 from pipeline.commands.summary import describe_store
 from pipeline.errors import PrepareError, StoreError
-from pipeline.in_place import DEFAULT_COLUMN
+from pipeline.in_place import COLUMN_FORMATS, DEFAULT_COLUMN, IN_PLACE_FORMATS
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
@@ -128,7 +128,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     x.add_argument(
         "--format",
-        choices=("megatron", "parquet"),
+        choices=IN_PLACE_FORMATS,
         default="megatron",
         help="megatron: PREFIX.bin + PREFIX.idx; parquet: Parquet or Arrow files of token "
         "lists (default megatron)",
@@ -244,7 +244,7 @@ def run_store_info(args: argparse.Namespace) -> int:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    if args.format == "parquet":
+    if args.format in COLUMN_FORMATS:
         column = args.column or DEFAULT_COLUMN
         path = build_columns_index(
             args.data, args.out, column=column, labels=args.labels, vocab_size=args.vocab_size

@@ -35,7 +35,7 @@ from typing import Any
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
-from pipeline.in_place import DEFAULT_COLUMN, default_index_dir
+from pipeline.in_place import COLUMN_FORMATS, DEFAULT_COLUMN, IN_PLACE_FORMATS, default_index_dir
 from pipeline.urls import is_url, location
 from pipeline.wording import counted
 
@@ -69,7 +69,7 @@ PACKINGS = {"concat": "pipeline.plan.layout", "best_fit": "pipeline.plan.packing
 TOO_LONG = ("truncate", "drop")
 # a prepared store; corpora read in place (docs/in-place-corpora.md): Megatron .bin/.idx,
 # Parquet/Arrow token columns
-FORMATS = ("store", "megatron", "parquet")
+FORMATS = ("store", *IN_PLACE_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -334,12 +334,15 @@ def _sources(
             raise where.fail(f"{key}.too_long", "a packing: concat source has no too_long")
         kind = entry.get("format", "store")
         if kind not in FORMATS:
-            raise where.fail(f"{key}.format", f"expected store, megatron or parquet, got {kind!r}")
+            raise where.fail(
+                f"{key}.format",
+                f"expected {', '.join(FORMATS[:-1])} or {FORMATS[-1]}, got {kind!r}",
+            )
         if "index" in entry and kind == "store":
             raise where.fail(f"{key}.index", "only a source read in place has an index")
-        if "column" in entry and kind != "parquet":
+        if "column" in entry and kind not in COLUMN_FORMATS:
             raise where.fail(f"{key}.column", "only a format: parquet source has a column")
-        column = entry.get("column", DEFAULT_COLUMN) if kind == "parquet" else None
+        column = entry.get("column", DEFAULT_COLUMN) if kind in COLUMN_FORMATS else None
         if column is not None and not isinstance(column, str):
             raise where.fail(f"{key}.column", f"expected a column name, got {column!r}")
         if is_url(path) and kind != "store":
