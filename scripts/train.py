@@ -164,12 +164,17 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
     return next((code for code in codes if code), 0)
 
 
+GLOO = ("[Gloo] ", "connected peer ranks")
+"""What marks Gloo's lines, or the tail of one that another thread's line cut in two."""
+
+
 def relay_stdout(stream: TextIO) -> None:
     """Pass a child's stdout on, except Gloo's lines: JAX's CPU collectives print one per
-    process and communicator ("[Gloo] Rank 0 is connected to 1 peer ranks ..."), 8 per launch
-    of 2 processes, with no switch to turn them off."""
+    process and communicator ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of
+    connected peer ranks is : 1"), 8 per launch of 2 processes, with no switch to turn them off,
+    from several threads at once, so one may be split around another."""
     for line in stream:
-        if not line.startswith("[Gloo] "):
+        if not any(mark in line for mark in GLOO):
             sys.stdout.write(line)
             sys.stdout.flush()
 

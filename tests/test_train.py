@@ -175,3 +175,23 @@ def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
         assert record["total_weights"] == trained
         assert record["trained_fraction"] == trained / (8 * 64) < 1
     assert "| trained " in done.stderr
+
+
+def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
+    """Gloo prints its connection line from several threads at once: a line can arrive cut in
+    two around another ("3 peer ranks. Expected ..." on a line of its own, seen in a resumed
+    run's stdout); neither piece is relayed, every other line is."""
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    child = io.StringIO(
+        "[Gloo] Rank 0 is connected to [Gloo] Rank 1 is connected to 1 peer ranks. Expected "
+        "number of connected peer ranks is : 1\n"
+        "3 peer ranks. Expected number of connected peer ranks is : 3\n"
+        "step 0 | loss 5.5\n"
+    )
+    train.relay_stdout(child)
+    assert capsys.readouterr().out == "step 0 | loss 5.5\n"
