@@ -172,9 +172,10 @@ def relay_stdout(stream: TextIO) -> None:
     """Pass a child's stdout on, except Gloo's lines: JAX's CPU collectives print one per
     process and communicator ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of
     connected peer ranks is : 1"), 8 per launch of 2 processes, with no switch to turn them off,
-    from several threads at once, so one may be split around another."""
+    from several threads at once, so one may be split around another, or two written as one
+    line and their two newlines left as an empty line (the trainer writes no empty line)."""
     for line in stream:
-        if not any(mark in line for mark in GLOO):
+        if line.strip() and not any(mark in line for mark in GLOO):
             sys.stdout.write(line)
             sys.stdout.flush()
 

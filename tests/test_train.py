@@ -180,7 +180,8 @@ def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
 def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
     """Gloo prints its connection line from several threads at once: a line can arrive cut in
     two around another ("3 peer ranks. Expected ..." on a line of its own, seen in a resumed
-    run's stdout); neither piece is relayed, every other line is."""
+    run's stdout), or two written as one with their two newlines left as an empty line; neither
+    piece nor the empty line is relayed, every other line is."""
     import importlib.util
     import io
 
@@ -192,6 +193,8 @@ def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
         "number of connected peer ranks is : 1\n"
         "3 peer ranks. Expected number of connected peer ranks is : 3\n"
         "step 0 | loss 5.5\n"
+        "\n"
+        "step 1 | loss 5.4\n"
     )
     train.relay_stdout(child)
-    assert capsys.readouterr().out == "step 0 | loss 5.5\n"
+    assert capsys.readouterr().out == "step 0 | loss 5.5\nstep 1 | loss 5.4\n"
