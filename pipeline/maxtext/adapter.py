@@ -61,7 +61,6 @@ from pipeline.urls import location
 
 CONFIG_KEY = DATA_CONFIG.name
 CONFIG_ENV = DATA_CONFIG.env
-SWITCH_KEY = DATA_SWITCH.name
 EVAL_SOURCE_KEY = EVAL_SOURCE.name
 SWITCH_FLAG = f"{DATA_SWITCH.name}=true (or {DATA_SWITCH.env}=true)"
 """How a MaxText user declares a data switch: what the refusal of an undeclared one names."""
