@@ -32,6 +32,12 @@ and a list of tasks:
   sleep `delay` seconds each (`first_delay` for its first step); every process trains `steps`
   steps in lockstep (a collective each), logging at INFO, and writes its last `FeedStats` to
   OUT/straggle-<id>.json. A PipelineError exits as in "stop".
+* {"kind": "rpcs", "steps", "warmup", "pace"}: every process counts the key-value calls it
+  makes to JAX's coordination service (`CountingClient` in place of the client), opens two
+  feeds (a training feed and a second one, stepped every other step, as an eval feed is),
+  trains `steps` steps in lockstep (a collective each, then a `pace` s sleep) and writes the
+  calls (method, key, thread, time), the steady part's start and end (after `warmup` steps) and
+  the time each steady `next()` of the training feed took to OUT/rpcs-<id>.json.
 * {"kind": "maxtext", "data_yaml", "ckpt", "steps"}: MaxText's adapter on a ('data', 'fsdp') mesh
   of every device: `steps` batches, then the `iter` item saved as MaxText versions before the
   shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at checkpoint
@@ -261,6 +267,58 @@ def straggle(config, task: dict, out: Path) -> None:
     (out / f"straggle-{jax.process_index()}.json").write_text(json.dumps(stats))
 
 
+class CountingClient:
+    """JAX's coordination client, forwarding every call and recording each key-value one as
+    (method, key, calling thread's name, `time.monotonic()`)."""
+
+    COUNTED = frozenset(
+        f"{kind}{suffix}"
+        for kind in ("key_value_set", "key_value_dir_get", "key_value_try_get",
+                     "blocking_key_value_get")
+        for suffix in ("", "_bytes")
+    ) | {"key_value_delete", "key_value_increment", "wait_at_barrier"}  # fmt: skip
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.calls: list[tuple[str, str, str, float]] = []
+
+    def __getattr__(self, name: str):
+        method = getattr(self.real, name)
+        if name not in self.COUNTED:
+            return method
+
+        def counted(key, *args, **kwargs):
+            self.calls.append((name, key, threading.current_thread().name, time.monotonic()))
+            return method(key, *args, **kwargs)
+
+        return counted
+
+
+def rpcs(config, task: dict, out: Path) -> None:
+    from jax._src import distributed
+
+    mesh = make_mesh([jax.device_count()], ["data"])  # the backend takes the real client
+    client = distributed.global_state.client = CountingClient(distributed.global_state.client)
+    total = jax.jit(lambda batch: row_checksums(batch).sum())  # a cross-process reduction
+    waits, start = [], None
+    with DataFeed(config, mesh) as train, DataFeed(config, mesh, log_events=False) as other:
+        for step in range(task["steps"]):
+            if step == task["warmup"]:
+                start = time.monotonic()
+            entered = time.perf_counter()
+            batch = next(train)
+            if start is not None:
+                waits.append(time.perf_counter() - entered)
+            float(total(batch))
+            if step % 2 == 0:
+                float(total(next(other)))
+            time.sleep(task["pace"])
+        end = time.monotonic()
+    result = {"calls": client.calls, "start": start, "end": end, "waits": waits}
+    (out / f"rpcs-{jax.process_index()}.json").write_text(json.dumps(result))
+    distributed.global_state.client = client.real
+
+
 def maxtext(task: dict) -> None:
     import grain.python as grain
 
@@ -305,6 +363,8 @@ def main() -> None:
             disagree(config, task, out)
         elif task["kind"] == "maxtext":
             maxtext(task)
+        elif task["kind"] == "rpcs":
+            rpcs(config, task, out)
         elif task["kind"] in ("stop", "straggle"):
             try:
                 (stop if task["kind"] == "stop" else straggle)(config, task, out)

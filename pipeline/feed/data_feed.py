@@ -27,7 +27,9 @@ over arrays that are already on the devices (prefetched batches occupy device me
 any device prefetch). The rows of a step are a pure function of (ledger, step, row), so the
 result never depends on depth, threads, timing or restart history; `seek` only moves the step.
 An error `next()` raises stops every other process too, with the same line
-(`pipeline.feed.host_stop`, whose thread also re-checks that each store is still the one opened).
+(`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
+for the peers' stops, re-checks that each store is still the one opened and exchanges the
+stragglers' figures, for all the process's feeds, so `next()` makes no RPC at steady state.
 
 Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
 128}}`, or a ledger switch to another batch), the feed builds the step's arrays with the new
@@ -60,12 +62,13 @@ from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_c
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import shared_stores
 from pipeline.feed.geometry import Geometry, geometry
-from pipeline.feed.host_stop import HostStop, stop_periods
+from pipeline.feed.host_stop import stop_periods
 from pipeline.feed.mix_agreement import check_same_call
 from pipeline.feed.readers import Readers, reader_count
 from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
+from pipeline.feed.watcher import HostStop
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
@@ -240,14 +243,15 @@ class DataFeed:
         self._closed = False
         self._opened = time.perf_counter()
         self._awaiting_peers = self.config.feed.ready_timeout_s is not None
-        self._host_stop = HostStop(partial(_plan_of, weakref.ref(self)), periods)
+        peers = Peers(warn=log_events) if stats else None  # exchanged by the watcher thread
+        self._host_stop = HostStop(partial(_plan_of, weakref.ref(self)), periods, peers)
         weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None
         options = self.config.feed
         self._stats = (
             Recorder(jax.process_index(), self.prefetch, options.input_bound_share,
-                     options.stats_window, warn=log_events, peers=Peers())
+                     options.stats_window, warn=log_events, peers=peers)
             if stats else None
         )  # fmt: skip
         self._metrics: MetricsServer | None = None

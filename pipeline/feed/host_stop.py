@@ -8,11 +8,12 @@ gives up on the lost peer, with JAX's message instead of ours. So:
 * the failing process's `next()` writes the line it raises to the coordination service's
   key-value store (the one `jax.distributed.initialize` started), under `pipeline/stop/<its
   process index>`;
-* every feed's watcher thread polls that directory (one small RPC every `poll_period`: `POLL_S`,
-  or longer in a large job so that the whole job asks at most `JOB_POLLS_PER_S` times a second;
-  each process's first poll is offset by its share of the period, so the job's polls are spread
-  evenly over it rather than arriving together; never on the training thread) and, on a
-  peer's line, logs `host <i>: <line>` at ERROR; the next `next()` raises that line as a
+* the process's watcher thread (`pipeline.feed.watcher`: one per process, for all its feeds)
+  polls that directory (one small RPC every `poll_period`: `POLL_S`, or longer in a large job
+  so that the whole job asks at most `JOB_POLLS_PER_S` times a second; each process's first
+  poll is offset by its share of the period, so the job's polls are spread evenly over it
+  rather than arriving together; never on the training thread) and, on a peer's line, logs
+  `host <i>: <line>` at ERROR; the next `next()` of every feed raises that line as a
   `FeedError`. A process whose training thread is stuck in a collective waiting for the stopped
   peer never calls `next()` again: when the line has not been raised `GRACE_S` after it was
   seen, the watcher leaves JAX's coordination service (as the stopped process does at exit),
@@ -30,7 +31,7 @@ gives up on the lost peer, with JAX's message instead of ours. So:
   object for all hosts and its check is a billed metadata request, so one process checks it
   (`checks_remote`: its fingerprint modulo the process count) and the others learn of a
   replacement from that process's published stop: stores / `STORE_CHECK_S` requests a second
-  whatever the host count.
+  whatever the host count. A store that several feeds of a process share is checked once.
 
 `POLL_S`, `STORE_CHECK_S` and `GRACE_S` may be set per job through the environment variables
 `PIPELINE_STOP_POLL_S`, `PIPELINE_STOP_STORE_CHECK_S` and `PIPELINE_STOP_GRACE_S` (a large job
@@ -45,20 +46,14 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from pipeline.config.env import positive_number
-from pipeline.errors import FeedError, StoreError
-from pipeline.read.plan import Plan
-from pipeline.urls import is_url
 
 log = logging.getLogger("pipeline")
 
@@ -67,9 +62,10 @@ PREFIX = "pipeline/stop/"
 POLL_S = 2.0
 """Seconds between two polls of the stop directory (one RPC to the coordinator each)."""
 JOB_POLLS_PER_S = 100.0
-"""The most polls of the stop directory a second, per feed, from all processes of the job
-together: from `JOB_POLLS_PER_S * POLL_S` processes on (200 at the defaults) the period grows
-with the process count (`poll_period`), as does the delay before a peer's stop is seen."""
+"""The most polls of the stop directory a second from all processes of the job together
+(whatever the number of feeds in each): from `JOB_POLLS_PER_S * POLL_S` processes on (200 at
+the defaults) the period grows with the process count (`poll_period`), as does the delay
+before a peer's stop is seen."""
 STORE_CHECK_S = 10.0
 """Seconds between two checks that each store is still the one opened."""
 GRACE_S = 10.0
@@ -129,107 +125,6 @@ def coordination_client() -> Any | None:
     from jax._src import distributed
 
     return distributed.global_state.client
-
-
-class HostStop:
-    """Publishes this process's fatal data error; watches the peers' and the stores' identity."""
-
-    def __init__(self, plan: Callable[[], Plan | None], periods: Periods) -> None:
-        """`plan` gives the feed's plan now (None: the feed is gone), whose stores are those
-        open now: a switch or a later stage opens more of them."""
-        poll_s, self._store_check_s, self._grace_s = periods
-        self._client = coordination_client()
-        self._index = jax.process_index()
-        self._processes = jax.process_count()
-        self._poll_s = poll_period(poll_s, self._processes)
-        self._plan = plan
-        self._failure: str | None = None  # what `check()` raises
-        self._peer_seen: float | None = None  # when a peer's stop was first seen
-        self._raised = False
-        self._published = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-feed-watch", daemon=True)
-        self._thread.start()
-
-    def check(self) -> None:
-        """Raise what the watcher found; `next()` calls it every step (one attribute read)."""
-        if self._failure is not None:
-            self._raised = True
-            raise FeedError(self._failure)
-
-    def publish(self, line: str) -> None:
-        """Tell every other process that this one stops with `line` (once per process)."""
-        self._raised = True  # this process raises now: the watcher has nothing left to end
-        if self._client is None or self._published or self._peer_seen is not None:
-            return  # one process, already told, or a peer's stop that the peers know
-        self._published = True
-        try:
-            self._client.key_value_set(f"{PREFIX}{self._index}", line, allow_overwrite=True)
-        except Exception as error:  # the coordinator may be gone already: JAX reports that
-            log.warning("could not tell the other hosts why this one stops: %s", error)
-
-    def close(self, wait: bool = True) -> None:
-        self._done.set()
-        if wait:
-            self._thread.join()
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        next_store_check = start + self._store_check_s
-        offset = first_poll_offset(self._poll_s, self._index, self._processes)
-        next_poll = start + offset if self._client is not None else math.inf
-        while not self._done.wait(min(next_poll, next_store_check) - time.monotonic()):
-            if self._raised:  # this process stops with its line: nothing more to watch
-                return
-            now = time.monotonic()
-            if now >= next_store_check:
-                next_store_check = now + self._store_check_s
-                self._check_stores()
-            if now >= next_poll:
-                next_poll = now + self._poll_s
-                self._check_peers(now)
-
-    def _check_stores(self) -> None:
-        plan = self._plan()
-        if plan is None:
-            return
-        for store in plan.stores():
-            remote = is_url(store.path)
-            if remote and not checks_remote(store.fingerprint, self._index, self._processes):
-                continue  # another process checks it and publishes what it finds
-            try:
-                store.check_unchanged()
-            except StoreError as error:
-                if self._failure is None:
-                    self._failure = plan.store_message(store, error)
-                return
-
-    def _check_peers(self, now: float) -> None:
-        if self._peer_seen is None:
-            try:
-                stops = self._client.key_value_dir_get(PREFIX)
-            except Exception:  # a lost coordinator is JAX's to report
-                return
-            named = ((key.rsplit("/", 1)[-1], line) for key, line in stops)
-            peers = sorted(
-                (int(index), line)
-                for index, line in named
-                if index.isdigit() and int(index) != self._index
-            )
-            if not peers:
-                return
-            index, line = peers[0]
-            self._peer_seen = now
-            if self._failure is None:
-                self._failure = f"host {index}: {line}"
-            log.error("%s", self._failure)
-        elif not self._raised and now - self._peer_seen >= self._grace_s:
-            self._end_process()
-
-    def _end_process(self) -> None:
-        """The training thread did not come back to `next()`: it waits in a collective for the
-        stopped host, and would stop later with JAX's message, not this one."""
-        end_process(self._failure or "")
 
 
 def end_process(line: str) -> None:

@@ -113,7 +113,8 @@ class Recorder:
     ) -> None:
         self.process_index, self.prefetch, self.share = process_index, prefetch, share
         self.window, self.warn, self.peers = window, warn, peers
-        self._time_to_batch, self._slowest = 0.0, Slowest(-1, 0.0)
+        self._time_to_batch = 0.0
+        self._slowest = Slowest(-1, 0.0)  # without peers: this host, once a window is done
         self._lock = threading.Lock()
         self._steps = self._bound = self._ready = 0
         self._rows: collections.Counter[str] = collections.Counter()
@@ -162,6 +163,8 @@ class Recorder:
             read, wait, sums = list(self._read), list(self._wait), list(self._sums)
             steps, bound, ready = self._steps, self._bound, self._ready
             time_to_batch, slowest = self._time_to_batch, self._slowest
+        if self.peers is not None:
+            slowest = self.peers.slowest
         segment = plan.segment_plan_at(step)
         config = segment.config
         counters = segment.counters_at(step)  # windows per lane, carried across switches
@@ -187,20 +190,15 @@ class Recorder:
         )
 
     def _compare(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:
-        """Publish this host's time to batch over the window and learn the slowest host's."""
+        """This host's time to batch over the window, handed to `peers` (the watcher thread
+        publishes it and learns the slowest host's: no RPC here)."""
         seconds = float(np.median([r[4] for r in recent]))
-        if self.peers is None:
-            slowest = Slowest(self.process_index, seconds)
-        else:
-            slowest = self.peers.publish(recent[-1][0], seconds)
         with self._lock:
-            self._time_to_batch, self._slowest = seconds, slowest
-        if self.warn and self.process_index == 0 and self.peers is not None and self.peers.shared:
-            log.info(
-                "steps %d..%d: time to batch %.1f ms on host 0; slowest host %d: %.1f ms "
-                "(median reader time per step)",
-                recent[0][0], recent[-1][0], seconds * 1e3, slowest.process, slowest.seconds * 1e3,
-            )  # fmt: skip
+            self._time_to_batch = seconds
+            if self.peers is None:
+                self._slowest = Slowest(self.process_index, seconds)
+        if self.peers is not None:
+            self.peers.offer(recent[0][0], recent[-1][0], seconds)
 
     def _report(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:
         bound = [r for r in recent if r[1]]

@@ -4,14 +4,19 @@ readiness barrier.
 Every step's collectives wait for the last host, so one slow loader slows (or, before its first
 batch, silently stalls) a job of hundreds. Two signals name it:
 
-* **Time to batch.** Every `feed.stats_window` steps each process publishes the median time its
-  reader tasks took per step over the window (`FeedStats.time_to_batch_s`) to the coordination
-  service's key-value store that `jax.distributed.initialize` started, under
-  `pipeline/ttb/<process index>`, and reads every host's latest value back: the slowest host
-  and its time are in `FeedStats` (so Prometheus) and in one INFO line of process 0 per window.
-  Two small RPCs per window, from the training thread after the window's last step; process 0,
-  which logs, reads again (bounded by `WINDOW_WAIT_S`) until every host's figure is of the same
-  window, so the host it names is the slowest of that window, not of the one before.
+* **Time to batch.** Every `feed.stats_window` steps each process hands the median time its
+  reader tasks took per step over the window (`FeedStats.time_to_batch_s`) to the process's
+  watcher thread (`pipeline.feed.watcher`), which publishes it to the coordination service's
+  key-value store that `jax.distributed.initialize` started, under `pipeline/ttb/<lane>/<process
+  index>` (lane: the feed's rank among the process's feeds with statistics, the same on every
+  process: feeds start in one order). Only process 0 reads every host's figure back (waiting,
+  for at most `WINDOW_WAIT_S`, until each is of the same window, so the host it names is the
+  slowest of that window), logs one INFO line and publishes the verdict, `pipeline/slowest/
+  <lane>`, which each other process reads when it publishes its next figure. The slowest host
+  and its time are in `FeedStats` (so Prometheus). Per feed and window: two small RPCs on each
+  process (its figure, process 0's verdict), at most one exchange per poll period; process 0
+  reads the directory (O(processes) values) and writes the verdict. None of it on the
+  training thread: `next()` only hands the figure over (`Peers.offer`).
 * **Readiness barrier** (`feed.ready_timeout_s: T`, off by default). After its first batch each
   process writes `pipeline/ready/<n>/<process index>` (n counts the feeds that wait, in the
   order each process starts them: the same on every process) and waits up to T seconds for
@@ -24,7 +29,10 @@ In one process there is no coordination service: the host is its own slowest and
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -32,16 +40,22 @@ import jax
 from pipeline.errors import FeedError
 from pipeline.feed.host_stop import coordination_client
 
+log = logging.getLogger("pipeline")
+
 TIME_TO_BATCH = "pipeline/ttb/"
-"""Key-value directory of each process's latest time to batch: `<last step> <seconds>`."""
+"""Key-value directory of each process's latest time to batch, `<lane>/<process index>`:
+`<last step> <seconds>`."""
+SLOWEST = "pipeline/slowest/"
+"""Key-value directory of process 0's verdicts, `<lane>`: `<process index> <seconds>`."""
 WINDOW_WAIT_S = 2.0
-"""How long process 0 waits at a window's end for the other hosts' figures of that window (they
-reach it within a step of one another: every step ends in a collective), so that the slowest
-host it names is this window's."""
+"""How long process 0's watcher thread waits at a window's end for the other hosts' figures of
+that window (they reach it within a step of one another: every step ends in a collective), so
+that the slowest host it names is this window's."""
 READY = "pipeline/ready/"
 """Key-value directory of the readiness barriers: `<n>/<process index>`."""
 
 _barriers = itertools.count()  # the same sequence on every process: feeds start in one order
+_lanes = itertools.count()  # likewise, for the feeds that publish their time to batch
 
 
 class Slowest(NamedTuple):
@@ -52,41 +66,93 @@ class Slowest(NamedTuple):
 
 
 class Peers:
-    """This process's view of every host's time to batch."""
+    """One feed's time to batch, exchanged with the other hosts by the process's watcher
+    thread: `offer` on the training thread (no RPC), `exchange` on the watcher's."""
 
-    def __init__(self) -> None:
+    def __init__(self, warn: bool = True) -> None:
+        """`warn`: process 0 logs each window's slowest host."""
         self._client = coordination_client()
         self._index = jax.process_index()
+        self._lane = next(_lanes) if self._client is not None else 0
+        self._warn = warn
+        self._lock = threading.Lock()  # one exchange at a time: the watcher's or a close's
+        self._pending: tuple[int, int, float] | None = None  # (first, last step, seconds)
+        self.slowest = Slowest(-1, 0.0)  # the latest known; read by `FeedStats`
+        self.wake: Callable[[], None] = lambda: None  # the watcher's, once attached
 
     @property
     def shared(self) -> bool:
         """Whether there are other hosts to compare with."""
         return self._client is not None
 
-    def publish(self, last_step: int, seconds: float) -> Slowest:
-        """Publish this host's time to batch over the window ending at `last_step`; return the
-        slowest host's latest, this one included."""
+    @property
+    def pending(self) -> bool:
+        """Whether a window's figure waits for `exchange`."""
+        return self._pending is not None
+
+    def offer(self, first_step: int, last_step: int, seconds: float) -> None:
+        """This host's time to batch over the window of steps `first_step..last_step`; in one
+        process it is the slowest at once, otherwise the watcher thread exchanges it."""
         if self._client is None:
-            return Slowest(self._index, seconds)
-        key = f"{TIME_TO_BATCH}{self._index}"
-        self._client.key_value_set(key, f"{last_step} {seconds!r}", allow_overwrite=True)
+            self.slowest = Slowest(self._index, seconds)
+            return
+        self._pending = (first_step, last_step, seconds)  # a later window replaces it
+        self.wake()
+
+    def exchange(self) -> None:
+        """Publish the pending figure and learn the slowest host (see module); process 0 may
+        wait up to `WINDOW_WAIT_S` for the others' figures of the window."""
+        with self._lock:
+            figure, self._pending = self._pending, None
+            if figure is None:
+                return
+            try:
+                self.slowest = self._exchange(*figure)
+            except Exception as error:  # a lost coordinator is JAX's to report
+                log.warning("could not exchange the time to batch with the other hosts: %s", error)
+
+    def _exchange(self, first_step: int, last_step: int, seconds: float) -> Slowest:
+        mine = f"{last_step} {seconds!r}"
+        self._client.key_value_set(
+            f"{TIME_TO_BATCH}{self._lane}/{self._index}", mine, allow_overwrite=True
+        )
+        if self._index != 0:
+            try:
+                process, figure = self._client.key_value_try_get(f"{SLOWEST}{self._lane}").split()
+            except Exception:  # no verdict yet (JAX raises NOT_FOUND)
+                return Slowest(self._index, seconds)
+            verdict = Slowest(int(process), float(figure))
+            slower = verdict.process != self._index and verdict.seconds > seconds
+            return verdict if slower else Slowest(self._index, seconds)
         published = self._published(seconds)
-        if self._index == 0:  # the host that logs waits for this window's figure of every host
-            deadline = time.monotonic() + WINDOW_WAIT_S
-            while min(step for step, _ in published.values()) < last_step:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-                published = self._published(seconds)
+        deadline, delay = time.monotonic() + WINDOW_WAIT_S, 0.01
+        while min(step for step, _ in published.values()) < last_step:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(delay)
+            delay = min(2 * delay, 0.25)  # a dozen reads at most
+            published = self._published(seconds)
         process = max(published, key=lambda p: (published[p][1], -p))
-        return Slowest(process, published[process][1])
+        slowest = Slowest(process, published[process][1])
+        self._client.key_value_set(
+            f"{SLOWEST}{self._lane}", f"{slowest.process} {slowest.seconds!r}",
+            allow_overwrite=True,
+        )  # fmt: skip
+        if self._warn:
+            log.info(
+                "steps %d..%d: time to batch %.1f ms on host 0; slowest host %d: %.1f ms "
+                "(median reader time per step)",
+                first_step, last_step, seconds * 1e3, slowest.process, slowest.seconds * 1e3,
+            )  # fmt: skip
+        return slowest
 
     def _published(self, seconds: float) -> dict[int, tuple[int, float]]:
         """Every host's latest `(last step, seconds)`; a host that has published none counts
         as step -1."""
         published = {p: (-1, 0.0) for p in range(jax.process_count())}
         published[self._index] = (1 << 62, seconds)
-        for name, value in self._client.key_value_dir_get(TIME_TO_BATCH):
+        directory = f"{TIME_TO_BATCH}{self._lane}/"
+        for name, value in self._client.key_value_dir_get(directory):
             step, figure = value.split()
             process = int(name.rsplit("/", 1)[-1])
             if process != self._index:

@@ -1,0 +1,93 @@
+"""The process's watcher thread (pipeline.feed.watcher): one for all the feeds of a process, and
+the coordinator RPCs each real process makes at steady state, counted in the processes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from benchmarks.rpc_bench import summarize
+from pipeline.feed import host_stop
+from pipeline.feed.data_feed import DataFeed
+from pipeline.store.token_store import TokenStore
+from tests.feedstores import two_stage_config, two_stage_raw
+from tests.test_multihost import launch, worker_output
+
+THREAD = "pipeline-feed-watch"
+
+
+def watchers() -> int:
+    return sum(thread.name == THREAD for thread in threading.enumerate())
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:1]), ("data",))
+
+
+def test_the_feeds_of_a_process_share_one_watcher_thread_that_ends_with_the_last(tmp_path):
+    config = two_stage_config(tmp_path)
+    before = watchers()
+    with DataFeed(config, mesh()) as train, DataFeed(config, mesh(), log_events=False) as other:
+        next(train), next(other)
+        assert watchers() == before + 1
+    deadline = time.monotonic() + 5
+    while watchers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watchers() == before
+
+
+def test_a_store_two_feeds_share_is_checked_once_a_period(tmp_path, monkeypatch):
+    """Both feeds read the same open stores (`shared_stores`): one `check_unchanged` per store
+    and period, not one per feed."""
+    period = 0.05
+    monkeypatch.setenv(host_stop.STORE_CHECK_ENV, str(period))
+    checks: Counter[int] = Counter()
+    real = TokenStore.check_unchanged
+
+    def counted(store: TokenStore) -> None:
+        checks[id(store)] += 1
+        real(store)
+
+    monkeypatch.setattr(TokenStore, "check_unchanged", counted)
+    config = two_stage_config(tmp_path)
+    with DataFeed(config, mesh()) as train, DataFeed(config, mesh(), log_events=False) as other:
+        assert [id(s) for s in train.plan.stores()] == [id(s) for s in other.plan.stores()]
+        started = time.monotonic()
+        time.sleep(1.0)
+        elapsed = time.monotonic() - started
+    assert set(checks) == {id(s) for s in train.plan.stores()}
+    assert 1 <= max(checks.values()) <= elapsed / period + 2, checks
+
+
+@pytest.mark.multiprocess
+def test_each_process_makes_its_rpcs_off_the_training_thread_within_the_budget(
+    tmp_path, monkeypatch
+):
+    """Three real processes, two feeds each (training and one stepped every other step), the
+    key-value calls of each counted in the process (a proxy in place of JAX's client). At
+    steady state: none from the training thread; one stop poll per poll period for both feeds;
+    only process 0 reads every host's time to batch; the others make at most the stop poll and
+    two calls per feed (their figure, process 0's verdict) per period."""
+    poll = 0.2
+    monkeypatch.setenv(host_stop.POLL_ENV, str(poll))
+    raw = two_stage_raw(tmp_path / "stores", global_batch_size=12, feed={"stats_window": 5})
+    task = {"kind": "rpcs", "steps": 90, "warmup": 15, "pace": 0.04}
+    codes = launch(tmp_path, raw, [task], processes=3, devices=1, timeout=300)
+    assert codes == [0, 0, 0], worker_output(tmp_path)
+    for index in range(3):
+        r = summarize(json.loads((tmp_path / f"rpcs-{index}.json").read_text()))
+        assert r["seconds"] > 2, r
+        assert r["training_thread"] == 0, r
+        assert 0.4 / poll <= r["stop_polls"] <= 1 / poll + 2 / r["seconds"], r
+        if index:
+            assert r["ttb_reads"] == 0, r
+            assert r["rpcs"] <= (1 + 2 * 2) / poll + 4 / r["seconds"], r
+        else:
+            assert r["ttb_reads"] > 0, r
