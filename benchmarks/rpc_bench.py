@@ -66,8 +66,7 @@ def run(directory: Path, processes: int, steps: int, warmup: int, pace: float) -
     if codes != [0] * processes:
         raise SystemExit(f"exit codes {codes}:\n{worker_output(directory)}")
     return [
-        summarize(json.loads((directory / f"rpcs-{i}.json").read_text()))
-        for i in range(processes)
+        summarize(json.loads((directory / f"rpcs-{i}.json").read_text())) for i in range(processes)
     ]
 
 
