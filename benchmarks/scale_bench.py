@@ -5,11 +5,12 @@ versus process count.
     python benchmarks/scale_bench.py --gcs [--dir /tmp/scale-bench] [--gcs-shards 10 1000]
     python benchmarks/scale_bench.py --requests
 
-`--requests` prints, for 1, 2, 256 and 4,096 processes, the requests a second that the feeds'
-stop watchers (pipeline.feed.host_stop) send at steady state, for the whole job, to Cloud
-Storage (a `gs://` store's identity re-check) and to JAX's coordinator (the poll of the published
-stops): each process's count per period, from host_stop's own choice of who checks a store and
-of the poll period, summed over the processes. Nothing is timed: the figures are the periods'.
+`--requests` prints, for 1, 2, 256 and 4,096 processes, the requests a second that the
+processes' watcher threads (pipeline.feed.watcher) send at steady state, for the whole job, to
+Cloud Storage (a `gs://` store's identity re-check) and to JAX's coordinator (the poll of the
+published stops, the stragglers' time to batch): each process's count per period, from
+host_stop's own choice of who checks a store and of the poll period, summed over the processes.
+Nothing is timed: the figures are the periods'; benchmarks/rpc_bench.py counts a real job's.
 
 `--gcs` measures only the start from a `gs://` store: the 10- and 1,000-shard stores are
 uploaded to a local Cloud Storage API server (gcp-storage-emulator, as in the tests) and read
@@ -181,13 +182,20 @@ def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) ->
     return {"ms": statistics.median(times) * 1e3, "peak_kb": peak / 1024}
 
 
-def request_rates(processes: int, bucket_stores: int, feeds: int = 1) -> dict[str, float]:
-    """Requests a second of the whole job's stop watchers at the default periods, with
-    `bucket_stores` `gs://` stores (random fingerprints) open in `feeds` feeds per process: to
-    Cloud Storage, each process asks about the stores `checks_remote` gives it every
-    `STORE_CHECK_S`; to the coordinator, each feed of each process polls every `poll_period`
-    (nothing in one process). `*_per_host` are the same before the check and the poll were per
-    job: every process checked every store, and polled every `POLL_S`."""
+def request_rates(
+    processes: int, bucket_stores: int, feeds: int = 2, window_s: float = 100.0
+) -> dict[str, float]:
+    """Requests a second of the whole job's watchers at the default periods, with
+    `bucket_stores` `gs://` stores (random fingerprints) open in `feeds` feeds per process (a
+    training and an eval feed by default), each ending a stats window every `window_s` seconds
+    (100 steps of 1 s): to Cloud Storage, each process asks about the stores `checks_remote`
+    gives it every `STORE_CHECK_S`; to the coordinator, each process's one watcher polls the
+    stops every `poll_period` for all its feeds (nothing in one process), and exchanges each
+    feed's time to batch once a window, at most once a poll period: one RPC on every process
+    (its figure; process 0's verdict comes with the stop poll), two more on process 0 (the
+    directory read, of one value per process, and the verdict). `*_per_host` are the same before
+    the check, the poll and the read were per job: every process checked every store, every
+    feed polled every `POLL_S`, and every host read every host's figure."""
     rng = np.random.default_rng(0)
     fingerprints = [f"{rng.integers(2**63):016x}" for _ in range(bucket_stores)]
     checks = sum(
@@ -195,29 +203,38 @@ def request_rates(processes: int, bucket_stores: int, feeds: int = 1) -> dict[st
         for process in range(processes)
         for fingerprint in fingerprints
     )
-    polls = 0.0 if processes == 1 else feeds * processes
+    shared = processes > 1
     period = host_stop.poll_period(host_stop.POLL_S, processes)
+    window = max(window_s, period)
     return {
         "storage": checks / host_stop.STORE_CHECK_S,
-        "coordinator": polls / period,
+        "coordinator": shared * processes / period,
+        "stragglers": shared * feeds * (processes + 2) / window,
+        "values_read": shared * feeds * processes / window,
         "storage_per_host": processes * bucket_stores / host_stop.STORE_CHECK_S,
-        "coordinator_per_host": polls / host_stop.POLL_S,
+        "coordinator_per_host": shared * feeds * processes / host_stop.POLL_S,
+        "values_read_per_host": shared * feeds * processes * processes / window,
         "poll_s": period,
     }
 
 
-def print_request_rates(bucket_stores: int = 4) -> None:
-    print(f"## Stop watchers' requests a second, whole job ({bucket_stores} gs:// stores, 1 feed)")
+def print_request_rates(bucket_stores: int = 4, feeds: int = 2) -> None:
     print(
-        "processes | Cloud Storage (req/s) | coordinator (RPC/s) | poll period (s) | "
-        "before: storage, coordinator"
+        f"## Watchers' requests a second, whole job ({bucket_stores} gs:// stores, {feeds} feeds "
+        "per process, a stats window every 100 s)"
     )
-    print("--- | --- | --- | --- | ---")
+    print(
+        "processes | Cloud Storage (req/s) | coordinator: stop polls (RPC/s) | coordinator: "
+        "time to batch (RPC/s) | time-to-batch values read/s | poll period (s) | before: "
+        "storage, stop polls, values read"
+    )
+    print("--- | --- | --- | --- | --- | --- | ---")
     for processes in (1, 2, 256, 4096):
-        r = request_rates(processes, bucket_stores)
+        r = request_rates(processes, bucket_stores, feeds)
         print(
-            f"{processes:,} | {r['storage']:g} | {r['coordinator']:g} | {r['poll_s']:g} | "
-            f"{r['storage_per_host']:g}, {r['coordinator_per_host']:g}"
+            f"{processes:,} | {r['storage']:g} | {r['coordinator']:g} | {r['stragglers']:.3g} | "
+            f"{r['values_read']:.3g} | {r['poll_s']:g} | {r['storage_per_host']:g}, "
+            f"{r['coordinator_per_host']:g}, {r['values_read_per_host']:.3g}"
         )
 
 

@@ -117,6 +117,13 @@ def checks_remote(fingerprint: str, process: int, processes: int) -> bool:
     return int(fingerprint, 16) % processes == process
 
 
+def stopped(polled: dict[str, str]) -> list[tuple[int, str]]:
+    """The published stops among the stop directory's keys and values, (process index, line)
+    by index; its other keys (the stragglers' verdicts) are not stops."""
+    named = ((key.removeprefix(PREFIX), line) for key, line in polled.items())
+    return sorted((int(index), line) for index, line in named if index.isdigit())
+
+
 def coordination_client() -> Any | None:
     """The client `jax.distributed.initialize` set up (None in one process). JAX has no public
     accessor; Orbax reads the same attribute."""

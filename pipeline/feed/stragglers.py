@@ -11,12 +11,12 @@ batch, silently stalls) a job of hundreds. Two signals name it:
   index>` (lane: the feed's rank among the process's feeds with statistics, the same on every
   process: feeds start in one order). Only process 0 reads every host's figure back (waiting,
   for at most `WINDOW_WAIT_S`, until each is of the same window, so the host it names is the
-  slowest of that window), logs one INFO line and publishes the verdict, `pipeline/slowest/
-  <lane>`, which each other process reads when it publishes its next figure. The slowest host
-  and its time are in `FeedStats` (so Prometheus). Per feed and window: two small RPCs on each
-  process (its figure, process 0's verdict), at most one exchange per poll period; process 0
-  reads the directory (O(processes) values) and writes the verdict. None of it on the
-  training thread: `next()` only hands the figure over (`Peers.offer`).
+  slowest of that window), logs one INFO line and publishes the verdict in the stop directory
+  (`VERDICT`), which the other processes' watchers read with their next stop poll. The slowest
+  host and its time are in `FeedStats` (so Prometheus). Per feed and window (at most one a
+  poll period): one small RPC on each process; process 0 also reads the directory (O(processes)
+  values) and writes the verdict. None of it on the training thread: `next()` only hands the
+  figure over (`Peers.offer`).
 * **Readiness barrier** (`feed.ready_timeout_s: T`, off by default). After its first batch each
   process writes `pipeline/ready/<n>/<process index>` (n counts the feeds that wait, in the
   order each process starts them: the same on every process) and waits up to T seconds for
@@ -38,15 +38,17 @@ from typing import Any, NamedTuple
 import jax
 
 from pipeline.errors import FeedError
-from pipeline.feed.host_stop import coordination_client
+from pipeline.feed.host_stop import PREFIX, coordination_client
 
 log = logging.getLogger("pipeline")
 
 TIME_TO_BATCH = "pipeline/ttb/"
 """Key-value directory of each process's latest time to batch, `<lane>/<process index>`:
 `<last step> <seconds>`."""
-SLOWEST = "pipeline/slowest/"
-"""Key-value directory of process 0's verdicts, `<lane>`: `<process index> <seconds>`."""
+VERDICT = f"{PREFIX}slowest-"
+"""Key of process 0's verdict, + `<lane>`: `<process index> <seconds>`. In the stop directory,
+which every process's watcher reads each poll period anyway, so a verdict costs the other
+processes no RPC (the stop's reader takes only process indices: `host_stop.stopped`)."""
 WINDOW_WAIT_S = 2.0
 """How long process 0's watcher thread waits at a window's end for the other hosts' figures of
 that window (they reach it within a step of one another: every step ends in a collective), so
@@ -77,6 +79,8 @@ class Peers:
         self._warn = warn
         self._lock = threading.Lock()  # one exchange at a time: the watcher's or a close's
         self._pending: tuple[int, int, float] | None = None  # (first, last step, seconds)
+        self._own: Slowest | None = None  # this host's latest published figure
+        self._verdict: Slowest | None = None  # process 0's latest, as the stop poll read it
         self.slowest = Slowest(-1, 0.0)  # the latest known; read by `FeedStats`
         self.wake: Callable[[], None] = lambda: None  # the watcher's, once attached
 
@@ -117,13 +121,8 @@ class Peers:
             f"{TIME_TO_BATCH}{self._lane}/{self._index}", mine, allow_overwrite=True
         )
         if self._index != 0:
-            try:
-                process, figure = self._client.key_value_try_get(f"{SLOWEST}{self._lane}").split()
-            except Exception:  # no verdict yet (JAX raises NOT_FOUND)
-                return Slowest(self._index, seconds)
-            verdict = Slowest(int(process), float(figure))
-            slower = verdict.process != self._index and verdict.seconds > seconds
-            return verdict if slower else Slowest(self._index, seconds)
+            self._own = Slowest(self._index, seconds)
+            return self._best()
         published = self._published(seconds)
         deadline, delay = time.monotonic() + WINDOW_WAIT_S, 0.01
         while min(step for step, _ in published.values()) < last_step:
@@ -135,7 +134,7 @@ class Peers:
         process = max(published, key=lambda p: (published[p][1], -p))
         slowest = Slowest(process, published[process][1])
         self._client.key_value_set(
-            f"{SLOWEST}{self._lane}", f"{slowest.process} {slowest.seconds!r}",
+            f"{VERDICT}{self._lane}", f"{slowest.process} {slowest.seconds!r}",
             allow_overwrite=True,
         )  # fmt: skip
         if self._warn:
@@ -145,6 +144,24 @@ class Peers:
                 first_step, last_step, seconds * 1e3, slowest.process, slowest.seconds * 1e3,
             )  # fmt: skip
         return slowest
+
+    def heard(self, polled: dict[str, str]) -> None:
+        """The stop directory as the watcher's poll read it: process 0's verdict, if any."""
+        value = polled.get(f"{VERDICT}{self._lane}")
+        if self._index == 0 or value is None:
+            return
+        process, seconds = value.split()
+        self._verdict = Slowest(int(process), float(seconds))
+        self.slowest = self._best()
+
+    def _best(self) -> Slowest:
+        """The slower of process 0's latest verdict about another host and this host's own
+        latest figure (the verdict may be a window old)."""
+        own, verdict = self._own, self._verdict
+        other = verdict is not None and verdict.process != self._index
+        if other and (own is None or verdict.seconds > own.seconds):
+            return verdict
+        return own or verdict or Slowest(-1, 0.0)
 
     def _published(self, seconds: float) -> dict[int, tuple[int, float]]:
         """Every host's latest `(last step, seconds)`; a host that has published none counts

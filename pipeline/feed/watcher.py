@@ -39,6 +39,7 @@ from pipeline.feed.host_stop import (
     end_process,
     first_poll_offset,
     poll_period,
+    stopped,
 )
 from pipeline.feed.stragglers import Peers
 from pipeline.read.plan import Plan
@@ -235,12 +236,11 @@ class Watcher:
             stops = self._client.key_value_dir_get(PREFIX)
         except Exception:  # a lost coordinator is JAX's to report
             return
-        named = ((key.rsplit("/", 1)[-1], line) for key, line in stops)
-        peers = sorted(
-            (int(index), line)
-            for index, line in named
-            if index.isdigit() and int(index) != self._index
-        )
+        polled = dict(stops)
+        for feed in feeds:
+            if feed.peers is not None:
+                feed.peers.heard(polled)
+        peers = [(index, line) for index, line in stopped(polled) if index != self._index]
         if not peers:
             return
         index, line = peers[0]
