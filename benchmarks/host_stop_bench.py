@@ -64,7 +64,7 @@ def worker(spec: dict, index: int) -> None:
             except FeedError:
                 raise
 
-        client = host_stop._coordination_client()
+        client = host_stop.coordination_client()
         store = feed.plan.stores()[0]
         result = {
             "check_ns": timed(stop.check, calls) * 1e9,
