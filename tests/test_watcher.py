@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh
 
 from benchmarks.rpc_bench import summarize
-from pipeline.feed import host_stop
+from pipeline.feed import host_stop, stragglers
 from pipeline.feed.data_feed import DataFeed
 from pipeline.store.token_store import TokenStore
 from tests.feedstores import two_stage_config, two_stage_raw
@@ -64,6 +64,38 @@ def test_a_store_two_feeds_share_is_checked_once_a_period(tmp_path, monkeypatch)
         elapsed = time.monotonic() - started
     assert set(checks) == {id(s) for s in train.plan.stores()}
     assert 1 <= max(checks.values()) <= elapsed / period + 2, checks
+
+
+class FakeClient:
+    """JAX's coordination client as far as a host other than 0 uses it: what it was set."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        self.values[key] = value
+
+
+def test_a_host_other_than_0_learns_the_slowest_from_the_verdict_its_stop_poll_reads(
+    monkeypatch,
+):
+    """Host 2 publishes its own figure (one call) and takes process 0's verdict from the stop
+    directory it polls anyway; the verdict is no stop."""
+    client = FakeClient()
+    monkeypatch.setattr(stragglers, "coordination_client", lambda: client)
+    monkeypatch.setattr(stragglers.jax, "process_index", lambda: 2)
+    peers = stragglers.Peers()
+    peers.offer(1, 4, 0.01)
+    peers.exchange()
+    assert list(client.values.values()) == ["4 0.01"]
+    assert peers.slowest == stragglers.Slowest(2, 0.01)
+    polled = {f"{stragglers.VERDICT}{peers._lane}": "1 0.3", f"{host_stop.PREFIX}0": "a line"}
+    peers.heard(polled)
+    assert peers.slowest == stragglers.Slowest(1, 0.3)
+    assert host_stop.stopped(polled) == [(0, "a line")]
+    peers.offer(5, 8, 0.5)  # now this host is slower than the verdict's
+    peers.exchange()
+    assert peers.slowest == stragglers.Slowest(2, 0.5)
 
 
 @pytest.mark.multiprocess

@@ -64,6 +64,7 @@ class HostStop:
         batch, exchanged by the watcher thread."""
         self.plan, self.periods, self.peers = plan, periods, peers
         self.failure: str | None = None  # what `check()` raises, set by the watcher thread
+        self._closed = False
         self._watcher = _attach(self)
 
     def check(self) -> None:
@@ -78,7 +79,10 @@ class HostStop:
 
     def close(self, wait: bool = True) -> None:
         """Detach; with `wait`, hand over the feed's last time-to-batch window first and join
-        the thread if this was the process's last feed."""
+        the thread if this was the process's last feed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if wait and self.peers is not None:
             self.peers.exchange()
         _detach(self, wait)
