@@ -34,19 +34,25 @@ def write_synthetic_store(
     record_tokens: int = 2048,
     first: int = 0,
     flat: bool = True,
+    shuffled: int | None = None,
 ) -> TokenStore:
     """A store whose shard i holds documents of lengths shards[i] (split into records), with
     flat token sidecars unless `flat` is false.
 
     `first` shifts every token value: a store written with another `first` is a same-size twin
-    (same files sizes, other content)."""
+    (same files sizes, other content). `shuffled` (a seed): random text instead, every token a
+    distinct random id (so every n-gram is unique, and a token tells its store position)."""
     staging = staging_dir(Path(path))
     position = first
     infos = []
+    total = first + sum(map(sum, shards))
+    ids = (
+        np.arange(total) if shuffled is None else np.random.default_rng(shuffled).permutation(total)
+    )
     for index, lengths in enumerate(shards):
         docs = []
         for length in lengths:
-            docs.append(np.arange(position, position + length, dtype=np.uint32))
+            docs.append(ids[position : position + length].astype(np.uint32))
             position += length
         dtype = np.dtype(np.uint32)
         infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens, flat))

@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
+from pipeline.plan.epochs import Epochs
 from pipeline.plan.permutation import permutation, permute, round_keys
 from pipeline.plan.row_layout import Arrays, OpenStore
 from pipeline.store.meta import StoreMeta
@@ -37,9 +38,14 @@ from pipeline.wording import counted
 SMALL_DOMAIN = 1 << 16
 
 
-class SourceLayout:
+class SourceLayout(Epochs):
     """One source's epochs, lanes and windows, from its store's metadata alone; reading a window
-    takes the open store (`read_window`; a batch's windows: `window_pieces`)."""
+    takes the open store (`read_window`; a batch's windows: `window_pieces`).
+
+    After a switch that changed the geometry mid-epoch, its `transition` (`transition.
+    StreamTransition`) lays the rest of that epoch out on the stream of what it had not served:
+    its windows' token starts are positions in that stream, whose shard table (`_shard_starts`)
+    maps them to pieces of shards."""
 
     policy: ClassVar[str] = "concat"
     whole_documents: ClassVar[bool] = False
@@ -59,7 +65,7 @@ class SourceLayout:
                 f"but {meta.path} has {counted(meta.num_tokens, 'token')} for "
                 f"{counted(lanes, 'lane')} (use a smaller seq_len or fewer lanes)"
             )
-        self._shard_starts = lru_cache(maxsize=64)(self._epoch_shard_starts)
+        self._stream_shards = lru_cache(maxsize=64)(self._epoch_shard_starts)
         self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
 
     @classmethod
@@ -93,15 +99,15 @@ class SourceLayout:
 
     def pieces(self, epoch: int, start: int, stop: int) -> list[tuple[int, int, int]]:
         """(shard, first token, end token) pieces covering [start, stop) of the epoch stream."""
-        order, starts = self._shard_starts(epoch)
+        order, starts, offsets = self._shard_starts(epoch)
         out = []
         position = int(np.searchsorted(starts, start, side="right")) - 1
         while start < stop:
-            shard = int(order[position])
+            shard, offset = int(order[position]), int(offsets[position])
             lo = start - int(starts[position])
             hi = min(stop, int(starts[position + 1])) - int(starts[position])
             if hi > lo:
-                out.append((shard, lo, hi))
+                out.append((shard, lo + offset, hi + offset))
             start += hi - lo
             position += 1
         return out
@@ -119,20 +125,32 @@ class SourceLayout:
         return TokenSpan(np.concatenate(spans), np.concatenate(doc_starts))
 
     def shard_order(self, epoch: int) -> np.ndarray:
-        return self._shard_starts(epoch)[0]
+        return self.stream_shards(epoch)[0]
 
-    def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def _shard_starts(self, epoch: int) -> tuple[np.ndarray, ...]:
+        """(shard, stream start, first token in the shard) of each piece of epoch `epoch`'s
+        stream, and the stream's end after the starts: the whole shards in their epoch order,
+        or, for a transitional epoch, the pieces of what it had left (`StreamTransition`)."""
+        if self.transition is not None and epoch == self.transition.epoch:
+            return self.transition.shard_table(self)  # type: ignore[attr-defined]
+        return self.stream_shards(epoch)
+
+    def stream_shards(self, epoch: int) -> tuple[np.ndarray, ...]:
+        """`_shard_starts` of epoch `epoch`'s whole stream: every shard in its keyed order."""
+        return self._stream_shards(epoch)
+
+    def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, ...]:
         keys = round_keys(self.seed, "shard-order", self.name, epoch)
         order = permutation(self.meta.num_shards, keys)
         starts = np.concatenate([[0], np.cumsum(self.meta.shard_tokens[order])])
-        return order, starts
+        return order, starts, np.zeros_like(order)
 
     def _lane_keys(self, epoch: int, lane: int) -> np.ndarray:
         return round_keys(self.seed, "window-order", self.name, epoch, lane)
 
 
 @lru_cache(maxsize=256)
-def _window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> np.ndarray:
+def window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> np.ndarray:
     """The whole window order of a small (epoch, lane): cached per process, not per plan, so a
     restored feed's plan (a new plan of the same sources) finds it computed (a few ms each)."""
     order = permutation(windows, round_keys(seed, "window-order", name, epoch, lane))
@@ -146,18 +164,37 @@ def window_draws(
     """`epoch_and_window` of the draws of several sources in one pass: draw i is the
     counter[i]-th window lane[i] draws from source layouts[which[i]] (a step's rows are
     grouped by (source, epoch, lane) in one Python pass over the rows, not a numpy pass per
-    source). The drawn sources must be concat ones (`SourceLayout`)."""
+    source). The drawn sources must be concat ones (`SourceLayout`); a draw in a transitional
+    epoch (`Epochs`) takes its window from the transition's order and stream."""
     which, counter, lane = (np.asarray(a, dtype=np.int64) for a in (which, counter, lane))
-    windows = np.array([layout.windows_per_lane for layout in layouts], dtype=np.int64)
-    epoch, k = np.divmod(counter, windows[which])
-    groups: dict[tuple[int, int, int], list[int]] = {}
-    for row, key in enumerate(zip(which.tolist(), epoch.tolist(), lane.tolist())):
+    windows, first, first_epoch = (
+        np.array([getattr(layout, key) for layout in layouts], dtype=np.int64)
+        for key in ("windows_per_lane", "first_counter", "first_epoch")
+    )
+    epoch, k = np.divmod(counter - first[which], windows[which])
+    epoch += first_epoch[which]
+    early = counter < first[which]
+    if early.any():  # in a transitional epoch (the first counter of a layout without is 0)
+        t_epoch, t_counter = (
+            np.array([getattr(layout.transition, key, 0) for layout in layouts], dtype=np.int64)
+            for key in ("epoch", "counter")
+        )
+        epoch[early] = t_epoch[which[early]]
+        k[early] = counter[early] - t_counter[which[early]]
+    groups: dict[tuple[int, int, int, bool], list[int]] = {}
+    keys = zip(which.tolist(), epoch.tolist(), lane.tolist(), early.tolist())
+    for row, key in enumerate(keys):
         groups.setdefault(key, []).append(row)
     window, start = np.empty_like(k), np.empty_like(k)
-    for (source, e, ln), rows in groups.items():
+    for (source, e, ln, transitional), rows in groups.items():
         layout = layouts[source]
+        if transitional:
+            transition = layout.transition
+            window[rows] = transition.order(layout, ln)[k[rows]]
+            start[rows] = ln * transition.lane_tokens + window[rows] * layout.seq_len
+            continue
         if layout.windows_per_lane <= SMALL_DOMAIN:
-            order = _window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
+            order = window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
             window[rows] = order[k[rows]]
         else:  # every draw on its own
             window[rows] = permute(k[rows], layout.windows_per_lane, layout._window_keys(e, ln))
@@ -182,17 +219,18 @@ def window_pieces(
         return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
     count = len(layouts)
     keys, stream = np.unique(epochs * count + which, return_inverse=True)
-    bases, bounds, shards, owners, base = [], [], [], [], 0
+    bases, bounds, shards, owners, offsets, base = [], [], [], [], [], 0
     for key in keys.tolist():
         epoch, k = divmod(key, count)
-        order, shard_bounds = layouts[k]._shard_starts(epoch)
+        order, shard_bounds, offset = layouts[k]._shard_starts(epoch)
         bases.append(base)
         bounds.append(shard_bounds[:-1] + base)
         shards.append(order)
+        offsets.append(offset)
         owners.append(np.full(order.size, k, dtype=np.int64))
         base += int(shard_bounds[-1])
     bounds.append(np.array([base], dtype=np.int64))
-    bounds, shards, owners = (np.concatenate(a) for a in (bounds, shards, owners))
+    bounds, shards, owners, offsets = (np.concatenate(a) for a in (bounds, shards, owners, offsets))
     length = layouts[0].seq_len + 1
     start = starts + np.asarray(bases, dtype=np.int64)[stream.reshape(-1)]
     first = np.searchsorted(bounds, start, side="right") - 1
@@ -203,7 +241,8 @@ def window_pieces(
     hi = np.minimum(start[window] + length, bounds[piece + 1])
     keep = hi > lo  # an empty shard inside a window is no piece
     piece, window, lo, hi = piece[keep], window[keep], lo[keep], hi[keep]
-    return (owners[piece], shards[piece], lo - bounds[piece], hi - bounds[piece], window,
+    offset = offsets[piece] - bounds[piece]  # a piece may begin inside its shard
+    return (owners[piece], shards[piece], lo + offset, hi + offset, window,
             lo - start[window])  # fmt: skip
 
 

@@ -48,13 +48,20 @@ from pipeline.plan.mix_table import quantize as quantize  # where callers found 
 from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = 5  # 2 added "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`
+LEDGER_VERSION = (
+    6  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`; 6 geometry
+)
+MIXES_VERSION = 5
+"""The version a ledger with mixes and no geometry change is written as."""
 UNSTEERED_VERSION = 3
 """The version a ledger without skips or mixes is written as: older releases read it too."""
 SKIPPED_VERSION = 4
 """The version a ledger with skips and no mixes is written as (version 4 wrote mixes as a list:
 `_mixes` reads it)."""
 ORDER_VERSION = 2  # 1: NumPy/Grain permutations (ledger versions 1-2); 2: plan.permutation
+GEOMETRY = ("seq_len", "lanes")
+"""What a switch may change from ledger version 6 on (docs/steering.md, "Context extension"):
+the segment after lays the rest of each source's epoch out anew (`plan.transition`)."""
 
 
 def config_mapping(config: DataConfig) -> dict[str, Any]:
@@ -158,7 +165,8 @@ class Ledger:
 
     def entry(self, index: int) -> str:
         """What segment `index` records, for `pipeline stages --ledger`: `start`, `switch:
-        <keys> changed`, `skip N steps (step s serves plan step p)`, or both, `; `-joined."""
+        <keys> changed`, `geometry seq_len a -> b, ...` (a switch that changed `GEOMETRY`),
+        `skip N steps (step s serves plan step p)`, `; `-joined."""
         if index == 0:
             return "start"
         segment, before = self.segments[index], self.segments[index - 1]
@@ -166,12 +174,26 @@ class Ledger:
             {line.split(":")[0] for line in describe_diff(before.order, segment.order)}
         )
         what = [f"switch: {', '.join(changed)} changed"] if changed else []
+        reshaped = [
+            f"{key} {before.config[key]} -> {segment.config[key]}"
+            for key in GEOMETRY
+            if before.config[key] != segment.config[key]
+        ]
+        if reshaped:  # the intervention itself, with its values (docs/steering.md)
+            what.append(f"geometry {', '.join(reshaped)}: the epochs go on, laid out anew")
         if segment.skip:
             what.append(
                 f"skip {segment.skip} steps (step {segment.start_step:,} serves plan step "
                 f"{self.plan_step(segment.start_step):,})"
             )
         return "; ".join(what) or "switch: stages laid out anew"
+
+    def reshaped(self, index: int) -> bool:
+        """Whether a segment at or before `index` changed the geometry (`GEOMETRY`): then its
+        layouts continue those of the segment before it (`DrawPlan.segment_plan`)."""
+        return any(
+            _geometry(a) != _geometry(b) for a, b in itertools.pairwise(self.segments[: index + 1])
+        )
 
     def append(self, segment: Segment) -> Ledger:
         """The ledger with `segment` appended; mix entries at or after its start are dropped
@@ -208,8 +230,12 @@ class Ledger:
         version = UNSTEERED_VERSION
         if any(segment.skip for segment in self.segments):
             version = SKIPPED_VERSION
+        if self.mixes:
+            version = MIXES_VERSION
+        if self.reshaped(len(self.segments) - 1):
+            version = LEDGER_VERSION
         raw = {
-            "version": LEDGER_VERSION if self.mixes else version,
+            "version": version,
             "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
         }
@@ -220,7 +246,7 @@ class Ledger:
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
         version = raw.get("version") if isinstance(raw, dict) else None
-        if version not in (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, LEDGER_VERSION):
+        if version not in (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, MIXES_VERSION, LEDGER_VERSION):
             raise LedgerError(
                 f"{origin}: not a ledger of versions 1 to {LEDGER_VERSION} (found {version!r}); "
                 "a later release of pipeline wrote it?"
@@ -248,7 +274,7 @@ class Ledger:
             except (KeyError, TypeError, ValueError) as error:
                 raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error
             segments.append(segment)
-        _check_lined_up(segments, origin)
+        _check_lined_up(segments, origin, version)
         for index, (entry, segment) in enumerate(zip(raw["segments"], segments)):
             if entry.get("fingerprint") not in (None, segment.fingerprint):
                 raise LedgerError(
@@ -258,7 +284,7 @@ class Ledger:
         ledger = cls(tuple(segments))
         if version == SKIPPED_VERSION:
             mixes = MixTable.from_entries(_mixes(raw.get("mixes") or [], ledger, origin))
-        elif version == LEDGER_VERSION:
+        elif version == MIXES_VERSION or (version == LEDGER_VERSION and "mixes" in raw):
             mixes = MixTable.from_json(raw.get("mixes"), f"{origin}: mixes")
             mixes.check(f"{origin}: mixes")
             _check_mix_sources(cls(ledger.segments, mixes), f"{origin}: mixes")
@@ -312,7 +338,11 @@ def _mixes(raw: Any, ledger: Ledger, origin: str) -> tuple[MixEntry, ...]:
     return tuple(out)
 
 
-def _check_lined_up(segments: list[Segment], origin: str) -> None:
+def _geometry(segment: Segment) -> tuple[Any, ...]:
+    return tuple(segment.config.get(key) for key in GEOMETRY)
+
+
+def _check_lined_up(segments: list[Segment], origin: str, version: int) -> None:
     if not segments:
         raise LedgerError(f"{origin}: a ledger has at least one segment")
     if segments[0].start_step != 0:
@@ -323,9 +353,11 @@ def _check_lined_up(segments: list[Segment], origin: str) -> None:
                 f"{origin}: segments[{index}] starts at step {after.start_step}, not after "
                 f"segments[{index - 1}] (step {before.start_step}); segments must line up in order"
             )
-        if after.config.get("lanes") != before.config.get("lanes"):
+        changed = [k for k in GEOMETRY if after.config.get(k) != before.config.get(k)]
+        if changed and version < LEDGER_VERSION:
             raise LedgerError(
-                f"{origin}: segments[{index}] changes 'lanes', which is fixed for a run"
+                f"{origin}: segments[{index}] changes {' and '.join(changed)}, which a ledger "
+                f"of version {version} cannot (from version {LEDGER_VERSION} on, a switch may)"
             )
     for index, segment in enumerate(segments):
         names = set(segment.config.get("sources", {}))

@@ -37,6 +37,7 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
+from pipeline.plan.epochs import Epochs
 from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
@@ -98,8 +99,12 @@ class PackingStats:
         )
 
 
-class PackedLayout:
-    """Where a best-fit source's rows are, per epoch and lane (the `SourceLayout` of packing)."""
+class PackedLayout(Epochs):
+    """Where a best-fit source's rows are, per epoch and lane (the `SourceLayout` of packing).
+
+    After a switch that changed the geometry mid-epoch, its `transition` (`repack.
+    RepackedTransition`) holds the rest of that epoch's documents packed anew: rows numbered
+    after the regular packing's (`epoch_rows`), in `row_offsets` and `row_docs` with them."""
 
     policy: ClassVar[str] = "best_fit"
     whole_documents: ClassVar[bool] = True
@@ -174,12 +179,15 @@ class PackedLayout:
 
     @cached_property
     def stats(self) -> PackingStats:
+        """Of the regular epochs' packing."""
+        rows = self.windows_per_lane * self.lanes
+        docs = self.row_docs[: self.row_offsets[rows]]
         return PackingStats(
-            rows=len(self.row_offsets) - 1,
-            documents=len(self.row_docs),
+            rows=rows,
+            documents=len(docs),
             truncated=self.truncated,
             dropped=self.dropped,
-            slots_used=int((self.doc_tokens[self.row_docs] - 1).sum()),
+            slots_used=int((self.doc_tokens[docs] - 1).sum()),
             seq_len=self.seq_len,
         )
 
@@ -188,13 +196,30 @@ class PackedLayout:
         documents, not windows of a stream)."""
         counter = np.asarray(counter, dtype=np.int64)
         lane = np.broadcast_to(np.asarray(lane, dtype=np.int64), counter.shape)
-        epoch, k = np.divmod(counter, self.windows_per_lane)
+        epoch, k, early = self.place(counter)
         position = lane * self.windows_per_lane + k
         row = np.empty_like(k)
-        for e in np.unique(epoch).tolist():
-            mask = epoch == e
+        for e in np.unique(epoch[~early]).tolist():
+            mask = (epoch == e) & ~early
             row[mask] = self._row_order(e, position[mask])
+        if early.any():
+            transition = self.transition
+            row[early] = transition.rows(lane[early] * transition.windows + k[early])
         return epoch, row, np.full_like(k, -1)
+
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """The packed rows epoch `epoch` draws (each once, over all lanes)."""
+        if self.transition is not None and epoch == self.transition.epoch:
+            return self.transition.rows(np.arange(self.transition.windows * self.lanes))
+        return np.arange(self.windows_per_lane * self.lanes)
+
+    def documents_of(self, rows: np.ndarray) -> np.ndarray:
+        """The documents of packed rows `rows`, row after row (one vectorised gather)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        first = self.row_offsets[rows]
+        counts = self.row_offsets[rows + 1] - first
+        index = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        return self.row_docs[index]
 
     def documents(self, row: int) -> np.ndarray:
         """Document ids (store order, shard-major) of packed row `row`, in row order."""
@@ -231,23 +256,33 @@ def _pack_store(
     kept = np.flatnonzero(~long) if too_long == "drop" else np.arange(lengths.size)
     if kept.size:  # every document dropped: `_even_out` names the source
         kept = kept[permutation(kept.size, round_keys(seed, "pack-order", name))]
-    slots = doc_tokens - 1
-    rows: list[list[int]] = []
-    for lo in range(0, kept.size, BLOCK_DOCUMENTS):
-        block = kept[lo : lo + BLOCK_DOCUMENTS]
-        rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
-    _even_out(rows, lanes, f"sources.{name}")
+    row_offsets, row_docs = pack_rows(kept, doc_tokens - 1, seq_len, lanes, f"sources.{name}")
     counts = [int(long.sum()) if too_long == which else 0 for which in ("truncate", "drop")]
     packing = {
         "doc_start": doc_start,
         "doc_tokens": doc_tokens,
-        "row_offsets": np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64),
-        "row_docs": np.array([d for row in rows for d in row], dtype=np.int64),
+        "row_offsets": row_offsets,
+        "row_docs": row_docs,
         "counts": np.array(counts, dtype=np.int64),
     }
     for array in packing.values():
         array.setflags(write=False)
     return packing
+
+
+def pack_rows(
+    documents: np.ndarray, slots: np.ndarray, seq_len: int, lanes: int, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row_offsets, row_docs) of `documents` (ids, in the order to pack them; slots[id]
+    each) packed block by block by best fit decreasing into rows of `seq_len` slots, the rows
+    made a multiple of `lanes` (`_even_out`, which names `where` when they cannot be)."""
+    rows: list[list[int]] = []
+    for lo in range(0, documents.size, BLOCK_DOCUMENTS):
+        block = documents[lo : lo + BLOCK_DOCUMENTS]
+        rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
+    _even_out(rows, lanes, where)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    return offsets, np.array([d for row in rows for d in row], dtype=np.int64)
 
 
 def _even_out(rows: list[list[int]], lanes: int, where: str) -> None:

@@ -52,6 +52,7 @@ from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
+from pipeline.plan.transition import continued
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
@@ -123,7 +124,9 @@ class SegmentPlan:
     anchored before the start holds meaningless counters before it, which nothing reads).
     The layout is a pure function of the segment's entry in the ledger and its stores'
     metadata (`StoreMeta`): no shard file is opened, but a best_fit source's store is (its
-    packing needs the document index).
+    packing needs the document index). After a switch that changed the geometry (`seq_len`,
+    `lanes`), the layouts of the sources whose counters carried continue the previous
+    segment's (`previous`, `transition.continued`).
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class SegmentPlan:
         open_store: OpenStore | None = None,
         shift: int = 0,
         mixes: MixTable = NO_MIXES,
+        previous: Mapping[str, RowLayout] | None = None,
     ):
         open_store = open_store or StoreSet(check_reads=config.feed.check_reads).open
         self.segment = segment
@@ -148,6 +152,8 @@ class SegmentPlan:
             }
         except ConfigError as error:
             raise ConfigError(f"{config.origin}: {error}") from error
+        for name, before in (previous or {}).items():  # a geometry change: epochs go on
+            self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
         carried = np.array([segment.counters[name] for name in config.source_names])
         table = self._table
         self.table = table(carried)
@@ -336,8 +342,26 @@ class DrawPlan:
             metas = {name: self._known(segment, config, name) for name in config.source_names}
             shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
             opener = self.store_set.open
-            self._segments[index] = SegmentPlan(segment, config, metas, opener, shift, mixes)
+            previous = self._carried_layouts(index)
+            self._segments[index] = SegmentPlan(
+                segment, config, metas, opener, shift, mixes, previous
+            )
         return self._segments[index]
+
+    def _carried_layouts(self, index: int) -> dict[str, RowLayout]:
+        """The layouts of segment `index - 1` that segment `index` continues, when a segment
+        up to `index` changed the geometry (each source whose counter carried, `carries`):
+        its epochs go on where they were (`transition.continued`). None otherwise, when
+        every layout is a function of its own segment."""
+        if index == 0 or not self.ledger.reshaped(index):
+            return {}
+        before = self.segment_plan(index - 1)
+        segment = self.ledger.segments[index]
+        return {
+            name: before.layouts[name]
+            for name, entry in segment.config["sources"].items()
+            if carries(before.segment, name, segment.fingerprints[name], entry)
+        }
 
     def with_mix(self: P, entry: MixEntry) -> P:
         """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the last
@@ -391,10 +415,7 @@ class DrawPlan:
         previous = self.ledger.segments[index]
         before = self.segment_plan(index).counters_at(step)
         return {
-            name: before[name]
-            if previous.fingerprints.get(name) == fingerprint
-            and order_key(previous.config["sources"].get(name, {})) == order_key(sources[name])
-            else 0
+            name: before[name] if carries(previous, name, fingerprint, sources[name]) else 0
             for name, fingerprint in fingerprints.items()
         }
 
@@ -424,6 +445,15 @@ class DrawPlan:
         with keyed(config, name):
             path, fingerprint = config.source(name).path, segment.fingerprints[name]
             return self.store_set.meta(path, fingerprint, config.feed.check_reads)
+
+
+def carries(previous: Segment, name: str, fingerprint: str, entry: Mapping[str, str]) -> bool:
+    """Whether source `name` (its store's `fingerprint`, its config `entry`) of a segment
+    draws the rows `previous` drew under that name: same store, same packing. Then its counter
+    carries over, so its epoch goes on."""
+    return previous.fingerprints.get(name) == fingerprint and order_key(
+        previous.config["sources"].get(name, {})
+    ) == order_key(entry)
 
 
 def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:

@@ -37,7 +37,7 @@ from pipeline.plan.sources import load_metas
 
 log = logging.getLogger("pipeline")
 
-FIXED_IN_A_RUN = ("lanes", "seed", "seq_len")
+FIXED_IN_A_RUN = ("seed",)
 
 
 def reconcile(

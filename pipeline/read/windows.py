@@ -34,7 +34,12 @@ def read_windows(
     stores = [open_store(layouts[s].meta) for s in sources]
     pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
     owner, shard, lo, hi, row, col = pieces
-    batch = fields(tokens, *read_pieces(stores, owner, shard, lo, hi, tokens, row, col))
+    doc_rows, doc_cols = read_pieces(stores, owner, shard, lo, hi, tokens, row, col)
+    # A piece after a window's first begins a document: at a shard's start it does anyway, and
+    # in a transitional epoch's stream (`transition`) it joins stretches apart in the store.
+    joined = col > 0
+    doc_rows, doc_cols = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
+    batch = fields(tokens, doc_rows, doc_cols)
     if any(store.masked for store in stores):
         # its own array: the segment fields are views of one buffer
         batch["targets_segmentation"] = batch["targets_segmentation"].copy()
