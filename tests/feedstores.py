@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.config import DataConfig, parse_config
 from tests.storegen import write_synthetic_store
 
@@ -47,3 +49,28 @@ def two_stage_raw(directory: Path, *, flat: bool = True, **overrides: Any) -> di
 
 def two_stage_config(directory: Path, *, flat: bool = True, **overrides: Any) -> DataConfig:
     return parse_config(two_stage_raw(directory, flat=flat, **overrides), origin="feed-test.yaml")
+
+
+def geometry_raw(directory: Path, seq_len: int = 32, lanes: int = 1) -> dict[str, Any]:
+    """A run of random text (every token a distinct random id, so every 24-gram is unique) in
+    two sources, `web` (concat) and `chat` (best_fit, documents of up to 60 tokens), that a
+    switch moves from seq_len 32 on 1 lane to 64 on 2 (docs/steering.md, context extension)."""
+    rng = np.random.default_rng(5)
+    shards = {
+        "web": [rng.integers(5, 120, 30).tolist() for _ in range(3)],
+        "chat": [rng.integers(3, 60, 40).tolist() for _ in range(2)],
+    }
+    for seed, (name, lengths) in enumerate(shards.items(), start=1):
+        if not (Path(directory) / name).exists():
+            write_synthetic_store(Path(directory) / name, lengths, shuffled=seed)
+    return {
+        "seed": 5,
+        "seq_len": seq_len,
+        "global_batch_size": 4,
+        "lanes": lanes,
+        "sources": {
+            "web": {"path": str(Path(directory) / "web")},
+            "chat": {"path": str(Path(directory) / "chat"), "packing": "best_fit"},
+        },
+        "stages": [{"name": "all", "mix": {"web": 1, "chat": 1}}],
+    }

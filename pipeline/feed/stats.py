@@ -177,7 +177,7 @@ class Recorder:
             bytes_read=size,
             ledger_rows={n: c * config.lanes for n, c in counters.items()},
             ledger_tokens={n: c * config.lanes * config.seq_len for n, c in counters.items()},
-            epochs={n: c // segment.layouts[n].windows_per_lane for n, c in counters.items()},
+            epochs={n: segment.layouts[n].epoch_of(c) for n, c in counters.items()},
             prefetch=self.prefetch,
             prefetch_ready=ready,
             read_s=_quantiles(read, sums[0], steps),

@@ -197,9 +197,9 @@ def epoch_table(plan: DrawPlan, count: int) -> list[EpochInfo]:
             layout = seg.layouts[name]
             windows = layout.windows_per_lane
             start = seg.counters_at(seg.segment.start_step)[name]
-            first_epoch = start // windows + 1
+            first_epoch = layout.epoch_of(start) + 1
             rollovers = [
-                (epoch, first_draw(plan, index, name, epoch * windows))
+                (epoch, first_draw(plan, index, name, layout.epoch_start(epoch)))
                 for epoch in range(first_epoch, first_epoch + count)
             ]
             out.append(
@@ -229,13 +229,14 @@ def rollovers_between(
             continue
         seg = plan.segment_plan(index)
         for name in seg.config.source_names:
-            windows = seg.layouts[name].windows_per_lane
+            layout = seg.layouts[name]
             first = seg.counters_at(lo)[name]
             last = seg.counters_at(hi)[name]  # counter before step hi
-            epoch = max(1, -(-first // windows))  # epoch 0 beginning is no rollover
+            epoch = layout.epoch_of(first)  # the next epoch, unless `first` begins this one
+            epoch = max(1, epoch if layout.epoch_start(epoch) == first else epoch + 1)
             steps = out.setdefault(name, [])
-            while epoch * windows < last and len(steps) < limit:
-                found = first_draw(plan, index, name, epoch * windows)
+            while layout.epoch_start(epoch) < last and len(steps) < limit:
+                found = first_draw(plan, index, name, layout.epoch_start(epoch))
                 if found is not None and lo <= found[0] < hi:
                     steps.append(found[0])
                 epoch += 1

@@ -2,9 +2,11 @@
 
 For every step in the range the audit computes the whole global batch and checks
 
-* windows: per source (name and store content) and lane, no window is drawn twice in one epoch,
-  and every epoch that begins and rolls over inside the range drew each of its windows exactly
-  once, the windows a skip inside the range passed over (docs/steering.md) counting as drawn;
+* windows: per source (name, store content and layout: a switch that changes `seq_len` or
+  `lanes` begins another, whose first epoch may be a transitional one, docs/steering.md) and
+  lane, no window is drawn twice in one epoch, and every epoch that begins and rolls over
+  inside the range drew each of its windows exactly once, the windows a skip inside the range
+  passed over (docs/steering.md) counting as drawn;
 * no padding: every field is [global_batch_size, seq_len], segment ids are never 0 (targets of
   a masked store's untrained tokens excepted), and the targets are the inputs shifted by one;
 * whole documents (`packing: best_fit` rows): segments numbered 1, 2, ... then only padding
@@ -123,8 +125,7 @@ def audit(
     report = AuditReport(start, stop)
     counts = None if process_counts is None else tuple(process_counts)
     hosts: dict[int, Plan] = {}
-    keys: dict[tuple[str, str], int] = {}
-    windows_per_lane: list[int] = []
+    keys: dict[tuple[str, str, tuple[int, ...]], int] = {}
     names: list[str] = []
     layouts: list[Any] = []
     # key, lane, epoch, window, step, row in lane, counter: one entry per drawn row
@@ -167,10 +168,9 @@ def audit(
         key = np.empty(len(draws.rows), dtype=np.int64)
         for s in np.unique(draws.source):
             name = draws.source_names[s]
-            ident = (name, seg.segment.fingerprints[name])
+            ident = (name, seg.segment.fingerprints[name], seg.layouts[name].lineage)
             if ident not in keys:
                 keys[ident] = len(keys)
-                windows_per_lane.append(seg.layouts[name].windows_per_lane)
                 names.append(name)
                 layouts.append(seg.layouts[name])
             key[draws.source == s] = keys[ident]
@@ -190,7 +190,7 @@ def audit(
     report.process_counts = tuple(sorted(used_counts))
     report.hosts_checked = sum(used_counts)
     passed = _skipped_counters(plan, start, stop, keys)
-    _check_windows(report, [np.concatenate(c) for c in columns], names, windows_per_lane, passed)
+    _check_windows(report, [np.concatenate(c) for c in columns], names, layouts, passed)
     _check_documents(report, [np.concatenate(c) for c in columns], names, layouts)
     return report
 
@@ -264,14 +264,13 @@ def _check_documents(
         mine = key == k
         for e in np.unique(epoch[mine]).tolist():
             rows = np.unique(window[mine & (epoch == e)])
-            if len(rows) < layout.windows_per_lane * layout.lanes:
+            every = layout.epoch_rows(e)
+            if len(rows) < len(every):
                 continue  # not complete in the range
-            counts = np.bincount(
-                np.concatenate([layout.documents(r) for r in rows.tolist()]),
-                minlength=len(layout.doc_tokens),
-            )
+            size = len(layout.doc_tokens)
+            counts = np.bincount(layout.documents_of(rows), minlength=size)
             expected = np.zeros_like(counts)
-            expected[layout.row_docs] = 1
+            expected[layout.documents_of(every)] = 1
             if not np.array_equal(counts, expected):
                 bad = np.flatnonzero(counts != expected)
                 report.violate(
@@ -283,19 +282,23 @@ def _check_documents(
 
 
 def _skipped_counters(
-    plan: Plan, start: int, stop: int, keys: dict[tuple[str, str], int]
+    plan: Plan, start: int, stop: int, keys: dict[tuple[str, str, tuple[int, ...]], int]
 ) -> dict[int, list[tuple[int, int]]]:
     """Per source key, the counter ranges [a, b) that skips at steps in [start, stop) passed
-    over: drawn by the plan, served on no lane (the same range on every lane)."""
+    over: drawn by the plan (by the layout of the segment before the skip), served on no lane
+    (the same range on every lane)."""
     passed: dict[int, list[tuple[int, int]]] = {}
     segments = plan.ledger.segments
     for index in range(1, len(segments)):
         segment = segments[index]
         if not segment.skip or not start <= segment.start_step < stop:
             continue
-        before = plan.segment_plan(index - 1).counters_at(segment.start_step)
+        previous = plan.segment_plan(index - 1)
+        before = previous.counters_at(segment.start_step)
         for name, counter in segment.counters.items():
-            key = keys.get((name, segment.fingerprints[name]))
+            layout = previous.layouts.get(name)
+            ident = (name, segment.fingerprints[name], layout.lineage if layout else ())
+            key = keys.get(ident)
             if key is not None and counter > before.get(name, counter):
                 passed.setdefault(key, []).append((before[name], counter))
     return passed
@@ -305,7 +308,7 @@ def _check_windows(
     report: AuditReport,
     columns: list[np.ndarray],
     names: list[str],
-    windows_per_lane: list[int],
+    layouts: list[Any],
     passed: dict[int, list[tuple[int, int]]],
 ) -> None:
     order = np.lexsort(tuple(reversed(columns[:6])))  # by key, lane, epoch, window, step, row
@@ -342,17 +345,19 @@ def _check_windows(
         name = names[k]
         seen = report.epochs_seen.setdefault(name, [e, e])
         seen[0], seen[1] = min(seen[0], e), max(seen[1], e)
-        first, end = e * windows_per_lane[k], (e + 1) * windows_per_lane[k]
+        windows = layouts[k].epoch_windows(e)
+        first = layouts[k].epoch_start(e)
+        end = first + windows
         skips = passed.get(k, [])
         begun = np.any(counter[lo:hi] == first) or any(a <= first < b for a, b in skips)
         if not begun or last_epoch[(k, ln)] <= e:
             continue
         distinct = np.unique(window[lo:hi])
         skipped = sum(max(0, min(b, end) - max(a, first)) for a, b in skips)
-        if len(distinct) + skipped != windows_per_lane[k]:
+        if len(distinct) + skipped != windows:
             report.violate(
                 f"source {name} lane {ln} epoch {e}: rolled over after drawing "
-                f"{len(distinct)} of its {windows_per_lane[k]} windows"
+                f"{len(distinct)} of its {windows} windows"
                 + (f" and skipping {skipped}" if skipped else "")
                 + " (an epoch uses every window exactly once)"
             )

@@ -1,0 +1,135 @@
+"""seq_len and lanes changed at a declared switch (docs/steering.md, "Context extension").
+
+Checked on random text (`feedstores.geometry_raw`: every token a distinct random id, so every
+24-gram is unique and a token tells where it is in the store): inside each source's epoch no
+token sequence is served twice across the switch, what is not served is within the documented
+lane tails (concat) and every document is used exactly once (best_fit).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import DataConfig, parse_config
+from pipeline.errors import LedgerError
+from pipeline.plan import data_state
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
+from pipeline.read.plan import Plan
+from tests.feedstores import geometry_raw
+
+SWITCH = 20  # mid-epoch for both sources (asserted below)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("geometry")
+    geometry_raw(root)
+    return root
+
+
+def config(stores: Path, seq_len: int = 32, lanes: int = 1) -> DataConfig:
+    return parse_config(geometry_raw(stores, seq_len, lanes), origin=f"data{seq_len}.yaml")
+
+
+def switched(stores: Path, at: int = SWITCH) -> Plan:
+    """The run at seq_len 32 on 1 lane, switched at step `at` to 64 on 2 lanes."""
+    run = Plan.from_config(config(stores))
+    ledger = reconcile(run, config(stores, 64, 2), at, switch=True)
+    return Plan(Ledger.from_json(json.loads(json.dumps(ledger.to_json()))), run.stores())
+
+
+def served(plan: Plan, steps: range) -> dict[tuple[str, int], list[np.ndarray]]:
+    """The token sequences served per (source, epoch): a concat row's window of seq_len + 1
+    tokens, each document of a best_fit row (its inputs and its last target)."""
+    out = defaultdict(list)
+    for step in steps:
+        draws, batch = plan.draws(step), plan.batch(step)
+        layouts = plan.segment_plan(draws.segment_index).layouts
+        for i in range(len(draws.rows)):
+            name = draws.source_names[draws.source[i]]
+            key = (name, int(draws.epoch[i]))
+            inputs, targets = batch["inputs"][i], batch["targets"][i]
+            if not layouts[name].whole_documents:
+                out[key].append(np.append(inputs, targets[-1]))
+                continue
+            segments = batch["inputs_segmentation"][i]
+            for number in np.unique(segments[segments > 0]).tolist():
+                mine = np.flatnonzero(segments == number)
+                out[key].append(np.append(inputs[mine], targets[mine[-1]]))
+    return out
+
+
+def grams(sequences: list[np.ndarray], n: int) -> list[bytes]:
+    return [s[i : i + n].tobytes() for s in sequences for i in range(len(s) - n + 1)]
+
+
+def store_tokens(plan: Plan, name: str) -> np.ndarray:
+    layout = plan.segment_plan(0).layouts[name]
+    store = plan.store(layout.meta)
+    spans = [
+        store.read_shard_tokens(s, 0, int(n)).tokens for s, n in enumerate(layout.meta.shard_tokens)
+    ]
+    return np.concatenate(spans)
+
+
+def test_a_mid_epoch_switch_to_seq_len_64_on_2_lanes_serves_no_sequence_twice(stores):
+    plan = switched(stores)
+    old, new = (plan.segment_plan(i).layouts for i in (0, 1))
+    counters = plan.segment_plan(0).counters_at(SWITCH)
+    for name in ("web", "chat"):  # the switch is inside epoch 0 of each, which goes on after it
+        assert 0 < counters[name] < old[name].windows_per_lane
+        assert new[name].transition.epoch == 0 and new[name].first_epoch == 1
+    # far enough for both sources to complete epoch 1 (the first of the new geometry)
+    stop = SWITCH
+    while min(plan.segment_plan(1).counters_at(stop)[n] - new[n].epoch_start(2) for n in new) < 0:
+        stop += 1
+    sequences = served(plan, range(stop))
+    assert audit(plan, 0, stop).ok
+    tokens = {name: store_tokens(plan, name) for name in ("web", "chat")}
+    for (name, epoch), mine in sequences.items():
+        for n in (2, 24):  # no pair of consecutive tokens, so no longer sequence, served twice
+            found = grams(mine, n)
+            assert len(found) == len(set(found)), (name, epoch, n)
+        if epoch > 1:
+            continue  # not complete in the range
+        left = np.setdiff1d(tokens[name], np.concatenate(mine))
+        if name == "web":  # the lane tails of the layout the epoch ends in: < lanes * seq_len
+            assert len(left) < 2 * 64, (epoch, len(left))
+    for epoch in (0, 1):  # best_fit: every document exactly once per epoch, across the switch
+        documents = []
+        for step in range(stop):
+            draws = plan.draws(step)
+            layout = plan.segment_plan(draws.segment_index).layouts["chat"]
+            mine = (np.asarray(draws.source_names)[draws.source] == "chat") & (draws.epoch == epoch)
+            documents.append(layout.documents_of(draws.window[mine]))
+        counts = np.bincount(np.concatenate(documents), minlength=len(new["chat"].doc_tokens))
+        assert (counts == 1).all(), (epoch, np.flatnonzero(counts != 1))
+    data_state.verify_ledger(plan.ledger, plan, "<switched>")  # counters re-derive
+
+
+def test_the_steps_before_the_switch_are_unchanged_and_the_ledger_records_version_6(stores):
+    run = Plan.from_config(config(stores))
+    plan = switched(stores)
+    for step in (0, 7, SWITCH - 1):
+        for field, values in run.batch(step).items():
+            np.testing.assert_array_equal(plan.batch(step)[field], values)
+    assert plan.batch(SWITCH)["inputs"].shape == (4, 64)
+    assert run.ledger.to_json()["version"] == 3  # a run without one keeps its format
+    raw = plan.ledger.to_json()
+    assert raw["version"] == 6
+    assert plan.ledger.entry(1).endswith(
+        "geometry seq_len 32 -> 64, lanes 1 -> 2: the epochs go on, laid out anew"
+    )
+    raw["version"] = 5  # as a release before geometry changes would have to read it
+    with pytest.raises(
+        LedgerError,
+        match=r"segments\[1\] changes seq_len and lanes, which a ledger of version 5 cannot",
+    ):
+        Ledger.from_json(raw)
