@@ -133,3 +133,57 @@ def test_the_steps_before_the_switch_are_unchanged_and_the_ledger_records_versio
         match=r"segments\[1\] changes seq_len and lanes, which a ledger of version 5 cannot",
     ):
         Ledger.from_json(raw)
+
+
+def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_replays_it(
+    tmp_path, capsys
+):
+    """Through a real Orbax checkpoint: saved at step 20 under seq_len 32 on 1 lane, restored
+    with `DataRestore(feed, switch=True)` under seq_len 64 on 2 lanes; the feed serves the
+    switched plan, and `pipeline dump/verify/stages --ledger` of a later checkpoint replay it."""
+    import orbax.checkpoint as ocp
+    import yaml
+
+    from pipeline.commands.cli import main
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from tests.test_checkpoint import manager, mesh
+
+    stores = tmp_path / "stores"
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(geometry_raw(stores, 64, 2)))
+    before, after = config(stores), config(stores, 64, 2)
+    expected = switched(stores)
+    directory = tmp_path / "ckpt"
+    with DataFeed(before, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        feed.seek(SWITCH)
+        mngr.save(SWITCH, args=ocp.args.Composite(data=DataSave(feed)))
+    served_inputs = []
+    with DataFeed(after, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        mngr.restore(SWITCH, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        for step in range(SWITCH, SWITCH + 6):
+            batch = next(feed)
+            for field, values in expected.batch(step).items():
+                np.testing.assert_array_equal(np.asarray(batch[field]), values)
+            served_inputs.append(np.asarray(batch["inputs"]))
+        mngr.save(SWITCH + 6, args=ocp.args.Composite(data=DataSave(feed)))
+    step_dir = str(directory / str(SWITCH + 6))
+    out = tmp_path / "dump.npz"
+    argv = ["dump", str(config_file), "--ledger", step_dir, "--steps", "20:26", "--out", str(out)]
+    assert main(argv) == 0
+    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served_inputs))
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", step_dir]) == 0
+    listing = capsys.readouterr().out
+    assert (
+        "ledger segment from step 20: switch: lanes, seq_len changed; geometry seq_len 32 -> 64, lanes 1 -> 2"
+        in listing
+    )
+    assert main(["verify", str(config_file), "--ledger", step_dir, "--steps", "0:60"]) == 0
+    assert "ok: no window repeats" in capsys.readouterr().out
+    assert main(["inspect", str(config_file), "--ledger", step_dir, "--step", "21"]) == 0
+    shown = capsys.readouterr().out
+    web = expected.draws(21)
+    row = int(np.flatnonzero(np.asarray(web.source_names)[web.source] == "web")[0])
+    start = int(web.start[row])  # a window of the transitional epoch, at its stream position
+    assert f"stream tokens {start:,}..{start + 65:,}" in shown
