@@ -176,8 +176,8 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
     assert main(["stages", str(config_file), "--ledger", step_dir]) == 0
     listing = capsys.readouterr().out
     assert (
-        "ledger segment from step 20: switch: lanes, seq_len changed; geometry seq_len 32 -> 64, lanes 1 -> 2"
-        in listing
+        "ledger segment from step 20: switch: lanes, seq_len changed; "
+        "geometry seq_len 32 -> 64, lanes 1 -> 2" in listing
     )
     assert main(["verify", str(config_file), "--ledger", step_dir, "--steps", "0:60"]) == 0
     assert "ok: no window repeats" in capsys.readouterr().out

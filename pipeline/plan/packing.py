@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
 from typing import ClassVar
@@ -271,16 +272,22 @@ def _pack_store(
 
 
 def pack_rows(
-    documents: np.ndarray, slots: np.ndarray, seq_len: int, lanes: int, where: str
+    documents: np.ndarray, slots: np.ndarray, seq_len: int, lanes: int, where: str | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row_offsets, row_docs) of `documents` (ids, in the order to pack them; slots[id]
     each) packed block by block by best fit decreasing into rows of `seq_len` slots, the rows
-    made a multiple of `lanes` (`_even_out`, which names `where` when they cannot be)."""
+    made a multiple of `lanes` (`_even_out`, which names `where` when they cannot be; `where`
+    None: the last rows are left out instead, fewer than `lanes`)."""
     rows: list[list[int]] = []
     for lo in range(0, documents.size, BLOCK_DOCUMENTS):
         block = documents[lo : lo + BLOCK_DOCUMENTS]
         rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
-    _even_out(rows, lanes, where)
+    if where is not None:
+        _even_out(rows, lanes, where)
+    else:
+        with suppress(ConfigError):
+            _even_out(rows, lanes, "")
+        del rows[len(rows) - len(rows) % lanes :]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     return offsets, np.array([d for row in rows for d in row], dtype=np.int64)
 

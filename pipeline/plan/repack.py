@@ -15,8 +15,9 @@ of the documents epoch e has not used yet.
   rows made a multiple of the new `lanes`), and permuted by a keyed bijection per (seed,
   source, epoch, c); lane l draws positions [l * R_t, (l + 1) * R_t). Their rows are numbered
   after the regular packing's, in the layout's row arrays (`PackedLayout.epoch_rows`).
-* **After.** The new geometry's regular epochs e + 1, ... from counter c + R_t. Documents too
-  few to give every lane a row are left for epoch e + 1 (counted as not used in e).
+* **After.** The new geometry's regular epochs e + 1, ... from counter c + R_t. The rows past
+  the last multiple of `lanes` (fewer than `lanes` rows, when single-document rows cannot be
+  split to even them out) are not used in epoch e: the lane tails of a transitional epoch.
 
 Cost: one packing of the documents left, O(documents of the store), once per process and
 transition; never growing with the step.
@@ -28,7 +29,6 @@ import threading
 
 import numpy as np
 
-from pipeline.errors import ConfigError
 from pipeline.plan.epochs import Transition
 from pipeline.plan.packing import PackedLayout, pack_rows
 from pipeline.plan.permutation import permutation, round_keys
@@ -98,12 +98,11 @@ def repacked(
     if left.size:
         keys = round_keys(after.seed, "transition-pack", after.name, epoch, counter)
         left = left[permutation(left.size, keys)]
-    try:
-        offsets, docs = pack_rows(left, after.doc_tokens - 1, after.seq_len, after.lanes, "")
-    except ConfigError:  # too few documents left for a row per lane: the next epoch has them
+    offsets, docs = pack_rows(left, after.doc_tokens - 1, after.seq_len, after.lanes, None)
+    rows = offsets.size - 1
+    if not rows:  # too few documents left for a row per lane: the next epoch has them
         after.continue_epochs(counter, epoch + 1, None)
         return after
-    rows = offsets.size - 1
     base = after.row_docs.size
     after.row_offsets = np.concatenate([after.row_offsets, offsets[1:] + base])
     after.row_docs = np.concatenate([after.row_docs, docs])
