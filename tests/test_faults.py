@@ -961,6 +961,53 @@ def test_kills_and_a_host_count_change_across_a_skip_keep_every_batch_exact(tmp_
         np.testing.assert_array_equal(inputs[offset], plan.batch(step + skip)["inputs"])
 
 
+@pytest.mark.multiprocess
+def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_exact(tmp_path):
+    """2 processes at seq_len 32 on 1 lane, killed at step 10; 1 process restores the latest
+    checkpoint switching to seq_len 64 on 2 lanes, killed at step 18; 4 processes resume,
+    killed at step 22; 2 processes finish. Every step trained (the replayed ones on another
+    process count included) is the switched plan's, and `pipeline dump --ledger` agrees."""
+    from tests.feedstores import geometry_raw
+    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+
+    total, every = 26, 4
+    before, after = geometry_raw(tmp_path / "stores"), geometry_raw(tmp_path / "stores", 64, 2)
+    run = Plan.from_config(parse_config(before, origin="multihost.yaml"))
+    log = tmp_path / "run.jsonl"
+    seen, firsts, plan = 0, [], run
+    runs = ((2, 10, None), (1, 18, after), (4, 22, None), (2, None, None))
+    for processes, kill_at, switch_to in runs:
+        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
+                "log": str(log), "save_every": every, "kill_at": kill_at,
+                "kill_mode": "step", "switch_to": switch_to}  # fmt: skip
+        config = after if len(firsts) else before
+        codes = launch(tmp_path, config, [task], processes, 4 // processes, timeout=180)
+        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
+        assert codes == expected, (kill_at, worker_output(tmp_path))
+        entries = read_log(log)[seen:]
+        seen += len(entries)
+        steps = [e["step"] for e in entries]
+        firsts.append(steps[0])
+        assert steps == list(range(steps[0], total if kill_at is None else kill_at + 1))
+        if switch_to is not None:  # the switch the restore declared, at the restored step
+            switched = parse_config(after, origin="switched.yaml")
+            plan = Plan(reconcile(run, switched, steps[0], switch=True), run.stores())
+        for entry in entries:
+            batch = plan.batch(entry["step"])
+            np.testing.assert_array_equal(entry["sums"], reference_checksums(batch))
+    assert firsts[1] < 10 < 18 and firsts[2] <= 18 and firsts[3] <= 22  # steps replayed
+    assert plan.batch(firsts[1])["inputs"].shape == (4, 64)
+    last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
+    config_file = write_yaml(tmp_path / "multihost.yaml", after)
+    dumped = tmp_path / "dump.npz"
+    argv = ["dump", config_file, "--ledger", tmp_path / "ckpt" / str(last), "--steps",
+            f"{firsts[1]}:{last + 1}", "--out", dumped]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
+    inputs = np.load(dumped)["inputs"]
+    for offset, step in enumerate(range(firsts[1], last + 1)):
+        np.testing.assert_array_equal(inputs[offset], plan.batch(step)["inputs"])
+
+
 # -- 4 and issue 17: one host's fatal data error stops every host with its line --------------
 
 
