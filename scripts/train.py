@@ -11,6 +11,9 @@ slice by itself). Model and data state are saved together in one Orbax Checkpoin
 `--data-config` differs from the checkpoint's on purpose (a ledger switch). `--skip-data N`
 (with `--resume`, alone or with `--switch-data`) passes over N steps of data after a loss
 spike: the restored step s trains on what the plan had for step s + N (docs/steering.md).
+A switch may change `seq_len` and `lanes` (context extension, docs/steering.md): start such a
+run with `--positions` set to the longest `seq_len` it will reach, so the model's position
+table keeps its shape across the switch.
 `--adaptive-mix K` sets the mixture every K steps from the per-source losses
 (`pipeline.feed.adaptive`, docs/mixtures.md "Adaptive mixtures"; `--adaptive-rate R`: its step
 size); with `--resume` it continues from the weights the checkpoint's ledger holds.
@@ -54,6 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="0: no eval")
     p.add_argument("--resume", action="store_true", help="restore the latest checkpoint")
     p.add_argument("--switch-data", action="store_true", help="declare a data config switch")
+    p.add_argument(
+        "--positions",
+        type=int,
+        default=0,
+        metavar="P",
+        help="positions the model embeds (default: the data config's seq_len); for a run that "
+        "will switch to a longer seq_len, the longest",
+    )
     p.add_argument(
         "--skip-data",
         type=int,
@@ -231,7 +242,13 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     feed = DataFeed(config, mesh, ("data",), provenance=("source",))  # per-source loss
     vocab = max(store.vocab_size for store in feed.plan.stores())
-    model = ModelConfig(vocab, config.seq_len, args.width, args.depth)
+    positions = args.positions or config.seq_len
+    if positions < config.seq_len:
+        raise SystemExit(
+            f"error: --positions {positions} is below the data config's seq_len "
+            f"{config.seq_len}; give at least {config.seq_len}"
+        )
+    model = ModelConfig(vocab, positions, args.width, args.depth)
     tx = optimizer(args.learning_rate)
     replicated = NamedSharding(mesh, PartitionSpec())
     params = jax.device_put(init_params(model, jax.random.key(config.seed)), replicated)

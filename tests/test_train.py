@@ -27,6 +27,8 @@ def run_dir(tmp_path_factory) -> Path:
     (root / "data.yaml").write_text(base + rare)
     (root / "bigger.yaml").write_text(base.replace("8\n", "16\n", 1) + rare)
     (root / "two.yaml").write_text(base + "  again: {path: docs}\nmix: {docs: 3, again: 1}\n")
+    longer = base.replace("seq_len: 64", "seq_len: 128").replace("sources:", "lanes: 2\nsources:")
+    (root / "long.yaml").write_text(longer + rare)  # a context extension of data.yaml
     return root
 
 
@@ -134,6 +136,26 @@ def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_d
     ]
     dumped = dumped_checksums(run_dir, "data.yaml", "skip", 30, "20:30")
     assert dumped == [r["checksum"] for r in after]
+
+
+def test_the_trainer_extends_the_context_at_a_switch_and_dump_replays_it(run_dir):
+    """seq_len 64 -> 128 and lanes 1 -> 2 through --switch-data: the trainer trains on the
+    switched plan's batches (its position table sized by --positions), dump --ledger agrees."""
+    first = train(run_dir, "data.yaml", 10, "--positions", "128", name="long")
+    assert first.returncode == 0, first.stderr
+    longer = train(
+        run_dir, "long.yaml", 16, "--resume", "--switch-data", "--positions", "128", name="long"
+    )
+    assert longer.returncode == 0, longer.stderr
+    assert "ledger switch at step 10" in longer.stderr
+    after = [r for r in records(run_dir, "long") if r["step"] >= 10]
+    assert [r["step"] for r in after] == list(range(10, 16))
+    assert all(r["total_weights"] == 8 * 128 for r in after)
+    dumped = dumped_checksums(run_dir, "long.yaml", "long", 16, "10:16")
+    assert dumped == [r["checksum"] for r in after]
+    short = train(run_dir, "long.yaml", 3, "--positions", "64", name="short")
+    assert short.returncode != 0
+    assert "--positions 64 is below the data config's seq_len 128" in short.stderr
 
 
 def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_dir):
