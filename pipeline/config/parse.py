@@ -4,7 +4,7 @@
     seq_len: 1024
     global_batch_size: 64        # rows per optimizer step; or {step: {0: 64, 2000: 128}}
     grad_accum: 1                # micro-batches per optimizer step
-    lanes: 1                     # canonical readers, fixed for a run (see docs/data-plan.md)
+    lanes: 1                     # canonical readers; changes only at a switch (docs/steering.md)
     sources:
       code: {path: ../data/python-code}     # relative to this file; $VARS are expanded
       docs: {path: ../data/python-docs}
