@@ -215,10 +215,14 @@ def relaid(
 
 def continued(before: RowLayout, after: RowLayout, counter: int) -> RowLayout:
     """The layout a segment draws a source with after a segment that drew it with `before`
-    (counter `counter` carried): `before` itself when the geometry is the same (its epochs,
-    transitional or not, go on), else `after` continuing it (`relaid`, `repack.repacked`)."""
+    (counter `counter` carried): with the same geometry, `after` taking over `before`'s epochs
+    (transitional or not: they go on; `after` reads the store at this segment's path), else
+    `after` continuing `before` from a transitional epoch (`relaid`, `repack.repacked`)."""
     if (before.seq_len, before.lanes) == (after.seq_len, after.lanes):
-        return before
+        after.continue_epochs(before.first_counter, before.first_epoch, before.transition)
+        if isinstance(after, PackedLayout):  # its transitional rows are in its row arrays
+            after.row_offsets, after.row_docs = before.row_offsets, before.row_docs
+        return after
     if isinstance(after, SourceLayout) and isinstance(before, SourceLayout):
         return relaid(before, after, counter)
     assert isinstance(after, PackedLayout) and isinstance(before, PackedLayout)  # `carries`
