@@ -181,6 +181,11 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
     )
     assert main(["verify", str(config_file), "--ledger", step_dir, "--steps", "0:60"]) == 0
     assert "ok: no window repeats" in capsys.readouterr().out
+    assert main(["epochs", str(config_file), "--ledger", step_dir]) == 0
+    rest = expected.segment_plan(1).layouts["web"].transition.windows
+    assert f"epoch 0 goes on from the switch: {rest} rows per lane laid out anew" in (
+        capsys.readouterr().out
+    )
     assert main(["inspect", str(config_file), "--ledger", step_dir, "--step", "21"]) == 0
     shown = capsys.readouterr().out
     web = expected.draws(21)

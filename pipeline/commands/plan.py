@@ -346,6 +346,12 @@ def run_epochs(args: argparse.Namespace) -> int:
         )
         if info.packing is not None:
             print(f"{'':>{9 if many else 0}}{'':<10} {info.packing.describe()}")
+        if info.transition is not None:
+            epoch, rows = info.transition
+            print(
+                f"{'':>{9 if many else 0}}{'':<10} epoch {epoch} goes on from the switch: "
+                f"{rows:,} rows per lane laid out anew from what it had not served"
+            )
     return 0
 
 

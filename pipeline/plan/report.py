@@ -177,6 +177,7 @@ class EpochInfo:
     store_tokens: int
     rollovers: list[tuple[int, tuple[int, int] | None]]  # (epoch, (step, row) or None)
     packing: PackingStats | None = None  # a best_fit source's rows, padding, too-long documents
+    transition: tuple[int, int] | None = None  # (epoch, rows per lane) a switch laid out anew
 
     @property
     def tokens_per_epoch(self) -> int:
@@ -202,6 +203,9 @@ def epoch_table(plan: DrawPlan, count: int) -> list[EpochInfo]:
                 (epoch, first_draw(plan, index, name, layout.epoch_start(epoch)))
                 for epoch in range(first_epoch, first_epoch + count)
             ]
+            began = layout.transition  # reported by the segment whose switch began it
+            if began is not None and began.counter != seg.segment.counters[name]:
+                began = None
             out.append(
                 EpochInfo(
                     name,
@@ -212,6 +216,7 @@ def epoch_table(plan: DrawPlan, count: int) -> list[EpochInfo]:
                     layout.meta.num_tokens,
                     rollovers,
                     layout.stats,
+                    None if began is None else (began.epoch, began.windows),
                 )
             )
     return out
