@@ -62,6 +62,14 @@ def tails(plan: DrawPlan, stop: int) -> dict[int, int]:
     return bound
 
 
+def stream_positions(layout, epoch: int, start: int) -> np.ndarray:
+    """The epoch stream positions of the window at `start` (of its epoch's own stream)."""
+    order, bounds, _ = layout.stream_shards(epoch)
+    where = {int(shard): int(bounds[i]) for i, shard in enumerate(order)}
+    pieces = layout.pieces(epoch, start, start + layout.seq_len + 1)
+    return np.concatenate([np.arange(lo, hi) + where[s] for s, lo, hi in pieces])
+
+
 def edges_served(plan: DrawPlan, stop: int) -> tuple[dict, dict]:
     """Per epoch: every served window's stream edges and tokens (positions in the epoch
     stream, through the shard table of the epoch's whole stream)."""
@@ -70,10 +78,7 @@ def edges_served(plan: DrawPlan, stop: int) -> tuple[dict, dict]:
         draws = plan.draws(step)
         layout = plan.segment_plan(draws.segment_index).layouts["s"]
         for epoch, start in zip(draws.epoch.tolist(), draws.start.tolist()):
-            order, bounds, _ = layout.stream_shards(epoch)
-            where = {int(shard): int(bounds[i]) for i, shard in enumerate(order)}
-            pieces = layout.pieces(epoch, start, start + layout.seq_len + 1)
-            positions = np.concatenate([np.arange(lo, hi) + where[s] for s, lo, hi in pieces])
+            positions = stream_positions(layout, epoch, start)
             assert positions.size == layout.seq_len + 1
             real = np.flatnonzero(np.diff(positions) == 1)
             edges[epoch].append(positions[real])
@@ -154,3 +159,37 @@ def test_best_fit_transitions_use_every_document_once_per_epoch(
         # left out: fewer than `lanes` rows of a transitional packing (its lane tails)
         left = np.minimum(slots[counts == 0], longest).sum()
         assert left < max(lanes for _, lanes in geometries) * longest, (epoch, left)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cuts=st.lists(st.tuples(st.integers(0, 990), st.integers(1, 60)), min_size=1, max_size=5),
+    counter=st.integers(1, 60),
+)
+def test_removed_token_ranges_are_left_out_of_the_transitional_epoch(cuts, counter):
+    """The hook for documents taken down: ranges of the epoch stream given as `removed` are
+    in no window of the transitional epoch (nor are the windows served before it)."""
+    from pipeline.plan.layout import SourceLayout
+    from pipeline.plan.transition import relaid, served
+
+    meta = synthetic_meta(Path("/nonexistent/s"), [[50] * 10, [30] * 10])  # 800 tokens
+    before = SourceLayout("s", meta, 9, 8, 1)
+    after = SourceLayout("s", meta, 9, 16, 2)
+    removed = (np.array([a for a, _ in cuts]), np.array([a + n for a, n in cuts]))
+    epoch, taken = served(before, counter)
+    relaid(before, after, counter, removed)
+    transition = after.transition
+    assume(transition is not None)
+    gone = np.zeros(meta.num_tokens + 1, bool)
+    for a, b in zip(*removed):
+        gone[a:b] = True
+    edges = np.zeros(meta.num_tokens, bool)
+    for a, b in zip(*taken):
+        edges[a:b] = True
+    for lane in range(after.lanes):
+        for window in range(transition.windows):
+            start = lane * transition.lane_tokens + window * after.seq_len
+            positions = stream_positions(after, epoch, start)
+            assert not gone[positions].any()
+            real = positions[:-1][np.diff(positions) == 1]
+            assert not edges[real].any()  # no edge served before the switch
