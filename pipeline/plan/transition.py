@@ -197,13 +197,13 @@ def relaid(
     regular epochs (module docstring). `removed`: token ranges of the epoch stream never to
     serve (none by default). `after` is changed in place and returned."""
     epoch, taken = served(before, counter)
-    if removed[0].size:  # every edge that touches a removed token
-        lo, hi = np.maximum(removed[0] - 1, 0), removed[1]
+    edges = before.meta.num_tokens - 1
+    if removed[0].size:  # every edge that touches a removed token (inside the stream)
+        lo, hi = np.maximum(removed[0] - 1, 0), np.minimum(removed[1], edges)
         taken = merged(np.concatenate([taken[0], lo]), np.concatenate([taken[1], hi]))
     if not taken[0].size:  # nothing of epoch e served yet: it is a regular epoch of `after`
         after.continue_epochs(counter, epoch, None)
         return after
-    edges = before.meta.num_tokens - 1
     stream = Stream.of_free_edges(complement(edges, taken))
     transition = StreamTransition(after, epoch, counter, stream, taken)
     if transition.windows < 1:  # too little left for a window per lane: tails
