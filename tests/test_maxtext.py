@@ -635,3 +635,33 @@ def test_the_train_iterator_sets_the_mix_in_the_state_maxtext_saves(data_yaml, m
         assert_same(next(resumed), expected.batch(1))
     finally:
         resumed.close()
+
+
+def test_a_switch_to_a_longer_seq_len_and_more_lanes_through_the_switch_key(
+    data_yaml, mesh, tmp_path, monkeypatch
+):
+    """Context extension in MaxText: seq_len 8 -> 16 (with max_target_length), lanes 2 -> 4,
+    declared with pipeline_data_switch=true: the restored iterator serves the switched plan."""
+    from pipeline.plan.resume import reconcile
+
+    monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
+    train, _ = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
+    try:
+        for _ in range(12):
+            next(train)
+        state = json.loads(json.dumps(train.local_iterator.get_state()))
+    finally:
+        train.close()
+    longer = write_data_yaml(tmp_path, "long.yaml", seq_len=16, lanes=4)
+    keys = {"eval_interval": -1, "max_target_length": 16, "pipeline_data_switch": True}
+    switched, _ = create_data_iterator(maxtext_config(longer, **keys), mesh)
+    run = Plan.from_config(load_config(data_yaml))
+    plan = Plan(reconcile(run, load_config(longer), 12, switch=True), run.stores())
+    try:
+        switched.local_iterator.set_state(state)
+        assert switched.step == 12
+        for step in (12, 13):
+            assert_same(next(switched), plan.batch(step))
+        assert switched.local_iterator.get_state()["ledger"]["version"] == 6
+    finally:
+        switched.close()
