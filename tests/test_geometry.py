@@ -166,6 +166,11 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
             for field, values in expected.batch(step).items():
                 np.testing.assert_array_equal(np.asarray(batch[field]), values)
             served_inputs.append(np.asarray(batch["inputs"]))
+        carried = expected.ledger.segments[1].counters["web"]
+        now = expected.segment_plan(1).counters_at(SWITCH + 6)["web"]
+        rows = carried * 1 + (now - carried) * 2  # each part in its own lanes and seq_len
+        assert feed.stats().ledger_rows["web"] == rows
+        assert feed.stats().ledger_tokens["web"] == carried * 32 + (now - carried) * 2 * 64
         mngr.save(SWITCH + 6, args=ocp.args.Composite(data=DataSave(feed)))
     step_dir = str(directory / str(SWITCH + 6))
     out = tmp_path / "dump.npz"

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.feed.stragglers import Peers, Slowest
+from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Draws, SegmentPlan
 from pipeline.read.plan import Plan
 
@@ -166,8 +167,8 @@ class Recorder:
         if self.peers is not None:
             slowest = self.peers.slowest
         segment = plan.segment_plan_at(step)
-        config = segment.config
         counters = segment.counters_at(step)  # windows per lane, carried across switches
+        drawn = ledger_totals(plan.ledger, plan.ledger.segment_index(step), counters)
         return FeedStats(
             process_index=self.process_index,
             step=step,
@@ -175,8 +176,8 @@ class Recorder:
             rows=rows,
             tokens=tokens,
             bytes_read=size,
-            ledger_rows={n: c * config.lanes for n, c in counters.items()},
-            ledger_tokens={n: c * config.lanes * config.seq_len for n, c in counters.items()},
+            ledger_rows={n: rows for n, (rows, _) in drawn.items()},
+            ledger_tokens={n: tokens for n, (_, tokens) in drawn.items()},
             epochs={n: segment.layouts[n].epoch_of(c) for n, c in counters.items()},
             prefetch=self.prefetch,
             prefetch_ready=ready,
@@ -219,3 +220,25 @@ def _quantiles(values: list[float], total: float, count: int) -> Quantiles:
         return Quantiles(0.0, 0.0, 0.0, 0)
     p50, p99 = np.percentile(values, [50, 99]).tolist()
     return Quantiles(p50, p99, total, count)
+
+
+def ledger_totals(
+    ledger: Ledger, index: int, counters: dict[str, int]
+) -> dict[str, tuple[int, int]]:
+    """Per source, (rows, target tokens) the whole job drew from it before the counters
+    `counters` of segment `index`: each segment's share of the counter (since the counter last
+    started at 0) times that segment's `lanes` (and `seq_len`), so a switch that changed them
+    counts each part in its own geometry. O(segments)."""
+    out = {}
+    for name, counter in counters.items():
+        rows = tokens = 0
+        for segment in reversed(ledger.segments[: index + 1]):
+            start = segment.counters[name]
+            lanes, seq_len = segment.config["lanes"], segment.config["seq_len"]
+            rows += (counter - start) * lanes
+            tokens += (counter - start) * lanes * seq_len
+            if not start:
+                break
+            counter = start
+        out[name] = (rows, tokens)
+    return out
