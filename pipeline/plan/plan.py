@@ -20,7 +20,9 @@ Index vocabulary, used everywhere in this package:
                     the row in its lane's sequence as the segment's config lays it out
     counter         how many windows a lane has drawn from a source before this row (per run)
     epoch, window   counter // windows_per_lane, and the window's index in the lane's epoch
-                    order (a keyed bijection of counter % windows_per_lane)
+                    order (a keyed bijection of counter % windows_per_lane); after a switch
+                    that changed seq_len or lanes, piecewise (`epochs.Epochs`: the rest of
+                    the epoch in progress is a transitional epoch, `transition`)
     token start     where the window starts in the source's epoch stream (layout.py)
     schedule start  the lane position of a stage's step 0 (its first row's step; stages.py)
 

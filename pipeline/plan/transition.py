@@ -179,10 +179,10 @@ def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
             np.concatenate([transition.served[0], drawn[0]]),
             np.concatenate([transition.served[1], drawn[1]]),
         )
-    W = layout.windows_per_lane
+    windows = layout.windows_per_lane
     starts = [
         lane * layout.lane_tokens
-        + window_order(layout.seed, layout.name, epoch, lane, W)[:k] * layout.seq_len
+        + window_order(layout.seed, layout.name, epoch, lane, windows)[:k] * layout.seq_len
         for lane in range(layout.lanes)
     ]
     first = np.concatenate(starts).astype(np.int64)
