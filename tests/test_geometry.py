@@ -197,3 +197,20 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
     row = int(np.flatnonzero(np.asarray(web.source_names)[web.source] == "web")[0])
     start = int(web.start[row])  # a window of the transitional epoch, at its stream position
     assert f"stream tokens {start:,}..{start + 65:,}" in shown
+
+
+def test_a_skip_with_the_switch_counts_the_skipped_windows_as_served(stores):
+    """`switch=True, skip_steps=5`: the old geometry's steps 20..24 are passed over, counted as
+    drawn: the rest of the epoch is laid out from what was neither served nor skipped."""
+    run = Plan.from_config(config(stores))
+    ledger = reconcile(run, config(stores, 64, 2), SWITCH, switch=True, skip=5)
+    plan = Plan(ledger, run.stores())
+    assert ledger.segments[1].counters == run.segment_plan(0).counters_at(SWITCH + 5)
+    skipped = {
+        key: grams(found, 2) for key, found in served(run, range(SWITCH, SWITCH + 5)).items()
+    }
+    after = served(plan, range(SWITCH + 30))  # served before the switch too
+    for key, found in after.items():
+        pairs = grams(found, 2)
+        assert len(pairs) == len(set(pairs)) and not set(pairs) & set(skipped.get(key, [])), key
+    assert audit(plan, 0, SWITCH + 30).ok
