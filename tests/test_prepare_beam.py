@@ -22,6 +22,7 @@ from pipeline.ingest.prepare_beam import (
 )
 from pipeline.store.token_store import TokenStore
 from tests.test_corpora import TinyText
+from tests.test_doc_ids import write_id_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,6 +94,20 @@ def test_files_jsonl_parquet_with_empty_shards_and_documents(
     empty = manifest["created"]["empty_documents_dropped"]
     eval_empty = json.loads((tmp_path / "beam-eval" / "manifest.json").read_text())["created"]
     assert empty + eval_empty["empty_documents_dropped"] == 1
+
+
+def test_document_ids_from_jsonl_parquet_and_keys(tmp_path: Path) -> None:
+    inputs, _ = write_id_corpus(tmp_path / "in")
+    _both(tmp_path, inputs, num_shards=4, id_field="doc", eval_fraction=0.3)
+    assert (tmp_path / "beam" / "shard-00003-of-00004.ids.jsonl").is_file()
+
+
+def test_a_duplicate_id_is_refused_by_beam_too(tmp_path: Path) -> None:
+    jsonl = tmp_path / "dup.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"t{i}", "id": i % 5}) + "\n" for i in range(6)))
+    with pytest.raises(PrepareError, match="document id '0' names two documents"):
+        prepare_beam(PrepareOptions([str(jsonl)], tmp_path / "beam", num_shards=2, id_field="id"))
+    assert not (tmp_path / "beam").exists() and _no_leftovers(tmp_path) == []
 
 
 def test_tfds_dataset(tmp_path: Path) -> None:

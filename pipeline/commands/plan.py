@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from pipeline.read.audit import audit
 from pipeline.read.batch import FIELDS
 from pipeline.read.eval_plan import check_eval
 from pipeline.read.plan import Plan
+from pipeline.store.meta import StoreFacts
 from pipeline.urls import location
 from pipeline.wording import counted
 
@@ -38,7 +40,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "inspect", help="which documents are in the rows of a step", description=_doc(
             "Show, for rows of one step: lane, stage, source, epoch, counter, window, and the "
             "shard records and token ranges of the documents in the window, with a preview; "
-            "for a best_fit source, the row's whole documents and their trained spans."
+            "for a best_fit source, the row's whole documents and their trained spans; the "
+            "documents' ids where the store records them (prepare --id-field/--record-ids)."
         ),
     )  # fmt: skip
     _common(i)
@@ -236,8 +239,26 @@ def _print_row(plan: Plan, draws: Draws, i: int, row: int, preview: int) -> None
         records = f"record {first}" if first == last else f"records {first}..{last}"
         print(
             f"{'':>44}{store.shard_file(shard).name}  {records}  tokens {lo:,}..{hi:,}"
-            f"\n{'':>44}  {text!r}"
+            f"{_ids_line(store, shard, lo, hi)}\n{'':>44}  {text!r}"
         )
+
+
+def _ids_line(store: StoreFacts, shard: int, lo: int, hi: int) -> str:
+    """The ids of the documents with tokens in [lo, hi) of a shard, as inspect prints them
+    ("" for a store without ids)."""
+    if not store.has_ids:
+        return ""
+    offsets = store.doc_offsets(shard)  # type: ignore[attr-defined]
+    first = int(np.searchsorted(offsets, lo, side="right")) - 1
+    last = int(np.searchsorted(offsets, hi, side="left")) - 1
+    ids = _shard_ids(store, shard)[first : last + 1]
+    return f"\n{'':>44}  id{'s' if len(ids) > 1 else ''} {', '.join(map(repr, ids))}"
+
+
+@lru_cache(maxsize=4)
+def _shard_ids(store: StoreFacts, shard: int) -> list[str]:
+    """A shard's ids, read once per inspect (a row's pieces often share a shard)."""
+    return store.document_ids(shard)
 
 
 def _print_packed_row(layout: PackedLayout, row: int, preview: int) -> None:
@@ -252,9 +273,10 @@ def _print_packed_row(layout: PackedLayout, row: int, preview: int) -> None:
         cut = " (truncated)" if tokens < int(store.doc_offsets(shard)[index + 1]) - start else ""
         text = decode_preview(store, store.document(shard, index)[:tokens], limit=preview)
         text = text.replace("\n", "⏎").replace("\t", " ")
+        ids = _ids_line(store, shard, start, start + 1)
         print(
             f"{'':>44}{store.shard_file(shard).name}  document {index}  "
-            f"{counted(tokens, 'token')}{cut}  trained {spans}\n{'':>44}  {text!r}"
+            f"{counted(tokens, 'token')}{cut}  trained {spans}{ids}\n{'':>44}  {text!r}"
         )
     print(f"{'':>44}padding: {layout.seq_len - used:,} of {layout.seq_len:,} target slots")
 

@@ -71,6 +71,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="leave out rows that cannot be trained on, counted in the manifest (default: stop)",
     )
+    ids = p.add_argument_group("document ids (docs/token-store.md; sources.NAME.exclude)")
+    ids.add_argument(
+        "--id-field",
+        help="record each document's id: this JSONL field / Parquet column (a string or an "
+        "integer); other inputs' documents get their key (relative path, :line, :row N)",
+    )
+    ids.add_argument(
+        "--record-ids",
+        action="store_true",
+        help="record each document's key (relative path, :line, :row N) as its id",
+    )
     p.add_argument("--num-shards", type=int, default=8, help="shard files per store (default 8)")
     p.add_argument(
         "--record-tokens",
@@ -210,6 +221,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         fields=row_fields,
+        id_field=args.id_field,
+        record_ids=args.record_ids,
         field_options=tuple(_flag(name) for name in given if name in FIELD_OPTIONS),
         **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )

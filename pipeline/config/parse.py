@@ -9,6 +9,7 @@
       code: {path: ../data/python-code}     # relative to this file; $VARS are expanded
       docs: {path: ../data/python-docs}
       sft: {path: ../data/chat, packing: best_fit, too_long: truncate}  # whole documents
+      web: {path: ../data/web, packing: best_fit, exclude: takedown.txt}  # ids left out
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
     feed: {prefetch: 2, threads: auto, verify: read}  # runtime only: never changes the data
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.exclude import ExcludeSpec, parse_exclude
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
@@ -85,6 +87,7 @@ class SourceSpec:
     format: str = "store"
     data: Path | None = None
     column: str | None = None
+    exclude: ExcludeSpec | None = None  # documents left out (config/exclude.py)
 
     def to_json(self) -> dict[str, str]:
         """The source as config keys; defaults are left out, so concat sources read as ever."""
@@ -95,6 +98,8 @@ class SourceSpec:
             out["column"] = self.column
         if self.packing != "concat":
             out.update(packing=self.packing, too_long=self.too_long)
+        if self.exclude is not None:
+            out["exclude"] = self.exclude.to_json()
         return out
 
 
@@ -315,7 +320,7 @@ def _sources(
             raise where.fail(key, "source names are identifiers (letters, digits, _)")
         allowed = ("path", "format", "index", "column")  # an eval set may be read in place
         if parent == "sources":
-            allowed = (*allowed, "packing", "too_long")
+            allowed = (*allowed, "packing", "too_long", "exclude")
         where.keys(where.mapping(entry, key), allowed, key)
         if not isinstance(entry.get("path"), str):
             raise where.fail(
@@ -347,8 +352,11 @@ def _sources(
             raise where.fail(f"{key}.column", f"expected a column name, got {column!r}")
         if is_url(path) and kind != "store":
             raise where.fail(f"{key}.path", f"a format: {kind} corpus is read from a local path")
+        exclude = None
+        if "exclude" in entry:
+            exclude = parse_exclude(entry["exclude"], f"{key}.exclude", base_dir, where.fail)
         if is_url(path):  # a gs:// store, read directly (never made a local path)
-            sources.append(SourceSpec(name, location(path), packing, too_long))
+            sources.append(SourceSpec(name, location(path), packing, too_long, exclude=exclude))
             continue
         if base_dir is None and not os.path.isabs(path):
             raise where.fail(
@@ -357,6 +365,8 @@ def _sources(
                 "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
             )
         resolved = ((base_dir or Path()) / path).resolve()
+        if kind != "store" and exclude is not None:
+            raise where.fail(f"{key}.exclude", "a corpus read in place records no document ids")
         if kind != "store":
             index = entry.get("index")
             if index is not None and not isinstance(index, str):
@@ -367,7 +377,7 @@ def _sources(
             spec = SourceSpec(name, store.resolve(), packing, too_long, kind, resolved, column)
             sources.append(spec)
             continue
-        sources.append(SourceSpec(name, resolved, packing, too_long))
+        sources.append(SourceSpec(name, resolved, packing, too_long, exclude=exclude))
     return tuple(sorted(sources, key=lambda s: s.name))
 
 

@@ -39,6 +39,8 @@ class Document:
 
     An instruction or chat row has no text yet: ``row`` holds its fields, ``fields`` says their
     shape (rendered by `chat.render`), ``where`` names its file and line for error messages.
+    ``id`` is the value of the input's id field (`InputSpec.id_field`); "" when it has none, and
+    then the key is the document's id.
     """
 
     key: str
@@ -46,6 +48,12 @@ class Document:
     row: Mapping[str, Any] | None = None
     fields: RowFields | None = None
     where: str = ""
+    id: str = ""
+
+    @property
+    def document_id(self) -> str:
+        """What `prepare --id-field/--record-ids` records: the id field's value, else the key."""
+        return self.id or self.key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,7 @@ class InputSpec:
       name: the TFDS ``NAME[/CONFIG]`` or the builtin corpus name.
       split: the TFDS split.
       data_dir: the TFDS data directory.
+      id_field: JSONL field or Parquet column of each document's id (`--id-field`), or None.
     """
 
     kind: str
@@ -74,6 +83,7 @@ class InputSpec:
     name: str = ""
     split: str = ""
     data_dir: str = ""
+    id_field: str | None = None
 
 
 class InputFormat(Protocol):
@@ -133,6 +143,24 @@ def source_format(argument: str) -> SourceFormat | None:
 def is_source(kind: str) -> bool:
     """Whether inputs of `kind` (an `InputSpec.kind`) are a source format's."""
     return kind in FORMATS and bool(input_format(kind).PREFIX)
+
+
+def id_value(record: Mapping[str, Any], field: str, where: str) -> str:
+    """Field `field` of a row as a document id: a non-empty string, or an integer in decimal."""
+    if field not in record:
+        raise PrepareError(
+            f"{where} has no id field {field!r} (keys: {', '.join(sorted(record)) or 'none'}); "
+            "give every row an id, or pass --id-field with the field that holds it"
+        )
+    value = record[field]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value:
+        return value
+    kind = "an empty string" if value == "" else json_kind(value)
+    raise PrepareError(
+        f"{where}: id field {field!r} is {kind}, not a non-empty string or an integer"
+    )
 
 
 def as_text(value: Any, where: str) -> str:

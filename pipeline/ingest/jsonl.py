@@ -2,7 +2,8 @@
 
 The text is field `--text-field` of each object; with `--format messages|prompt-completion` an
 object is an instruction or chat row (`Document.row`), rendered when tokenized. Blank lines
-carry no data and are passed over.
+carry no data and are passed over. With `--id-field`, each object's id is that field (a string
+or an integer).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 from pipeline.errors import PrepareError
 from pipeline.ingest.chat import RowFields, json_kind
-from pipeline.ingest.formats import ROWS_HINT, Document, InputSpec
+from pipeline.ingest.formats import ROWS_HINT, Document, InputSpec, id_value
 from pipeline.ingest.text import open_input
 
 NAME = "jsonl"
@@ -28,10 +29,12 @@ def check(argument: str, path: str, text_field: str | None, rows: RowFields | No
 
 
 def read(spec: InputSpec, path: str, key: str) -> Iterator[Document]:
-    return _iter_jsonl(path, key, spec.text_field, spec.fields)
+    return _iter_jsonl(path, key, spec.text_field, spec.fields, spec.id_field)
 
 
-def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
+def _iter_jsonl(
+    path: str, key: str, field: str, rows: RowFields | None, id_field: str | None
+) -> Iterator[Document]:
     with open_input(path) as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -50,8 +53,12 @@ def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iter
                     f"{path} line {number} is not JSON ({error.msg} at column {error.colno}); "
                     "JSON Lines need one JSON object per line"
                 ) from None
+            where = f"{path} line {number}"
+            document_id = ""
+            if id_field is not None and isinstance(record, dict):  # else refused below
+                document_id = id_value(record, id_field, where)
             if rows is not None:  # checked when rendered, so that a bad row can be skipped
-                yield Document(f"{key}:{number}", "", record, rows, f"{path} line {number}")
+                yield Document(f"{key}:{number}", "", record, rows, where, document_id)
                 continue
             if not isinstance(record, dict):
                 raise PrepareError(
@@ -70,4 +77,4 @@ def _iter_jsonl(path: str, key: str, field: str, rows: RowFields | None) -> Iter
                     f"{path} line {number}: field {field!r} is {json_kind(text)}, not a "
                     f"string; store the text as a JSON string{ROWS_HINT}"
                 )
-            yield Document(f"{key}:{number}", text)
+            yield Document(f"{key}:{number}", text, id=document_id)

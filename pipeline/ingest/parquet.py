@@ -1,7 +1,7 @@
 """The `parquet` input format: column `--text-field` of each row, read in record batches.
 
 With `--format messages|prompt-completion` a row's columns are an instruction or chat row
-(`Document.row`), rendered when tokenized.
+(`Document.row`), rendered when tokenized. With `--id-field`, each row's id is that column.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.errors import PrepareError
 from pipeline.extras import require
 from pipeline.ingest.chat import RowFields
-from pipeline.ingest.formats import ROWS_HINT, Document, InputSpec, as_text
+from pipeline.ingest.formats import ROWS_HINT, Document, InputSpec, as_text, id_value
 from pipeline.ingest.text import open_input
 from pipeline.urls import is_url
 
@@ -49,7 +49,7 @@ def check(argument: str, path: str, text_field: str | None, rows: RowFields | No
 
 
 def read(spec: InputSpec, path: str, key: str) -> Iterator[Document]:
-    return _iter_parquet(path, key, spec.text_field, spec.fields)
+    return _iter_parquet(path, key, spec.text_field, spec.fields, spec.id_field)
 
 
 def _parquet(path: str) -> ModuleType:
@@ -77,24 +77,31 @@ def _parquet_columns(path: str) -> list[str]:
         ) from None
 
 
-def _iter_parquet(path: str, key: str, field: str, rows: RowFields | None) -> Iterator[Document]:
+def _iter_parquet(
+    path: str, key: str, field: str, rows: RowFields | None, id_field: str | None
+) -> Iterator[Document]:
     columns = _parquet_columns(path)
+    if id_field is not None and id_field not in columns:
+        raise PrepareError(
+            f"{path} has no column {id_field!r} for --id-field (columns: {', '.join(columns)})"
+        )
+    ids = [] if id_field is None else [id_field]
     if rows is not None:
-        yield from _iter_parquet_rows(path, key, rows)
+        wanted = list(dict.fromkeys([*rows.columns, *ids]))
+        for row, record in enumerate(_parquet_records(path, wanted)):
+            where = f"{path} row {row}"
+            document_id = id_value(record, id_field, where) if id_field else ""
+            yield Document(f"{key}:row {row}", "", record, rows, where, document_id)
         return
     if field not in columns:
         raise PrepareError(
             f"{path} has no column {field!r} (columns: {', '.join(columns)}); "
             f"pass --text-field with the column that holds the text{ROWS_HINT}"
         )
-    for row, record in enumerate(_parquet_records(path, [field])):
+    for row, record in enumerate(_parquet_records(path, list(dict.fromkeys([field, *ids])))):
         text = as_text(record[field], f"{path} row {row} column {field!r}")
-        yield Document(f"{key}:row {row}", text)
-
-
-def _iter_parquet_rows(path: str, key: str, rows: RowFields) -> Iterator[Document]:
-    for row, record in enumerate(_parquet_records(path, list(rows.columns))):
-        yield Document(f"{key}:row {row}", "", record, rows, f"{path} row {row}")
+        document_id = id_value(record, id_field, f"{path} row {row}") if id_field else ""
+        yield Document(f"{key}:row {row}", text, id=document_id)
 
 
 def _parquet_records(path: str, columns: list[str]) -> Iterator[dict[str, Any]]:

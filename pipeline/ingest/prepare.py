@@ -18,7 +18,7 @@ import multiprocessing
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -45,6 +45,7 @@ from pipeline.ingest.corpora import (
 from pipeline.ingest.doc_order import EVAL, TRAIN, place
 from pipeline.ingest.tokenizers import Tokenizer, load_tokenizer
 from pipeline.progress import progress_bar
+from pipeline.store.doc_ids import check_unique
 from pipeline.store.writer import (
     DEFAULT_RECORD_TOKENS,
     ShardInfo,
@@ -57,8 +58,10 @@ from pipeline.store.writer import (
 )
 from pipeline.urls import location, remove_tree
 
-_SPILL_HEADER = struct.Struct("<QIII")  # order hash, key bytes, token count, untrained spans
+# order hash, key bytes, id bytes, token count, untrained spans
+_SPILL_HEADER = struct.Struct("<QIIII")
 T = TypeVar("T")
+ID_FORMATS = ("jsonl", "parquet")  # the file formats that read `--id-field`
 
 
 @dataclass
@@ -83,7 +86,15 @@ class PrepareOptions:
     train_on: str = "assistant"
     chat_template: str = "auto"
     skip_bad_rows: bool = False
+    # document ids (doc_ids.py): `id_field` of JSONL/Parquet rows, the key of other documents
+    id_field: str | None = None
+    record_ids: bool = False  # record ids (the keys) without an id field
     destinations: dict[str, Path] = field(init=False)
+
+    @property
+    def ids(self) -> bool:
+        """Whether the store records document ids."""
+        return self.record_ids or self.id_field is not None
 
     def __post_init__(self) -> None:
         self.out = location(self.out)
@@ -214,6 +225,7 @@ def creation_record(
         "eval_fraction": options.eval_fraction,
         "split": split,
         "empty_documents_dropped": empty,
+        **({"document_ids": options.id_field or "key"} if options.ids else {}),
     }
 
 
@@ -236,6 +248,13 @@ def validate(options: PrepareOptions) -> Validated:
     specs = resolve_inputs(
         options.inputs, options.text_field, options.tfds_data_dir, options.fields
     )
+    if options.id_field is not None:
+        if not any(kind in ID_FORMATS for spec in specs for _, kind, _ in spec.files):
+            raise PrepareError(
+                f"--id-field {options.id_field}: no input is a JSONL or Parquet file, which is "
+                "where it is read; pass --record-ids to record each document's key as its id"
+            )
+        specs = [replace(spec, id_field=options.id_field) for spec in specs]
     check_fields_read(specs, options.field_options, options.fields.format)
     tokenizer = load_tokenizer(options.tokenizer)
     masked = has_rows(specs)
@@ -258,6 +277,9 @@ def finish(
     """Both runners' last step: every manifest, then the atomic renames (train first)."""
     bad_rows = bad if validated.masked else None  # the CLI's summary line names them
     _require_documents(shards, options, sum(empty.values()), bad)
+    if options.ids:
+        for split, staging in stagings.items():
+            check_unique(staging, shards[split], str(options.destinations[split]))
     for split, staging in stagings.items():
         record = creation_record(options, split, empty[split], bad_rows, validated.template)
         tokenizer = tokenizer_record(validated.tokenizer)
@@ -280,11 +302,12 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
                     staging,
                     shard,
                     options.num_shards,
-                    _sorted_spill(path, dtype, validated.masked),
+                    _sorted_spill(path, dtype, validated.masked, options.ids),
                     dtype,
                     options.record_tokens,
                     options.flat_tokens,
                     validated.masked,
+                    options.ids,
                 )
                 for shard, path in enumerate(spills[split])
             ]
@@ -309,12 +332,17 @@ def _tokenize_and_spill(
     tokens_total = 0
     documents = _all_documents(validated.specs)
     encode = partial(
-        _encode, validated.encoder(options), options.seed, options.num_shards, options.eval_fraction
+        _encode,
+        validated.encoder(options),
+        options.seed,
+        options.num_shards,
+        options.eval_fraction,
+        options.ids,
     )
     bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
     with _mapper(options.workers, encode) as imap:
         try:
-            for key, placement, encoded in imap(documents):
+            for key, document_id, placement, encoded in imap(documents):
                 if encoded is None:  # a bad row, skipped with --skip-bad-rows
                     bad += 1
                     continue
@@ -324,10 +352,11 @@ def _tokenize_and_spill(
                     continue
                 path = spills[placement.split][placement.shard]
                 handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
-                raw_key = key.encode()
-                header = (placement.order, len(raw_key), len(tokens), len(untrained))
+                raw_key, raw_id = key.encode(), document_id.encode()
+                header = (placement.order, len(raw_key), len(raw_id), len(tokens), len(untrained))
                 handle.write(_SPILL_HEADER.pack(*header))
                 handle.write(raw_key)
+                handle.write(raw_id)
                 handle.write(tokens.tobytes())
                 handle.write(untrained.tobytes())
                 tokens_total += len(tokens)
@@ -356,10 +385,12 @@ def _encode(
     seed: int,
     num_shards: int,
     eval_fraction: float,
+    ids: bool,
     document: Document,
-) -> tuple[str, Any, tuple[np.ndarray, np.ndarray] | None]:
+) -> tuple[str, str, Any, tuple[np.ndarray, np.ndarray] | None]:
+    """(key, id ("" without `ids`), placement, encoded) of a document."""
     placement = place(document.key, seed, num_shards, eval_fraction)
-    return document.key, placement, encoder(document)
+    return document.key, document.document_id if ids else "", placement, encoder(document)
 
 
 class _mapper:
@@ -399,26 +430,28 @@ def _call_installed(item: Any) -> Any:
     return _installed[0](item)
 
 
-def _sorted_spill(path: Path, dtype: np.dtype, masked: bool) -> Iterator[Any]:
+def _sorted_spill(path: Path, dtype: np.dtype, masked: bool, ids: bool) -> Iterator[Any]:
     """A shard's documents in (order hash, key) order (with their untrained ranges when
-    `masked`); a repeated key is an error."""
+    `masked`, each `(document, id)` with `ids`: `writer.write_shard`'s items); a repeated key
+    is an error."""
     entries = []
     data = path.read_bytes()
     pos = 0
     while pos < len(data):
-        order, key_len, count, spans = _SPILL_HEADER.unpack_from(data, pos)
+        order, key_len, id_len, count, spans = _SPILL_HEADER.unpack_from(data, pos)
         pos += _SPILL_HEADER.size
         key = data[pos : pos + key_len].decode()
-        pos += key_len
-        entries.append((order, key, (pos, count, spans)))
+        document_id = data[pos + key_len : pos + key_len + id_len].decode()
+        pos += key_len + id_len
+        entries.append((order, key, (pos, count, spans, document_id)))
         pos += count * dtype.itemsize + spans * 16
-    for start, count, spans in sort_shard(entries):
-        tokens = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+    for start, count, spans, document_id in sort_shard(entries):
+        document: Any = np.frombuffer(data, dtype=dtype, count=count, offset=start)
         if masked:
             offset = start + count * dtype.itemsize
-            yield tokens, np.frombuffer(data, np.int64, spans * 2, offset).reshape(-1, 2)
-        else:
-            yield tokens
+            untrained = np.frombuffer(data, np.int64, spans * 2, offset).reshape(-1, 2)
+            document = (document, untrained)
+        yield (document, document_id) if ids else document
 
 
 def sort_shard(entries: list[tuple[int, str, T]]) -> list[T]:

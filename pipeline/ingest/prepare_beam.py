@@ -243,12 +243,14 @@ def _build(
 
 class _TokenizeAndPlace(beam.DoFn):
     """Document -> ((split, shard), (order, key, payload)). The payload is (token bytes,
-    untrained-range bytes), EMPTY for an empty text or BAD for a skipped bad row."""
+    untrained-range bytes, id ("" unless ids are recorded)), EMPTY for an empty text or BAD for
+    a skipped bad row."""
 
     def __init__(self, options: PrepareOptions, validated: Validated) -> None:
         self.seed = options.seed
         self.num_shards = options.num_shards
         self.eval_fraction = options.eval_fraction
+        self.ids = options.ids
         self.encode = validated.encoder(options)  # pickles as its settings
 
     def process(self, document: Document) -> Iterator[tuple[tuple[str, int], Any]]:
@@ -259,7 +261,8 @@ class _TokenizeAndPlace(beam.DoFn):
         elif len(encoded[0]) == 1:  # only the eod: dropped and counted, as the local runner does
             payload = EMPTY
         else:
-            payload = (encoded[0].tobytes(), encoded[1].tobytes())
+            document_id = document.document_id if self.ids else ""
+            payload = (encoded[0].tobytes(), encoded[1].tobytes(), document_id)
         yield (placement.split, placement.shard), (placement.order, document.key, payload)
 
 
@@ -277,6 +280,7 @@ class _WriteShard(beam.DoFn):
         self.flat_tokens = options.flat_tokens
         self.dtype = np.dtype(validated.dtype)
         self.masked = validated.masked
+        self.ids = options.ids
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
     def process(self, group: tuple[tuple[str, int], Iterable[Any]]) -> Iterator[tuple]:
@@ -299,14 +303,16 @@ class _WriteShard(beam.DoFn):
             self.record_tokens,
             self.flat_tokens,
             self.masked,
+            self.ids,
         )
         yield split, shard, info, counts[EMPTY], counts[BAD]
 
-    def _document(self, tokens: bytes, untrained: bytes) -> Any:
-        array = np.frombuffer(tokens, dtype=self.dtype)
-        if not self.masked:
-            return array
-        return array, np.frombuffer(untrained, dtype=np.int64).reshape(-1, 2)
+    def _document(self, tokens: bytes, untrained: bytes, document_id: str) -> Any:
+        """`writer.write_shard`'s item of a payload."""
+        document: Any = np.frombuffer(tokens, dtype=self.dtype)
+        if self.masked:
+            document = (document, np.frombuffer(untrained, dtype=np.int64).reshape(-1, 2))
+        return (document, document_id) if self.ids else document
 
 
 def _commit(

@@ -48,9 +48,8 @@ from pipeline.plan.mix_table import quantize as quantize  # where callers found 
 from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = (
-    6  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`; 6 geometry
-)
+LEDGER_VERSION = 6  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`;
+# 6: a geometry change (`GEOMETRY`) or a source's "exclude" (docs/steering.md)
 MIXES_VERSION = 5
 """The version a ledger with mixes and no geometry change is written as."""
 UNSTEERED_VERSION = 3
@@ -85,6 +84,13 @@ def data_order(mapping: dict[str, Any], fingerprints: dict[str, str]) -> dict[st
     packed = {name: key for name, key in keys.items() if key is not None}
     if packed:  # only then: the orders of configs of concat sources alone are unchanged
         order["packing"] = packed
+    excluded = {
+        name: entry["exclude"]["sha256"]
+        for name, entry in sorted(mapping["sources"].items())
+        if "exclude" in entry
+    }
+    if excluded:  # only then, likewise: the excluded ids' digest per source
+        order["exclude"] = excluded
     return order
 
 
@@ -166,14 +172,25 @@ class Ledger:
     def entry(self, index: int) -> str:
         """What segment `index` records, for `pipeline stages --ledger`: `start`, `switch:
         <keys> changed`, `geometry seq_len a -> b, ...` (a switch that changed `GEOMETRY`),
-        `skip N steps (step s serves plan step p)`, `; `-joined."""
+        `exclude sources.NAME: the ids of FILE (sha256 ...)`, `skip N steps (step s serves
+        plan step p)`, `; `-joined."""
         if index == 0:
             return "start"
         segment, before = self.segments[index], self.segments[index - 1]
         changed = sorted(
             {line.split(":")[0] for line in describe_diff(before.order, segment.order)}
         )
+        excluded = [key.removeprefix("exclude.") for key in changed if key.startswith("exclude.")]
+        changed = [key for key in changed if not key.startswith("exclude.")]
         what = [f"switch: {', '.join(changed)} changed"] if changed else []
+        for name in excluded:  # a take-down, with what it takes down (docs/steering.md)
+            entry = segment.config["sources"].get(name, {}).get("exclude")
+            what.append(
+                f"exclude sources.{name}: the ids of {entry['file']} (sha256 "
+                f"{entry['sha256'][:12]})"
+                if entry
+                else f"exclude sources.{name}: none (the exclusion was dropped)"
+            )
         reshaped = [
             f"{key} {before.config[key]} -> {segment.config[key]}"
             for key in GEOMETRY
@@ -187,6 +204,15 @@ class Ledger:
                 f"{self.plan_step(segment.start_step):,})"
             )
         return "; ".join(what) or "switch: stages laid out anew"
+
+    def relaid(self, index: int) -> bool:
+        """Whether a segment at or before `index` changed the geometry or a source's
+        exclusion (`sources.NAME.exclude`): then its layouts continue those of the segment
+        before it (`DrawPlan.segment_plan`)."""
+        return self.reshaped(index) or any(
+            _exclusions(a) != _exclusions(b)
+            for a, b in itertools.pairwise(self.segments[: index + 1])
+        )
 
     def reshaped(self, index: int) -> bool:
         """Whether a segment at or before `index` changed the geometry (`GEOMETRY`): then its
@@ -232,7 +258,7 @@ class Ledger:
             version = SKIPPED_VERSION
         if self.mixes:
             version = MIXES_VERSION
-        if self.reshaped(len(self.segments) - 1):
+        if self.reshaped(len(self.segments) - 1) or any(map(_exclusions, self.segments)):
             version = LEDGER_VERSION
         raw = {
             "version": version,
@@ -336,6 +362,11 @@ def _mixes(raw: Any, ledger: Ledger, origin: str) -> tuple[MixEntry, ...]:
         previous = step
         out.append(MixEntry(step, tuple(sorted(weights.items()))))
     return tuple(out)
+
+
+def _exclusions(segment: Segment) -> dict[str, str]:
+    """Each source's excluded ids' digest (sources that exclude none are absent)."""
+    return segment.order.get("exclude", {})
 
 
 def _geometry(segment: Segment) -> tuple[Any, ...]:

@@ -50,6 +50,19 @@ from pipeline.store.token_store import TokenStore
 from pipeline.wording import counted
 
 BLOCK_DOCUMENTS = 4096
+NO_DOCUMENTS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """Documents a source leaves out (`sources.NAME.exclude`, plan/exclusion.py): sorted
+    document ids (shard-major) and the digest of the id list that named them ("" for none)."""
+
+    documents: np.ndarray
+    digest: str = ""
+
+
+NO_EXCLUSION = Excluded(NO_DOCUMENTS)
 # Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
 CACHED_PACKINGS = 8
 _CACHE: dict[tuple, Packing] = {}
@@ -111,7 +124,14 @@ class PackedLayout(Epochs):
     whole_documents: ClassVar[bool] = True
 
     def __init__(
-        self, name: str, store: TokenStore, seed: int, seq_len: int, lanes: int, too_long: str
+        self,
+        name: str,
+        store: TokenStore,
+        seed: int,
+        seq_len: int,
+        lanes: int,
+        too_long: str,
+        excluded: Excluded = NO_EXCLUSION,
     ) -> None:
         self.name = name
         self.store = store
@@ -120,14 +140,20 @@ class PackedLayout(Epochs):
         self.seq_len = seq_len
         self.lanes = lanes
         self.too_long = too_long
+        self.excluded = excluded
         settings = {"packing": self.policy, "store": store.manifest[MANIFEST_CHECKSUM],
                     "seed": seed, "source": name, "seq_len": seq_len, "lanes": lanes,
                     "too_long": too_long}  # fmt: skip
+        if excluded.digest:  # only then: the packings of sources without exclusions keep keys
+            settings["exclude"] = excluded.digest
         key = tuple(settings.values())
         with _CACHE_LOCK:
             packed = _CACHE.pop(key, None)
             if packed is None:
                 pack = partial(self.pack, store, seed, name, seq_len, lanes, too_long)
+                if excluded.digest:
+                    pack = partial(_pack_store, store, seed, name, seq_len, lanes, too_long,
+                                   excluded.documents)  # fmt: skip
                 packed = cached(settings, store.num_documents, pack)
             _CACHE[key] = packed  # most recent last
             while len(_CACHE) > CACHED_PACKINGS:
@@ -246,15 +272,24 @@ class PackedLayout(Epochs):
 
 
 def _pack_store(
-    store: TokenStore, seed: int, name: str, seq_len: int, lanes: int, too_long: str
+    store: TokenStore,
+    seed: int,
+    name: str,
+    seq_len: int,
+    lanes: int,
+    too_long: str,
+    excluded: np.ndarray = NO_DOCUMENTS,
 ) -> Packing:
-    """The packing of a store's documents (`packing_cache.ARRAYS`), its arrays read-only."""
+    """The packing of a store's documents (`packing_cache.ARRAYS`), its arrays read-only;
+    the documents `excluded` (sorted ids) are left out."""
     shard_docs = [np.asarray(store.doc_offsets(s)) for s in range(store.num_shards)]
     doc_start = np.concatenate([d[:-1] for d in shard_docs]).astype(np.int64)
     lengths = np.concatenate([np.diff(d) for d in shard_docs]).astype(np.int64)
     long = lengths > seq_len + 1
     doc_tokens = np.minimum(lengths, seq_len + 1)
     kept = np.flatnonzero(~long) if too_long == "drop" else np.arange(lengths.size)
+    if excluded.size:
+        kept = np.setdiff1d(kept, excluded, assume_unique=True)
     if kept.size:  # every document dropped: `_even_out` names the source
         kept = kept[permutation(kept.size, round_keys(seed, "pack-order", name))]
     row_offsets, row_docs = pack_rows(kept, doc_tokens - 1, seq_len, lanes, f"sources.{name}")

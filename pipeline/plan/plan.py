@@ -47,7 +47,7 @@ import numpy as np
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.plan import row_layout
+from pipeline.plan import exclusion, row_layout
 from pipeline.plan.clock import StepClock
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
@@ -355,7 +355,7 @@ class DrawPlan:
         up to `index` changed the geometry (each source whose counter carried, `carries`):
         its epochs go on where they were (`transition.continued`). None otherwise, when
         every layout is a function of its own segment."""
-        if index == 0 or not self.ledger.reshaped(index):
+        if index == 0 or not self.ledger.relaid(index):
             return {}
         before = self.segment_plan(index - 1)
         segment = self.ledger.segments[index]
@@ -485,7 +485,10 @@ def _tokenizer(meta: StoreMeta) -> str:
 def _layout(
     spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
 ) -> RowLayout:
-    """Source `spec`'s layout, by the kind its `packing` names."""
+    """Source `spec`'s layout, by the kind its `packing` names (without the documents it
+    excludes, `exclusion.build`)."""
+    if spec.exclude is not None:
+        return exclusion.build(spec, meta, config, open_store)
     return layout_kind(spec.packing).build(spec, meta, config, open_store)
 
 

@@ -30,10 +30,8 @@ import threading
 import numpy as np
 
 from pipeline.plan.epochs import Transition
-from pipeline.plan.packing import PackedLayout, pack_rows
+from pipeline.plan.packing import NO_DOCUMENTS, PackedLayout, pack_rows
 from pipeline.plan.permutation import permutation, round_keys
-
-NO_DOCUMENTS = np.empty(0, np.int64)
 
 
 class RepackedTransition(Transition):

@@ -215,10 +215,13 @@ def relaid(
 
 def continued(before: RowLayout, after: RowLayout, counter: int) -> RowLayout:
     """The layout a segment draws a source with after a segment that drew it with `before`
-    (counter `counter` carried): with the same geometry, `after` taking over `before`'s epochs
-    (transitional or not: they go on; `after` reads the store at this segment's path), else
-    `after` continuing `before` from a transitional epoch (`relaid`, `repack.repacked`)."""
-    if (before.seq_len, before.lanes) == (after.seq_len, after.lanes):
+    (counter `counter` carried): with the same geometry and the same excluded documents,
+    `after` taking over `before`'s epochs (transitional or not: they go on; `after` reads the
+    store at this segment's path), else `after` continuing `before` from a transitional epoch
+    (`relaid`, `repack.repacked`, which leaves out what `after` excludes)."""
+    if (before.seq_len, before.lanes, _excluded(before)) == (
+        after.seq_len, after.lanes, _excluded(after)
+    ):  # fmt: skip
         after.continue_epochs(before.first_counter, before.first_epoch, before.transition)
         if isinstance(after, PackedLayout):  # its transitional rows are in its row arrays
             after.row_offsets, after.row_docs = before.row_offsets, before.row_docs
@@ -226,4 +229,9 @@ def continued(before: RowLayout, after: RowLayout, counter: int) -> RowLayout:
     if isinstance(after, SourceLayout) and isinstance(before, SourceLayout):
         return relaid(before, after, counter)
     assert isinstance(after, PackedLayout) and isinstance(before, PackedLayout)  # `carries`
-    return repacked(before, after, counter)
+    return repacked(before, after, counter, after.excluded.documents)
+
+
+def _excluded(layout: RowLayout) -> str:
+    """The digest of the ids a layout excludes ("" for none; concat sources exclude none)."""
+    return layout.excluded.digest if isinstance(layout, PackedLayout) else ""

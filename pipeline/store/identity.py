@@ -10,7 +10,8 @@ what every reader re-derives:
   with another seed or from other text) cannot pass it without reading as the same records.
 * `check_manifest`: the shape of a manifest (every field present with the right type, the flat
   token sidecar's `flat`/`flat_sha256` optional but both or neither, its block checksums
-  `BLOCK_KEYS` optional but all or none), so a damaged manifest
+  `BLOCK_KEYS` optional but all or none, the document id file `ID_KEYS` in every shard or in
+  none), so a damaged manifest
   is one line naming the manifest and the field, never a traceback. A masked store (format
   version 4) lists each shard's loss mask and its checksum (`MASK_KEYS`); others list none.
 """
@@ -32,6 +33,7 @@ SHARD_INTS = ("documents", "records", "tokens", "bytes")
 SHARD_STRS = ("file", "index", "docs", "sha256", "index_sha256", "docs_sha256", "sample_sha256")
 MASK_KEYS = ("untrained", "untrained_sha256")  # a masked store's per-shard loss mask
 BLOCK_KEYS = ("flat_blocks", "flat_blocks_sha256", "flat_block_bytes")  # optional, with "flat"
+ID_KEYS = ("ids", "ids_sha256")  # optional document ids (doc_ids.py): in every shard or none
 TOTALS = (("num_documents", "documents"), ("num_records", "records"), ("num_tokens", "tokens"))
 
 
@@ -106,6 +108,10 @@ def check_manifest(manifest: Any, path: Path, masked: bool = False) -> None:
             size = entry.get("flat_block_bytes")
             power = _count(size) and size >= 4 and size & (size - 1) == 0
             _require(power, path, f"{key}.flat_block_bytes", "a power of two >= 4")
+        if any(name in shards[0] for name in ID_KEYS) or any(name in entry for name in ID_KEYS):
+            for name in ID_KEYS:  # as shards[0]: a store records ids for all or none
+                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
+            _require(_file_name(entry["ids"]), path, f"{key}.ids", "a file name")
     for total, field in TOTALS:
         expected = sum(entry[field] for entry in shards)
         _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
 from pipeline.urls import location, read_bytes
 
@@ -111,6 +112,21 @@ class StoreFacts:
     def tokenizer_identity(self) -> tuple[str, str, int, int]:
         """(kind, model file SHA-256, vocab size, eod id): equal for stores whose ids agree."""
         return self.meta.tokenizer_identity
+
+    @property
+    def has_ids(self) -> bool:
+        """Whether the store records document ids (`prepare --id-field/--record-ids`)."""
+        return has_ids(self.manifest)
+
+    def document_ids(self, shard: int) -> list[str]:
+        """The ids of a shard's documents, in order, read and checked (`doc_ids.shard_ids`)."""
+        if not self.has_ids:
+            raise StoreError(
+                f"{self.meta.path}: the store records no document ids (prepare it with "
+                "--id-field or --record-ids)"
+            )
+        entry = self.manifest["shards"][shard]
+        return shard_ids(self.meta.path, entry, entry["documents"])
 
     def trained(self, shard: int, start: int, stop: int) -> np.ndarray:
         """Per token of shard tokens [start, stop): whether it is trained on (as a target)."""

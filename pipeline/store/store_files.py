@@ -24,7 +24,8 @@ from pipeline.urls import is_url, object_version
 
 # (file key, checksum key) of every file of a shard listed in the manifest.
 # A file whose key is absent from a shard's entry (the optional "flat" and "flat_blocks";
-# "untrained", which only a masked store has) is not checked.
+# "untrained", which only a masked store has; "ids", which only a store with ids has) is not
+# checked.
 CHECKSUMS = (
     ("file", "sha256"),
     ("index", "index_sha256"),
@@ -32,6 +33,7 @@ CHECKSUMS = (
     ("flat", "flat_sha256"),
     ("flat_blocks", "flat_blocks_sha256"),
     ("untrained", "untrained_sha256"),
+    ("ids", "ids_sha256"),
 )
 FLAT_SUFFIX = "flat.bin"
 # How a message blames the manifest for what a file that matches its checksum in the manifest

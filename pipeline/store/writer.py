@@ -31,6 +31,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from pipeline.errors import PrepareError
+from pipeline.store.doc_ids import IDS_SUFFIX, write_ids
 from pipeline.store.flat_blocks import BLOCK_BYTES, prefix_crcs
 from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest, sample_digest
 from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FORMAT_VERSION
@@ -68,6 +69,8 @@ class ShardInfo:
     flat_block_bytes: int | None = None
     untrained: str | None = None  # only in stores with a loss mask (format version 4)
     untrained_sha256: str | None = None
+    ids: str | None = None  # only in stores with document ids (doc_ids.py)
+    ids_sha256: str | None = None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -88,15 +91,17 @@ def write_shard(
     record_tokens: int = DEFAULT_RECORD_TOKENS,
     flat: bool = True,
     masked: bool = False,
+    ids: bool = False,
 ) -> ShardInfo:
     """Write one shard (documents already end with eod) and its record and document indexes,
     and with `flat` the same tokens once more as one raw array: the sidecar the feed reads.
 
     With `masked`, each document is `(tokens, untrained)`: `untrained` an int64 `[k, 2]` array
     of the document's untrained `[start, stop)` token ranges, written (as shard offsets) to the
-    shard's untrained-span index.
+    shard's untrained-span index. With `ids`, each document is `(document, id)` (`document` as
+    above), the ids written to the shard's id file (`doc_ids`).
     """
-    args = (shard, num_shards, documents, dtype, record_tokens, flat, masked)
+    args = (shard, num_shards, documents, dtype, record_tokens, flat, masked, ids)
     if not is_url(directory):
         return _write_local_shard(directory, *args)
     with tempfile.TemporaryDirectory(prefix="pipeline-shard-") as local:
@@ -115,18 +120,22 @@ def _write_local_shard(
     record_tokens: int,
     flat: bool,
     masked: bool,
+    ids: bool,
 ) -> ShardInfo:
     name = shard_name(shard, num_shards)
     data_path = directory / f"{name}.array_record"
     index_path = directory / f"{name}.index.npy"
     docs_path = directory / f"{name}.docs.npy"
     flat_path = directory / f"{name}.{FLAT_SUFFIX}"
-    record_lengths, doc_lengths, spans = [], [], []
+    record_lengths, doc_lengths, spans, doc_ids = [], [], [], []
     base = 0
     writer = ArrayRecordWriter(str(data_path), WRITER_OPTIONS)
     sidecar = open(flat_path, "wb") if flat else None  # noqa: SIM115 (closed below)
     try:
         for document in documents:
+            if ids:
+                document, document_id = document
+                doc_ids.append(document_id)
             if masked:
                 document, untrained = document
                 spans.append(np.asarray(untrained, np.int64).reshape(-1, 2) + base)
@@ -156,6 +165,11 @@ def _write_local_shard(
         np.save(untrained_path, np.concatenate([np.zeros((0, 2), np.int64), *spans]))
         sidecar_info["untrained"] = untrained_path.name
         sidecar_info["untrained_sha256"] = file_sha256(untrained_path)
+    if ids:
+        ids_path = directory / f"{name}.{IDS_SUFFIX}"
+        write_ids(ids_path, doc_ids)
+        sidecar_info["ids"] = ids_path.name
+        sidecar_info["ids_sha256"] = file_sha256(ids_path)
     return ShardInfo(
         file=data_path.name,
         index=index_path.name,

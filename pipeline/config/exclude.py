@@ -1,0 +1,118 @@
+"""`sources.NAME.exclude`: the documents a source leaves out (a take-down, docs/steering.md).
+
+    sources:
+      web: {path: ../data/web, packing: best_fit, exclude: takedown.txt}
+      # or: exclude: {file: takedown.txt, missing: ignore}
+
+The file lists document ids (`prepare --id-field/--record-ids`), one per line. Surrounding
+white space is not part of an id; blank lines and lines that start with `#` are passed over; a
+line that starts with `"` is a JSON string (an id with white space, a `#` or a newline). An id
+the store does not hold is an error naming the file and line, unless `missing: ignore`.
+
+The file's SHA-256 is part of the source's config (`sha256`): the ledger records it with the
+segment, and the segment's data-order fingerprint covers it, so a file edited after a run
+recorded it is refused instead of giving past steps other batches. A config may give `sha256`
+itself to pin the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.urls import location, read_bytes
+
+MISSING = ("error", "ignore")
+KEYS = ("file", "missing", "sha256")
+
+
+@dataclass(frozen=True)
+class ExcludeSpec:
+    """An exclude file, its content digest, and what an id the store lacks does."""
+
+    file: Path
+    sha256: str
+    missing: str = "error"
+
+    def to_json(self) -> dict[str, str]:
+        return {"file": str(self.file), "missing": self.missing, "sha256": self.sha256}
+
+    def ids(self) -> Iterator[tuple[int, str]]:
+        """(line number, id) of each id of the file, read again and checked against `sha256`."""
+        data = _read(self.file, f"{self.file}")
+        if _digest(data) != self.sha256:
+            raise ConfigError(
+                f"{self.file}: the exclude file changed since its config was read (sha256 "
+                f"{_digest(data)[:16]}…, recorded {self.sha256[:16]}…); a run's ledger replays "
+                "the file it recorded: restore it, or switch to the new one (--switch-data)"
+            )
+        yield from _parse(data, self.file)
+
+
+def parse_exclude(
+    value: Any, key: str, base_dir: Path | None, fail: Callable[[str, str], ConfigError]
+) -> ExcludeSpec:
+    """`sources.NAME.exclude` (`key`): a file name, or `{file, missing, sha256}`; the file is
+    read now, so a missing or malformed one is refused before anything runs."""
+    entry = value if isinstance(value, dict) else {"file": value}
+    for name in entry:
+        if name not in KEYS:
+            raise fail(f"{key}.{name}", f"unknown key (valid keys: {', '.join(KEYS)})")
+    file = entry.get("file")
+    if not isinstance(file, str) or not file:
+        raise fail(f"{key}.file" if isinstance(value, dict) else key, f"expected a file of "
+                   f"document ids, got {file!r}")  # fmt: skip
+    missing = entry.get("missing", "error")
+    if missing not in MISSING:
+        raise fail(f"{key}.missing", f"expected error or ignore, got {missing!r}")
+    path = location(file) if base_dir is None else location(base_dir / file)
+    data = _read(path, f"{key}: {path}")
+    for _ in _parse(data, path):  # a malformed line is refused now
+        pass
+    digest = _digest(data)
+    pinned = entry.get("sha256")
+    if pinned is not None and pinned != digest:
+        raise fail(
+            f"{key}.sha256",
+            f"{path} has sha256 {digest}, not {pinned!r}: the file changed since it was "
+            "recorded; restore it, or drop sha256 to take the file as it is now",
+        )
+    return ExcludeSpec(path, digest, missing)
+
+
+def _read(path: Path, where: str) -> bytes:
+    try:
+        return read_bytes(str(path))
+    except OSError as error:
+        raise ConfigError(f"{where}: cannot read the exclude file ({error})") from None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _parse(data: bytes, path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 ({error.reason}); write the ids as UTF-8") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith('"'):
+            try:
+                line = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(
+                    f"{path} line {number}: a line that starts with '\"' is a JSON string "
+                    f"({error.msg})"
+                ) from None
+            if not line:
+                raise ConfigError(f"{path} line {number}: an empty id")
+        yield number, line
