@@ -46,11 +46,7 @@ class ExcludeSpec:
         """(line number, id) of each id of the file, read again and checked against `sha256`."""
         data = _read(self.file, f"{self.file}")
         if _digest(data) != self.sha256:
-            raise ConfigError(
-                f"{self.file}: the exclude file changed since its config was read (sha256 "
-                f"{_digest(data)[:16]}…, recorded {self.sha256[:16]}…); a run's ledger replays "
-                "the file it recorded: restore it, or switch to the new one (--switch-data)"
-            )
+            raise ConfigError(_changed(self.file, _digest(data), self.sha256))
         yield from _parse(data, self.file)
 
 
@@ -77,12 +73,16 @@ def parse_exclude(
     digest = _digest(data)
     pinned = entry.get("sha256")
     if pinned is not None and pinned != digest:
-        raise fail(
-            f"{key}.sha256",
-            f"{path} has sha256 {digest}, not {pinned!r}: the file changed since it was "
-            "recorded; restore it, or drop sha256 to take the file as it is now",
-        )
+        raise fail(f"{key}.sha256", _changed(path, digest, str(pinned)))
     return ExcludeSpec(path, digest, missing)
+
+
+def _changed(path: Path, digest: str, recorded: str) -> str:
+    return (
+        f"{path} changed since it was recorded (sha256 {digest[:16]}…, recorded "
+        f"{recorded[:16]}…): a run replays the ids its ledger recorded; restore the file, or "
+        "give the new ids in another file with a declared switch"
+    )
 
 
 def _read(path: Path, where: str) -> bytes:

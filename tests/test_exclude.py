@@ -1,0 +1,175 @@
+"""Taking documents down (`sources.NAME.exclude`): checked by content on a real store of
+documents of random letters, each recorded with its id (`prepare --id-field`)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import DataConfig, parse_config
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.plan.ledger import Ledger
+from pipeline.plan.resume import reconcile
+from pipeline.read.plan import Plan
+
+DOCUMENTS = 70
+STEPS = 48
+
+
+def _texts() -> dict[str, str]:
+    rng = random.Random(5)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return {
+        f"doc-{i}": "".join(rng.choice(letters) for _ in range(rng.randint(6, 40)))
+        for i in range(DOCUMENTS)
+    }
+
+
+TEXTS = _texts()
+BY_CONTENT = {text.encode(): name for name, text in TEXTS.items()}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("exclude")
+    lines = root / "docs.jsonl"
+    lines.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in TEXTS.items()))
+    options = PrepareOptions([str(lines)], root / "store", num_shards=3, id_field="id")
+    return prepare(options)["train"]
+
+
+def raw_config(store: Path, lanes: int = 2, **source: object) -> dict:
+    return {
+        "seed": 3, "seq_len": 64, "lanes": lanes, "global_batch_size": 2 * lanes,
+        "sources": {"web": {"path": str(store), "packing": "best_fit", **source}},
+        "mix": {"web": 1},
+    }  # fmt: skip
+
+
+def excluding(store: Path, file: Path, ids: list[str], lanes: int = 2, **entry) -> DataConfig:
+    file.write_text("# taken down\n\n" + "".join(f"{i}\n" for i in ids))
+    exclude = {"file": str(file), **entry} if entry else str(file)
+    return parse_config(raw_config(store, lanes, exclude=exclude), origin="excluding.yaml")
+
+
+def served(plan: Plan, step: int) -> list[tuple[int, str]]:
+    """(epoch, document id) of each document in the rows of `step`, found by its content."""
+    draws = plan.draws(step)
+    batch = plan.read(draws)
+    out = []
+    for row, epoch in enumerate(draws.epoch.tolist()):
+        segments, tokens = batch["inputs_segmentation"][row], batch["inputs"][row]
+        for k in np.unique(segments[segments > 0]).tolist():
+            content = bytes(tokens[segments == k].astype(np.uint8).tolist())
+            out.append((epoch, BY_CONTENT[content]))
+    return out
+
+
+# up to two take-downs, each growing the last: (steps after the previous switch, ids added)
+takedowns = st.lists(
+    st.tuples(st.integers(1, 9), st.sets(st.integers(0, DOCUMENTS - 1), min_size=1, max_size=6)),
+    min_size=1,
+    max_size=2,
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(takedowns, st.sampled_from([1, 2]))
+def test_excluded_documents_never_appear_after_the_switch_and_the_rest_once_per_epoch(
+    store, tmp_path, steps, lanes
+):
+    plan = Plan.from_config(parse_config(raw_config(store, lanes), origin="run.yaml"))
+    unchanged = plan
+    switches, ids, step = [], set(), 0
+    for number, (gap, added) in enumerate(steps):
+        step += gap
+        ids |= {f"doc-{i}" for i in added}
+        config = excluding(store, tmp_path / f"takedown{number}.txt", sorted(ids), lanes)
+        plan = Plan(reconcile(plan, config, step, switch=True))
+        switches.append((step, set(ids)))
+    for t in range(switches[0][0]):  # the steps before the first switch are unchanged
+        for field, values in unchanged.batch(t).items():
+            np.testing.assert_array_equal(plan.batch(t)[field], values, err_msg=f"step {t}")
+    per_epoch: dict[int, Counter] = {}
+    for t in range(STEPS):
+        for epoch, name in served(plan, t):
+            per_epoch.setdefault(epoch, Counter())[name] += 1
+            for at, taken in switches:
+                assert not (t >= at and name in taken), f"{name} served at step {t} after {at}"
+    final = switches[-1][1]
+    last = max(per_epoch)
+    assert last >= 3  # the range rolls over several whole epochs after the switches
+    for epoch, counts in per_epoch.items():
+        assert max(counts.values()) == 1, f"epoch {epoch} serves a document twice"
+        if epoch < last:  # complete: every document not taken down, exactly once
+            assert set(TEXTS) - final <= set(counts), f"epoch {epoch} lost a document"
+
+
+def test_an_unknown_id_is_one_line_naming_the_file_and_line_unless_ignored(store, tmp_path):
+    file = tmp_path / "takedown.txt"
+    plan = Plan.from_config(parse_config(raw_config(store), origin="run.yaml"))
+    with pytest.raises(ConfigError) as error:
+        reconcile(plan, excluding(store, file, ["doc-1", "no-such-doc", "doc-2"]), 4, switch=True)
+    assert str(error.value) == (
+        f"excluding.yaml: {file} line 4: document id 'no-such-doc' is not in the store of "
+        f"sources.web ({store}); remove the line, or set sources.web.exclude: "
+        "{file: ..., missing: ignore}"
+    )
+    config = excluding(store, file, ["doc-1", "no-such-doc", "doc-2"], missing="ignore")
+    after = Plan(reconcile(plan, config, 4, switch=True))
+    names = {name for t in range(4, STEPS) for _, name in served(after, t)}
+    assert not names & {"doc-1", "doc-2"} and len(names) == DOCUMENTS - 2
+
+
+def test_a_fresh_run_that_excludes_never_serves_them(store, tmp_path):
+    config = excluding(store, tmp_path / "t.txt", ["doc-0", "doc-9", '"doc-33"'], lanes=1)
+    plan = Plan.from_config(config)
+    counts = Counter(name for t in range(STEPS) for epoch, name in served(plan, t) if epoch == 0)
+    assert set(counts) == set(TEXTS) - {"doc-0", "doc-9", "doc-33"}
+    assert set(counts.values()) == {1}
+
+
+def test_what_cannot_exclude_is_refused_by_name(store, tmp_path):
+    file = tmp_path / "t.txt"
+    file.write_text("doc-1\n")
+    raw = raw_config(store, exclude=str(file))
+    raw["sources"]["web"]["packing"] = "concat"
+    del raw["sources"]["web"]["packing"]
+    with pytest.raises(ConfigError, match=r"only packing: best_fit sources can exclude"):
+        Plan.from_config(parse_config(raw, origin="concat.yaml"))
+    bad = tmp_path / "bad.txt"
+    bad.write_text('doc-1\n"unterminated\n')
+    with pytest.raises(ConfigError, match=r"bad\.txt line 2: a line that starts with"):
+        parse_config(raw_config(store, exclude=str(bad)), origin="c.yaml")
+    with pytest.raises(ConfigError, match=r"sources\.web\.exclude\.missing: expected error or"):
+        parse_config(raw_config(store, exclude={"file": str(file), "missing": "skip"}), "c.yaml")
+    plain = tmp_path / "plain"
+    lines = tmp_path / "p.jsonl"
+    lines.write_text(json.dumps({"text": "some text"}) + "\n")
+    prepare(PrepareOptions([str(lines)], plain, num_shards=1, progress=False))
+    with pytest.raises(ConfigError, match=r"records no document ids; prepare it with --id-field"):
+        Plan.from_config(parse_config(raw_config(plain, exclude=str(file)), origin="c.yaml"))
+
+
+def test_the_ledger_records_the_exclusion_and_refuses_an_edited_file(store, tmp_path):
+    plan = Plan.from_config(parse_config(raw_config(store), origin="run.yaml"))
+    assert plan.ledger.to_json()["version"] == 3  # without exclusions: as before
+    file = tmp_path / "takedown.txt"
+    ledger = reconcile(plan, excluding(store, file, ["doc-4"]), 6, switch=True)
+    raw = ledger.to_json()
+    assert raw["version"] == 6
+    again = Ledger.from_json(json.loads(json.dumps(raw)))
+    assert Plan(again).batch(10)["inputs"].tolist() == Plan(ledger).batch(10)["inputs"].tolist()
+    assert ledger.entry(1).startswith(f"exclude sources.web: the ids of {file} (sha256 ")
+    file.write_text("doc-5\n")
+    with pytest.raises(LedgerError, match=r"takedown\.txt changed since it was recorded"):
+        Plan(Ledger.from_json(raw)).batch(10)
