@@ -173,3 +173,58 @@ def test_the_ledger_records_the_exclusion_and_refuses_an_edited_file(store, tmp_
     file.write_text("doc-5\n")
     with pytest.raises(LedgerError, match=r"takedown\.txt changed since it was recorded"):
         Plan(Ledger.from_json(raw)).batch(10)
+
+
+def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays_it(
+    store, tmp_path, capsys
+):
+    """Through a real Orbax checkpoint: saved at step 6, restored with `DataRestore(feed,
+    switch=True)` under a config that excludes three documents; the feed never serves them,
+    and `pipeline dump/verify/stages/inspect --ledger` of a later checkpoint replay it."""
+    import orbax.checkpoint as ocp
+    import yaml
+
+    from pipeline.commands.cli import main
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from tests.test_checkpoint import manager, mesh
+
+    switch, taken = 6, ["doc-2", "doc-11", "doc-50"]
+    before = parse_config(raw_config(store), origin="run.yaml")
+    after = excluding(store, tmp_path / "takedown.txt", taken)
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(
+        yaml.safe_dump(raw_config(store, exclude=str(after.sources[0].exclude.file)))
+    )
+    expected = Plan(reconcile(Plan.from_config(before), after, switch, switch=True))
+    directory = tmp_path / "ckpt"
+    with DataFeed(before, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        feed.seek(switch)
+        mngr.save(switch, args=ocp.args.Composite(data=DataSave(feed)))
+    served_inputs = []
+    with DataFeed(after, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        mngr.restore(switch, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        for step in range(switch, switch + 8):
+            batch = next(feed)
+            for field, values in expected.batch(step).items():
+                np.testing.assert_array_equal(np.asarray(batch[field]), values)
+            served_inputs.append(np.asarray(batch["inputs"]))
+            assert not {name for _, name in served(expected, step)} & set(taken)
+        mngr.save(switch + 8, args=ocp.args.Composite(data=DataSave(feed)))
+    step_dir = str(directory / str(switch + 8))
+    out = tmp_path / "dump.npz"
+    argv = ["dump", str(config_file), "--ledger", step_dir, "--steps", "6:14", "--out", str(out)]
+    assert main(argv) == 0
+    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served_inputs))
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", step_dir]) == 0
+    assert (
+        f"ledger segment from step 6: exclude sources.web: the ids of {tmp_path / 'takedown.txt'}"
+        in capsys.readouterr().out
+    )
+    assert main(["verify", str(config_file), "--ledger", step_dir, "--steps", "0:40"]) == 0
+    assert "ok: no window repeats" in capsys.readouterr().out
+    assert main(["inspect", str(config_file), "--ledger", step_dir, "--step", "7"]) == 0
+    shown = capsys.readouterr().out
+    ids = {name for _, name in served(expected, 7)}
+    assert ids and all(f"id '{name}'" in shown for name in ids)
