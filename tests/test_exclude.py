@@ -228,3 +228,22 @@ def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays
     shown = capsys.readouterr().out
     ids = {name for _, name in served(expected, 7)}
     assert ids and all(f"id '{name}'" in shown for name in ids)
+
+
+def test_dropping_an_exclusion_brings_the_documents_back_once(store, tmp_path):
+    plan = Plan.from_config(parse_config(raw_config(store), origin="run.yaml"))
+    taken = {"doc-7", "doc-8", "doc-30", "doc-64"}
+    plan = Plan(
+        reconcile(plan, excluding(store, tmp_path / "t.txt", sorted(taken)), 3, switch=True)
+    )
+    plan = Plan(
+        reconcile(plan, parse_config(raw_config(store), origin="back.yaml"), 5, switch=True)
+    )
+    per_epoch: dict[int, Counter] = {}
+    for t in range(STEPS):
+        for epoch, name in served(plan, t):
+            per_epoch.setdefault(epoch, Counter())[name] += 1
+            assert not (3 <= t < 5 and name in taken), f"{name} served at step {t}"
+    assert {name for t in range(5, 12) for _, name in served(plan, t)} & taken
+    for epoch in range(max(per_epoch)):  # complete epochs: every document exactly once
+        assert per_epoch[epoch] == Counter(dict.fromkeys(TEXTS, 1)), f"epoch {epoch}"

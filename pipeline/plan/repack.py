@@ -37,7 +37,8 @@ from pipeline.plan.permutation import permutation, round_keys
 class RepackedTransition(Transition):
     """A best_fit source's transitional epoch: `count` packed rows (`windows` per lane),
     numbered from `first_row` on in the layout's row arrays; `used` the documents epoch `epoch`
-    had used (or had removed) before it began (sorted ids)."""
+    had used before it began (sorted ids; not those removed: a later switch that stops removing
+    them gives them back to the epoch)."""
 
     def __init__(
         self,
@@ -86,13 +87,12 @@ def repacked(
     then `after`'s regular epochs (module docstring). `removed`: document ids never to serve.
     `after` is changed in place and returned."""
     epoch, used = used_documents(before, counter)
-    used = np.union1d(used, removed)
-    if not used.size:  # nothing of epoch e used yet: it is a regular epoch of `after`
+    if not used.size and not removed.size:  # nothing of epoch e used: a regular epoch of `after`
         after.continue_epochs(counter, epoch, None)
         return after
     regular = after.windows_per_lane * after.lanes
     kept = np.unique(after.row_docs[: after.row_offsets[regular]])
-    left = np.setdiff1d(kept, used, assume_unique=True)
+    left = np.setdiff1d(kept, np.union1d(used, removed), assume_unique=True)
     if left.size:
         keys = round_keys(after.seed, "transition-pack", after.name, epoch, counter)
         left = left[permutation(left.size, keys)]
