@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,47 @@ def mesh() -> Mesh:
 def manager(directory: os.PathLike, *, async_save: bool) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save)
     return ocp.CheckpointManager(directory, options=options)
+
+
+def switched_through_orbax(
+    directory: os.PathLike,
+    before,
+    after,
+    switch: int,
+    expected: Plan,
+    steps: int,
+    check: Callable[[DataFeed], None] = lambda feed: None,
+) -> list[np.ndarray]:
+    """Save at step `switch` under config `before`, restore there under `after` with
+    `DataRestore(feed, switch=True)`, check that the next `steps` batches are `expected`'s, save
+    again after them (at `switch + steps`; `check(feed)` first); returns the inputs served.
+    `assert_dump_replays`
+    checks them against `pipeline dump --ledger` of that checkpoint."""
+    with DataFeed(before, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        feed.seek(switch)
+        mngr.save(switch, args=ocp.args.Composite(data=DataSave(feed)))
+    served = []
+    with DataFeed(after, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        mngr.restore(switch, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        for step in range(switch, switch + steps):
+            batch = next(feed)
+            for field, values in expected.batch(step).items():
+                np.testing.assert_array_equal(np.asarray(batch[field]), values, err_msg=field)
+            served.append(np.asarray(batch["inputs"]))
+        check(feed)
+        mngr.save(switch + steps, args=ocp.args.Composite(data=DataSave(feed)))
+    return served
+
+
+def assert_dump_replays(config_file: os.PathLike, step_dir: str, first: int, served: list) -> None:
+    """`pipeline dump --ledger step_dir` of steps first.. gives the inputs `served`."""
+    from pipeline.commands.cli import main
+
+    out = os.path.join(os.path.dirname(os.path.dirname(step_dir)), "dump.npz")  # beside ckpt/
+    steps = f"{first}:{first + len(served)}"
+    argv = ["dump", str(config_file), "--ledger", step_dir, "--steps", steps, "--out", out]
+    assert main(argv) == 0
+    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served))
 
 
 def assert_next_is(feed: DataFeed, plan: Plan, step: int) -> None:

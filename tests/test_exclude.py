@@ -181,13 +181,10 @@ def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays
     """Through a real Orbax checkpoint: saved at step 6, restored with `DataRestore(feed,
     switch=True)` under a config that excludes three documents; the feed never serves them,
     and `pipeline dump/verify/stages/inspect --ledger` of a later checkpoint replay it."""
-    import orbax.checkpoint as ocp
     import yaml
 
     from pipeline.commands.cli import main
-    from pipeline.feed.checkpoint import DataRestore, DataSave
-    from pipeline.feed.data_feed import DataFeed
-    from tests.test_checkpoint import manager, mesh
+    from tests.test_checkpoint import assert_dump_replays, switched_through_orbax
 
     switch, taken = 6, ["doc-2", "doc-11", "doc-50"]
     before = parse_config(raw_config(store), origin="run.yaml")
@@ -198,24 +195,11 @@ def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays
     )
     expected = Plan(reconcile(Plan.from_config(before), after, switch, switch=True))
     directory = tmp_path / "ckpt"
-    with DataFeed(before, mesh()) as feed, manager(directory, async_save=False) as mngr:
-        feed.seek(switch)
-        mngr.save(switch, args=ocp.args.Composite(data=DataSave(feed)))
-    served_inputs = []
-    with DataFeed(after, mesh()) as feed, manager(directory, async_save=False) as mngr:
-        mngr.restore(switch, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
-        for step in range(switch, switch + 8):
-            batch = next(feed)
-            for field, values in expected.batch(step).items():
-                np.testing.assert_array_equal(np.asarray(batch[field]), values)
-            served_inputs.append(np.asarray(batch["inputs"]))
-            assert not {name for _, name in served(expected, step)} & set(taken)
-        mngr.save(switch + 8, args=ocp.args.Composite(data=DataSave(feed)))
+    served_inputs = switched_through_orbax(directory, before, after, switch, expected, 8)
+    for step in range(switch, switch + 8):  # what the feed served (equal to these) by content
+        assert not {name for _, name in served(expected, step)} & set(taken)
     step_dir = str(directory / str(switch + 8))
-    out = tmp_path / "dump.npz"
-    argv = ["dump", str(config_file), "--ledger", step_dir, "--steps", "6:14", "--out", str(out)]
-    assert main(argv) == 0
-    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served_inputs))
+    assert_dump_replays(config_file, step_dir, switch, served_inputs)
     capsys.readouterr()
     assert main(["stages", str(config_file), "--ledger", step_dir]) == 0
     assert (

@@ -141,13 +141,10 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
     """Through a real Orbax checkpoint: saved at step 20 under seq_len 32 on 1 lane, restored
     with `DataRestore(feed, switch=True)` under seq_len 64 on 2 lanes; the feed serves the
     switched plan, and `pipeline dump/verify/stages --ledger` of a later checkpoint replay it."""
-    import orbax.checkpoint as ocp
     import yaml
 
     from pipeline.commands.cli import main
-    from pipeline.feed.checkpoint import DataRestore, DataSave
-    from pipeline.feed.data_feed import DataFeed
-    from tests.test_checkpoint import manager, mesh
+    from tests.test_checkpoint import assert_dump_replays, switched_through_orbax
 
     stores = tmp_path / "stores"
     config_file = tmp_path / "data.yaml"
@@ -155,28 +152,19 @@ def test_a_restore_that_switches_seq_len_and_lanes_serves_the_plan_and_the_cli_r
     before, after = config(stores), config(stores, 64, 2)
     expected = switched(stores)
     directory = tmp_path / "ckpt"
-    with DataFeed(before, mesh()) as feed, manager(directory, async_save=False) as mngr:
-        feed.seek(SWITCH)
-        mngr.save(SWITCH, args=ocp.args.Composite(data=DataSave(feed)))
-    served_inputs = []
-    with DataFeed(after, mesh()) as feed, manager(directory, async_save=False) as mngr:
-        mngr.restore(SWITCH, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
-        for step in range(SWITCH, SWITCH + 6):
-            batch = next(feed)
-            for field, values in expected.batch(step).items():
-                np.testing.assert_array_equal(np.asarray(batch[field]), values)
-            served_inputs.append(np.asarray(batch["inputs"]))
+
+    def check_stats(feed) -> None:  # the feed's counters, after the steps served
         carried = expected.ledger.segments[1].counters["web"]
         now = expected.segment_plan(1).counters_at(SWITCH + 6)["web"]
         rows = carried * 1 + (now - carried) * 2  # each part in its own lanes and seq_len
         assert feed.stats().ledger_rows["web"] == rows
         assert feed.stats().ledger_tokens["web"] == carried * 32 + (now - carried) * 2 * 64
-        mngr.save(SWITCH + 6, args=ocp.args.Composite(data=DataSave(feed)))
+
+    served_inputs = switched_through_orbax(
+        directory, before, after, SWITCH, expected, 6, check_stats
+    )
     step_dir = str(directory / str(SWITCH + 6))
-    out = tmp_path / "dump.npz"
-    argv = ["dump", str(config_file), "--ledger", step_dir, "--steps", "20:26", "--out", str(out)]
-    assert main(argv) == 0
-    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served_inputs))
+    assert_dump_replays(config_file, step_dir, SWITCH, served_inputs)
     capsys.readouterr()
     assert main(["stages", str(config_file), "--ledger", step_dir]) == 0
     listing = capsys.readouterr().out
