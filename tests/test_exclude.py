@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import DataConfig, parse_config
+from pipeline.config import DataConfig, load_config, parse_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.ledger import Ledger
@@ -181,8 +182,6 @@ def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays
     """Through a real Orbax checkpoint: saved at step 6, restored with `DataRestore(feed,
     switch=True)` under a config that excludes three documents; the feed never serves them,
     and `pipeline dump/verify/stages/inspect --ledger` of a later checkpoint replay it."""
-    import yaml
-
     from pipeline.commands.cli import main
     from tests.test_checkpoint import assert_dump_replays, switched_through_orbax
 
@@ -231,3 +230,25 @@ def test_dropping_an_exclusion_brings_the_documents_back_once(store, tmp_path):
     assert {name for t in range(5, 12) for _, name in served(plan, t)} & taken
     for epoch in range(max(per_epoch)):  # complete epochs: every document exactly once
         assert per_epoch[epoch] == Counter(dict.fromkeys(TEXTS, 1)), f"epoch {epoch}"
+
+
+def test_the_exclude_file_format_and_its_config_keys(store, tmp_path):
+    file = tmp_path / "ids.txt"
+    file.write_text('# a comment\n\n  doc-1  \n"doc-2"\n"# not a comment"\n\tdoc-3\n')
+    config = parse_config(raw_config(store, exclude=str(file)), origin="c.yaml")
+    exclude = config.sources[0].exclude
+    assert list(exclude.ids()) == [(3, "doc-1"), (4, "doc-2"), (5, "# not a comment"), (6, "doc-3")]
+    assert exclude.missing == "error" and exclude.to_json()["sha256"] == exclude.sha256
+    pinned = {"file": str(file), "sha256": exclude.sha256, "missing": "ignore"}
+    assert parse_config(raw_config(store, exclude=pinned), "c.yaml").sources[0].exclude.missing == (
+        "ignore"
+    )
+    with pytest.raises(ConfigError, match=r"c\.yaml: sources\.web\.exclude\.sha256: .* changed"):
+        parse_config(raw_config(store, exclude={**pinned, "sha256": "0" * 64}), "c.yaml")
+    with pytest.raises(ConfigError, match=r"sources\.web\.exclude: .*cannot read the exclude"):
+        parse_config(raw_config(store, exclude=str(tmp_path / "absent.txt")), "c.yaml")
+    with pytest.raises(ConfigError, match=r"sources\.web\.exclude\.sort: unknown key"):
+        parse_config(raw_config(store, exclude={"file": str(file), "sort": 1}), "c.yaml")
+    written = tmp_path / "data.yaml"  # a file name is relative to the config file
+    written.write_text(yaml.safe_dump(raw_config(store, exclude="ids.txt")))
+    assert load_config(written).sources[0].exclude.file == file
