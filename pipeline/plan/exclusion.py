@@ -12,20 +12,27 @@ before the switch), and the steps before it are unchanged.
 
 Finding the excluded documents is one pass over the store's id files (`doc_ids.locate`):
 memory O(excluded ids), time O(documents in the store), once per process and exclusion
-(`_RESOLVED`). Concat sources cannot exclude documents yet: refused by name.
+(`_RESOLVED`).
+
+A concat source (`ExcludingSourceLayout`) cuts its epochs' streams without the excluded
+documents' token ranges; at the switch, the rest of the epoch in progress is what it had not
+served less those ranges (`transition.relaid`, the mechanism of a `seq_len` change), re-cut.
 """
 
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 
 import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
-from pipeline.plan.packing import Excluded, PackedLayout
-from pipeline.plan.row_layout import OpenStore
+from pipeline.plan.layout import SourceLayout
+from pipeline.plan.packing import PackedLayout
+from pipeline.plan.row_layout import Excluded, OpenStore, RowLayout
 from pipeline.plan.sources import keyed
+from pipeline.plan.transition import Intervals, Stream, complement, merged
 from pipeline.store.doc_ids import locate
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.meta import StoreMeta
@@ -81,16 +88,78 @@ def _resolve(spec: SourceSpec, store: TokenStore, config: DataConfig) -> np.ndar
 
 def build(
     spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
-) -> PackedLayout:
+) -> RowLayout:
     """The layout of a source that excludes documents (from its first draw; a segment that
     carries the source's counter continues the layout before it, `transition.continued`)."""
-    if spec.packing != "best_fit":
-        raise ConfigError(
-            f"sources.{spec.name}.exclude: only packing: best_fit sources can exclude "
-            "documents for now (concat sources: not yet, docs/steering.md)"
-        )
     with keyed(config, spec.name):
         store = open_store(meta)
         excluded = excluded_documents(spec, store, config)
-        return PackedLayout(spec.name, store, config.seed, config.seq_len, config.lanes,
-                            spec.too_long, excluded)  # fmt: skip
+        if spec.packing == "best_fit":
+            return PackedLayout(spec.name, store, config.seed, config.seq_len, config.lanes,
+                                spec.too_long, excluded)  # fmt: skip
+        ranges = token_ranges(store, excluded.documents)
+        return ExcludingSourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes,
+                                     excluded, ranges)  # fmt: skip
+
+
+def token_ranges(store: TokenStore, documents: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(shard, first token, end token) of each document (ids, shard-major)."""
+    firsts = np.concatenate([[0], np.cumsum(store.shard_documents)]).astype(np.int64)
+    shard = np.searchsorted(firsts, documents, side="right") - 1
+    lo, hi = np.empty_like(documents), np.empty_like(documents)
+    for s in np.unique(shard).tolist():
+        mine = shard == s
+        offsets = np.asarray(store.doc_offsets(s))
+        index = documents[mine] - firsts[s]
+        lo[mine], hi[mine] = offsets[index], offsets[index + 1]
+    return shard, lo, hi
+
+
+class ExcludingSourceLayout(SourceLayout):
+    """A concat source without the documents it excludes: each regular epoch's stream is the
+    whole epoch stream (the shards in the epoch's order) less their token ranges, the runs left
+    laid end to end (a `transition.Stream`) and cut into lanes and windows as any epoch stream.
+    A window across a joint begins a document there (`read.windows`), as the excluded document
+    ended one. Transitional epochs stay in the whole stream's coordinates (`served_edges`,
+    `removed_ranges`), so exclusions and geometry changes chain."""
+
+    def __init__(
+        self,
+        name: str,
+        meta: StoreMeta,
+        seed: int,
+        seq_len: int,
+        lanes: int,
+        excluded: Excluded,
+        ranges: tuple[np.ndarray, ...],
+    ) -> None:
+        _, lo, hi = ranges
+        tokens = meta.num_tokens - int((hi - lo).sum())
+        self.excluded, self._ranges = excluded, ranges
+        super().__init__(name, meta, seed, seq_len, lanes, tokens)
+        self._streams = lru_cache(maxsize=64)(self._epoch_stream)
+        self._tables = lru_cache(maxsize=64)(self._epoch_table)
+
+    def removed_ranges(self, epoch: int) -> Intervals:
+        order, bounds, _ = self.stream_shards(epoch)
+        position = np.empty_like(order)
+        position[order] = np.arange(order.size)
+        shard, lo, hi = self._ranges
+        base = bounds[position[shard]]
+        return merged(base + lo, base + hi)
+
+    def served_edges(self, epoch: int, starts: np.ndarray) -> Intervals:
+        return self._streams(epoch).real_edges(starts, self.seq_len)
+
+    def _shard_starts(self, epoch: int) -> tuple[np.ndarray, ...]:
+        if self.transition is not None and epoch == self.transition.epoch:
+            return super()._shard_starts(epoch)
+        return self._tables(epoch)
+
+    def _epoch_stream(self, epoch: int) -> Stream:
+        kept = complement(self.meta.num_tokens, self.removed_ranges(epoch))
+        return Stream(kept[0], kept[1] - kept[0])
+
+    def _epoch_table(self, epoch: int) -> tuple[np.ndarray, ...]:
+        order, bounds, _ = self.stream_shards(epoch)
+        return self._streams(epoch).shard_table(order, bounds)

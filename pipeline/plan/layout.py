@@ -28,7 +28,7 @@ from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
 from pipeline.plan.epochs import Epochs
 from pipeline.plan.permutation import permutation, permute, round_keys
-from pipeline.plan.row_layout import Arrays, OpenStore
+from pipeline.plan.row_layout import NO_DOCUMENTS, NO_EXCLUSION, Arrays, Excluded, OpenStore
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenSpan, TokenStore
 from pipeline.wording import counted
@@ -51,18 +51,30 @@ class SourceLayout(Epochs):
     whole_documents: ClassVar[bool] = False
     stats = None  # nothing beyond the windows to report
 
-    def __init__(self, name: str, meta: StoreMeta, seed: int, seq_len: int, lanes: int) -> None:
+    excluded: Excluded = NO_EXCLUSION  # the documents it leaves out (`exclusion`)
+
+    def __init__(
+        self,
+        name: str,
+        meta: StoreMeta,
+        seed: int,
+        seq_len: int,
+        lanes: int,
+        tokens: int | None = None,
+    ) -> None:
+        """`tokens`: of an epoch stream (default: the store's; fewer when it excludes some)."""
         self.name = name
         self.meta = meta
         self.seed = seed
         self.seq_len = seq_len
         self.lanes = lanes
-        self.lane_tokens = meta.num_tokens // lanes
+        tokens = meta.num_tokens if tokens is None else tokens
+        self.lane_tokens = tokens // lanes
         self.windows_per_lane = (self.lane_tokens - 1) // seq_len
         if self.windows_per_lane < 1:
             raise ConfigError(
                 f"sources.{name}: seq_len {seq_len} needs at least {seq_len + 1} tokens per lane, "
-                f"but {meta.path} has {counted(meta.num_tokens, 'token')} for "
+                f"but {meta.path} has {counted(tokens, 'token')} for "
                 f"{counted(lanes, 'lane')} (use a smaller seq_len or fewer lanes)"
             )
         self._stream_shards = lru_cache(maxsize=64)(self._epoch_shard_starts)
@@ -134,6 +146,16 @@ class SourceLayout(Epochs):
         if self.transition is not None and epoch == self.transition.epoch:
             return self.transition.shard_table(self)  # type: ignore[attr-defined]
         return self.stream_shards(epoch)
+
+    def served_edges(self, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The edges (token pairs) of the whole epoch stream (`stream_shards`) that windows at
+        `starts` of regular epoch `epoch` cover, as [lo, hi) ranges: the windows themselves,
+        as the epoch stream is the whole one (a layout that excludes documents maps them)."""
+        return starts, starts + self.seq_len
+
+    def removed_ranges(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The token ranges of the whole epoch stream it never serves (none)."""
+        return NO_DOCUMENTS, NO_DOCUMENTS
 
     def stream_shards(self, epoch: int) -> tuple[np.ndarray, ...]:
         """`_shard_starts` of epoch `epoch`'s whole stream: every shard in its keyed order."""

@@ -42,7 +42,7 @@ from pipeline.plan.epochs import Epochs
 from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
-from pipeline.plan.row_layout import Arrays, OpenStore
+from pipeline.plan.row_layout import NO_DOCUMENTS, NO_EXCLUSION, Arrays, Excluded, OpenStore
 from pipeline.plan.sources import keyed
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.meta import StoreMeta
@@ -50,19 +50,6 @@ from pipeline.store.token_store import TokenStore
 from pipeline.wording import counted
 
 BLOCK_DOCUMENTS = 4096
-NO_DOCUMENTS = np.zeros(0, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class Excluded:
-    """Documents a source leaves out (`sources.NAME.exclude`, plan/exclusion.py): sorted
-    document ids (shard-major) and the digest of the id list that named them ("" for none)."""
-
-    documents: np.ndarray
-    digest: str = ""
-
-
-NO_EXCLUSION = Excluded(NO_DOCUMENTS)
 # Packings are pure, so plans of one process share them (a restore, `verify`'s host plans).
 CACHED_PACKINGS = 8
 _CACHE: dict[tuple, Packing] = {}

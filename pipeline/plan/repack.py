@@ -30,8 +30,9 @@ import threading
 import numpy as np
 
 from pipeline.plan.epochs import Transition
-from pipeline.plan.packing import NO_DOCUMENTS, PackedLayout, pack_rows
+from pipeline.plan.packing import PackedLayout, pack_rows
 from pipeline.plan.permutation import permutation, round_keys
+from pipeline.plan.row_layout import NO_DOCUMENTS
 
 
 class RepackedTransition(Transition):

@@ -16,6 +16,7 @@ layer (`pipeline.read`) reads and builds the fields of both.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, ClassVar, Protocol
 
@@ -30,6 +31,19 @@ OpenStore = Callable[[StoreMeta], TokenStore]
 """The open store of some metadata: the plan's one way to a store's files (injected)."""
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+NO_DOCUMENTS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """Documents a source leaves out (`sources.NAME.exclude`, plan/exclusion.py): sorted
+    document ids (shard-major) and the digest of the id list that named them ("" for none)."""
+
+    documents: np.ndarray
+    digest: str = ""
+
+
+NO_EXCLUSION = Excluded(NO_DOCUMENTS)
 
 
 class RowLayout(Protocol):
@@ -42,6 +56,7 @@ class RowLayout(Protocol):
     seq_len: int
     lanes: int
     windows_per_lane: int  # rows each lane draws per epoch
+    excluded: Excluded  # the documents it leaves out
 
     @classmethod
     def build(

@@ -186,7 +186,7 @@ def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
         for lane in range(layout.lanes)
     ]
     first = np.concatenate(starts).astype(np.int64)
-    return epoch, merged(first, first + layout.seq_len)
+    return epoch, merged(*layout.served_edges(epoch, first))
 
 
 def relaid(
@@ -198,6 +198,8 @@ def relaid(
     serve (none by default). `after` is changed in place and returned."""
     epoch, taken = served(before, counter)
     edges = before.meta.num_tokens - 1
+    gone = after.removed_ranges(epoch)  # the documents `after` excludes
+    removed = merged(np.concatenate([removed[0], gone[0]]), np.concatenate([removed[1], gone[1]]))
     if removed[0].size:  # every edge that touches a removed token (inside the stream)
         lo, hi = np.maximum(removed[0] - 1, 0), np.minimum(removed[1], edges)
         taken = merged(np.concatenate([taken[0], lo]), np.concatenate([taken[1], hi]))
@@ -233,5 +235,5 @@ def continued(before: RowLayout, after: RowLayout, counter: int) -> RowLayout:
 
 
 def _excluded(layout: RowLayout) -> str:
-    """The digest of the ids a layout excludes ("" for none; concat sources exclude none)."""
-    return layout.excluded.digest if isinstance(layout, PackedLayout) else ""
+    """The digest of the ids a layout excludes ("" for none)."""
+    return layout.excluded.digest
