@@ -98,8 +98,7 @@ def build(
             return PackedLayout(spec.name, store, config.seed, config.seq_len, config.lanes,
                                 spec.too_long, excluded)  # fmt: skip
         ranges = token_ranges(store, excluded.documents)
-        return ExcludingSourceLayout(spec.name, meta, config.seed, config.seq_len, config.lanes,
-                                     excluded, ranges)  # fmt: skip
+        return ExcludingSourceLayout(spec, meta, config, excluded, ranges)
 
 
 def token_ranges(store: TokenStore, documents: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -125,18 +124,17 @@ class ExcludingSourceLayout(SourceLayout):
 
     def __init__(
         self,
-        name: str,
+        spec: SourceSpec,
         meta: StoreMeta,
-        seed: int,
-        seq_len: int,
-        lanes: int,
+        config: DataConfig,
         excluded: Excluded,
         ranges: tuple[np.ndarray, ...],
     ) -> None:
+        """`ranges`: (shard, first token, end token) of each excluded document."""
         _, lo, hi = ranges
         tokens = meta.num_tokens - int((hi - lo).sum())
         self.excluded, self._ranges = excluded, ranges
-        super().__init__(name, meta, seed, seq_len, lanes, tokens)
+        super().__init__(spec.name, meta, config.seed, config.seq_len, config.lanes, tokens)
         self._streams = lru_cache(maxsize=64)(self._epoch_stream)
         self._tables = lru_cache(maxsize=64)(self._epoch_table)
 
