@@ -19,6 +19,7 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 
 DOCUMENTS = 70
@@ -292,6 +293,8 @@ def test_a_concat_source_never_serves_them_and_serves_the_rest_once_per_epoch(
             assert not any(text[k : k + 5] in excluded for k in range(len(text) - 4)), t
     edges = Counter(e for t in range(stop) for e in _concat_edges(plan, t))
     assert max(edges.values()) == 1  # no edge twice in an epoch, across the switch
+    report = audit(plan, 0, stop)  # what `pipeline verify --ledger` checks
+    assert report.ok, report.violations
     st = plan.store(plan.segment_plan(0).layouts["web"].meta)
     ids = {s: st.document_ids(s) for s in range(st.num_shards)}
     inside = [

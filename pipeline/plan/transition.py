@@ -12,8 +12,9 @@ what is left of epoch e:
   intervals (`served`); a layout that is itself transitional in epoch e adds the edges of its
   drawn transitional windows to those it began with, so switches chain.
 * **Left.** The complement in the epoch stream's edges (the old lane tails included) is a list
-  of maximal free runs; `removed` token ranges (a hook for documents taken down) are cut out
-  too. The runs, laid end to end, are the transition's `Stream`.
+  of maximal free runs; `removed` token ranges and those of the documents the new layout
+  excludes (`removed_ranges`, docs/steering.md "Take documents down") are cut out too. The
+  runs, laid end to end, are the transition's `Stream`.
 * **Laid out.** That stream is cut as any epoch stream is (`layout`): `lanes` equal ranges,
   W_t = (Q_t - 1) // seq_len windows each, the window order of each lane a keyed bijection per
   (seed, source, epoch, lane, c), so it differs from the regular epoch's and from another
