@@ -51,6 +51,17 @@ def two_stage_config(directory: Path, *, flat: bool = True, **overrides: Any) ->
     return parse_config(two_stage_raw(directory, flat=flat, **overrides), origin="feed-test.yaml")
 
 
+def excluding_raw(directory: Path) -> dict[str, Any]:
+    """`geometry_raw` at seq_len 32 on 1 lane, taking down three documents of each source
+    (docs/steering.md, "Take documents down"): the take-down file is written beside the stores."""
+    raw = geometry_raw(directory)
+    for name in raw["sources"]:
+        file = Path(directory) / f"takedown-{name}.txt"
+        file.write_text("s0-d3\ns1-d7\ns2-d1\n" if name == "web" else "s0-d2\ns1-d5\ns1-d9\n")
+        raw["sources"][name]["exclude"] = str(file)
+    return raw
+
+
 def geometry_raw(directory: Path, seq_len: int = 32, lanes: int = 1) -> dict[str, Any]:
     """A run of random text (every token a distinct random id, so every 24-gram is unique) in
     two sources, `web` (concat) and `chat` (best_fit, documents of up to 60 tokens), that a
@@ -62,7 +73,7 @@ def geometry_raw(directory: Path, seq_len: int = 32, lanes: int = 1) -> dict[str
     }
     for seed, (name, lengths) in enumerate(shards.items(), start=1):
         if not (Path(directory) / name).exists():
-            write_synthetic_store(Path(directory) / name, lengths, shuffled=seed)
+            write_synthetic_store(Path(directory) / name, lengths, shuffled=seed, document_ids=True)
     return {
         "seed": 5,
         "seq_len": seq_len,

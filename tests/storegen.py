@@ -35,13 +35,15 @@ def write_synthetic_store(
     first: int = 0,
     flat: bool = True,
     shuffled: int | None = None,
+    document_ids: bool = False,
 ) -> TokenStore:
     """A store whose shard i holds documents of lengths shards[i] (split into records), with
     flat token sidecars unless `flat` is false.
 
     `first` shifts every token value: a store written with another `first` is a same-size twin
     (same files sizes, other content). `shuffled` (a seed): random text instead, every token a
-    distinct random id (so every n-gram is unique, and a token tells its store position)."""
+    distinct random id (so every n-gram is unique, and a token tells its store position).
+    `document_ids`: record document ids (`doc_ids`), `s{shard}-d{index}`."""
     staging = staging_dir(Path(path))
     position = first
     infos = []
@@ -55,7 +57,10 @@ def write_synthetic_store(
             docs.append(ids[position : position + length].astype(np.uint32))
             position += length
         dtype = np.dtype(np.uint32)
-        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens, flat))
+        if document_ids:
+            docs = [(doc, f"s{index}-d{number}") for number, doc in enumerate(docs)]
+        infos.append(write_shard(staging, index, len(shards), docs, dtype, record_tokens, flat,
+                                 ids=document_ids))  # fmt: skip
     write_manifest(staging, infos, TOKENIZER, np.dtype(np.uint32), {"synthetic": True})
     commit(staging, Path(path), overwrite=False)
     return TokenStore(path)

@@ -962,16 +962,24 @@ def test_kills_and_a_host_count_change_across_a_skip_keep_every_batch_exact(tmp_
 
 
 @pytest.mark.multiprocess
-def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_exact(tmp_path):
+@pytest.mark.parametrize("switch", ["seq_len", "exclude"])
+def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_exact(
+    tmp_path, switch
+):
     """2 processes at seq_len 32 on 1 lane, killed at step 10; 1 process restores the latest
-    checkpoint switching to seq_len 64 on 2 lanes, killed at step 18; 4 processes resume,
-    killed at step 22; 2 processes finish. Every step trained (the replayed ones on another
-    process count included) is the switched plan's, and `pipeline dump --ledger` agrees."""
-    from tests.feedstores import geometry_raw
+    checkpoint switching to seq_len 64 on 2 lanes (or to a config that takes documents down),
+    killed at step 18; 4 processes resume, killed at step 22; 2 processes finish. Every step
+    trained (the replayed ones on another process count included) is the switched plan's, and
+    `pipeline dump --ledger` agrees."""
+    from tests.feedstores import excluding_raw, geometry_raw
     from tests.test_multihost import launch, read_log, reference_checksums, worker_output
 
     total, every = 26, 4
-    before, after = geometry_raw(tmp_path / "stores"), geometry_raw(tmp_path / "stores", 64, 2)
+    before = geometry_raw(tmp_path / "stores")
+    if switch == "seq_len":
+        after, shape = geometry_raw(tmp_path / "stores", 64, 2), (4, 64)
+    else:
+        after, shape = excluding_raw(tmp_path / "stores"), (4, 32)
     run = Plan.from_config(parse_config(before, origin="multihost.yaml"))
     log = tmp_path / "run.jsonl"
     seen, firsts, plan = 0, [], run
@@ -996,7 +1004,7 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
             batch = plan.batch(entry["step"])
             np.testing.assert_array_equal(entry["sums"], reference_checksums(batch))
     assert firsts[1] < 10 < 18 and firsts[2] <= 18 and firsts[3] <= 22  # steps replayed
-    assert plan.batch(firsts[1])["inputs"].shape == (4, 64)
+    assert plan.batch(firsts[1])["inputs"].shape == shape
     last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
     config_file = write_yaml(tmp_path / "multihost.yaml", after)
     dumped = tmp_path / "dump.npz"
