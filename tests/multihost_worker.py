@@ -19,8 +19,9 @@ and a list of tasks:
   feed, saves asynchronously every `save_every` steps, and process 0 appends one line per step
   (step, per-row checksums, model value) to `log`. With `kill_at`, every process SIGKILLs itself
   at that step, either after logging it ("step") or right after starting a save ("save").
-  With `skip_steps`, its restore skips that many steps; with `switch_to` (a config mapping),
-  the feed follows that config and its restore declares the switch; with `mix_every`, it calls
+  With `skip_steps`, its restore skips that many steps; with `config` (a config mapping), the
+  feed follows that config instead of the spec's; with `switch_to` (a config mapping), the feed
+  follows that config and its restore declares the switch; with `mix_every`, it calls
   `feed.set_mix(mix_weights(step), step)` at every multiple of it (process `mix_odd_one`, if
   given, with the weights of step + 1).
 * {"kind": "stop", "fault": "replace" | "read" | "verify", "faulty": P, "out"}: train until
@@ -161,6 +162,8 @@ def train(spec: dict, config, task: dict) -> None:
     log = Path(task["log"])
     if task.get("switch_to"):
         config = parse_config(task["switch_to"], origin="switched.yaml")
+    elif task.get("config"):
+        config = parse_config(task["config"], origin="multihost.yaml")
     with (
         DataFeed(config, mesh) as feed,
         ocp.CheckpointManager(task["ckpt"], options=options) as mngr,

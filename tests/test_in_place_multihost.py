@@ -1,9 +1,10 @@
 """Corpora read in place (Megatron `.bin/.idx`, Parquet token columns) mixed with a prepared
 store, through real JAX processes on localhost (tests/test_multihost.py launches them).
 
-Two launches: 2 processes read some steps, then train and are killed after a checkpoint;
-1 process reads the same steps, then resumes that checkpoint to the end. Expectations come
-from the single-process `Plan` computed here.
+Three launches, each reading some steps of the mix, then training: 2 processes train the mix
+without the Parquet source and are killed after a checkpoint; 4 processes resume that
+checkpoint declaring a switch that adds the Parquet source, and are killed in turn; 1 process
+resumes theirs to the end. Expectations come from the single-process `Plan` computed here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.commands.cli import main
 from pipeline.config import parse_config
+from pipeline.plan.resume import reconcile
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.columns_index import build_columns_index
@@ -28,7 +31,8 @@ pytestmark = pytest.mark.multiprocess
 
 STEPS = [0, 7, 19, 40]  # reached by seeks; every source rolls over an epoch before 40
 PROVENANCE = ["source", "epoch", "window"]
-TOTAL, EVERY, KILL_AT = 24, 4, 14  # the train task: checkpoints every 4 steps, killed at 14
+TOTAL, EVERY = 24, 4  # the train task: checkpoints every 4 steps
+ADDED = "cols"  # the in-place source the declared switch adds to the mix
 ITEMSIZE = {"meg": 2, "cols": 4, "store": 4}  # uint16 .bin, int32 column, uint32 store
 
 
@@ -64,8 +68,12 @@ def expected_weights(plan: Plan, steps: int) -> list[float]:
     return weights
 
 
-def test_in_place_sources_serve_the_plan_on_1_and_2_processes_and_resume_elastically(tmp_path):
+def test_in_place_sources_serve_the_plan_on_1_2_and_4_processes_and_resume_across_a_switch(
+    tmp_path,
+):
     raw = mixed_raw(tmp_path / "data")
+    before = json.loads(json.dumps(raw))  # the run's first config: the mix without ADDED
+    del before["sources"][ADDED], before["mix"][ADDED]
     plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
     names = plan.draws(0).source_names
     epochs = {names[s]: 0 for s in range(len(names))}
@@ -75,19 +83,24 @@ def test_in_place_sources_serve_the_plan_on_1_and_2_processes_and_resume_elastic
             epochs[names[s]] = max(epochs[names[s]], e)
     assert min(epochs.values()) >= 1, epochs  # every source crosses an epoch boundary
 
-    def tasks(name: str, **train) -> list[dict]:
+    # (name, processes, devices each, the train task's config and kill step)
+    launches = [
+        ("two", 2, 2, {"config": before, "kill_at": 14}),
+        ("four", 4, 1, {"switch_to": raw, "kill_at": 19}),  # elastic 2 -> 4, the switch
+        ("one", 1, 4, {}),  # elastic 4 -> 1, to the end
+    ]
+    for name, processes, devices, train in launches:
         read = {"kind": "checksums", "name": name, "mesh": [[4], ["data"]],
                 "batch_axes": ["data"], "steps": STEPS, "stats": True}  # fmt: skip
         run = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": TOTAL,
-               "log": str(tmp_path / "train.jsonl"), "save_every": EVERY, **train}  # fmt: skip
-        return [read, run]
+               "log": str(tmp_path / "train.jsonl"), "save_every": EVERY, "kill_mode": "step",
+               **train}  # fmt: skip
+        codes = launch(tmp_path, raw, [read, run], processes, devices, timeout=180)
+        expected = [-signal.SIGKILL if "kill_at" in train else 0] * processes
+        assert codes == expected, (name, worker_output(tmp_path))
 
-    codes = launch(tmp_path, raw, tasks("two", kill_at=KILL_AT, kill_mode="step"), 2, 2)
-    assert codes == [-signal.SIGKILL] * 2, worker_output(tmp_path)
-    assert launch(tmp_path, raw, tasks("one"), 1, 4) == [0], worker_output(tmp_path)
-
-    # identical global batches on 1 and 2 processes, equal to the plan, with their provenance
-    results = {name: np.load(tmp_path / f"{name}.npz") for name in ("one", "two")}
+    # identical global batches on 1, 2 and 4 processes, equal to the plan, with their provenance
+    results = {name: np.load(tmp_path / f"{name}.npz") for name, *_ in launches}
     for step in STEPS:
         expected, draws = plan.batch(step), plan.draws(step)
         for result in results.values():
@@ -106,7 +119,7 @@ def test_in_place_sources_serve_the_plan_on_1_and_2_processes_and_resume_elastic
     for step in range(STEPS[-1] + 1):
         for s in plan.draws(step).source.tolist():
             ledger[names[s]] += 1
-    for name, processes in (("one", 1), ("two", 2)):
+    for name, processes, *_ in launches:
         stats = [
             json.loads((tmp_path / f"{name}-stats-{i}.json").read_text()) for i in range(processes)
         ]
@@ -119,13 +132,33 @@ def test_in_place_sources_serve_the_plan_on_1_and_2_processes_and_resume_elastic
             assert s["step"] == STEPS[-1] + 1
             assert s["ledger_rows"] == ledger, name
 
-    # elastic resume: the checkpoint of 2 processes, resumed on 1, trains bit-exactly
+    # elastic resumes across the declared switch: every step trained, the replayed ones too, is
+    # the switched plan's, bit-exactly
     entries = read_log(tmp_path / "train.jsonl")
     assert {e["step"] for e in entries} == set(range(TOTAL))
-    assert {e["procs"] for e in entries} == {2, 1}
-    assert any(e["step"] == KILL_AT and e["procs"] == 2 for e in entries)
-    weights = expected_weights(plan, TOTAL)
-    for entry in entries:  # every step, the replayed ones too, equals the plan
-        sums = reference_checksums(plan.batch(entry["step"]))
-        np.testing.assert_array_equal(entry["sums"], sums, err_msg=str(entry["step"]))
-        assert entry["w"] == weights[entry["step"]], entry["step"]
+    assert {e["procs"] for e in entries} == {2, 4, 1}
+    assert any(e["step"] == 14 and e["procs"] == 2 for e in entries)
+    assert any(e["step"] == 19 and e["procs"] == 4 for e in entries)
+    switch_at = min(e["step"] for e in entries if e["procs"] == 4)  # the restored step
+    assert 0 < switch_at <= 14
+    first = Plan.from_config(parse_config(before, origin="multihost.yaml"))
+    switched = parse_config(raw, origin="switched.yaml")
+    trained = Plan(reconcile(first, switched, switch_at, switch=True), first.stores())
+    drawn = [trained.draws(step) for step in range(TOTAL)]
+    added = [ADDED in {d.source_names[s] for s in d.source.tolist()} for d in drawn]
+    assert not any(added[:switch_at]) and any(added[switch_at:])  # the switch served ADDED
+    weights = {2: expected_weights(first, 15), 4: expected_weights(trained, TOTAL)}
+    for entry in entries:  # 2 processes ran `before` to step 14, past the switch
+        step, unswitched = entry["step"], entry["procs"] == 2
+        sums = reference_checksums((first if unswitched else trained).batch(step))
+        np.testing.assert_array_equal(entry["sums"], sums, err_msg=str(entry))
+        assert entry["w"] == weights[2 if unswitched else 4][step], entry
+
+    # `pipeline verify --ledger` of the last checkpoint audits both segments
+    last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
+    assert last >= 20
+    config_file = tmp_path / "multihost.yaml"
+    config_file.write_text(json.dumps(raw))
+    argv = ["verify", config_file, "--ledger", tmp_path / "ckpt" / str(last), "--steps",
+            f"0:{TOTAL}"]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
