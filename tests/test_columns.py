@@ -283,3 +283,39 @@ def test_the_config_accepts_exactly_the_formats_that_open():
     from pipeline.store.formats import IN_PLACE
 
     assert tuple(IN_PLACE) == IN_PLACE_FORMATS
+
+
+def test_a_declared_switch_that_adds_in_place_sources_keeps_every_guarantee(tmp_path):
+    """A run on a prepared store alone, switched at step 10 to a mix that adds a Parquet and a
+    Megatron source: the steps before are the first plan's, the added sources start at counter
+    0, no window repeats in an epoch on 1, 2 or 4 hosts, and the saved ledger passes what
+    `pipeline verify --ledger` checks of it."""
+    from pipeline.plan import data_state
+    from pipeline.plan.resume import reconcile
+    from tests.storegen import write_synthetic_store
+
+    files, _ = positional_files([[12, 30, 7, 19] * 3, [25, 3, 40] * 3])
+    write_parquet(tmp_path / "corpus", files)
+    build_columns_index(tmp_path / "corpus")
+    write_megatron(tmp_path / "meg", [[[5, 6, 7, 0]], [[8, 9, 0]]] * 40)
+    build_index(tmp_path / "meg")
+    write_synthetic_store(tmp_path / "store", [[30, 50, 20], [40, 60]])
+    first = plan_of(tmp_path, config_for(tmp_path, {"s": {"path": "store"}}))
+    sources = {
+        "s": {"path": "store"},
+        "c": {"path": "corpus", "format": "parquet"},
+        "m": {"path": "meg", "format": "megatron"},
+    }
+    mixed = parse_config(config_for(tmp_path, sources, shared_vocabulary=True), "b.yaml", tmp_path)
+    ledger = reconcile(first, mixed, 10, switch=True)
+    switched = Plan(Ledger.from_json(json.loads(json.dumps(ledger.to_json()))))
+    assert ledger.segments[1].counters == {"c": 0, "m": 0, **first.segment_plan(0).counters_at(10)}
+    for step in (0, 9):
+        for name, value in first.batch(step).items():
+            assert np.array_equal(switched.batch(step)[name], value)
+    drawn = {switched.draws(10).source_names[s] for s in switched.draws(10).source.tolist()}
+    assert {"c", "m"} <= drawn
+    report = audit(switched, 0, 60, process_counts=[1, 2, 4])
+    assert report.ok, report.violations
+    assert report.epochs_completed["c"] >= 1 and report.epochs_completed["m"] >= 1
+    data_state.verify_ledger(switched.ledger, switched, "<switched>")

@@ -133,7 +133,7 @@ def test_in_place_sources_serve_the_plan_on_1_2_and_4_processes_and_resume_acros
             assert s["ledger_rows"] == ledger, name
 
     # elastic resumes across the declared switch: every step trained, the replayed ones too, is
-    # the switched plan's, bit-exactly
+    # bit-exactly the plan of the config it ran (the switched plan's from the restored step on)
     entries = read_log(tmp_path / "train.jsonl")
     assert {e["step"] for e in entries} == set(range(TOTAL))
     assert {e["procs"] for e in entries} == {2, 4, 1}
