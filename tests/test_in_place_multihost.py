@@ -32,6 +32,9 @@ pytestmark = pytest.mark.multiprocess
 STEPS = [0, 7, 19, 40]  # reached by seeks; every source rolls over an epoch before 40
 PROVENANCE = ["source", "epoch", "window"]
 TOTAL, EVERY = 24, 4  # the train task: checkpoints every 4 steps
+# 2 processes are killed at step 11 (checkpoint 4, maybe 8, complete), 4 processes at 16 (an
+# Orbax save waits for the one before: their checkpoint 12 is complete)
+KILL_2, KILL_4 = 11, 16
 ADDED = "cols"  # the in-place source the declared switch adds to the mix
 ITEMSIZE = {"meg": 2, "cols": 4, "store": 4}  # uint16 .bin, int32 column, uint32 store
 
@@ -85,8 +88,8 @@ def test_in_place_sources_serve_the_plan_on_1_2_and_4_processes_and_resume_acros
 
     # (name, processes, devices each, the train task's config and kill step)
     launches = [
-        ("two", 2, 2, {"config": before, "kill_at": 14}),
-        ("four", 4, 1, {"switch_to": raw, "kill_at": 19}),  # elastic 2 -> 4, the switch
+        ("two", 2, 2, {"config": before, "kill_at": KILL_2}),
+        ("four", 4, 1, {"switch_to": raw, "kill_at": KILL_4}),  # elastic 2 -> 4, the switch
         ("one", 1, 4, {}),  # elastic 4 -> 1, to the end
     ]
     for name, processes, devices, train in launches:
@@ -137,18 +140,19 @@ def test_in_place_sources_serve_the_plan_on_1_2_and_4_processes_and_resume_acros
     entries = read_log(tmp_path / "train.jsonl")
     assert {e["step"] for e in entries} == set(range(TOTAL))
     assert {e["procs"] for e in entries} == {2, 4, 1}
-    assert any(e["step"] == 14 and e["procs"] == 2 for e in entries)
-    assert any(e["step"] == 19 and e["procs"] == 4 for e in entries)
-    switch_at = min(e["step"] for e in entries if e["procs"] == 4)  # the restored step
-    assert 0 < switch_at <= 14
+    assert any(e["step"] == KILL_2 and e["procs"] == 2 for e in entries)
+    assert any(e["step"] == KILL_4 and e["procs"] == 4 for e in entries)
+    switch_at = min(e["step"] for e in entries if e["procs"] == 4)  # the restored steps
+    resumed_at = min(e["step"] for e in entries if e["procs"] == 1)
+    assert 0 < switch_at < resumed_at  # 1 process resumed a checkpoint 4 processes saved
     first = Plan.from_config(parse_config(before, origin="multihost.yaml"))
     switched = parse_config(raw, origin="switched.yaml")
     trained = Plan(reconcile(first, switched, switch_at, switch=True), first.stores())
     drawn = [trained.draws(step) for step in range(TOTAL)]
     added = [ADDED in {d.source_names[s] for s in d.source.tolist()} for d in drawn]
     assert not any(added[:switch_at]) and any(added[switch_at:])  # the switch served ADDED
-    weights = {2: expected_weights(first, 15), 4: expected_weights(trained, TOTAL)}
-    for entry in entries:  # 2 processes ran `before` to step 14, past the switch
+    weights = {2: expected_weights(first, TOTAL), 4: expected_weights(trained, TOTAL)}
+    for entry in entries:  # 2 processes ran `before` to KILL_2, past the switch
         step, unswitched = entry["step"], entry["procs"] == 2
         sums = reference_checksums((first if unswitched else trained).batch(step))
         np.testing.assert_array_equal(entry["sums"], sums, err_msg=str(entry))
