@@ -12,9 +12,9 @@
       web: {path: ../data/web, packing: best_fit, exclude: takedown.txt}  # ids left out
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
-    feed: {prefetch: 2, threads: auto, verify: read}  # runtime only: never changes the data
-                                            # (+ provenance, metrics_port, input-bound
-                                            # detection: docs/observability.md)
+    feed: {prefetch: 2, threads: auto, verify: read, expand: auto}  # runtime only: never
+                                            # changes the data (+ provenance, metrics_port,
+                                            # input-bound detection: docs/observability.md)
     eval:                        # optional held-out stores (prepare --eval-fraction)
       sources: {docs: {path: ../data/python-docs-eval}}
       batches: 4                 # per eval set; default: every full batch of the store
@@ -46,10 +46,12 @@ TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sour
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
-             "stats_window", "verify", "ready_timeout_s")  # fmt: skip
+             "stats_window", "verify", "ready_timeout_s", "expand")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
 VERIFY_POLICIES = ("off", "read", "open", "background")
+EXPAND_MODES = ("auto", "device", "host")
+"""`feed.expand`: where the six fields are built from what is transferred (pipeline.feed.expand)."""
 EVAL_KEYS = ("sources", "batches")
 # Bounds that keep every size in memory and every lane position in int64 (documented in
 # docs/data-plan.md): a row is seq_len + 1 tokens, a step global_batch_size rows.
@@ -143,6 +145,10 @@ class FeedOptions:
     # of a flat sidecar on its first read), or read plus the full pass: open (before step 0),
     # background (while training). docs/token-store.md, "Verification".
     verify: str = "read"
+    # Where the six fields are built: on the devices from the compact form the feed transfers
+    # (device), on the host, transferred as they are (host), or device on accelerators and
+    # host on CPU devices (auto). pipeline.feed.expand.
+    expand: str = "auto"
 
     @property
     def check_reads(self) -> bool:
@@ -491,8 +497,14 @@ def _feed(raw: Any, where: _Where) -> FeedOptions:
         raise where.fail(
             "feed.verify", f"expected one of {', '.join(VERIFY_POLICIES)}, got {verify!r}"
         )
+    expand = raw.get("expand", "auto")
+    if expand not in EXPAND_MODES:
+        raise where.fail(
+            "feed.expand", f"expected one of {', '.join(EXPAND_MODES)}, got {expand!r}"
+        )
     return FeedOptions(
         verify=verify,
+        expand=expand,
         prefetch=where.integer(
             raw.get("prefetch", 2), "feed.prefetch", minimum=1, maximum=MAX_THREADS
         ),

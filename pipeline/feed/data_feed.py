@@ -60,7 +60,7 @@ from jax.sharding import Mesh, NamedSharding
 from pipeline.config import DataConfig
 from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count
 from pipeline.errors import FeedError, PipelineError, StoreError
-from pipeline.feed import shared_stores
+from pipeline.feed import expand, shared_stores
 from pipeline.feed.geometry import Geometry, geometry
 from pipeline.feed.host_stop import stop_periods
 from pipeline.feed.mix_agreement import check_same_call
@@ -101,12 +101,17 @@ def _read_rows(
     provenance: tuple[str, ...],
     measure: bool,
     scheduled: ScheduledSources | None = None,
+    compact: bool = False,
 ) -> _StepRows:
     """This process's `rows` of `step`, read on the host (`_read_step` then transfers them);
-    `measure`: counted for the feed's statistics."""
+    `compact`: in their compact form where the step has one (`Plan.read_compact`; the
+    devices build the six fields, `pipeline.feed.expand`); `measure`: counted for the feed's
+    statistics."""
     started = time.perf_counter()
     draws = plan.draws(step, rows)
-    batch = plan.read(draws)
+    batch = plan.read_compact(draws) if compact else None
+    if batch is None:
+        batch = plan.read(draws)
     for name, values in draws.provenance(provenance).items():
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
@@ -125,8 +130,9 @@ def _read_step(
     scheduled: ScheduledSources | None = None,
 ) -> _StepRows:
     """A reader thread's task: one step's local rows, read and transferred to the devices."""
-    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled)
-    rows.batch = geometry.to_global(rows.batch)
+    compact = expand.on_device(plan.config.feed.expand, geometry)
+    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled, compact)
+    rows.batch = expand.to_global(geometry, rows.batch)
     return rows
 
 

@@ -41,17 +41,26 @@ class Geometry:
         """
         tokens = [name for name in host if name in FIELDS]
         rows = [name for name in host if name not in FIELDS]  # provenance: no sequence axis
+        placed = self.place([host[name] for name in tokens], [host[name] for name in rows])
+        return dict(zip(tokens + rows, placed[0] + placed[1]))  # host's order: fields first
+
+    def place(
+        self, sequences: list[np.ndarray], rows: list[np.ndarray]
+    ) -> tuple[list[jax.Array], list[jax.Array]]:
+        """`to_global`'s one transfer call, for `sequences` of any one width (the six fields,
+        or the compact form's, `pipeline.feed.expand`) and per-row arrays `rows`."""
+        width = sequences[0].shape[-1]
         local = [
-            [host[name].reshape(self.local_shape) for name in tokens],
-            [host[name].reshape(self.local_shape[:-1]) for name in rows],
+            [values.reshape((*self.local_shape[:-1], width)) for values in sequences],
+            [values.reshape(self.local_shape[:-1]) for values in rows],
         ]
         shardings = [self.sharding, self.row_sharding]
         if self.whole:
             placed = jax.device_put(local, shardings)
         else:
-            shapes = [self.shape, self.shape[:-1]]
+            shapes = [(*self.shape[:-1], width), self.shape[:-1]]
             placed = jax.make_array_from_process_local_data(shardings, local, shapes)
-        return dict(zip(tokens + rows, placed[0] + placed[1]))  # host's order: fields first
+        return placed[0], placed[1]
 
 
 def geometry(

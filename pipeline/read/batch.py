@@ -14,7 +14,7 @@ segment 0 there: `mask_untrained`, for windows and whole-document rows alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -31,13 +31,29 @@ FIELDS = (
 
 def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> dict[str, np.ndarray]:
     """The six fields of int32 windows `tokens` [rows, seq_len + 1] whose documents start at
-    (doc_rows[i], doc_cols[i]); every row also starts a segment at column 0.
+    (doc_rows[i], doc_cols[i]); every row also starts a segment at column 0."""
+    segments, positions = boundaries(tokens.shape, doc_rows, doc_cols)
+    return {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "inputs_segmentation": segments[:, :-1],
+        "targets_segmentation": segments[:, 1:],
+        "inputs_position": positions[:, :-1],
+        "targets_position": positions[:, 1:],
+    }
+
+
+def boundaries(
+    shape: tuple[int, int], doc_rows: np.ndarray, doc_cols: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The segment numbers and positions (int32, `shape`) of windows whose documents start at
+    (doc_rows[i], doc_cols[i]), every row also at column 0.
 
     Vectorised over the whole block: segment boundaries are the sorted flat indices of the
     starts (a few per row), and positions / segment numbers are `np.repeat`s of per-segment
     values, so no per-token scan (cumsum, maximum.accumulate) is needed.
     """
-    rows, width = tokens.shape
+    rows, width = shape
     size = rows * width
     flat = np.asarray(doc_rows, np.int64) * width + np.asarray(doc_cols, np.int64)
     bounds = np.unique(np.concatenate([flat, np.arange(0, size, width)]))
@@ -48,15 +64,7 @@ def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> di
     number = np.arange(bounds.size)
     first = np.maximum.accumulate(np.where(bounds % width == 0, number, 0))
     segments = np.repeat((number - first + 1).astype(np.int32), lengths).reshape(rows, width)
-    positions = positions.astype(np.int32, copy=False).reshape(rows, width)
-    return {
-        "inputs": tokens[:, :-1],
-        "targets": tokens[:, 1:],
-        "inputs_segmentation": segments[:, :-1],
-        "targets_segmentation": segments[:, 1:],
-        "inputs_position": positions[:, :-1],
-        "targets_position": positions[:, 1:],
-    }
+    return segments, positions.astype(np.int32, copy=False).reshape(rows, width)
 
 
 class MaskSource(Protocol):
@@ -84,6 +92,21 @@ def mask_untrained(
     [lo[i], hi[i]) of shard shard[i] of stores[owner[i]], whose token t (t from 0) is the
     target at flat index at[i] + t - 1, and none below floor[i] (the first target of the row
     a window starts, or of a whole document's slots). One `untrained_spans` call per store."""
+    for a, b in untrained_ranges(stores, owner, shard, lo, hi, at, floor):
+        targets[a:b] = 0
+
+
+def untrained_ranges(
+    stores: Sequence[MaskSource],
+    owner: np.ndarray,
+    shard: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    at: np.ndarray,
+    floor: np.ndarray,
+) -> Iterator[tuple[int, int]]:
+    """The flat ranges [a, b) of targets that carry no loss (`mask_untrained`'s arguments):
+    what `mask_untrained` zeroes, and the compact form (`pipeline.read.compact`) marks."""
     for k, store in enumerate(stores):
         if not store.masked:
             continue
@@ -91,5 +114,4 @@ def mask_untrained(
         piece, first, end = store.untrained_spans(shard[mine], lo[mine], hi[mine])
         before = at[mine][piece] - 1
         starts = np.maximum(before + first, floor[mine][piece]).tolist()
-        for a, b in zip(starts, (before + end).tolist()):
-            targets[a:b] = 0
+        yield from zip(starts, (before + end).tolist())

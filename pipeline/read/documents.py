@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.plan.packing import PackedLayout
+from pipeline.read import compact
 from pipeline.read.batch import FIELDS, mask_untrained
 from pipeline.store.token_store import TokenStore, read_pieces
 
 
 def document_fields(
-    layout: PackedLayout, store: TokenStore, rows: np.ndarray
+    layout: PackedLayout, store: TokenStore, rows: np.ndarray, *, packed: bool = False
 ) -> dict[str, np.ndarray]:
     """The six batch fields of packed rows `rows` of `layout` (its store: `store`),
-    [len(rows), seq_len] each.
+    [len(rows), seq_len] each (`packed`: their compact form, `pipeline.read.compact`).
 
     The rows' documents are read one after another into one buffer, then zeros that
     padding reads. A row is its documents' slots, then padding, so each token field is one
@@ -59,17 +60,25 @@ def document_fields(
     position *= segment != 0  # padding: position 0
     inputs = buffer[index]
     index += 1
+    targets = buffer[index]
+    trained = _target_segments(store, segment, shards, start, tokens, begin[entry])
+    position = position.astype(np.int32, copy=False)
+    shape = (rows.size, layout.seq_len)
+    if packed:
+        untrained = None if trained is segment else trained == 0  # padding too: no matter
+        bounds = compact.pack(segment, position)  # consumes segment
+        if untrained is not None:
+            bounds[untrained] |= compact.UNTRAINED
+        fields = {"inputs": inputs, "targets": targets, "bounds": bounds}
+        return {name: values.reshape(shape) for name, values in fields.items()}
     fields = {
         "inputs": inputs,
-        "targets": buffer[index],
+        "targets": targets,
         "inputs_segmentation": segment,
-        "targets_segmentation": _target_segments(
-            store, segment, shards, start, tokens, begin[entry]
-        ),
-        "inputs_position": position.astype(np.int32, copy=False),
+        "targets_segmentation": trained,
+        "inputs_position": position,
+        "targets_position": position,
     }
-    fields["targets_position"] = fields["inputs_position"]
-    shape = (rows.size, layout.seq_len)
     return {name: fields[name].reshape(shape) for name in FIELDS}
 
 

@@ -18,7 +18,7 @@ from pipeline.errors import StoreError
 from pipeline.plan.plan import DrawPlan, Draws, SegmentPlan
 from pipeline.plan.row_layout import OpenStore, RowLayout
 from pipeline.plan.sources import path_key
-from pipeline.read.batch import FIELDS
+from pipeline.read import compact
 from pipeline.read.documents import document_fields
 from pipeline.read.windows import read_windows
 from pipeline.store.meta import StoreMeta
@@ -38,8 +38,19 @@ class Plan(DrawPlan):
 
         A store error (a shard damaged, found at its first use) is prefixed with the config key
         of the source whose store it names, as at open (`sources.path_key`)."""
+        return self._keyed(draws, packed=False)
+
+    def read_compact(self, draws: Draws) -> dict[str, np.ndarray] | None:
+        """The drawn rows in their compact form (`pipeline.read.compact`), read-only as `read`'s
+        fields; None when their ledger segment has none (the caller reads the six fields)."""
+        plan = self.segment_plan(draws.segment_index)
+        if compact.form(plan.layouts.values(), plan.config.seq_len) is None:
+            return None
+        return self._keyed(draws, packed=True)
+
+    def _keyed(self, draws: Draws, packed: bool) -> dict[str, np.ndarray]:
         try:
-            batch = self._read(draws)
+            batch = self._read(draws, packed)
         except StoreError as error:
             key = self._source_key(draws.segment_index, str(error))
             if key is None:
@@ -49,19 +60,21 @@ class Plan(DrawPlan):
             values.flags.writeable = False
         return batch
 
-    def _read(self, draws: Draws) -> dict[str, np.ndarray]:
+    def _read(self, draws: Draws, packed: bool) -> dict[str, np.ndarray]:
         """The windows of every windowed source in one pass (`read_windows`), each
         whole-document source's rows on their own (`document_fields`); into zeros when
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
         layouts = [plan.layouts[name] for name in draws.source_names]
-        groups = _readers(layouts, self.store_set.open, draws.source)
+        groups = _readers(layouts, self.store_set.open, draws.source, packed)
         rows = (draws.source, draws.epoch, draws.window, draws.start)
         if len(groups) == 1:  # no fancy-index copies when one reader reads every row
             return groups[0][0](*rows)
-        out = {name: np.zeros((len(draws.rows), plan.config.seq_len), np.int32) for name in FIELDS}
+        out: dict[str, np.ndarray] = {}
         for read, mine in groups:
             for name, values in read(*(a[mine] for a in rows)).items():
+                if name not in out:
+                    out[name] = np.zeros((len(draws.rows), *values.shape[1:]), values.dtype)
                 out[name][mine] = values
         return out
 
@@ -112,34 +125,36 @@ class Plan(DrawPlan):
 
 
 def _readers(
-    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray
+    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray, packed: bool
 ) -> list[tuple[Reader, np.ndarray | slice]]:
     """Who reads which of the drawn rows (`which` indexes `layouts`): one reader for all
-    windowed sources' rows, one per whole-document source."""
+    windowed sources' rows, one per whole-document source (`packed`: of the compact form)."""
     drawn = np.unique(which).tolist()
     windows = [k for k in drawn if not layouts[k].whole_documents]
+    read = partial(read_windows, layouts, open_store, packed=packed)
     if len(windows) == len(drawn):  # the common step: one reader, no selection of rows
-        return [(partial(read_windows, layouts, open_store), slice(None))]
+        return [(read, slice(None))]
     groups = []
     if windows:
-        groups.append((partial(read_windows, layouts, open_store), np.isin(which, windows)))
+        groups.append((read, np.isin(which, windows)))
     for k in drawn:
         if layouts[k].whole_documents:
             store = open_store(layouts[k].meta)
-            groups.append((partial(_documents, layouts[k], store), which == k))
+            groups.append((partial(_documents, layouts[k], store, packed), which == k))
     return [(read, np.flatnonzero(mine)) for read, mine in groups]
 
 
 def _documents(
     layout: RowLayout,
     store: TokenStore,
+    packed: bool,
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
     start: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """A whole-document source's rows: its packed rows are the drawn `window`s."""
-    return document_fields(layout, store, window)
+    return document_fields(layout, store, window, packed=packed)
 
 
 def _reader_at(plan: SegmentPlan, names: list[str], root: str) -> str:

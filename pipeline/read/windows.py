@@ -2,7 +2,8 @@
 
 The shard pieces of every drawn window, of all such sources of a step, are found in one pass
 (`layout.window_pieces`) and copied in one pass (`read_pieces`) straight into one
-[rows, seq_len + 1] buffer, which `batch.fields` turns into the six fields.
+[rows, seq_len + 1] buffer, which `batch.fields` turns into the six fields, or (`packed`)
+`compact.pack` into the windows' compact form.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from pipeline.plan.layout import window_pieces
 from pipeline.plan.row_layout import OpenStore, RowLayout
-from pipeline.read.batch import fields, mask_untrained
+from pipeline.read import compact
+from pipeline.read.batch import boundaries, fields, mask_untrained, untrained_ranges
 from pipeline.store.token_store import read_pieces
 
 
@@ -24,9 +26,11 @@ def read_windows(
     epoch: np.ndarray,
     window: np.ndarray,
     start: np.ndarray,
+    *,
+    packed: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The six fields of drawn windows: row i is the window at token start[i] of epoch
-    epoch[i] of source layouts[which[i]]."""
+    """The six fields of drawn windows (`packed`: their compact form, `pipeline.read.compact`):
+    row i is the window at token start[i] of epoch epoch[i] of source layouts[which[i]]."""
     sources = np.unique(which).tolist()
     seq_len = layouts[sources[0]].seq_len
     tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
@@ -38,9 +42,17 @@ def read_windows(
     # A piece after a window's first begins a document: at a shard's start it does anyway, and
     # in a transitional epoch's stream (`transition`) it joins stretches apart in the store.
     joined = col > 0
-    doc_rows, doc_cols = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
-    batch = fields(tokens, doc_rows, doc_cols)
-    if any(store.masked for store in stores):
+    starts = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
+    masked = any(store.masked for store in stores)
+    if packed:
+        bounds = compact.pack(*boundaries(tokens.shape, *starts))
+        if masked:  # the target at token column c is target c - 1 of its row
+            first = row * (seq_len + 1) + 1
+            ranges = untrained_ranges(stores, owner, shard, lo, hi, first + col, first)
+            compact.mark_untrained(bounds, ranges)
+        return {"tokens": tokens, "bounds": bounds}
+    batch = fields(tokens, *starts)
+    if masked:
         # its own array: the segment fields are views of one buffer
         batch["targets_segmentation"] = batch["targets_segmentation"].copy()
         first = row * seq_len  # a window's target column j is its token j + 1
