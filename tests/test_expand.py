@@ -23,7 +23,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.eval_feed import eval_feeds
 from pipeline.feed.geometry import geometry
 from pipeline.read import compact
-from pipeline.read.batch import boundaries, fields
+from pipeline.read.batch import FIELDS, boundaries, fields
 from tests.feedstores import two_stage_raw
 from tests.storegen import write_synthetic_store
 from tests.test_packing import write_masked_store
@@ -219,3 +219,21 @@ def test_a_seq_len_beyond_the_packed_positions_is_read_as_six_fields(tmp_path: P
     plan = Plan.from_config(parse_config(raw, origin="expand.yaml"))
     where = geometry(data_mesh((1,)), ("data",), 1, 1, compact.MAX_SEQ_LEN)
     assert_same(*read_both(plan, 0, where))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
+def test_two_processes_expand_to_the_plans_fields(tmp_path: Path, packing: str) -> None:
+    """Each process transfers its rows' compact form and expands them under a sharding that
+    spans both processes (`make_array_from_process_local_data`, then one jit)."""
+    from tests.test_multihost import run_on_one_mesh
+
+    raw = masked_raw(tmp_path / "stores", packing)
+    raw["feed"] = {"expand": "device"}
+    steps = [0, 1, 7, 1000]
+    plan, result = run_on_one_mesh(tmp_path, raw, "expand", steps, 2, 2)
+    for step in steps:
+        expected = plan.batch(step)
+        for field in FIELDS:
+            np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
+    assert any((plan.batch(step)["targets_segmentation"] == 0).any() for step in steps)
