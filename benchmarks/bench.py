@@ -27,7 +27,9 @@ figures are medians over rounds:
   per record; `np.copyto` of the batch's bytes;
 * the transfer limit, in its own worker: the feed's transfer call alone, per step, on fresh
   copies of one step's six fields (read before the clock starts): what every contender ending
-  in these global arrays pays, Grain's rows too.
+  in these global arrays pays, Grain's rows too; and the same for the compact form (tokens +
+  boundaries, `pipeline.read.compact`), alone and with the on-device expansion
+  (`pipeline.feed.expand`), next to DataFeed with `feed: {expand: device}`.
 
 Per contender: tokens/s; CPU seconds per million tokens (the worker process and its children,
 all the work it did from its first timed round to the end of its last, background prefetch
@@ -282,9 +284,12 @@ def contender_table(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
         "feed": ("feed", {}),
         "feed_nostats": ("feed_nostats", {}),
         "feed_unchecked": ("feed_unchecked", {}),
+        "feed_device": ("feed_device", {}),
         "maxtext": ("maxtext", {}),
         "grain_view": ("grain_view", {"workers": GRAIN_VIEW_WORKERS}),
         "transfer": ("transfer", {}),
+        "transfer_compact": ("transfer_compact", {}),
+        "transfer_expanded": ("transfer_expanded", {}),
     }
     for suffix, options in grain_settings(args.grain_workers).items():
         table[f"grain_{suffix}"] = ("grain", options)
@@ -594,6 +599,7 @@ LABELS = {
     "feed": "**ours: DataFeed -> global arrays**",
     "feed_nostats": "ours: DataFeed(stats=False)",
     "feed_unchecked": "ours: DataFeed, feed: {verify: off} (no block checksums)",
+    "feed_device": "ours: DataFeed, feed: {expand: device} (the six fields built on the devices)",
     "maxtext": "ours: MaxText create_data_iterator",
     "grain_view": f"ours through Grain: host_dataset + mp_prefetch({GRAIN_VIEW_WORKERS} workers)",
     "plan": "ours: Plan.batch, host only (flat sidecar)",
@@ -602,6 +608,8 @@ LABELS = {
     "format_batched": "limit: ArrayRecord read(list) of the needed records",
     "copy": "limit: np.copyto of the batch's token bytes",
     "transfer": "limit: transfer of the six fields only",
+    "transfer_compact": "limit: transfer of tokens + boundaries only",
+    "transfer_expanded": "limit: transfer of tokens + boundaries, then the on-device expansion",
 }
 
 
@@ -657,6 +665,16 @@ def table(result: dict) -> str:
         f"{ratio(transfer, feed['cpu_s_per_mtok']):.0%} of DataFeed's CPU per token; the most "
         "any loader ending in these arrays could reach against Grain's best single process: "
         f"{ratio(single['cpu_s_per_mtok'], transfer):.1f}x less CPU per token"
+    )
+    compact, expanded = c["transfer_compact"], c["transfer_expanded"]
+    lines.append(
+        f"transfer less (tokens + boundaries): {compact['cpu_s_per_mtok']:.4f} CPU s per M "
+        f"tokens, {ratio(transfer, compact['cpu_s_per_mtok']):.1f}x less than the six fields; "
+        f"with the on-device expansion {expanded['cpu_s_per_mtok']:.4f} "
+        f"({ratio(transfer, expanded['cpu_s_per_mtok']):.2f}x less); DataFeed with "
+        f"expand: device / the default (auto: host on CPU devices): "
+        f"{c['feed_device']['tokens_per_s'] / feed['tokens_per_s']:.2f}x tokens/s, "
+        f"{ratio(c['feed_device']['cpu_s_per_mtok'], feed['cpu_s_per_mtok']):.2f}x CPU per token"
     )
     lines.append(
         f"Plan.batch / ArrayRecord format limit: {c['plan']['tokens_per_s'] / limit:.0%} in "

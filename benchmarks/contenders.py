@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -74,14 +75,15 @@ def feed_threads() -> int:
 # -- the data: one config for ours, the same stores and weights for Grain ------------------------
 
 
-def data_config(spec: dict[str, Any], verify: str | None = None):
-    """The bench's data config; `verify` overrides its `feed.verify` (`off`: the A/B of the
-    block checksums' cost, docs/token-store.md)."""
+def data_config(spec: dict[str, Any], **feed: str):
+    """The bench's data config; `feed` overrides its feed options (`verify="off"`: the A/B of
+    the block checksums' cost, docs/token-store.md; `expand="device"`: of the on-device
+    expansion, docs/benchmarks.md)."""
     from pipeline.config import parse_config
 
     raw = spec["config"]
-    if verify is not None:
-        raw = {**raw, "feed": {**raw.get("feed", {}), "verify": verify}}
+    if feed:
+        raw = {**raw, "feed": {**raw.get("feed", {}), **feed}}
     return parse_config(raw, origin="bench.yaml")
 
 
@@ -111,14 +113,15 @@ def recorded_mixes(ledger, calls: int, step: int):
 
 class Feed:
     """`DataFeed(config, mesh)` with its defaults: what a JAX user writes; `stats=False` is the
-    A/B for the statistics' cost, `verify="off"` for the block checksums'."""
+    A/B for the statistics' cost, `verify="off"` for the block checksums', `expand="device"`
+    for the on-device expansion's."""
 
-    def __init__(self, spec: dict[str, Any], stats: bool = True, verify: str | None = None) -> None:
+    def __init__(self, spec: dict[str, Any], stats: bool = True, **feed: str) -> None:
         from pipeline.feed.data_feed import DataFeed
 
         self.spec = spec
         self.mesh = mesh()
-        self.iterator = DataFeed(data_config(spec, verify), self.mesh, stats=stats)
+        self.iterator = DataFeed(data_config(spec, **feed), self.mesh, stats=stats)
         self.managers: dict[int, Any] = {}
 
     def __next__(self):
@@ -281,7 +284,7 @@ def fresh_copy(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     copies: dict[int, np.ndarray] = {}
     fresh = {}
     for name, view in host.items():
-        base = view.base
+        base = view if view.base is None else view.base  # the compact form's tokens: their own
         if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
             raise TypeError(f"field {name} is not a view of a contiguous array")
         if id(base) not in copies:
@@ -296,6 +299,10 @@ class TransferLimit:
     run), sharding and local rows, on one step's six fields from `Plan.batch`, read once. What
     any loader ending in these global arrays pays per step, whatever its host work.
 
+    `form`: of the compact form instead (`Plan.read_compact`: tokens + boundaries): `compact`
+    its transfer alone (`Geometry.place`), `expanded` that and the on-device expansion
+    (`expand.to_global`, what `feed: {expand: device}` runs).
+
     The feed transfers fresh arrays every step (`Plan.read` allocates them), so each step here
     transfers a fresh copy (`fresh_copy`), never the same arrays again. The copies are made
     with the clock paused (`prepare`, like FormatLimit's record lists), since in the feed that
@@ -303,19 +310,28 @@ class TransferLimit:
     just-written arrays, so the row errs dear, not cheap. The previous step's arrays are
     dropped when the next ones arrive, as in a trainer (`run`)."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], form: str = "six") -> None:
+        from pipeline.feed import expand
         from pipeline.feed.data_feed import DataFeed
 
         with DataFeed(data_config(spec), mesh()) as feed:
             self.geometry = feed._geometry_at(0)
-            self.host = feed.plan.batch(0, self.geometry.rows)
+            draws = feed.plan.draws(0, self.geometry.rows)
+            self.host = feed.plan.read(draws) if form == "six" else feed.plan.read_compact(draws)
+        places = {"six": self.geometry.to_global, "compact": self._compact,
+                  "expanded": partial(expand.to_global, self.geometry)}  # fmt: skip
+        self.place = places[form]
         self.queue: list[dict[str, np.ndarray]] = []
 
     def prepare(self, steps: int) -> None:
         self.queue += [fresh_copy(self.host) for _ in range(steps)]
 
     def __next__(self):
-        return self.geometry.to_global(self.queue.pop(0))
+        return self.place(self.queue.pop(0))
+
+    def _compact(self, host: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The compact form's global arrays (no `inputs`: `run` counts the step's tokens)."""
+        return dict(zip(host, self.geometry.place(list(host.values()), [])[0]))
 
     def close(self) -> None:
         pass
@@ -538,6 +554,7 @@ KINDS = {
     "feed": Feed,
     "feed_nostats": lambda spec: Feed(spec, stats=False),
     "feed_unchecked": lambda spec: Feed(spec, verify="off"),
+    "feed_device": lambda spec: Feed(spec, expand="device"),
     "maxtext": MaxText,
     "plan": PlanBatch,
     "plan_arrayrecord": lambda spec: PlanBatch(spec, flat=False),
@@ -545,6 +562,8 @@ KINDS = {
     "format_batched": lambda spec: FormatLimit(spec, batched=True),
     "copy": CopyLimit,
     "transfer": TransferLimit,
+    "transfer_compact": lambda spec: TransferLimit(spec, "compact"),
+    "transfer_expanded": lambda spec: TransferLimit(spec, "expanded"),
     "grain": Grain,
     "grain_sft": GrainSft,
     "grain_view": GrainView,
@@ -584,8 +603,10 @@ def run(
         batch = next(contender)
         inside += time.perf_counter() - before
         inside_cpu += time.thread_time() - before_cpu
-        # a process's share of the global arrays' tokens; the host limits make no fields
-        tokens += tokens_per_step if batch is None else batch["inputs"].size // processes
+        # a process's share of the global arrays' tokens; the host limits and the compact
+        # transfer make no six fields
+        counted = batch is None or "inputs" not in batch
+        tokens += tokens_per_step if counted else batch["inputs"].size // processes
         if pace:
             time.sleep(pace)
     jax.block_until_ready(batch)

@@ -116,13 +116,15 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
                   "DataFeed / Grain's best single process", "DataFeed / Grain's best mp_prefetch",
                   "step 1,000,000,000", "Orbax restore",
                   "ours through Grain: host_dataset + mp_prefetch(2 workers)",
-                  "limit: transfer of the six fields only"):  # fmt: skip
+                  "limit: transfer of the six fields only",
+                  "limit: transfer of tokens + boundaries only",
+                  "ours: DataFeed, feed: {expand: device}"):  # fmt: skip
         assert label in printed, label
     contenders = result["contenders"]
     expected = {"feed", "feed_nostats", "feed_unchecked", "maxtext", "grain_view", "plan",
                 "plan_arrayrecord", "grain_t0_b0", "grain_t16_b500", "grain_mp1",
-                "format_per_record", "copy",
-                "transfer"}  # fmt: skip
+                "format_per_record", "copy", "feed_device",
+                "transfer", "transfer_compact", "transfer_expanded"}  # fmt: skip
     assert expected <= set(contenders)
     for name, row in contenders.items():
         assert row["tokens_per_s"] > 0 and row["next_ms_per_step"] > 0, name
@@ -157,6 +159,12 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
     assert f"{share:.0%} of DataFeed's" in line and line.endswith(
         f"{reach:.1f}x less CPU per token"
     )
+    # Transfer less: the compact form's transfer against the six fields'.
+    packed, expanded = contenders["transfer_compact"], contenders["transfer_expanded"]
+    line = next(line for line in printed.splitlines() if line.startswith("transfer less"))
+    less = transfer["cpu_s_per_mtok"] / packed["cpu_s_per_mtok"]
+    assert f"{packed['cpu_s_per_mtok']:.4f} CPU s per M tokens, {less:.1f}x less" in line
+    assert f"with the on-device expansion {expanded['cpu_s_per_mtok']:.4f}" in line
     # The scale table's transfer columns, from a scale run's figures.
     result["scale"] = {
         str(n): {"rows_per_process": 8 // n, "tokens_per_s_per_process": 1e6,
