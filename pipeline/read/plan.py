@@ -3,8 +3,9 @@
 `Plan` is the plan of the draws (`pipeline.plan.plan.DrawPlan`, pure) with the read path: one
 reader of a step's rows (`read`, `batch`) over the plan's one set of open stores
 (`store_set`), by the two kinds of rows a layout has: windows of a stream (`windows`) and whole
-documents then padding (`documents`), both masked by `batch.mask_untrained`. A store error
-found in a read is named by the config key of the source whose store it is.
+documents then padding (`documents`), both masked by `batch.mask_untrained`; `read_compact`
+reads them in their compact form (`compact`). A store error found in a read is named by the
+config key of the source whose store it is.
 """
 
 from __future__ import annotations
