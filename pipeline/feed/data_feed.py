@@ -25,8 +25,9 @@ the step's local rows with one `Plan.read` and transfers every field with one
 `jax.make_array_from_process_local_data` call (`feed: {expand: device}`: the rows' compact form,
 expanded to the six fields on the devices, `pipeline.feed.expand`), so `next()` in the training
 thread only hands over arrays that are already on the devices (prefetched batches occupy device
-memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step, row), so the
-result never depends on depth, threads, timing or restart history; `seek` only moves the step.
+memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
+row), so the result never depends on depth, threads, timing or restart history; `seek` only
+moves the step.
 An error `next()` raises stops every other process too, with the same line
 (`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
 for the peers' stops, re-checks that each store is still the one opened and exchanges the

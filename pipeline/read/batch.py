@@ -14,7 +14,7 @@ segment 0 there: `mask_untrained`, for windows and whole-document rows alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -77,22 +77,11 @@ class MaskSource(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
-def mask_untrained(
-    targets: np.ndarray,
-    stores: Sequence[MaskSource],
-    owner: np.ndarray,
-    shard: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    at: np.ndarray,
-    floor: np.ndarray,
-) -> None:
+def mask_untrained(targets: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None:
     """Segment 0 on the targets that carry no loss, in place: the one loss-mask path of every
-    row layout. `targets` is the rows' `targets_segmentation`, flat; piece i is tokens
-    [lo[i], hi[i]) of shard shard[i] of stores[owner[i]], whose token t (t from 0) is the
-    target at flat index at[i] + t - 1, and none below floor[i] (the first target of the row
-    a window starts, or of a whole document's slots). One `untrained_spans` call per store."""
-    for a, b in untrained_ranges(stores, owner, shard, lo, hi, at, floor):
+    row layout. `targets` is the rows' `targets_segmentation`, flat; `ranges` its flat ranges
+    [a, b) of untrained targets (`untrained_ranges`)."""
+    for a, b in ranges:
         targets[a:b] = 0
 
 
@@ -105,8 +94,11 @@ def untrained_ranges(
     at: np.ndarray,
     floor: np.ndarray,
 ) -> Iterator[tuple[int, int]]:
-    """The flat ranges [a, b) of targets that carry no loss (`mask_untrained`'s arguments):
-    what `mask_untrained` zeroes, and the compact form (`pipeline.read.compact`) marks."""
+    """The flat ranges [a, b) of the targets that carry no loss: piece i is tokens
+    [lo[i], hi[i]) of shard shard[i] of stores[owner[i]], whose token t (t from 0) is the
+    target at flat index at[i] + t - 1, and none below floor[i] (the first target of the row
+    a window starts, or of a whole document's slots). One `untrained_spans` call per store.
+    What `mask_untrained` zeroes, and the compact form (`pipeline.read.compact`) marks."""
     for k, store in enumerate(stores):
         if not store.masked:
             continue

@@ -12,7 +12,7 @@ import numpy as np
 
 from pipeline.plan.packing import PackedLayout
 from pipeline.read import compact
-from pipeline.read.batch import FIELDS, mask_untrained
+from pipeline.read.batch import FIELDS, mask_untrained, untrained_ranges
 from pipeline.store.token_store import TokenStore, read_pieces
 
 
@@ -98,5 +98,7 @@ def _target_segments(
         return segment
     trained = segment.copy()
     owner = np.zeros_like(shards)  # every document: of the one store
-    mask_untrained(trained, [store], owner, shards, first, first + tokens, begin, begin)
+    mask_untrained(
+        trained, untrained_ranges([store], owner, shards, first, first + tokens, begin, begin)
+    )
     return trained

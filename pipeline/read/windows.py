@@ -57,5 +57,5 @@ def read_windows(
         batch["targets_segmentation"] = batch["targets_segmentation"].copy()
         first = row * seq_len  # a window's target column j is its token j + 1
         targets = batch["targets_segmentation"].reshape(-1)
-        mask_untrained(targets, stores, owner, shard, lo, hi, first + col, first)
+        mask_untrained(targets, untrained_ranges(stores, owner, shard, lo, hi, first + col, first))
     return batch
