@@ -237,3 +237,18 @@ def test_two_processes_expand_to_the_plans_fields(tmp_path: Path, packing: str) 
         for field in FIELDS:
             np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
     assert any((plan.batch(step)["targets_segmentation"] == 0).any() for step in steps)
+
+
+def test_a_transitional_epoch_expands_to_the_host_fields(tmp_path: Path) -> None:
+    """After a declared switch of seq_len and lanes, windows join stretches apart in the
+    store (`plan.transition`): each joint starts a document in the compact form too."""
+    from pipeline.store.token_store import TokenStore
+    from tests.test_transition import plan_of
+
+    store = write_synthetic_store(tmp_path / "s", [[30, 11, 19, 25], [40, 13, 60]])
+    drawn, switched = plan_of(store.path, [store.meta], [(9, 2), (6, 3)], [0.5], "concat")
+    plan = Plan(drawn.ledger, [TokenStore(store.path)])
+    for step in range(switched - 1, switched + 12):
+        seq_len = plan.segment_plan(plan.draws(step).segment_index).config.seq_len
+        rows = plan.draws(step).rows.size
+        assert_same(*read_both(plan, step, geometry(data_mesh((1,)), ("data",), 1, rows, seq_len)))
