@@ -169,10 +169,12 @@ def test_bench_command_prints_the_tables_and_every_contender_counts_whole_batche
     result["scale"] = {
         str(n): {"rows_per_process": 8 // n, "tokens_per_s_per_process": 1e6,
                  "cpu_s_per_mtok_per_process": 0.02 * n, "peak_rss_mb": 500,
-                 "transfer_cpu_s_per_mtok_per_process": 0.01 * n}
+                 "transfer_cpu_s_per_mtok_per_process": 0.01 * n,
+                 "compact_cpu_s_per_mtok_per_process": 0.004 * n * n}
         for n in (1, 2)
     }  # fmt: skip
-    assert "| 2 | 4 | 1,000,000 | 0.0400 | 2.00 | 500 MB | 0.0200 | 2.00 |" in table(result)
+    row = "| 2 | 4 | 1,000,000 | 0.0400 | 2.00 | 500 MB | 0.0200 | 2.00 | 0.0160 | 4.00 |"
+    assert row in table(result)
 
 
 @pytest.mark.multiprocess  # contender workers, and a restore in a new process per step and round
@@ -339,8 +341,10 @@ def test_the_scale_rows_run_the_transfer_limit_with_the_feed_closed(tmp_path, mo
     result = bench.scale(base, args, tmp_path, SimpleNamespace(update=lambda: None))
     assert set(result) == {"1", "2"}
     runs = [answer for answer in answers if "feed_threads" in answer]
-    # per job: the feed's run in each process (its threads live), then the transfer's
-    assert [run["feed_threads"] > 0 for run in runs] == [True, False, True, True, False, False]
+    # per job: the feed's run in each process (its threads live), then the transfers'
+    one, two = [True, False, False], [True, True, False, False, False, False]
+    assert [run["feed_threads"] > 0 for run in runs] == one + two
+    assert all(r["compact_cpu_s_per_mtok_per_process"] > 0 for r in result.values())
 
 
 def test_the_scale_benchmarks_parts_run_on_a_small_store(tmp_path):
