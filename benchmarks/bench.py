@@ -37,8 +37,8 @@ included); the time the consumer thread spends inside `next()` per step when a s
 training step of `--pace-ms` keeps the prefetch ahead. Then the documented restore path to the
 first global batch at steps 0, 10^3, 10^6, 10^9 (ours and Grain's best single-process
 setting; ours also at 10^6 with 10,000 `set_mix` calls in the ledger), and ours and the
-transfer limit in 1, 2 and 4 localhost `jax.distributed` processes on the same global batch
-(CPU per token per process).
+transfer limits (six fields; tokens + boundaries) in 1, 2 and 4 localhost `jax.distributed`
+processes on the same global batch (CPU per token per process).
 Last, the packed-SFT table (`sft_bench.py`, skipped with `--no-sft`, alone with `--sft-only`):
 DataFeed of a best_fit source against Grain's first-fit and best-fit packers (and best-fit with
 mp_prefetch), all ending in the global arrays, in workers of this file's `throughput`.
