@@ -579,23 +579,27 @@ def checksum_cost(c: dict[str, dict], config: dict, steps: int, rounds: int) -> 
 def checked_reads_cpu(config: dict, steps: int, rounds: int) -> float:
     """CPU seconds per token that checked reads add to `Plan.batch` in this process: `steps`
     steps read with `verify: read` and with `verify: off`, each from freshly opened stores (so
-    every block the steps touch is checked inside the clock, as in a run's first epoch), in
-    alternating order over `rounds`; the difference of the medians."""
+    every block the steps touch is checked inside the clock, as in a run's first epoch), one
+    after the other in alternating order over `rounds`; the median of each round's difference
+    (a pair run back to back shares the machine's load, which a difference of medians of the
+    two series does not: on a loaded machine that one swung by more than the cost)."""
     from pipeline.config import parse_config
     from pipeline.read.plan import Plan
 
     rows = np.arange(config["global_batch_size"])
-    spent: dict[str, list[float]] = {"read": [], "off": []}
+    differences = []
     for round_ in range(rounds):
+        spent = {}
         for verify in ("read", "off") if round_ % 2 == 0 else ("off", "read"):
             raw = {**config, "feed": {**config.get("feed", {}), "verify": verify}}
             plan = Plan.from_config(parse_config(raw, origin="bench"))
             start = time.process_time()
             tokens = sum(plan.batch(step, rows)["inputs"].size for step in range(steps))
-            spent[verify].append((time.process_time() - start) / tokens)
+            spent[verify] = (time.process_time() - start) / tokens
             for store in plan.stores():
                 store.close()
-    return statistics.median(spent["read"]) - statistics.median(spent["off"])
+        differences.append(spent["read"] - spent["off"])
+    return statistics.median(differences)
 
 
 LABELS = {

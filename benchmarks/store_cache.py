@@ -19,12 +19,15 @@ def store_dir(cache: Path) -> Path:
 
 def usable(path: Path, flat: bool = True) -> bool:
     """Whether `path` is a store this version opens, with flat sidecars and their block
-    checksums when `flat` (a store of an older prepare would be hashed whole on first read)."""
+    checksums in blocks of the size prepare writes now when `flat` (a store of an older
+    prepare would be hashed whole on first read, or checked in blocks of another cost)."""
     from pipeline.errors import StoreError
+    from pipeline.store import writer
     from pipeline.store.token_store import TokenStore
 
     try:
         store = TokenStore(path)
     except StoreError:
         return False
-    return not flat or all("flat_blocks" in shard for shard in store.manifest["shards"])
+    blocks = {shard.get("flat_block_bytes") for shard in store.manifest["shards"]}
+    return not flat or blocks == {writer.BLOCK_BYTES}

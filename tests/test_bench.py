@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from pipeline.commands.cli import main
 from pipeline.config import parse_config
 from pipeline.errors import StoreError
 from pipeline.read.plan import Plan
+from pipeline.store import writer
 from pipeline.store.identity import manifest_digest
 from pipeline.store.token_store import TokenStore, read_pieces
 from tests.storegen import arrayrecord_only, write_synthetic_store
@@ -246,6 +248,13 @@ def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_canno
     (path / "manifest.json").write_text(json.dumps(manifest))
     assert resolve_sources(args) == {"corpus": (path, 1)}
     assert all("flat_blocks" in s for s in TokenStore(path).manifest["shards"])
+    with mock.patch.object(writer, "BLOCK_BYTES", 1 << 16):  # an older prepare's block size
+        assert resolve_sources(args) == {"corpus": (path, 1)}
+    blocks = {s["flat_block_bytes"] for s in TokenStore(path).manifest["shards"]}
+    assert blocks == {1 << 16}
+    assert resolve_sources(args) == {"corpus": (path, 1)}  # checked at another cost: made again
+    blocks = {s["flat_block_bytes"] for s in TokenStore(path).manifest["shards"]}
+    assert blocks == {writer.BLOCK_BYTES}
 
 
 def test_grain_contender_fields_restart_after_every_eod():
@@ -646,7 +655,7 @@ def test_the_checked_reads_cost_is_the_checks_work(tmp_path, monkeypatch):
     from pipeline.store import flat_blocks
 
     store = tmp_path / "s"
-    write_synthetic_store(store, [[3000] * 20, [5000] * 12])  # 4 blocks of 64 KiB per shard
+    write_synthetic_store(store, [[3000] * 20, [5000] * 12])  # many blocks per shard
     config = {"seed": 1, "seq_len": 64, "global_batch_size": 8,
               "sources": {"s": {"path": str(store)}}, "mix": {"s": 1}}  # fmt: skip
     real, calls = flat_blocks.google_crc32c.extend, []

@@ -42,10 +42,10 @@ STEPS = 140  # more than an epoch of the config below: every window is read
 DTYPE = np.dtype(np.uint16)
 
 
-def masked_store(path: Path) -> Path:
+def masked_store(path: Path, block: int = BLOCK) -> Path:
     """A masked store of random ids below `VOCAB` (each document's first token untrained),
-    with flat sidecars and their block checksums, of `BLOCK` bytes (recorded in the manifest,
-    which readers follow): a shard of several blocks."""
+    with flat sidecars and their block checksums, of `block` bytes (recorded in the manifest,
+    which readers follow): by default a shard of several blocks."""
     rng = np.random.default_rng(0)
     staging = staging_dir(path)
     infos = []
@@ -54,7 +54,7 @@ def masked_store(path: Path) -> Path:
             (rng.integers(0, VOCAB - 1, length).astype(DTYPE), np.array([[0, 1]]))
             for length in lengths
         ]
-        with mock.patch.object(writer, "BLOCK_BYTES", BLOCK):
+        with mock.patch.object(writer, "BLOCK_BYTES", block):
             infos.append(write_shard(staging, index, len(SHARDS), docs, DTYPE, 256, masked=True))
     write_manifest(staging, infos, synthetic_tokenizer(VOCAB, VOCAB - 1), DTYPE, {})
     commit(staging, path, overwrite=False)
@@ -167,6 +167,24 @@ def test_each_block_is_checked_once_per_open_store(tmp_path, monkeypatch):
                 assert opened.flat_blocks(shard).read(start, stop).size == stop - start
         assert sum(hashed) == sum(map(sum, SHARDS)) * DTYPE.itemsize
     assert len(hashed) == sum(-(-n * DTYPE.itemsize // BLOCK) for n in map(sum, SHARDS))
+
+
+def test_a_store_of_the_earlier_64_kib_blocks_serves_the_same_batches_checked(tmp_path, capsys):
+    """Stores prepared before the blocks shrank say 65,536 bytes in their manifest: read in
+    those blocks, they serve the same batches, and a flipped byte still stops the dump."""
+    assert flat_blocks.BLOCK_BYTES < 1 << 16
+    dumps = []
+    for name, block in (("now", flat_blocks.BLOCK_BYTES), ("before", 1 << 16)):
+        store = masked_store(tmp_path / name, block)
+        assert {s["flat_block_bytes"] for s in TokenStore(store).manifest["shards"]} == {block}
+        config = write_yaml(tmp_path / f"{name}.yaml", config_over(tmp_path, {"s": store}))
+        dumps.append(tmp_path / f"{name}.npz")
+        assert cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", dumps[-1])[0] == 0
+    np.testing.assert_array_equal(np.load(dumps[0])["inputs"], np.load(dumps[1])["inputs"])
+    damaged = store / "shard-00001-of-00002.flat.bin"
+    flip(damaged, middle_offsets(damaged, 2)["high"])
+    code, err = cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", tmp_path / "o")
+    assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {damaged}: bytes 0..")
 
 
 def test_a_store_without_block_checksums_is_checked_whole_on_first_read(tmp_path, capsys):

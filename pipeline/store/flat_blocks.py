@@ -5,16 +5,22 @@ flipped on disk after prepare would be served as a wrong token id: the shard's f
 only a few sampled records, and the full pass (`TokenStore.verify`) is not run by default.
 Prepare records the running CRC32C of the sidecar at every `BLOCK_BYTES` boundary
 (`prefix_crcs`: entry i is the CRC32C of the first i blocks) in the shard's block checksum file
-(`flat_blocks`, a .npy listed with its SHA-256 in the manifest). `FlatBlocks.read` checks the
-blocks a read touches that this process has not checked yet, as one run: extending the
-recorded CRC at the run's start over its bytes must give the recorded CRC at its end, one C
-call (`google_crc32c.extend`) whatever the run's length. Checked blocks are marked in a bitmap
-(one byte per block), so a later read of them costs one `bytearray.find`. A check costs its
-Python calls (~1 us) and the CRC of its bytes (~8 GB/s): with 64 KiB blocks the calls are
-spread over 32,768 uint16 tokens and an epoch hashes each byte once; the first read of a block
-hashes more than it serves (a 2,049-token window: 4 KiB of 64), work the next reads into it
-skip (smaller blocks cost more: the calls, once per window; docs/benchmarks.md, "The cost of
-checked reads").
+(`flat_blocks`, a .npy listed with its SHA-256 in the manifest, with the block size,
+`flat_block_bytes`, which readers follow). `FlatBlocks.read` checks the blocks a read touches
+that this process has not checked yet, as one run: extending the recorded CRC at the run's
+start over its bytes must give the recorded CRC at its end, one C call (`google_crc32c.extend`)
+whatever the run's length. Checked blocks are marked in a bitmap (one byte per block), so a
+later read of them costs one `bytearray.find`.
+
+Why 2 KiB blocks: a feed reads windows at random, so a run that reads a small share of its
+store checks nearly every window it reads, and each such check hashes the window rounded out to
+its blocks. A check costs ~1 us (the call, the slice, the bitmap) plus the CRC of its bytes: a
+2,049-token uint16 window (4 KiB) hashes ~6 KiB with 2 KiB blocks, a 64 KiB block 16x what it
+serves (the size before issue 29's cost work: ~13 % of DataFeed's CPU per token for a run reading
+a fifth of its store). Smaller blocks hash less but cost more to prepare and keep (4 bytes of
+checksum and one bitmap byte per block); the checks' calls, once per window first read, are
+the floor either way (docs/benchmarks.md, "The cost of checked reads"). A store prepared with
+another block size is read and checked in its own (its manifest says which).
 
 A store prepared before block checksums existed has none: with checks on, a shard's sidecar is
 then hashed whole against the manifest's `flat_sha256` on its first read, so nothing is served
@@ -24,6 +30,7 @@ checked.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import threading
 from collections.abc import Callable
@@ -34,7 +41,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 
-BLOCK_BYTES = 1 << 16
+BLOCK_BYTES = 1 << 11  # bytes per checked block of the sidecars prepare writes
 
 
 def block_count(size: int, block_bytes: int) -> int:
@@ -90,35 +97,42 @@ class FlatBlocks:
         count = block_count(tokens.nbytes, block_bytes)
         self.checked = bytearray(b"\x01" * count if not check else count)
         self._bytes = tokens.view(np.uint8)
-        self._crcs = None if crcs is None else crcs.tolist()  # Python ints: cheap to compare
+        # 4 bytes a block (a list of Python ints would take ~36), read as Python ints
+        self._crcs = None if crcs is None else array.array("I", crcs.astype(np.uint32).tobytes())
         self._path, self._whole_sha256, self._remedy = path, whole_sha256, remedy
         self._lock = threading.Lock()  # one hash of a whole sidecar at a time
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) (a non-empty range) of the sidecar, their blocks checked."""
-        last = ((stop - 1) >> self.shift) + 1
-        first = self.checked.find(0, start >> self.shift, last)
+        """Tokens [start, stop) (a non-empty range) of the sidecar, their blocks checked: the
+        run from the first of them not checked yet to the last, hashed in one call (inline,
+        not a method: nearly every window's first read takes this path)."""
+        shift, checked = self.shift, self.checked
+        last = ((stop - 1) >> shift) + 1
+        first = checked.find(0, start >> shift, last)
         if first >= 0:
-            self._check(first, last)
+            crcs = self._crcs
+            if crcs is None:
+                self._check_whole()
+                return self.tokens[start:stop]
+            last = checked.rfind(0, first, last) + 1
+            size = self.block_bytes  # the last block may be short: the slice stops at the end
+            if (
+                google_crc32c.extend(crcs[first], self._bytes[first * size : last * size])
+                != crcs[last]
+            ):
+                self._refuse(first, last)
+            checked[first:last] = b"\x01" * (last - first)
         return self.tokens[start:stop]
 
-    def _check(self, first: int, last: int) -> None:
-        """Check the run from block `first` (not checked) to the last block of [first, last)
-        not checked; refuse the sidecar if its bytes do not extend the recorded CRC at the
-        run's start to the one at its end."""
-        crcs = self._crcs
-        if crcs is None:
-            self._check_whole()
-            return
-        last = self.checked.rfind(0, first, last) + 1
+    def _refuse(self, first: int, last: int) -> None:
+        """Blocks [first, last) do not extend the recorded CRC at their start to the one at
+        their end: the sidecar was altered."""
         size = self.block_bytes
         end = min(last * size, self._bytes.size)
-        if google_crc32c.extend(crcs[first], self._bytes[first * size : end]) != crcs[last]:
-            raise StoreError(
-                f"{self._path}: bytes {first * size}..{end - 1} do not match their block "
-                f"checksums (flat_blocks): {self._remedy}"
-            )
-        self.checked[first:last] = b"\x01" * (last - first)
+        raise StoreError(
+            f"{self._path}: bytes {first * size}..{end - 1} do not match their block checksums "
+            f"(flat_blocks): {self._remedy}"
+        )
 
     def _check_whole(self) -> None:
         """A sidecar without block checksums: its SHA-256 against the manifest, all at once."""
