@@ -577,12 +577,17 @@ def checksum_cost(c: dict[str, dict], config: dict, steps: int, rounds: int) -> 
 
 
 def checked_reads_cpu(config: dict, steps: int, rounds: int) -> float:
-    """CPU seconds per token that checked reads add to `Plan.batch` in this process: `steps`
-    steps read with `verify: read` and with `verify: off`, each from freshly opened stores (so
-    every block the steps touch is checked inside the clock, as in a run's first epoch), one
-    after the other in alternating order over `rounds`; the median of each round's difference
-    (a pair run back to back shares the machine's load, which a difference of medians of the
-    two series does not: on a loaded machine that one swung by more than the cost)."""
+    """CPU seconds per token that checked reads add to `Plan.batch` in this process: the median
+    of `checked_reads_differences`."""
+    return statistics.median(checked_reads_differences(config, steps, rounds))
+
+
+def checked_reads_differences(config: dict, steps: int, rounds: int) -> list[float]:
+    """Per round, the CPU seconds per token of `steps` steps read with `verify: read` less the
+    same steps with `verify: off`, each from freshly opened stores (so every block the steps
+    touch is checked inside the clock, as in a run's first epoch), back to back in alternating
+    order. A pair shares the machine's load, which two series apart do not: on a loaded machine
+    the difference of their medians swung by more than the cost."""
     from pipeline.config import parse_config
     from pipeline.read.plan import Plan
 
@@ -599,7 +604,7 @@ def checked_reads_cpu(config: dict, steps: int, rounds: int) -> float:
             for store in plan.stores():
                 store.close()
         differences.append(spent["read"] - spent["off"])
-    return statistics.median(differences)
+    return differences
 
 
 LABELS = {

@@ -679,11 +679,12 @@ def test_the_checked_reads_bench_prints_a_line_per_step_count(tmp_path):
     command = [sys.executable, "benchmarks/checked_reads_bench.py", "--cache-dir", str(tmp_path),
                "--synthetic-tokens", "20000", "--synthetic-doc-len", "60", "--rows", "4",
                "--seq-len", "32", "--check-steps", "2", "3", "--rounds", "1",
-               "--block-bytes", "512"]  # fmt: skip
+               "--block-bytes", "512", "--processes", "2"]  # fmt: skip
     out = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 2 and all("blocks of 512 bytes" in line for line in lines), lines
+    assert all("1 rounds in each of 2 processes" in line for line in lines), lines
     assert ": 2 steps (1% of the tokens): checks alone " in lines[0], lines
     assert ": 3 steps (2% of the tokens): checks alone " in lines[1], lines
 
