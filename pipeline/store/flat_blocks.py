@@ -12,15 +12,14 @@ start over its bytes must give the recorded CRC at its end, one C call (`google_
 whatever the run's length. Checked blocks are marked in a bitmap (one byte per block), so a
 later read of them costs one `bytearray.find`.
 
-Why 2 KiB blocks: a feed reads windows at random, so a run that reads a small share of its
-store checks nearly every window it reads, and each such check hashes the window rounded out to
-its blocks. A check costs ~1 us (the call, the slice, the bitmap) plus the CRC of its bytes: a
-2,049-token uint16 window (4 KiB) hashes ~6 KiB with 2 KiB blocks, a 64 KiB block 16x what it
-serves (the size before issue 29's cost work: ~13 % of DataFeed's CPU per token for a run reading
-a fifth of its store). Smaller blocks hash less but cost more to prepare and keep (4 bytes of
-checksum and one bitmap byte per block); the checks' calls, once per window first read, are
-the floor either way (docs/benchmarks.md, "The cost of checked reads"). A store prepared with
-another block size is read and checked in its own (its manifest says which).
+Why 2 KiB blocks: a check hashes the window it serves rounded out to its blocks, ~6 KiB for a
+2,049-token uint16 window, where a 64 KiB block (the size until issue 29's cost work, still
+read in stores prepared then) hashed 16x what the window served on its first read, the bulk of
+what checks cost a run that reads a small share of its store. The price: every window's first
+read is a check (windows tile a shard, so a window's interior blocks are its own), ~1-2 us for
+the call, the slice and the bitmap whatever it hashes, where 64 KiB blocks made one check per
+16 windows over an epoch. Those calls are now the floor (docs/benchmarks.md, "The cost of
+checked reads").
 
 A store prepared before block checksums existed has none: with checks on, a shard's sidecar is
 then hashed whole against the manifest's `flat_sha256` on its first read, so nothing is served
