@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/checked_reads_bench.py --store python-code --check-steps 40 90 180
     .venv/bin/python benchmarks/checked_reads_bench.py --store python-code --check-steps 40 \
-        --block-bytes 65536 --cache-dir /tmp/bench-64k
+        --block-bytes 2048 --cache-dir /tmp/bench-2k
 
 Each block of a flat sidecar is checked on its first read per open shard, so what the checks
 cost per token served depends on how much of the store a run reads: the first read of a window

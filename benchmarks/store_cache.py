@@ -19,8 +19,8 @@ def store_dir(cache: Path) -> Path:
 
 def usable(path: Path, flat: bool = True) -> bool:
     """Whether `path` is a store this version opens, with flat sidecars and their block
-    checksums in blocks of the size prepare writes now when `flat` (a store of an older
-    prepare would be hashed whole on first read, or checked in blocks of another cost)."""
+    checksums in blocks of the size prepare writes when `flat` (a store of an older prepare
+    would be hashed whole on first read; one of another block size is checked at another cost)."""
     from pipeline.errors import StoreError
     from pipeline.store import writer
     from pipeline.store.token_store import TokenStore

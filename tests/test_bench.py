@@ -248,10 +248,10 @@ def test_the_bench_cache_is_keyed_by_the_store_format_and_rebuilds_what_it_canno
     (path / "manifest.json").write_text(json.dumps(manifest))
     assert resolve_sources(args) == {"corpus": (path, 1)}
     assert all("flat_blocks" in s for s in TokenStore(path).manifest["shards"])
-    with mock.patch.object(writer, "BLOCK_BYTES", 1 << 16):  # an older prepare's block size
+    with mock.patch.object(writer, "BLOCK_BYTES", 2048):  # another prepare's block size
         assert resolve_sources(args) == {"corpus": (path, 1)}
     blocks = {s["flat_block_bytes"] for s in TokenStore(path).manifest["shards"]}
-    assert blocks == {1 << 16}
+    assert blocks == {2048} != {writer.BLOCK_BYTES}
     assert resolve_sources(args) == {"corpus": (path, 1)}  # checked at another cost: made again
     blocks = {s["flat_block_bytes"] for s in TokenStore(path).manifest["shards"]}
     assert blocks == {writer.BLOCK_BYTES}
@@ -655,7 +655,7 @@ def test_the_checked_reads_cost_is_the_checks_work(tmp_path, monkeypatch):
     from pipeline.store import flat_blocks
 
     store = tmp_path / "s"
-    write_synthetic_store(store, [[3000] * 20, [5000] * 12])  # many blocks per shard
+    write_synthetic_store(store, [[3000] * 20, [5000] * 12])  # 4 blocks of 64 KiB per shard
     config = {"seed": 1, "seq_len": 64, "global_batch_size": 8,
               "sources": {"s": {"path": str(store)}}, "mix": {"s": 1}}  # fmt: skip
     real, calls = flat_blocks.google_crc32c.extend, []

@@ -169,12 +169,14 @@ def test_each_block_is_checked_once_per_open_store(tmp_path, monkeypatch):
     assert len(hashed) == sum(-(-n * DTYPE.itemsize // BLOCK) for n in map(sum, SHARDS))
 
 
-def test_a_store_of_the_earlier_64_kib_blocks_serves_the_same_batches_checked(tmp_path, capsys):
-    """Stores prepared before the blocks shrank say 65,536 bytes in their manifest: read in
-    those blocks, they serve the same batches, and a flipped byte still stops the dump."""
-    assert flat_blocks.BLOCK_BYTES < 1 << 16
+def test_a_store_of_another_block_size_serves_the_same_batches_checked(tmp_path, capsys):
+    """Readers follow the manifest's `flat_block_bytes`, not the size prepare writes now: a
+    store of 2 KiB blocks serves the batches a store of the writer's blocks serves, and a
+    flipped byte stops the dump at the first read of its 2 KiB block, not of a whole sidecar."""
+    other = 2048
+    assert other != flat_blocks.BLOCK_BYTES
     dumps = []
-    for name, block in (("now", flat_blocks.BLOCK_BYTES), ("before", 1 << 16)):
+    for name, block in (("writer", flat_blocks.BLOCK_BYTES), ("other", other)):
         store = masked_store(tmp_path / name, block)
         assert {s["flat_block_bytes"] for s in TokenStore(store).manifest["shards"]} == {block}
         config = write_yaml(tmp_path / f"{name}.yaml", config_over(tmp_path, {"s": store}))
@@ -182,9 +184,14 @@ def test_a_store_of_the_earlier_64_kib_blocks_serves_the_same_batches_checked(tm
         assert cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", dumps[-1])[0] == 0
     np.testing.assert_array_equal(np.load(dumps[0])["inputs"], np.load(dumps[1])["inputs"])
     damaged = store / "shard-00001-of-00002.flat.bin"
-    flip(damaged, middle_offsets(damaged, 2)["high"])
+    offset = middle_offsets(damaged, 2)["high"]
+    flip(damaged, offset)
     code, err = cli(capsys, "dump", config, "--steps", f"0:{STEPS}", "--out", tmp_path / "o")
-    assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {damaged}: bytes 0..")
+    assert code == 2 and err.startswith(f"error: {config}: sources.s.path: {damaged}: bytes "), err
+    first, last = map(int, re.search(r"bytes (\d+)\.\.(\d+) ", err).groups())
+    size = damaged.stat().st_size
+    assert first % other == 0 and ((last + 1) % other == 0 or last + 1 == size), err
+    assert first <= offset <= last and last - first + 1 < size, err
 
 
 def test_a_store_without_block_checksums_is_checked_whole_on_first_read(tmp_path, capsys):

@@ -12,14 +12,14 @@ start over its bytes must give the recorded CRC at its end, one C call (`google_
 whatever the run's length. Checked blocks are marked in a bitmap (one byte per block), so a
 later read of them costs one `bytearray.find`.
 
-Why 2 KiB blocks: a check hashes the window it serves rounded out to its blocks, ~6 KiB for a
-2,049-token uint16 window, where a 64 KiB block (the size until issue 29's cost work, still
-read in stores prepared then) hashed 16x what the window served on its first read, the bulk of
-what checks cost a run that reads a small share of its store. The price: every window's first
-read is a check (windows tile a shard, so a window's interior blocks are its own), ~1-2 us for
-the call, the slice and the bitmap whatever it hashes, where 64 KiB blocks made one check per
-16 windows over an epoch. Those calls are now the floor (docs/benchmarks.md, "The cost of
-checked reads").
+Why 64 KiB blocks: a check costs its Python calls (~1-2 us: the call, the slice, the bitmap)
+and the CRC of its bytes (~8 GB/s). With 64 KiB blocks an epoch makes one check per 16
+2,049-token uint16 windows and hashes each byte once; the first read of a block hashes more
+than it serves (4 KiB of 64), work the next reads into it skip. Smaller blocks hash less for a
+run that reads a small share of its store but make a check of every window's first read, dearer
+over an epoch, the common run (2 KiB against 64 KiB: docs/benchmarks.md, "The cost of checked
+reads"). Stores of another block size are read and checked in their own (the manifest's
+`flat_block_bytes`).
 
 A store prepared before block checksums existed has none: with checks on, a shard's sidecar is
 then hashed whole against the manifest's `flat_sha256` on its first read, so nothing is served
@@ -40,7 +40,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 
-BLOCK_BYTES = 1 << 11  # bytes per checked block of the sidecars prepare writes
+BLOCK_BYTES = 1 << 16  # bytes per checked block of the sidecars prepare and index write
 
 
 def block_count(size: int, block_bytes: int) -> int:
@@ -104,7 +104,7 @@ class FlatBlocks:
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) (a non-empty range) of the sidecar, their blocks checked: the
         run from the first of them not checked yet to the last, hashed in one call (inline,
-        not a method: nearly every window's first read takes this path)."""
+        not a method: a check's calls, not its bytes, are most of what it costs)."""
         shift, checked = self.shift, self.checked
         last = ((stop - 1) >> shift) + 1
         first = checked.find(0, start >> shift, last)

@@ -7,7 +7,7 @@ beside the data, or one the user names)::
 
     megatron-index.json   the dataset's files (sizes, digests), counts, dtype, eod, fingerprint
     docs.npy              int64 token offsets of the documents in the .bin (documents + 1)
-    blocks.npy            uint32 running CRC32C of the .bin at every 2 KiB (flat_blocks.py)
+    blocks.npy            uint32 running CRC32C of the .bin at every 64 KiB (flat_blocks.py)
 
 The record describes itself (`manifest_sha256`, as a store's manifest does) and lists the
 SHA-256 of its arrays (inplace.py has what the formats share, the end-of-document rule too).
