@@ -3,6 +3,7 @@ the coordinator RPCs each real process makes at steady state, counted in the pro
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 from jax.sharding import Mesh
 
 from benchmarks.rpc_bench import summarize
-from pipeline.feed import host_stop, stragglers
+from pipeline.feed import host_stop, stragglers, watcher
 from pipeline.feed.data_feed import DataFeed
 from pipeline.store.token_store import TokenStore
 from tests.feedstores import two_stage_config, two_stage_raw
@@ -38,6 +39,47 @@ def test_the_feeds_of_a_process_share_one_watcher_thread_that_ends_with_the_last
         next(train), next(other)
         assert watchers() == before + 1
     deadline = time.monotonic() + 5
+    while watchers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watchers() == before
+
+
+class CollectingLock:
+    """A lock that runs the cyclic garbage collector each time it is taken, as Python may at
+    any allocation made while a lock is held: the finalizers of forgotten feeds run there."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> CollectingLock:
+        self.lock.acquire()
+        gc.collect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_feed_forgotten_in_a_cycle_is_let_go_while_the_watchers_locks_are_held(
+    tmp_path, monkeypatch
+):
+    """The collector may finalize a forgotten feed on any thread, also on one inside the
+    watcher's locks (the watcher thread's own loop, or another feed's close): nothing waits on
+    a lock its own thread holds, and the thread still ends with the last feed."""
+    config = two_stage_config(tmp_path)
+    before = watchers()
+    monkeypatch.setattr(watcher, "_lock", CollectingLock())
+    kept = DataFeed(config, mesh())
+    kept._host_stop._watcher._feeds_lock = CollectingLock()
+    forgotten = DataFeed(config, mesh(), log_events=False)
+    next(kept), next(forgotten)
+    forgotten.cycle = forgotten  # only the cyclic collector frees it
+    del forgotten
+    closing = threading.Thread(target=kept.close, daemon=True)
+    closing.start()
+    closing.join(20)
+    assert not closing.is_alive(), "a feed's close waits on the watcher's locks for ever"
+    deadline = time.monotonic() + 20
     while watchers() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert watchers() == before

@@ -253,7 +253,7 @@ class DataFeed:
         self._awaiting_peers = self.config.feed.ready_timeout_s is not None
         peers = Peers(warn=log_events) if stats else None  # exchanged by the watcher thread
         self._host_stop = HostStop(partial(_plan_of, weakref.ref(self)), periods, peers)
-        weakref.finalize(self, self._host_stop.close, wait=False)  # a feed never closed
+        weakref.finalize(self, self._host_stop.abandon)  # a feed never closed
         background = self.config.feed.verify == "background"
         self._verifier = BackgroundVerify(self._plan) if background else None
         options = self.config.feed

@@ -16,7 +16,8 @@ So the training thread's `next()` reads one attribute (`HostStop.check`) and at 
 hands a figure over; it never waits on the coordinator at steady state (the opt-in readiness
 barrier after the first batch, `set_mix`'s agreement and a failing `next()`'s publish do, by
 design). The thread lives while a feed is attached; the last feed's `close` ends it (and flushes
-that feed's last window). The periods are the smallest of the attached feeds' (they come from
+that feed's last window). A feed collected unclosed is let go by the thread itself at its next
+turn (`HostStop.abandon`). The periods are the smallest of the attached feeds' (they come from
 the environment: normally one value per job).
 """
 
@@ -65,6 +66,7 @@ class HostStop:
         self.plan, self.periods, self.peers = plan, periods, peers
         self.failure: str | None = None  # what `check()` raises, set by the watcher thread
         self._closed = False
+        self.abandoned = False  # the feed was collected unclosed: the watcher thread detaches it
         self._watcher = _attach(self)
 
     def check(self) -> None:
@@ -86,6 +88,12 @@ class HostStop:
         if wait and self.peers is not None:
             self.peers.exchange()
         _detach(self, wait)
+
+    def abandon(self) -> None:
+        """The feed's finalizer: it was collected without `close`. The garbage collector runs
+        finalizers at any allocation on any thread, also inside the watcher's locks, so this
+        takes no lock and waits for nothing: the watcher thread detaches the feed."""
+        self.abandoned = True
 
 
 def _attach(feed: HostStop) -> Watcher:
@@ -141,7 +149,9 @@ class Watcher:
         starts a new watcher)."""
         with self._feeds_lock:
             self._feeds = [f for f in self._feeds if f is not feed]
-            return not self._feeds
+            last = not self._feeds
+        self._wake.set()  # an abandoned feed may be the last one left now
+        return last
 
     def stop(self, wait: bool) -> None:
         self._done = True
@@ -178,6 +188,9 @@ class Watcher:
         while not self._done:
             with self._feeds_lock:
                 feeds = list(self._feeds)
+            for gone in [f for f in feeds if f.abandoned]:
+                gone.close(wait=False)  # here, not in its finalizer: see `HostStop.abandon`
+                feeds.remove(gone)
             if not feeds:  # the last one left: `stop` follows
                 return
             poll_s, store_check_s, grace_s = self._periods(feeds)
