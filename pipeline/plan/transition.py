@@ -197,18 +197,21 @@ def relaid(
     draw `counter`: the rest of `before`'s epoch there as a transitional epoch, then `after`'s
     regular epochs (module docstring). `removed`: token ranges of the epoch stream never to
     serve (none by default). `after` is changed in place and returned."""
-    epoch, taken = served(before, counter)
+    epoch, done = served(before, counter)
     edges = before.meta.num_tokens - 1
     gone = after.removed_ranges(epoch)  # the documents `after` excludes
     removed = merged(np.concatenate([removed[0], gone[0]]), np.concatenate([removed[1], gone[1]]))
+    taken = done
     if removed[0].size:  # every edge that touches a removed token (inside the stream)
         lo, hi = np.maximum(removed[0] - 1, 0), np.minimum(removed[1], edges)
-        taken = merged(np.concatenate([taken[0], lo]), np.concatenate([taken[1], hi]))
+        taken = merged(np.concatenate([done[0], lo]), np.concatenate([done[1], hi]))
     if not taken[0].size:  # nothing of epoch e served yet: it is a regular epoch of `after`
         after.continue_epochs(counter, epoch, None)
         return after
     stream = Stream.of_free_edges(complement(edges, taken))
-    transition = StreamTransition(after, epoch, counter, stream, taken)
+    # what was served, not what was removed: a later switch that stops removing them gives
+    # the removed documents' edges back to the epoch (as `repack` does for best_fit)
+    transition = StreamTransition(after, epoch, counter, stream, done)
     if transition.windows < 1:  # too little left for a window per lane: tails
         after.continue_epochs(counter, epoch + 1, None)
     else:
