@@ -4,13 +4,20 @@ position in the store, so a row tells which tokens (and documents) it serves."""
 
 from __future__ import annotations
 
-from collections import Counter
+import json
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, reject, settings
+from hypothesis import strategies as st
 
 from pipeline.config import parse_config
+from pipeline.errors import ConfigError
+from pipeline.plan.data_state import verify_ledger
+from pipeline.plan.ledger import Ledger, MixEntry, quantize
+from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
@@ -60,3 +67,151 @@ def test_dropping_a_concat_exclusion_inside_its_epoch_gives_the_rest_back(root, 
     # the lane tails of the epoch and of each of its two transitional streams: < 3 * (8 + 1)
     assert len(missing) < 27, sorted(missing)
     assert {260, 275, 289} <= set(tokens)  # the document not served before step 5
+
+
+_rng = np.random.default_rng(4)
+CHAT = [_rng.integers(3, 40, 30).tolist() for _ in range(2)]  # best_fit: 3 to 40 tokens
+
+
+@pytest.fixture(scope="module")
+def chat(root: Path) -> Path:
+    write_synthetic_store(root / "chat", CHAT, document_ids=True)
+    return root / "chat"
+
+
+def two_raw(root: Path, seq_len: int, lanes: int, excluded: dict[str, Path]) -> dict:
+    """web (concat) and chat (best_fit), 4 rows a step, each excluding the ids of its file."""
+    sources = {
+        "web": {"path": str(root / "web")},
+        "chat": {"path": str(root / "chat"), "packing": "best_fit"},
+    }
+    for name, file in excluded.items():
+        sources[name]["exclude"] = str(file)
+    return {
+        "seed": 2, "seq_len": seq_len, "lanes": lanes, "global_batch_size": 4,
+        "sources": sources, "mix": {"web": 1, "chat": 1},
+    }  # fmt: skip
+
+
+def document_ids(shards: list[list[int]]) -> tuple[np.ndarray, list[str]]:
+    """(each document's first token, its id) of a synthetic store, in store order."""
+    lengths = [n for shard in shards for n in shard]
+    ids = [f"s{s}-d{k}" for s, shard in enumerate(shards) for k in range(len(shard))]
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), ids
+
+
+WEB_STARTS, WEB_IDS = document_ids(WEB)
+CHAT_STARTS, CHAT_IDS = document_ids(CHAT)
+interventions = st.one_of(
+    st.tuples(
+        st.just("geometry"), st.tuples(st.sampled_from([8, 12, 24]), st.sampled_from([1, 2, 4]))
+    ),
+    st.tuples(
+        st.just("exclude"),
+        st.tuples(
+            st.sets(st.sampled_from(WEB_IDS), max_size=3),
+            st.sets(st.sampled_from(CHAT_IDS), max_size=3),
+        ),
+    ),
+    st.tuples(st.just("skip"), st.integers(1, 6)),
+    st.tuples(st.just("mix"), st.integers(1, 5)),
+)
+
+
+def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[int, dict]]]:
+    """The run steered by `ops` ((steps after the last, intervention)): the plan, (step,
+    plan before the intervention at it) of each, and (from step, ids excluded per source)."""
+    seq_len, lanes, excluded = 8, 1, {"web": set(), "chat": set()}
+
+    def config(number: int):
+        files = {}
+        for name, ids in excluded.items():
+            if ids:
+                files[name] = tmp / f"{number}-{name}.txt"
+                files[name].write_text("".join(f"{i}\n" for i in sorted(ids)))
+        return parse_config(two_raw(root, seq_len, lanes, files), origin=f"{number}.yaml")
+
+    plan = Plan.from_config(config(0))
+    before, taken, step = [], [(0, {k: set(v) for k, v in excluded.items()})], 0
+    for number, (gap, (kind, value)) in enumerate(ops, start=1):
+        step = max(1, step + gap)
+        before.append((step, plan))
+        if kind == "mix":
+            weights = quantize({"web": value, "chat": 6 - value})
+            plan = Plan(plan.ledger.with_mix(MixEntry(step, weights)), plan.stores())
+            continue
+        if kind == "geometry":
+            seq_len, lanes = value
+        elif kind == "exclude":
+            excluded = {"web": set(value[0]), "chat": set(value[1])}
+        skip = value if kind == "skip" else 0
+        plan = Plan(reconcile(plan, config(number), step, switch=True, skip=skip))
+        taken.append((step, {k: set(v) for k, v in excluded.items()}))
+    return plan, before, taken
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@given(ops=st.lists(st.tuples(st.integers(0, 12), interventions), min_size=1, max_size=4))
+@example(  # 24 on 2 lanes, taken down at the same step (replacing that segment), a skip, a
+    # mix, back to 8 on 1 lane (seq_len and lanes decrease, the first geometry again)
+    ops=[
+        (3, ("geometry", (24, 2))),
+        (0, ("exclude", ({"s0-d1", "s1-d0"}, {"s1-d2"}))),
+        (7, ("skip", 3)),
+        (2, ("mix", 2)),
+        (5, ("geometry", (8, 1))),
+    ]
+)
+def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_replay(
+    root, chat, tmp_path, ops
+):
+    try:
+        plan, before, taken = steered(root, tmp_path, ops)
+    except ConfigError:  # best_fit rows that cannot be split evenly over 4 lanes
+        reject()
+    ledger = Ledger.from_json(json.loads(json.dumps(plan.ledger.to_json())))
+    verify_ledger(ledger, Plan(ledger), "steered")  # the counters re-derive
+    stop = max(step for step, _ in before) + 40
+    pairs, documents = defaultdict(list), defaultdict(list)
+    for t in range(stop):
+        draws, batch = plan.draws(t), plan.batch(t)
+        gone = next(ids for at, ids in reversed(taken) if at <= t)
+        for i, (source, epoch) in enumerate(zip(draws.source.tolist(), draws.epoch.tolist())):
+            if draws.source_names[source] == "web":
+                w = np.append(batch["inputs"][i], batch["targets"][i][-1]).astype(np.int64)
+                pairs[epoch].append(w[:-1][w[1:] == w[:-1] + 1])
+                docs = {WEB_IDS[d] for d in np.searchsorted(WEB_STARTS, w, "right") - 1}
+                assert not docs & gone["web"], (t, i, docs & gone["web"])
+                continue
+            segments, inputs = batch["inputs_segmentation"][i], batch["inputs"][i]
+            for k in np.unique(segments[segments > 0]).tolist():
+                first = int(inputs[segments == k][0])
+                d = int(np.searchsorted(CHAT_STARTS, first, "right")) - 1
+                assert CHAT_STARTS[d] == first, (t, i, first)  # a whole document
+                assert CHAT_IDS[d] not in gone["chat"], (t, i, CHAT_IDS[d])
+                documents[epoch].append(d)
+    for epoch, mine in pairs.items():  # no token pair twice in a web epoch
+        flat = np.concatenate(mine)
+        assert flat.size == np.unique(flat).size, (
+            "web",
+            epoch,
+            Counter(flat.tolist()).most_common(3),
+        )
+    for epoch, mine in documents.items():
+        assert len(mine) == len(set(mine)), ("chat", epoch, Counter(mine).most_common(3))
+    for at, earlier in before:  # every step before an intervention replays unchanged
+        for t in range(at):
+            for name, values in earlier.batch(t).items():
+                np.testing.assert_array_equal(plan.batch(t)[name], values, err_msg=f"{t} {name}")
+    for at, _ in before:  # a restored host of each process count computes its own rows
+        for count in (2, 4):
+            lanes = plan.segment_plan_at(at).config.lanes
+            if lanes % count and count % lanes:
+                continue
+            host = Plan(ledger, plan.stores())
+            for index in range(count):
+                rows = host_rows(4, index, count)
+                mine = host.batch(at, rows)
+                for name, values in plan.batch(at).items():
+                    np.testing.assert_array_equal(mine[name], values[rows], err_msg=f"{at} {name}")
