@@ -215,3 +215,35 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
                 mine = host.batch(at, rows)
                 for name, values in plan.batch(at).items():
                     np.testing.assert_array_equal(mine[name], values[rows], err_msg=f"{at} {name}")
+
+
+def test_dump_across_a_seq_len_switch_is_refused_by_name_and_dumps_each_side(
+    root, tmp_path, capsys
+):
+    """A step's fields are [rows, seq_len]: a range across a seq_len change cannot stack
+    into one array, so it is one line naming the switch, not a traceback."""
+    import yaml
+
+    from pipeline.commands.cli import main
+
+    plan = Plan.from_config(parse_config(web_raw(root, 8, 2), origin="a.yaml"))
+    raw = web_raw(root, 16, 2)
+    plan = Plan(reconcile(plan, parse_config(raw, origin="b.yaml"), 5, switch=True))
+    ledger, config = tmp_path / "ledger.json", tmp_path / "data.yaml"
+    plan.ledger.save(ledger)
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "d.npz"
+    dump = ["dump", str(config), "--ledger", str(ledger), "--out", str(out), "--steps"]
+    capsys.readouterr()
+    assert main([*dump, "3:7"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "--steps 3:7 spans a change of seq_len (8 -> 16 at step 5); dump the steps of each "
+            "seq_len separately"
+        )
+    )
+    for steps, width in (("3:5", 8), ("5:7", 16)):
+        assert main([*dump, steps]) == 0
+        assert np.load(out)["inputs"].shape == (2, 2, width)

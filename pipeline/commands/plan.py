@@ -306,6 +306,16 @@ def run_dump(args: argparse.Namespace) -> int:
         )
     rows = host_rows(sizes.pop(), args.process_index, args.process_count)
     segments = range(plan.ledger.segment_index(first), plan.ledger.segment_index(stop - 1) + 1)
+    changes = [  # the fields of a step are [rows, seq_len]: steps of two would not stack
+        f"{before.config['seq_len']} -> {after.config['seq_len']} at step {after.start_step:,}"
+        for before, after in (plan.ledger.segments[i - 1 : i + 1] for i in segments[1:])
+        if before.config["seq_len"] != after.config["seq_len"]
+    ]
+    if changes:
+        raise ConfigError(
+            f"--steps {first}:{stop} spans a change of seq_len ({'; '.join(changes)}); dump "
+            "the steps of each seq_len separately"
+        )
     names = sorted({n for i in segments for n in plan.segment_plan(i).config.source_names})
     stacked: dict[str, list[np.ndarray]] = {name: [] for name in (*FIELDS, *PROVENANCE)}
     for step in range(first, stop):
