@@ -102,6 +102,7 @@ def document_ids(shards: list[list[int]]) -> tuple[np.ndarray, list[str]]:
 
 WEB_STARTS, WEB_IDS = document_ids(WEB)
 CHAT_STARTS, CHAT_IDS = document_ids(CHAT)
+WEB_OF_TOKEN = np.repeat(WEB_IDS, [n for shard in WEB for n in shard])
 interventions = st.one_of(
     st.tuples(
         st.just("geometry"), st.tuples(st.sampled_from([8, 12, 24]), st.sampled_from([1, 2, 4]))
@@ -153,6 +154,7 @@ def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[in
 @settings(max_examples=10, deadline=None, suppress_health_check=[
     HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(ops=st.lists(st.tuples(st.integers(0, 12), interventions), min_size=1, max_size=4))
+@example(ops=[(4, ("exclude", ({"s0-d3", "s1-d2"}, {"s0-d1"}))), (5, ("exclude", (set(), set())))])
 @example(  # 24 on 2 lanes, taken down at the same step (replacing that segment), a skip, a
     # mix, back to 8 on 1 lane (seq_len and lanes decrease, the first geometry again)
     ops=[
@@ -174,6 +176,7 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
     verify_ledger(ledger, Plan(ledger), "steered")  # the counters re-derive
     stop = max(step for step, _ in before) + 40
     pairs, documents = defaultdict(list), defaultdict(list)
+    tokens, tails, end = defaultdict(list), defaultdict(dict), {}  # per web epoch
     for t in range(stop):
         draws, batch = plan.draws(t), plan.batch(t)
         gone = next(ids for at, ids in reversed(taken) if at <= t)
@@ -181,6 +184,10 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
             if draws.source_names[source] == "web":
                 w = np.append(batch["inputs"][i], batch["targets"][i][-1]).astype(np.int64)
                 pairs[epoch].append(w[:-1][w[1:] == w[:-1] + 1])
+                tokens[epoch].append(w)
+                config = plan.segment_plan(draws.segment_index).config
+                tails[epoch][draws.segment_index] = config.lanes * (config.seq_len + 1)
+                end[epoch] = gone["web"]
                 docs = {WEB_IDS[d] for d in np.searchsorted(WEB_STARTS, w, "right") - 1}
                 assert not docs & gone["web"], (t, i, docs & gone["web"])
                 continue
@@ -198,6 +205,12 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
             epoch,
             Counter(flat.tolist()).most_common(3),
         )
+    if not any(kind == "skip" for _, (kind, _) in ops):  # a skip leaves windows out
+        for epoch in range(max(tokens)):  # rolled over: all but the lane tails of each layout
+            every = np.flatnonzero(~np.isin(WEB_OF_TOKEN, list(end[epoch])))
+            missing = np.setdiff1d(every, np.concatenate(tokens[epoch])).size
+            bound = sum(tails[epoch].values()) + min(tails[epoch + 1].values())
+            assert missing < bound, ("web", epoch, missing, bound)
     for epoch, mine in documents.items():
         assert len(mine) == len(set(mine)), ("chat", epoch, Counter(mine).most_common(3))
     for at, earlier in before:  # every step before an intervention replays unchanged
