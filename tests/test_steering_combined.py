@@ -260,3 +260,18 @@ def test_dump_across_a_seq_len_switch_is_refused_by_name_and_dumps_each_side(
     for steps, width in (("3:5", 8), ("5:7", 16)):
         assert main([*dump, steps]) == 0
         assert np.load(out)["inputs"].shape == (2, 2, width)
+
+
+@pytest.mark.parametrize("name, ids", [("web", WEB_IDS), ("chat", CHAT_IDS)])
+def test_taking_down_every_document_of_a_source_is_refused_by_name(root, chat, tmp_path, name, ids):
+    """Not "use a smaller seq_len" or "a larger store": the exclude file is what empties it."""
+    file = tmp_path / "all.txt"
+    file.write_text("".join(f"{i}\n" for i in ids))
+    plan = Plan.from_config(parse_config(two_raw(root, 8, 1, {}), origin="a.yaml"))
+    config = parse_config(two_raw(root, 8, 1, {name: file}), origin="b.yaml")
+    with pytest.raises(ConfigError) as error:
+        reconcile(plan, config, 5, switch=True)
+    assert str(error.value) == (
+        f"b.yaml: sources.{name}.exclude: {file} takes down every document of "
+        f"{root / name} ({len(ids)} documents); leave the source out of the mix instead"
+    )

@@ -37,6 +37,7 @@ from pipeline.store.doc_ids import locate
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
+from pipeline.wording import counted
 
 _RESOLVED: dict[tuple[str, str, str], np.ndarray] = {}  # (store, ids digest, missing) -> docs
 _RESOLVED_LOCK = threading.Lock()
@@ -94,6 +95,12 @@ def build(
     with keyed(config, spec.name):
         store = open_store(meta)
         excluded = excluded_documents(spec, store, config)
+        if excluded.documents.size == store.num_documents:  # not "a larger store": the file
+            raise ConfigError(
+                f"sources.{spec.name}.exclude: {spec.exclude.file} takes down every document "
+                f"of {store.path} ({counted(store.num_documents, 'document')}); leave the "
+                "source out of the mix instead"
+            )
         if spec.packing == "best_fit":
             return PackedLayout(spec.name, store, config.seed, config.seq_len, config.lanes,
                                 spec.too_long, excluded)  # fmt: skip
