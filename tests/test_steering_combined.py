@@ -275,3 +275,19 @@ def test_taking_down_every_document_of_a_source_is_refused_by_name(root, chat, t
         f"b.yaml: sources.{name}.exclude: {file} takes down every document of "
         f"{root / name} ({len(ids)} documents); leave the source out of the mix instead"
     )
+
+
+def test_an_id_listed_twice_takes_its_document_down_once(root, chat, tmp_path):
+    """The same documents as the file that lists it once: the same rows after the switch."""
+    once, twice = tmp_path / "once.txt", tmp_path / "twice.txt"
+    once.write_text("s0-d1\ns1-d4\n")
+    twice.write_text("s0-d1\ns1-d4\n# again\ns0-d1\n")
+    plan = Plan.from_config(parse_config(two_raw(root, 8, 2, {}), origin="a.yaml"))
+    plans = [
+        Plan(reconcile(plan, parse_config(two_raw(root, 8, 2, {"web": f}), "b.yaml"), 5, True))
+        for f in (once, twice)
+    ]
+    for t in range(5, 60):
+        a, b = (p.batch(t) for p in plans)
+        for name, values in a.items():
+            np.testing.assert_array_equal(b[name], values, err_msg=f"step {t} {name}")
