@@ -167,17 +167,23 @@ def test_best_fit_transitions_use_every_document_once_per_epoch(
     counter=st.integers(1, 60),
 )
 def test_removed_token_ranges_are_left_out_of_the_transitional_epoch(cuts, counter):
-    """The hook for documents taken down: ranges of the epoch stream given as `removed` are
-    in no window of the transitional epoch (nor are the windows served before it)."""
+    """The hook for documents taken down: the ranges of the epoch stream the new layout
+    removes (`removed_ranges`) are in no window of the transitional epoch (nor are the
+    windows served before it)."""
     from pipeline.plan.layout import SourceLayout
-    from pipeline.plan.transition import relaid, served
+    from pipeline.plan.transition import merged, relaid, served
+
+    removed = (np.array([a for a, _ in cuts]), np.array([a + n for a, n in cuts]))
+
+    class Removing(SourceLayout):
+        def removed_ranges(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+            return merged(*removed)
 
     meta = synthetic_meta(Path("/nonexistent/s"), [[50] * 10, [30] * 10])  # 800 tokens
     before = SourceLayout("s", meta, 9, 8, 1)
-    after = SourceLayout("s", meta, 9, 16, 2)
-    removed = (np.array([a for a, _ in cuts]), np.array([a + n for a, n in cuts]))
+    after = Removing("s", meta, 9, 16, 2)
     epoch, taken = served(before, counter)
-    relaid(before, after, counter, removed)
+    relaid(before, after, counter)
     transition = after.transition
     assume(transition is not None)
     gone = np.zeros(meta.num_tokens + 1, bool)

@@ -154,7 +154,8 @@ class SourceLayout(Epochs):
         return starts, starts + self.seq_len
 
     def removed_ranges(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The token ranges of the whole epoch stream it never serves (none)."""
+        """The token ranges of the whole epoch stream it never serves, sorted and disjoint
+        (none)."""
         return NO_DOCUMENTS, NO_DOCUMENTS
 
     def stream_shards(self, epoch: int) -> tuple[np.ndarray, ...]:

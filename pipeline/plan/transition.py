@@ -12,9 +12,9 @@ what is left of epoch e:
   intervals (`served`); a layout that is itself transitional in epoch e adds the edges of its
   drawn transitional windows to those it began with, so switches chain.
 * **Left.** The complement in the epoch stream's edges (the old lane tails included) is a list
-  of maximal free runs; `removed` token ranges and those of the documents the new layout
-  excludes (`removed_ranges`, docs/steering.md "Take documents down") are cut out too. The
-  runs, laid end to end, are the transition's `Stream`.
+  of maximal free runs; the token ranges of the documents the new layout excludes
+  (`removed_ranges`, docs/steering.md "Take documents down") are cut out too. The runs, laid
+  end to end, are the transition's `Stream`.
 * **Laid out.** That stream is cut as any epoch stream is (`layout`): `lanes` equal ranges,
   W_t = (Q_t - 1) // seq_len windows each, the window order of each lane a keyed bijection per
   (seed, source, epoch, lane, c), so it differs from the regular epoch's and from another
@@ -190,17 +190,15 @@ def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
     return epoch, merged(*layout.served_edges(epoch, first))
 
 
-def relaid(
-    before: SourceLayout, after: SourceLayout, counter: int, removed: Intervals = NONE
-) -> SourceLayout:
-    """`after` (a new layout of the same store, another geometry) continuing `before` from
-    draw `counter`: the rest of `before`'s epoch there as a transitional epoch, then `after`'s
-    regular epochs (module docstring). `removed`: token ranges of the epoch stream never to
-    serve (none by default). `after` is changed in place and returned."""
+def relaid(before: SourceLayout, after: SourceLayout, counter: int) -> SourceLayout:
+    """`after` (a new layout of the same store, another geometry or other documents excluded)
+    continuing `before` from draw `counter`: the rest of `before`'s epoch there as a
+    transitional epoch, then `after`'s regular epochs (module docstring); the token ranges
+    `after` never serves (`removed_ranges`: the documents it excludes) are left out. `after`
+    is changed in place and returned."""
     epoch, done = served(before, counter)
     edges = before.meta.num_tokens - 1
-    gone = after.removed_ranges(epoch)  # the documents `after` excludes
-    removed = merged(np.concatenate([removed[0], gone[0]]), np.concatenate([removed[1], gone[1]]))
+    removed = after.removed_ranges(epoch)  # sorted, disjoint
     taken = done
     if removed[0].size:  # every edge that touches a removed token (inside the stream)
         lo, hi = np.maximum(removed[0] - 1, 0), np.minimum(removed[1], edges)
