@@ -291,3 +291,24 @@ def test_an_id_listed_twice_takes_its_document_down_once(root, chat, tmp_path):
         a, b = (p.batch(t) for p in plans)
         for name, values in a.items():
             np.testing.assert_array_equal(b[name], values, err_msg=f"step {t} {name}")
+
+
+def test_a_restore_at_a_huge_step_with_every_intervention_costs_no_steps(root, chat, tmp_path):
+    """A skip, a take-down and a seq_len and lanes change at step 10^12 (with a mix before):
+    counters and transitional epochs are computed, never replayed step by step, so this is
+    milliseconds; the rows are those of the plan's step 10^12 + skip before the switch."""
+    file = tmp_path / "t.txt"
+    file.write_text("s0-d1\ns1-d3\n")
+    big = 10**12
+    plan = Plan.from_config(parse_config(two_raw(root, 8, 1, {}), origin="a.yaml"))
+    plan = Plan(plan.ledger.with_mix(MixEntry(big - 7, quantize({"web": 1, "chat": 2}))))
+    config = parse_config(two_raw(root, 24, 2, {"web": file, "chat": file}), origin="b.yaml")
+    steered = Plan(reconcile(plan, config, big, switch=True, skip=5))
+    segment = steered.ledger.last
+    assert segment.counters == plan.segment_plan(0).counters_at(big + 5)
+    verify_ledger(steered.ledger, steered, "steered")
+    draws, batch = steered.draws(big + 1), steered.batch(big + 1)
+    assert draws.epoch.min() > 10**9 and batch["inputs"].shape == (4, 24)
+    web = np.asarray(draws.source_names)[draws.source] == "web"
+    assert web.any()
+    assert not set(WEB_OF_TOKEN[batch["inputs"][web]].ravel()) & {"s0-d1", "s1-d3"}
