@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.errors import ConfigError
-from pipeline.plan.data_state import verify_ledger
+from pipeline.errors import ConfigError, LedgerError
+from pipeline.plan.data_state import DataState, digest_of, verify, verify_ledger
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
@@ -312,3 +312,50 @@ def test_a_restore_at_a_huge_step_with_every_intervention_costs_no_steps(root, c
     web = np.asarray(draws.source_names)[draws.source] == "web"
     assert web.any()
     assert not set(WEB_OF_TOKEN[batch["inputs"][web]].ravel()) & {"s0-d1", "s1-d3"}
+
+
+def _edit(path: tuple, value: object):
+    def apply(raw: dict) -> None:
+        *keys, last = path
+        for key in keys:
+            raw = raw[key]
+        if value is None:
+            del raw[last]
+        else:
+            raw[last] = value
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_edit(("segments", 1, "config", "seq_len"), 24), r"segments\[1\] fingerprint does not"),
+        (_edit(("segments", 1, "config", "lanes"), 1), r"segments\[1\] fingerprint does not"),
+        (
+            _edit(("segments", 1, "config", "sources", "web", "exclude", "sha256"), "0" * 64),
+            r"segments\[1\] fingerprint does not",
+        ),
+        (
+            _edit(("segments", 1, "config", "sources", "web", "exclude"), None),
+            r"segments\[1\] fingerprint does not",
+        ),
+        (_edit(("version",), 5), r"segments\[1\] changes seq_len and lanes, which a ledger of"),
+        (_edit(("segments", 1, "counters", "web"), 17), r"segments\[1\]\.counters\.web: 17 rec"),
+    ],
+)
+def test_an_edited_geometry_or_take_down_is_refused_even_with_its_digest_redone(
+    root, chat, tmp_path, edit, message
+):
+    file = tmp_path / "t.txt"
+    file.write_text("s0-d1\n")
+    plan = Plan.from_config(parse_config(two_raw(root, 8, 1, {}), origin="a.yaml"))
+    config = parse_config(two_raw(root, 16, 2, {"web": file}), origin="b.yaml")
+    plan = Plan(reconcile(plan, config, 6, switch=True, skip=2))
+    raw = DataState(20, plan.ledger).to_json()
+    assert raw["ledger"]["segments"][1]["counters"]["web"] == 16  # what the last edit changes
+    edit(raw["ledger"])
+    raw["digest"] = digest_of({key: value for key, value in raw.items() if key != "digest"})
+    with pytest.raises(LedgerError, match=message):
+        state = DataState.from_json(raw, "ckpt/20")
+        verify(state, Plan(state.ledger))
