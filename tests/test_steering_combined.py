@@ -155,6 +155,7 @@ def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[in
     HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(ops=st.lists(st.tuples(st.integers(0, 12), interventions), min_size=1, max_size=4))
 @example(ops=[(4, ("exclude", ({"s0-d3", "s1-d2"}, {"s0-d1"}))), (5, ("exclude", (set(), set())))])
+@example(ops=[(5, ("exclude", ({"s0-d4"}, set()))), (6, ("exclude", (set(), set())))])
 @example(  # 24 on 2 lanes, taken down at the same step (replacing that segment), a skip, a
     # mix, back to 8 on 1 lane (seq_len and lanes decrease, the first geometry again)
     ops=[

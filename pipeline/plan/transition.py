@@ -13,8 +13,9 @@ what is left of epoch e:
   drawn transitional windows to those it began with, so switches chain.
 * **Left.** The complement in the epoch stream's edges (the old lane tails included) is a list
   of maximal free runs; the token ranges of the documents the new layout excludes
-  (`removed_ranges`, docs/steering.md "Take documents down") are cut out too. The runs, laid
-  end to end, are the transition's `Stream`.
+  (`removed_ranges`, docs/steering.md "Take documents down") are cut out too, and no two
+  runs are one edge apart (`unjoinable`). The runs, laid end to end, are the transition's
+  `Stream`.
 * **Laid out.** That stream is cut as any epoch stream is (`layout`): `lanes` equal ranges,
   W_t = (Q_t - 1) // seq_len windows each, the window order of each lane a keyed bijection per
   (seed, source, epoch, lane, c), so it differs from the regular epoch's and from another
@@ -190,6 +191,19 @@ def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
     return epoch, merged(*layout.served_edges(epoch, first))
 
 
+def unjoinable(taken: Intervals, edges: int) -> Intervals:
+    """`taken` with each lone taken edge b between two free runs widened by the edge after it.
+    Else the runs would meet at tokens b and b + 1: a window across that joint would serve the
+    pair (b, b + 1), edge b, again. A lone edge is what a window clipped at a joint served of
+    a run (its last or first edge); the edge beyond was taken too unless a switch has freed
+    it since (a take-down dropped), so this costs an edge per such window, else nothing."""
+    starts, stops = taken
+    lone = (stops - starts == 1) & (starts > 0) & (stops < edges)
+    if not lone.any():
+        return taken
+    return merged(starts, np.where(lone, stops + 1, stops))
+
+
 def relaid(before: SourceLayout, after: SourceLayout, counter: int) -> SourceLayout:
     """`after` (a new layout of the same store, another geometry or other documents excluded)
     continuing `before` from draw `counter`: the rest of `before`'s epoch there as a
@@ -206,7 +220,7 @@ def relaid(before: SourceLayout, after: SourceLayout, counter: int) -> SourceLay
     if not taken[0].size:  # nothing of epoch e served yet: it is a regular epoch of `after`
         after.continue_epochs(counter, epoch, None)
         return after
-    stream = Stream.of_free_edges(complement(edges, taken))
+    stream = Stream.of_free_edges(complement(edges, unjoinable(taken, edges)))
     # what was served, not what was removed: a later switch that stops removing them gives
     # the removed documents' edges back to the epoch (as `repack` does for best_fit)
     transition = StreamTransition(after, epoch, counter, stream, done)
