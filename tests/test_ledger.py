@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections import Counter
@@ -155,6 +156,17 @@ def test_malformed_ledgers_are_refused_with_one_line(stores, tmp_path, edit, mes
     with pytest.raises(LedgerError, match=message) as error:
         data_state.load_ledger(path)
     assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_invalid_recorded_config_is_named_once(stores):
+    """The segment's place is said once, before the config's own complaint."""
+    [segment] = Plan.from_config(config(stores)).ledger.segments
+    segment = dataclasses.replace(segment, config={**segment.config, "seq_len": 0})
+    with pytest.raises(LedgerError) as error:
+        segment.parsed("ledger segment 0 (from step 0)")
+    message = str(error.value)
+    assert message.startswith("ledger segment 0 (from step 0): the recorded config is invalid: ")
+    assert message.count("ledger segment 0") == 1 and "seq_len" in message
 
 
 def test_a_save_that_fails_leaves_the_previous_ledger_whole(stores, tmp_path, monkeypatch):

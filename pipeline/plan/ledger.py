@@ -123,8 +123,9 @@ class Segment:
     def parsed(self, where: str) -> DataConfig:
         try:
             return parse_config(self.config, origin=where)
-        except ConfigError as error:
-            raise LedgerError(f"{where}: the recorded config is invalid: {error}") from error
+        except ConfigError as error:  # its message starts with `where` (the origin)
+            reason = str(error).removeprefix(f"{where}: ")
+            raise LedgerError(f"{where}: the recorded config is invalid: {reason}") from error
 
     def to_json(self) -> dict[str, Any]:
         return {
