@@ -418,6 +418,53 @@ def test_worker_processes_receive_the_encoder_once_not_with_every_chunk() -> Non
     assert pid != os.getpid() and all(len(seen) == 1 for seen in tags.values()), tags
 
 
+def test_stores_are_identical_across_worker_counts_and_batch_sizes(
+    tmp_path: Path, hf_tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Documents go to the tokenizer and to the workers in batches; many small batches, more
+    # than the workers hold in flight, must make the store that one batch makes.
+    import pipeline.ingest.prepare as prepare_module
+
+    texts = [topics[t][: 50 + 37 * i] for i, t in enumerate(sorted(topics)[:120])] + [""]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    spec = f"hf:{hf_tokenizer_json}"
+    one_batch = _prepare([str(path)], tmp_path / "one", num_shards=3, tokenizer=spec)
+    monkeypatch.setattr(prepare_module, "BATCH_CHARACTERS", 2000)
+    for workers in (1, 2, 3):
+        out = tmp_path / f"w{workers}"
+        _prepare([str(path)], out, num_shards=3, tokenizer=spec, workers=workers)
+        assert _files(out) == _files(tmp_path / "one"), workers
+    _check_tokenizer_store(one_batch, spec, [t for t in texts if t])
+    assert one_batch.manifest["created"]["empty_documents_dropped"] == 1
+
+
+def _threads_started_by_encoding(spec: str) -> int:
+    """In a pool worker: the threads this process gained while the tokenizer encoded a batch."""
+    tokenizer = load_tokenizer(spec)
+    before = len(os.listdir("/proc/self/task"))
+    tokenizer.encode_batch([f"text number {i} " * 50 for i in range(64)])
+    return len(os.listdir("/proc/self/task")) - before
+
+
+def test_worker_processes_share_the_cpus_among_their_tokenizers_threads(
+    hf_tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each worker's encode_batch started a thread per CPU: with 2 workers on 2 CPUs, 4 threads
+    # of tokenizing where 2 fit. A worker now gets its share of the CPUs (one thread: it
+    # starts none, it encodes on its own).
+    from pipeline.ingest.prepare import _mapper, tokenizer_threads
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    workers = max(2, len(os.sched_getaffinity(0)))  # one tokenizer thread each
+    assert tokenizer_threads(workers) == 1
+    with _mapper(workers, _threads_started_by_encoding) as imap:
+        started = list(imap([f"hf:{hf_tokenizer_json}"] * workers))
+    assert started == [0] * workers
+    assert tokenizer_threads(1) == len(os.sched_getaffinity(0))
+
+
 def test_a_damaged_parquet_row_group_is_one_line(tmp_path, capsys):
     """A file whose footer reads but whose third row group's pages are overwritten: prepare
     stops with one line naming the file, nothing stored."""

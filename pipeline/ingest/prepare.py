@@ -13,8 +13,10 @@ with its file and line, or with `--skip-bad-rows` is counted in the manifest and
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
+import os
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator
@@ -160,6 +162,17 @@ class DocumentEncoder:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_render": None}
+
+    def many(self, documents: list[Document]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Each document as `__call__` returns it; the plain texts in one `encode_batch`."""
+        ids = iter(self.tokenizer.encode_batch([d.text for d in documents if d.row is None]))
+        return [self._with_eod(next(ids)) if d.row is None else self(d) for d in documents]
+
+    def _with_eod(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.empty(len(ids) + 1, dtype=self.dtype)
+        tokens[:-1] = ids
+        tokens[-1] = self.tokenizer.eod_id
+        return tokens, _NO_SPANS
 
     def __call__(self, document: Document) -> tuple[np.ndarray, np.ndarray] | None:
         if document.row is None:
@@ -330,9 +343,9 @@ def _tokenize_and_spill(
     empty = dict.fromkeys(stagings, 0)
     bad = 0
     tokens_total = 0
-    documents = _all_documents(validated.specs)
+    batches = _batches(_all_documents(validated.specs))
     encode = partial(
-        _encode,
+        _spill_batch,
         validated.encoder(options),
         options.seed,
         options.num_shards,
@@ -342,26 +355,17 @@ def _tokenize_and_spill(
     bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
     with _mapper(options.workers, encode) as imap:
         try:
-            for key, document_id, placement, encoded in imap(documents):
-                if encoded is None:  # a bad row, skipped with --skip-bad-rows
-                    bad += 1
-                    continue
-                tokens, untrained = encoded
-                if len(tokens) == 1:  # only the eod: an empty text is dropped and counted
-                    empty[placement.split] += 1
-                    continue
-                path = spills[placement.split][placement.shard]
-                handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
-                raw_key, raw_id = key.encode(), document_id.encode()
-                header = (placement.order, len(raw_key), len(raw_id), len(tokens), len(untrained))
-                handle.write(_SPILL_HEADER.pack(*header))
-                handle.write(raw_key)
-                handle.write(raw_id)
-                handle.write(tokens.tobytes())
-                handle.write(untrained.tobytes())
-                tokens_total += len(tokens)
-                bar.update(1)
-                bar.set_postfix_str(  # drawn with the bar's next redraw, not one per document
+            for spilled in imap(batches):
+                for (split, shard), data in spilled.records.items():
+                    path = spills[split][shard]
+                    handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
+                    handle.write(data)
+                bad += spilled.bad
+                for split, count in spilled.empty.items():
+                    empty[split] += count
+                tokens_total += spilled.tokens
+                bar.update(spilled.documents)
+                bar.set_postfix_str(  # drawn with the bar's next redraw, not one per batch
                     f"{tokens_total / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s",
                     refresh=False,
                 )
@@ -380,25 +384,82 @@ def _all_documents(specs: list[InputSpec]) -> Iterator[Document]:
         yield from iter_documents(spec)
 
 
-def _encode(
+BATCH_CHARACTERS = 1 << 20
+"""Text per task: one `encode_batch` call, one message to a worker and one back. Large enough
+that per-call and per-message costs vanish, small enough that `workers` tasks in flight (each
+about 2x its text's bytes in tokens and spill records) stay a few MB."""
+BATCH_DOCUMENTS = 4096  # the bound for documents without text (rows, rendered when encoded)
+
+
+def _batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    characters = 0
+    for document in documents:
+        batch.append(document)
+        characters += len(document.text)
+        if characters >= BATCH_CHARACTERS or len(batch) >= BATCH_DOCUMENTS:
+            yield batch
+            batch, characters = [], 0
+    if batch:
+        yield batch
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """A batch's spill records, each (split, shard)'s as one byte string (one write, and one
+    string to send from a worker, not an object per document), and what the batch counted."""
+
+    records: dict[tuple[str, int], bytes]
+    empty: dict[str, int]  # empty texts, dropped, per split
+    bad: int  # bad rows skipped
+    documents: int  # documents stored
+    tokens: int
+
+
+def _spill_batch(
     encoder: DocumentEncoder,
     seed: int,
     num_shards: int,
     eval_fraction: float,
     ids: bool,
-    document: Document,
-) -> tuple[str, str, Any, tuple[np.ndarray, np.ndarray] | None]:
-    """(key, id ("" without `ids`), placement, encoded) of a document."""
-    placement = place(document.key, seed, num_shards, eval_fraction)
-    return document.key, document.document_id if ids else "", placement, encoder(document)
+    documents: list[Document],
+) -> _Spilled:
+    """Tokenize and place a batch; its spill records in document order per (split, shard),
+    each with the document's id when `ids`."""
+    records: dict[tuple[str, int], list[bytes]] = {}
+    empty: dict[str, int] = {}
+    bad = stored = tokens_total = 0
+    for document, encoded in zip(documents, encoder.many(documents), strict=True):
+        if encoded is None:  # a bad row, skipped with --skip-bad-rows
+            bad += 1
+            continue
+        placement = place(document.key, seed, num_shards, eval_fraction)
+        tokens, untrained = encoded
+        if len(tokens) == 1:  # only the eod: an empty text is dropped and counted
+            empty[placement.split] = empty.get(placement.split, 0) + 1
+            continue
+        raw_key = document.key.encode()
+        raw_id = document.document_id.encode() if ids else b""
+        sizes = (len(raw_key), len(raw_id), len(tokens), len(untrained))
+        parts = records.setdefault((placement.split, placement.shard), [])
+        parts += [_SPILL_HEADER.pack(placement.order, *sizes), raw_key, raw_id]
+        parts += [tokens.tobytes(), untrained.tobytes()]
+        stored += 1
+        tokens_total += len(tokens)
+    joined = {where: b"".join(parts) for where, parts in records.items()}
+    return _Spilled(joined, empty, bad, stored, tokens_total)
 
 
 class _mapper:
-    """`map(function, ...)` in this process, or an ordered `imap` over a spawned pool (safe
-    beside JAX). The pool's workers receive `function` once, when they start: a task carries
-    only its items. (A function sent with every task was unpickled per chunk of 32 documents,
-    and a tokenizer unpickles by loading its file again: with a 32k BPE, 2 workers spent 4.6x
-    the CPU of 1.)"""
+    """`map(function, ...)` in this process, or an ordered map over a spawned pool (safe
+    beside JAX) with at most two tasks per worker in flight, so that reading stays a few
+    tasks ahead of the workers, not the whole input ahead. The pool's workers receive
+    `function` once, when they start: a task carries only its items. (A function sent with
+    every task was unpickled per chunk of 32 documents, and a tokenizer unpickles by loading
+    its file again: with a 32k BPE, 2 workers spent 4.6x the CPU of 1.)
+
+    Each worker's tokenizer gets its share of the CPUs for its own threads (`tokenizer_threads`):
+    without it every worker's `encode_batch` started a thread per CPU."""
 
     def __init__(self, workers: int, function: Callable[[Any], Any]) -> None:
         self.workers = workers
@@ -408,10 +469,20 @@ class _mapper:
     def __enter__(self) -> Callable[[Iterable[Any]], Iterator[Any]]:
         if self.workers == 1:
             return partial(map, self.function)
+        threads = tokenizer_threads(self.workers)
         self.pool = multiprocessing.get_context("spawn").Pool(
-            self.workers, initializer=_install, initargs=(self.function,)
+            self.workers, initializer=_install, initargs=(self.function, threads)
         )
-        return partial(self.pool.imap, _call_installed, chunksize=32)
+        return self._ordered
+
+    def _ordered(self, items: Iterable[Any]) -> Iterator[Any]:
+        pending: collections.deque[Any] = collections.deque()
+        for item in items:
+            pending.append(self.pool.apply_async(_call_installed, (item,)))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
     def __exit__(self, *exc: object) -> None:
         if self.pool is not None:
@@ -419,11 +490,23 @@ class _mapper:
             self.pool.join()
 
 
+def tokenizer_threads(workers: int) -> int:
+    """The threads each of `workers` processes gives its tokenizer: this process's CPUs
+    shared out, at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cpus or 1) // workers)
+
+
 _installed: list[Callable[[Any], Any]] = []  # in a pool worker: the function `_mapper` sent
 
 
-def _install(function: Callable[[Any], Any]) -> None:
+def _install(function: Callable[[Any], Any], threads: int) -> None:
+    """A pool worker's start: keep `function`, and cap the tokenizer's threads (HF `tokenizers`
+    starts its thread pool on the first `encode_batch`, after this) unless the user set them."""
     _installed[:] = [function]
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    if threads == 1:  # one thread: encode on the calling one, no pool to hand work to
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _call_installed(item: Any) -> Any:

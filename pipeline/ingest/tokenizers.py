@@ -71,6 +71,11 @@ class Tokenizer(abc.ABC):
     def encode(self, text: str) -> np.ndarray:
         """Returns the ids of ``text`` as int64, without the end-of-document id."""
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode`` of each text; a tokenizer that encodes a batch faster than one text at a
+        time (in native threads, without Python between texts) overrides it."""
+        return [self.encode(text) for text in texts]
+
     @abc.abstractmethod
     def _decode_piece(self, ids: list[int]) -> str:
         """Decodes ids that contain no ``eod_id``."""
@@ -239,6 +244,15 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._model.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """The texts in one call, on the library's own threads (``RAYON_NUM_THREADS``; none with
+        ``TOKENIZERS_PARALLELISM=false``). ``encode_batch_fast`` (tokenizers 0.20+) gives the
+        same ids without computing character offsets, which `prepare` never reads: about a
+        quarter less CPU on a 32k byte-level BPE."""
+        encode = getattr(self._model, "encode_batch_fast", self._model.encode_batch)
+        encodings = encode(texts, add_special_tokens=False)
+        return [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
 
     def _decode_piece(self, ids: list[int]) -> str:
         return self._model.decode(ids, skip_special_tokens=False) if ids else ""
