@@ -1,19 +1,25 @@
 """Throughput of `prepare`: the local runner beside the Beam runner (DirectRunner), same input.
 
     .venv/bin/python benchmarks/prepare_bench.py [INPUT ...] [--repeat 3] [--num-shards 8]
-        [--tokenizer bytes|sentencepiece:MODEL|hf:JSON] [--workers 1,2] [--runners local,beam]
-        [--num-proc CPUS]
+        [--tokenizer bytes|sentencepiece:MODEL|hf:JSON] [--workers 1,..,CPUS]
+        [--runners local,beam] [--num-proc CPUS]
 
 Every configuration writes the same store (checked: the manifests are identical), so the table
-compares only how fast they get there. Each time is the median of `--repeat` runs, end to end
+compares only how fast they get there. Each time is the median of `--repeat` rounds, end to end
 (validation, tokenizing, sorting, writing, commit; for Beam also pipeline construction and,
-with several workers, starting the worker processes). CPU seconds are this process's and its
-reaped children's (the worker processes), so they stay comparable on a busy machine, where
-wall times do not. With an `hf:` tokenizer two last rows: the limit, the tokenizer's own
-`encode_batch` on the same texts, in this process (its own threads), nothing else; and the
-peer, what users of Hugging Face `datasets` run today: `Dataset.map(batched=True,
-num_proc=--num-proc)` calling the same tokenizer's `encode_batch` (the `dev` extra installs
-`datasets`). Both must count the same tokens, or the benchmark stops.
+with several workers, starting the worker processes); each round runs every row once, the
+first row of the round rotating, so that a machine's changing load falls on all rows alike.
+CPU seconds are this process's and its reaped children's (the worker processes), so they stay
+comparable on a busy machine, where wall times do not; the header gives the 1-minute load
+average seen before and after each run. With an `hf:` tokenizer four more rows: the limit, the
+tokenizer's own `encode_batch` on the same texts, in this process (its own threads), nothing
+else; the same on one thread (`TOKENIZERS_PARALLELISM=false`: the limit per CPU, against
+which `--workers N` reads as near-linear or not); its `encode_batch_fast` (the same ids
+without character offsets: what `prepare` calls); and the peer, what users of Hugging Face
+`datasets` run today: `Dataset.map(batched=True, num_proc=--num-proc)` calling the same
+tokenizer's `encode_batch` (the `dev` extra installs `datasets`). They must count the same
+tokens, or the benchmark stops. "of the limit" is the limit's seconds over the row's: its
+tokens/s as a share of the limit's.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pipeline.ingest.corpora import iter_documents, resolve_inputs
@@ -61,12 +69,27 @@ def _run(
     return time.perf_counter() - start, _cpu_seconds() - cpu
 
 
-def _encode_batch(texts: list[str], tokenizer: str) -> tuple[float, float, int]:
-    """(wall, CPU seconds, tokens) of the hf tokenizer's own encode_batch on the texts."""
+def _encode_batch(
+    texts: list[str], tokenizer: str, fast: bool = False, one_thread: bool = False
+) -> tuple[float, float, int]:
+    """(wall, CPU seconds, tokens) of the hf tokenizer's own encode_batch on the texts (with
+    `fast`, its encode_batch_fast: no character offsets, what prepare calls; with
+    `one_thread`, on the calling thread only: the limit per CPU)."""
     model = load_tokenizer(tokenizer)._model
-    start, cpu = time.perf_counter(), _cpu_seconds()
-    encoded = model.encode_batch(texts, add_special_tokens=False)
-    return time.perf_counter() - start, _cpu_seconds() - cpu, sum(len(e.ids) for e in encoded)
+    encode = model.encode_batch_fast if fast else model.encode_batch
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    if one_thread:  # read by tokenizers at each call
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        start, cpu = time.perf_counter(), _cpu_seconds()
+        encoded = encode(texts, add_special_tokens=False)
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    return seconds, cpu, sum(len(e.ids) for e in encoded)
 
 
 def _tokenize_rows(batch: dict[str, list], model) -> dict[str, list]:
@@ -95,39 +118,66 @@ def _datasets_map(texts: list[str], tokenizer: str, num_proc: int) -> tuple[floa
     return seconds, cpu, sum(len(ids) for ids in mapped["input_ids"])
 
 
+def _rows(args: argparse.Namespace, tmp: str) -> list[tuple[str, str, Callable[[], tuple]]]:
+    """The contenders: (name, workers, run -> (wall, CPU seconds, tokens or None, out))."""
+    rows = []
+    for runner in args.runners.split(","):
+        for workers in (int(w) for w in args.workers.split(",")):
+            out = Path(tmp) / f"{runner}-{workers}"
+            run = partial(_run, runner, workers, args.inputs, out, args.num_shards, args.tokenizer)
+            name = "local" if runner == "local" else "beam (DirectRunner)"
+            rows.append((name, str(workers), lambda run=run, out=out: (*run(), None, out)))
+    if args.tokenizer.startswith("hf:"):
+        texts = [doc.text for spec in resolve_inputs(args.inputs) for doc in iter_documents(spec)]
+        rows += [
+            ("encode_batch (the limit)", "threads",
+             lambda: (*_encode_batch(texts, args.tokenizer), None)),
+            ("encode_batch, one thread (the limit per CPU)", "1 thread",
+             lambda: (*_encode_batch(texts, args.tokenizer, one_thread=True), None)),
+            ("encode_batch_fast", "threads",
+             lambda: (*_encode_batch(texts, args.tokenizer, fast=True), None)),
+            ("datasets.map (the peer)", f"num_proc={args.num_proc}",
+             lambda: (*_datasets_map(texts, args.tokenizer, args.num_proc), None)),
+        ]  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="*", default=["builtin:python-code"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--num-shards", type=int, default=8)
     parser.add_argument("--tokenizer", default="bytes")
-    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument(
+        "--workers",
+        default=",".join(str(w) for w in range(1, (os.cpu_count() or 1) + 1)),
+        help="worker counts, comma-separated (default 1 .. CPUs)",
+    )
     parser.add_argument("--runners", default="local,beam", help="local, beam or both")
     parser.add_argument(
         "--num-proc", type=int, default=os.cpu_count(), help="datasets.map's processes"
     )
     args = parser.parse_args()
-    configs = [
-        (runner, int(workers))
-        for runner in args.runners.split(",")
-        for workers in args.workers.split(",")
-    ]
-    rows, manifests = [], set()
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    loads, manifests, counts = [], set(), set()
     with tempfile.TemporaryDirectory() as tmp:
-        for runner, workers in configs:
-            out = Path(tmp) / f"{runner}-{workers}"
-            runs = [
-                _run(runner, workers, args.inputs, out, args.num_shards, args.tokenizer)
-                for _ in range(args.repeat)
-            ]
-            manifest = json.loads((out / "manifest.json").read_text())
-            manifests.add(json.dumps(manifest, sort_keys=True))
-            seconds = statistics.median(wall for wall, _ in runs)
-            cpu = statistics.median(cpu for _, cpu in runs)
-            rows.append((runner, workers, seconds, cpu))
-            shutil.rmtree(out)
+        rows = _rows(args, tmp)
+        for round_ in range(args.repeat):  # interleaved: each round runs every row once
+            for name, workers, run in rows[round_ % len(rows) :] + rows[: round_ % len(rows)]:
+                loads.append(os.getloadavg()[0])
+                seconds, cpu, count, out = run()
+                runs.setdefault((name, workers), []).append((seconds, cpu))
+                if out is not None:
+                    manifest = json.loads((out / "manifest.json").read_text())
+                    manifests.add(json.dumps(manifest, sort_keys=True))
+                    shutil.rmtree(out)
+                else:
+                    counts.add(count)
+            loads.append(os.getloadavg()[0])
     if len(manifests) != 1:
         raise SystemExit("the runners wrote different stores")
+    if len(counts) > 1:
+        raise SystemExit(f"encode_batch and datasets.map counted different tokens: {counts}")
     docs, tokens = manifest["num_documents"], manifest["num_tokens"]
     print(
         f"# prepare {' '.join(args.inputs)}: {docs:,} documents, {tokens:,} tokens "
@@ -135,33 +185,32 @@ def main() -> None:
     )
     print(
         f"# {datetime.date.today()}, {platform.python_implementation()} "
-        f"{platform.python_version()}, {os.cpu_count()} CPUs, median of {args.repeat}"
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, median of {args.repeat} "
+        f"interleaved rounds, 1-minute load average {min(loads):.1f} to {max(loads):.1f}"
     )
     print()
-    print("| runner | workers | seconds | CPU seconds | docs/s | tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for runner, workers, seconds, cpu in rows:
-        name = "local" if runner == "local" else "beam (DirectRunner)"
+    limit = statistics.median(
+        wall for wall, _ in runs.get(("encode_batch (the limit)", "threads"), [(0, 0)])
+    )
+    print(
+        "| runner | workers | seconds | CPU seconds | CPU s per M tokens | docs/s | tokens/s "
+        "| of the limit |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (name, workers), timings in runs.items():
+        seconds = statistics.median(wall for wall, _ in timings)
+        cpu = statistics.median(cpu for _, cpu in timings)
+        share = f"{limit / seconds:.2f}x" if limit else ""
         print(
-            f"| {name} | {workers} | {seconds:.2f} | {cpu:.1f} | {docs / seconds:,.0f} "
-            f"| {tokens / seconds:,.0f} |"
+            f"| {name} | {workers} | {seconds:.2f} | {cpu:.1f} | {cpu / tokens * 1e6:.2f} "
+            f"| {docs / seconds:,.0f} | {tokens / seconds:,.0f} | {share} |"
         )
-    if args.tokenizer.startswith("hf:"):
-        texts = [doc.text for spec in resolve_inputs(args.inputs) for doc in iter_documents(spec)]
-        limit = _encode_batch(texts, args.tokenizer)
-        peer = _datasets_map(texts, args.tokenizer, args.num_proc)
-        if limit[2] != peer[2]:
-            raise SystemExit(f"encode_batch counted {limit[2]:,} tokens, datasets.map {peer[2]:,}")
-        for name, workers, (seconds, cpu, count) in (
-            ("encode_batch (the limit)", "threads", limit),
-            ("datasets.map (the peer)", f"num_proc={args.num_proc}", peer),
-        ):
-            print(
-                f"| {name} | {workers} | {seconds:.2f} | {cpu:.1f} "
-                f"| {docs / seconds:,.0f} | {count / seconds:,.0f} |"
-            )
+    if counts:
         print()
-        print(f"# encode_batch and datasets.map: {limit[2]:,} tokens of {len(texts):,} texts")
+        print(
+            f"# encode_batch and datasets.map: {counts.pop():,} tokens (the store adds one eod "
+            "per document); tokens/s and CPU per M tokens are of the store's tokens in every row"
+        )
 
 
 if __name__ == "__main__":
