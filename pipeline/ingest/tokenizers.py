@@ -248,8 +248,7 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """The texts in one call, on the library's own threads (``RAYON_NUM_THREADS``; none with
         ``TOKENIZERS_PARALLELISM=false``). ``encode_batch_fast`` (tokenizers 0.20+) gives the
-        same ids without computing character offsets, which `prepare` never reads: about a
-        quarter less CPU on a 32k byte-level BPE."""
+        same ids without computing character offsets, which `prepare` never reads."""
         encode = getattr(self._model, "encode_batch_fast", self._model.encode_batch)
         encodings = encode(texts, add_special_tokens=False)
         return [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
