@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -107,16 +108,22 @@ def checksum(inputs: np.ndarray) -> int:
     return int(np.sum((flat + np.uint32(1)) * weights, dtype=np.uint32))
 
 
-def dumped_checksums(run_dir: Path, config: str, name: str, checkpoint: int, steps: str):
-    """The checksums of the batches `pipeline dump --ledger` gives for `steps` of run `name`,
-    from its checkpoint `checkpoint`'s ledger."""
+def dumped_inputs(run_dir: Path, config: str, name: str, checkpoint: int, steps: str):
+    """The inputs `pipeline dump --ledger` gives for `steps` of run `name`, from its checkpoint
+    `checkpoint`'s ledger."""
     out = run_dir / f"{name}.npz"
     dump = [
         sys.executable, "-m", "pipeline", "dump", str(run_dir / config), "--ledger",
         str(run_dir / f"{name}-ckpt" / str(checkpoint)), "--steps", steps, "--out", str(out),
     ]  # fmt: skip
-    assert subprocess.run(dump, capture_output=True, text=True, timeout=300).returncode == 0
-    return [checksum(inputs) for inputs in np.load(out)["inputs"]]
+    done = subprocess.run(dump, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return np.load(out)["inputs"]
+
+
+def dumped_checksums(run_dir: Path, config: str, name: str, checkpoint: int, steps: str):
+    """The checksums of the batches `dumped_inputs` gives."""
+    return [checksum(inputs) for inputs in dumped_inputs(run_dir, config, name, checkpoint, steps)]
 
 
 def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir):
@@ -156,6 +163,73 @@ def test_the_trainer_extends_the_context_at_a_switch_and_dump_replays_it(run_dir
     short = train(run_dir, "long.yaml", 3, "--positions", "64", name="short")
     assert short.returncode != 0
     assert "--positions 64 is below the data config's seq_len 128" in short.stderr
+
+
+GRAM = 4  # printable random text: no 4 characters in a row recur elsewhere in the corpus
+
+
+def random_documents(count: int) -> dict[str, str]:
+    """Documents of random printable characters (one byte token each, the store's bytes
+    tokenizer), so that any 4 tokens in a row tell which document they come from."""
+    rng = random.Random(11)
+    return {
+        f"doc-{i}": "".join(chr(rng.randint(33, 126)) for _ in range(rng.randint(12, 60)))
+        for i in range(count)
+    }
+
+
+def served_documents(inputs: np.ndarray, documents: dict[str, str]) -> set[str]:
+    """The documents of which some row of `inputs` holds `GRAM` tokens in a row."""
+    pieces = {
+        bytes(row[i : i + GRAM].astype(np.uint8).tolist())
+        for row in inputs.reshape(-1, inputs.shape[-1])
+        for i in range(row.size - GRAM + 1)
+        if (row[i : i + GRAM] < 256).all()  # not across an end-of-document token
+    }
+    return {
+        name
+        for name, text in documents.items()
+        if any(text[i : i + GRAM].encode() in pieces for i in range(len(text) - GRAM + 1))
+    }
+
+
+def test_the_trainer_takes_documents_down_at_a_switch_and_dump_replays_it(run_dir):
+    """`exclude: FILE` added at --resume --switch-data: from the restored step on, no excluded
+    document's content is trained (concat and best_fit), the steps before replay unchanged, and
+    `pipeline dump --ledger` reproduces what the trainer trained on both sides of the switch."""
+    documents = random_documents(150)
+    corpus = run_dir / "ids.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in documents.items())
+    )
+    prepare(PrepareOptions([str(corpus)], run_dir / "ids", num_shards=2, id_field="id",
+                           progress=False))  # fmt: skip
+    sources = (
+        "  web: {path: ids%s}\n  chat: {path: ids, packing: best_fit%s}\nmix: {web: 1, chat: 1}\n"
+    )
+    head = "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nsources:\n"
+    (run_dir / "kept.yaml").write_text(head + sources % ("", ""))
+    (run_dir / "taken.yaml").write_text(head + sources % ((", exclude: takedown.txt",) * 2))
+    plain = Plan.from_config(load_config(run_dir / "kept.yaml"))
+    later = np.stack([plain.batch(step)["inputs"] for step in range(10, 14)])
+    taken = sorted(served_documents(later, documents))[:6]  # what steps 10.. would have trained
+    assert len(taken) == 6
+    (run_dir / "takedown.txt").write_text("".join(f"{i}\n" for i in taken))
+
+    first = train(run_dir, "kept.yaml", 10, name="taken")
+    assert first.returncode == 0, first.stderr
+    switched = train(run_dir, "taken.yaml", 20, "--resume", "--switch-data", name="taken")
+    assert switched.returncode == 0, switched.stderr
+    assert "ledger switch at step 10: exclude changed" in switched.stderr
+    seen = records(run_dir, "taken")
+    assert [r["step"] for r in seen] == list(range(20))
+    assert [r["checksum"] for r in seen[:10]] == [
+        checksum(plain.batch(s)["inputs"]) for s in range(10)
+    ]
+    dumped = dumped_inputs(run_dir, "taken.yaml", "taken", 20, "0:20")
+    assert [checksum(inputs) for inputs in dumped] == [r["checksum"] for r in seen]
+    assert served_documents(dumped[10:], documents).isdisjoint(taken)
+    assert len(served_documents(dumped[10:], documents)) > 50  # the rest goes on
 
 
 def test_the_trainers_adaptive_mix_changes_the_weights_and_replays_exactly(run_dir):
