@@ -665,3 +665,60 @@ def test_a_switch_to_a_longer_seq_len_and_more_lanes_through_the_switch_key(
         assert switched.local_iterator.get_state()["ledger"]["version"] == 6
     finally:
         switched.close()
+
+
+def test_a_take_down_through_the_switch_key_serves_no_excluded_token(mesh, tmp_path, monkeypatch):
+    """Take-down in MaxText: restored with pipeline_data_switch=true and a data config whose
+    sources gained `exclude: FILE`, the iterator serves the switched plan, in which no row holds
+    a token of a document its source takes down (every token of these stores is distinct), and
+    the state MaxText saves records the file."""
+    from pipeline.plan.resume import reconcile
+    from pipeline.store.token_store import TokenStore
+    from tests.feedstores import excluding_raw, geometry_raw
+
+    monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
+    before, after = tmp_path / "data.yaml", tmp_path / "taken.yaml"
+    before.write_text(yaml.safe_dump(geometry_raw(tmp_path)))
+    after.write_text(yaml.safe_dump(excluding_raw(tmp_path)))
+    taken = {}
+    for name in ("web", "chat"):
+        ids = re.findall(r"s(\d+)-d(\d+)", (tmp_path / f"takedown-{name}.txt").read_text())
+        store = TokenStore(tmp_path / name)
+        taken[name] = np.concatenate([store.document(int(s), int(d)) for s, d in ids])
+
+    def excluded_rows(batch: dict, draws) -> list[tuple[int, str]]:
+        rows = []
+        for row, source in enumerate(draws.source.tolist()):
+            name = draws.source_names[source]
+            tokens = batch["inputs"][row][batch["inputs_segmentation"][row] > 0]
+            if np.isin(tokens, taken[name]).any():
+                rows.append((row, name))
+        return rows
+
+    keys = {"eval_interval": -1, "per_device_batch_size": 1.0, "max_target_length": 32}
+    train, _ = create_data_iterator(maxtext_config(before, **keys), mesh)
+    try:
+        for _ in range(12):
+            next(train)
+        state = json.loads(json.dumps(train.local_iterator.get_state()))
+    finally:
+        train.close()
+    run = Plan.from_config(load_config(before))
+    steps = range(12, 24)
+    # without the take-down, these steps would serve some of the documents
+    assert any(excluded_rows(run.batch(step), run.draws(step)) for step in steps)
+    plan = Plan(reconcile(run, load_config(after), 12, switch=True), run.stores())
+    switched, _ = create_data_iterator(
+        maxtext_config(after, pipeline_data_switch=True, **keys), mesh
+    )
+    try:
+        switched.local_iterator.set_state(state)
+        assert switched.step == 12
+        for step in steps:
+            batch = host(next(switched))
+            assert_same(batch, plan.batch(step))
+            assert excluded_rows(batch, plan.draws(step)) == [], step
+        saved = switched.local_iterator.get_state()["ledger"]["segments"][-1]["config"]
+        assert saved["sources"]["web"]["exclude"]["file"] == str(tmp_path / "takedown-web.txt")
+    finally:
+        switched.close()
