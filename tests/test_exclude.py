@@ -172,6 +172,26 @@ def test_the_ledger_records_the_exclusion_and_refuses_an_edited_file(store, tmp_
         Plan(Ledger.from_json(raw)).batch(10)
 
 
+def test_the_cli_names_an_exclude_file_edited_since_the_ledger_recorded_it(store, tmp_path, capsys):
+    """`--ledger` with the config that names the edited file (the run's current config): the
+    file's change is named, not "this data config is none of the segments" (another run's?)."""
+    from pipeline.commands.cli import main
+
+    file = tmp_path / "takedown.txt"
+    plan = Plan.from_config(parse_config(raw_config(store), origin="run.yaml"))
+    ledger = reconcile(plan, excluding(store, file, ["doc-4"]), 6, switch=True)
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger.to_json()))
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(raw_config(store, exclude=str(file))))
+    file.write_text("doc-5\n")
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", str(tmp_path / "ledger.json")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    assert error.startswith("error: ledger segment 1 (from step 6): the recorded config is ")
+    assert f"{file} changed since it was recorded" in error
+
+
 def test_a_restore_that_takes_documents_down_serves_the_plan_and_the_cli_replays_it(
     store, tmp_path, capsys
 ):

@@ -169,6 +169,8 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     order = fingerprint_of(data_order(config_mapping(config), fingerprints))
     segments = plan.ledger.segments
     if all(fingerprint_of(segment.order) != order for segment in segments):
+        for index in range(len(segments)):  # an exclude file edited since it was recorded
+            plan.ledger.parsed(index)
         # the plan is the ledger's: a config of another run would label its output unnoticed
         raise LedgerError(
             f"{config.origin}: this data config is none of the "

@@ -157,6 +157,12 @@ class Ledger:
     def last(self) -> Segment:
         return self.segments[-1]
 
+    def parsed(self, index: int) -> DataConfig:
+        """Segment `index`'s recorded config, parsed; an error names the segment (a recorded
+        exclude file edited since, say)."""
+        segment = self.segments[index]
+        return segment.parsed(f"ledger segment {index} (from step {segment.start_step})")
+
     def segment_index(self, step: int) -> int:
         if step < 0:
             raise LedgerError(f"step {step} is negative")

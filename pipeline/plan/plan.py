@@ -339,8 +339,7 @@ class DrawPlan:
         """The plan of ledger segment `index`."""
         if index not in self._segments:
             segment = self.ledger.segments[index]
-            where = f"ledger segment {index} (from step {segment.start_step})"
-            config = self._configs.get(index) or segment.parsed(where)
+            config = self._configs.get(index) or self.ledger.parsed(index)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
             shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
             opener = self.store_set.open
