@@ -485,3 +485,46 @@ def test_plot_labels_a_ledger_line_with_the_entrys_kind_not_its_keys():
     entry = "switch: packing, sources, stages changed; skip 10 steps (step 20 serves plan step 30)"
     assert _kind(entry) == "switch; skip 10 steps"
     assert _kind("switch: stages laid out anew") == "switch"
+
+
+def test_plot_marks_each_ledger_entry_a_switch_a_skip_and_set_mix_calls(
+    tmp_path, stores, capsys, monkeypatch
+):
+    """Every intervention of a run is on its figure: a red line and label at a switch and at a
+    skip (the entry's kind), and a red tick at each set_mix call; `stages --ledger` lists them."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.plan.ledger import MixEntry, quantize
+
+    config = write_config(tmp_path, stores)
+    (tmp_path / "new").mkdir()
+    changed = load_config(write_config(tmp_path / "new", stores, mix={"a": 1, "b": 1}))
+    run_plan = Plan.from_config(load_config(config))
+    switched = Plan(reconcile(run_plan, changed, 10, switch=True), run_plan.stores())
+    skipped = Plan(reconcile(switched, changed, 20, skip=10), run_plan.stores())
+    steered = skipped.with_mix(MixEntry(25, quantize({"a": 1.0, "b": 3.0})))
+    steered = steered.with_mix(MixEntry(31, quantize({"a": 2.0, "b": 1.0})))
+    steered.ledger.save(tmp_path / "ledger.json")
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at
+    new, ledger = tmp_path / "new" / "data.yaml", tmp_path / "ledger.json"
+
+    def plot(steps: str, out: Path) -> int:
+        return run(capsys, "plot", new, "--ledger", ledger, "--steps", steps, "--out", out)[0]
+
+    assert plot("0:40", tmp_path / "p.png") == 0
+    (ax,) = figures[0].axes
+    red = [line for line in ax.lines if line.get_color() == "red"]
+    labels = [text.get_text() for text in ax.texts if text.get_color() == "red"]
+    assert labels == [" ledger switch (segment 1)", " ledger skip 10 steps (segment 2)"]
+    assert [tuple(line.get_xdata()) for line in red[:2]] == [(10, 10), (20, 20)]
+    assert list(red[2].get_xdata()) == [25, 31]
+    assert red[2].get_label() == "ledger set_mix (2 calls)"
+    assert plot("22:28", tmp_path / "q.png") == 0
+    (ax,) = figures[1].axes
+    assert not [text for text in ax.texts if text.get_color() == "red"]
+    assert [list(line.get_xdata()) for line in ax.lines if line.get_color() == "red"] == [[25]]
+    code, out, _ = run(capsys, "stages", new, "--ledger", ledger)
+    assert code == 0
+    assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in out
+    assert "set_mix: 2 calls, steps 25..31" in out

@@ -2,7 +2,8 @@
 
 Lines: each source's normalised schedule weight at each step (what the config asks for).
 Steps: the share of the step's global batch the source actually got (from the plan's draws).
-Vertical lines: stage boundaries (and ledger switches); triangles: a source starts a new epoch.
+Vertical lines: stage boundaries; red ones: the ledger's entries (a switch, a skip), red ticks at
+the bottom: its set_mix calls; triangles: a source starts a new epoch.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.extras import require
+from pipeline.plan.ledger import Ledger
 from pipeline.plan.report import rollovers_between, stage_rows, target_shares
 from pipeline.read.plan import Plan
+from pipeline.wording import counted
 
 MAX_POINTS = 1500  # steps sampled for the realised share over long ranges
 
@@ -109,20 +112,31 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
                 transform=ax.get_xaxis_transform(),
             )
-    for index, segment in enumerate(plan.ledger.segments[1:], start=1):
-        if start <= segment.start_step < stop:
-            ax.axvline(segment.start_step, color="red", linewidth=1.6)
-            ax.text(
-                segment.start_step,
-                0.02,
-                f" ledger {_kind(plan.ledger.entry(index))} (segment {index})",
-                rotation=90,
-                va="bottom",
-                ha="left",
-                fontsize=9,
-                color="red",
-                transform=ax.get_xaxis_transform(),
-            )
+    lines, mixes = interventions(plan.ledger, start, stop)
+    for at, label in lines:
+        ax.axvline(at, color="red", linewidth=1.6)
+        ax.text(
+            at,
+            0.02,
+            label,
+            rotation=90,
+            va="bottom",
+            ha="left",
+            fontsize=9,
+            color="red",
+            transform=ax.get_xaxis_transform(),
+        )
+    if len(mixes):
+        ax.plot(
+            mixes,
+            np.full(len(mixes), 0.01),
+            linestyle="none",
+            marker="|",
+            markersize=9,
+            color="red",
+            transform=ax.get_xaxis_transform(),
+            label=f"ledger set_mix ({counted(len(mixes), 'call')})",
+        )
     ax.set_xlim(start, stop - 1 if stop - 1 > start else stop)
     ax.set_ylim(-0.02, top)
     ax.set_xlabel("optimizer step")
@@ -140,6 +154,21 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
+
+
+def interventions(
+    ledger: Ledger, start: int, stop: int
+) -> tuple[list[tuple[int, str]], np.ndarray]:
+    """The ledger's entries in steps [start, stop): each later segment's start step and label
+    (a switch, a skip, or both: a line), and the steps of its set_mix calls (ticks: an adaptive
+    run makes one every few steps)."""
+    lines = [
+        (segment.start_step, f" ledger {_kind(ledger.entry(index))} (segment {index})")
+        for index, segment in enumerate(ledger.segments[1:], start=1)
+        if start <= segment.start_step < stop
+    ]
+    steps = ledger.mixes.steps
+    return lines, steps[(steps >= start) & (steps < stop)]
 
 
 def _kind(entry: str) -> str:
