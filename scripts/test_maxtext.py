@@ -18,10 +18,14 @@
    batch (the train step rounds differently across process counts): every loss within 1e-5 of
    a 1-process run's. From checkpoint 10, a changed data config: refused without the switch,
    recorded in the ledger with it.
-5. Packed SFT: `builtin:python-docstrings` prepared (a masked store), `packing: best_fit`,
+5. A skip, from a copy of the learning_rate=0 run's checkpoint 10 (so that each loss is its
+   batch's fingerprint): a restore with pipeline_data_skip=4 logs at each step s the loss that
+   the uninterrupted run logged at step s + 4, bit for bit, and `pipeline stages --ledger` on
+   its checkpoint lists the skip.
+6. Packed SFT: `builtin:python-docstrings` prepared (a masked store), `packing: best_fit`,
    256 tokens, 6 steps: MaxText's own `total_weights` of every step equals the trained targets
    of the plan's batch (`targets_segmentation != 0`), fewer than its document targets.
-6. A data error on one of 2 processes: each reads its own copy of the store, process 1's is
+7. A data error on one of 2 processes: each reads its own copy of the store, process 1's is
    replaced (`prepare --overwrite`) once step 3 is logged: both processes end with exit status
    2 (not MaxText's "Training stopped", status 0) and the line in both logs.
 
@@ -58,7 +62,8 @@ GLOO_TIMEOUT = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 # its message, and the function in the stack trace of the abort when the message is cut off
 XLA_CPU_STUCK = ("Termination timeout for all reduce", "AwaitAndLogIfStuck")
 SEQ_LEN = 64  # the data configs' seq_len, and MaxText's max_target_length with them
-DATA = f"seed: 5\nseq_len: {SEQ_LEN}\nglobal_batch_size: 8\nsources:\n  docs: {{path: %s}}\n"
+DATA = "seed: 5\nseq_len: %d\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
+SKIP = 4  # pipeline_data_skip of the restore at checkpoint SWITCH_AT
 SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
 SFT = (f"seed: 5\nseq_len: {SFT_SEQ_LEN}\nglobal_batch_size: 8\n"
        "sources:\n  sft: {path: %s, packing: best_fit}\nmix: {sft: 1}\n")  # fmt: skip
@@ -357,22 +362,36 @@ def same_losses(
             raise Failed(f"{name}: the losses cannot tell batches apart (steps differ by {shift})")
 
 
+PLANNED_TARGETS = """import json, sys
+from pipeline.config import load_config
+from pipeline.plan import data_state
+from pipeline.read.plan import Plan
+config, ledger, first, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+plan = Plan.from_config(load_config(config))
+if ledger:
+    plan = Plan(data_state.load_ledger(ledger), plan.stores())
+for step in range(first, stop):
+    batch = plan.batch(step)
+    print(json.dumps([int((batch[k] != 0).sum()) for k in
+                      ('targets_segmentation', 'inputs_segmentation')] + [batch['inputs'].size]))
+"""
+
+
+def planned_targets(
+    python: Path, data: Path, steps: range, ledger: Path | None = None
+) -> list[list[int]]:
+    """[trained targets, document targets, target slots] of each step's batch, from the plan
+    of `data` (or of the ledger of checkpoint `ledger`), computed in MaxText's venv."""
+    argv = [str(data), str(ledger or ""), str(steps.start), str(steps.stop)]
+    out = run([str(python), "-c", PLANNED_TARGETS, *argv]).stdout.splitlines()
+    return [json.loads(line) for line in out]
+
+
 def same_trained_targets(say: Transcript, mt: MaxText, python: Path, data: Path) -> None:
     """MaxText's `total_weights` (its loss weights, `targets_segmentation != 0`, summed) of
     every step equals the trained targets of the plan's batch, fewer than its real targets:
     the prompts and the rows' padded tails carried no loss in MaxText's own train step."""
-    count = (
-        "import json, sys\n"
-        "from pipeline.config import load_config\n"
-        "from pipeline.read.plan import Plan\n"
-        "plan = Plan.from_config(load_config(sys.argv[1]))\n"
-        "for step in range(int(sys.argv[2])):\n"
-        "    batch = plan.batch(step)\n"
-        "    print(json.dumps([int((batch[k] != 0).sum()) for k in "
-        "('targets_segmentation', 'inputs_segmentation')] + [batch['inputs'].size]))\n"
-    )
-    out = run([str(python), "-c", count, str(data), str(SFT_STEPS)]).stdout.splitlines()
-    planned = [json.loads(line) for line in out]
+    planned = planned_targets(python, data, range(SFT_STEPS))
     weights = mt.weights("sft")
     if sorted(weights) != list(range(SFT_STEPS)):
         raise Failed(f"sft: logged steps {sorted(weights)}, expected 0..{SFT_STEPS - 1}")
@@ -388,6 +407,41 @@ def same_trained_targets(say: Transcript, mt: MaxText, python: Path, data: Path)
     say(f"   sft: MaxText's total_weights of all {SFT_STEPS} steps equal the planned trained "
         f"targets: {trained:,} of {real:,} document targets ({slots:,} slots; prompts and "
         "padding have targets_segmentation 0)")  # fmt: skip
+
+
+def skip_data(say: Transcript, mt: MaxText, python: Path, data: Path) -> None:
+    """Restore the learning_rate=0 run's checkpoint SWITCH_AT with pipeline_data_skip=SKIP:
+    each loss is its batch's fingerprint, so step s must log the loss of the uninterrupted
+    run's step s + SKIP (the plan's batch of that step), bit for bit (same process count)."""
+    work = mt.work
+    shutil.copytree(work / "out/frozen/checkpoints" / str(SWITCH_AT),
+                    work / "out/skip/checkpoints" / str(SWITCH_AT))  # fmt: skip
+    stop = STEPS - SKIP
+    log = mt.train("skip", data, stop, "learning_rate=0", f"pipeline_data_skip={SKIP}")[0]
+    first = SWITCH_AT + 1  # MaxText's checkpoint N holds the data state of step N + 1
+    entry = f"ledger skip at step {first}: skips {SKIP} steps (serves plan step {first + SKIP})"
+    if entry not in log:
+        raise Failed(f"skip: the log does not say '{entry}'")
+    say(f"   {entry}")
+    got, frozen = mt.losses("skip"), mt.losses("frozen")
+    if sorted(got) != list(range(first, stop)):
+        raise Failed(f"skip: logged steps {sorted(got)}, expected {first}..{stop - 1}")
+    for step in got:
+        if got[step] != frozen[step + SKIP]:
+            raise Failed(f"skip: step {step} loss {got[step]!r} != the loss of plan step "
+                         f"{step + SKIP} {frozen[step + SKIP]!r}")  # fmt: skip
+    if all(got[step] == frozen[step] for step in got):
+        raise Failed("skip: the losses cannot tell the skipped batches apart")
+    say(f"   skip: steps {first}..{stop - 1} logged the losses of the uninterrupted run's steps "
+        f"{first + SKIP}..{stop - 1 + SKIP}, bit for bit")  # fmt: skip
+    checkpoint = work / "out/skip/checkpoints" / str(stop - 1)
+    out = run([str(python), "-m", "pipeline", "stages", str(data), "--ledger", str(checkpoint)])
+    listed = f"ledger segment from step {first}: skip {SKIP} steps"
+    line = next((x for x in out.stdout.splitlines() if listed in x), None)
+    if line is None:
+        raise Failed(f"skip: pipeline stages --ledger {checkpoint} does not list '{listed}'")
+    shown = line.split(";")[0].strip()
+    say(f"   $ pipeline stages --ledger {checkpoint.relative_to(work)}: {shown}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,10 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         run([str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out", str(docs),
              "--num-shards", "2", "--no-progress"])  # fmt: skip
         data = work / "data.yaml"
-        data.write_text(DATA % docs + "mix: {docs: 1}\n")
+        data.write_text(DATA % (SEQ_LEN, docs) + "mix: {docs: 1}\n")
         switched = work / "data-switch.yaml"
         switched.write_text(
-            DATA % docs + f"  again: {{path: {docs}}}\nmix: {{docs: 1, again: 1}}\n"
+            DATA % (SEQ_LEN, docs) + f"  again: {{path: {docs}}}\nmix: {{docs: 1, again: 1}}\n"
         )
 
         mt.train("reference", data, STEPS)
@@ -470,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             raise Failed(f"switch: ledger segments start at {starts}")
         say(f"   switch: the ledger records the switch: segments start at steps {starts}")
 
+        skip_data(say, mt, python, data)
+
         sft_store = work / "docstrings"
         run([str(python), "-m", "pipeline", "prepare", "builtin:python-docstrings", "--out",
              str(sft_store), "--num-shards", "2", "--no-progress"])  # fmt: skip
@@ -482,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(docs, copy)
         configs = [work / "data-p0.yaml", work / "data-p1.yaml"]
         for config, store in zip(configs, (docs, copy)):
-            config.write_text(DATA % store + "mix: {docs: 1}\n")
+            config.write_text(DATA % (SEQ_LEN, store) + "mix: {docs: 1}\n")
         overwrite = [str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out",
                      str(copy), "--num-shards", "3", "--overwrite", "--no-progress"]  # fmt: skip
         logs = mt.stop_on_data_error("hoststop", configs, lambda: run(overwrite))
