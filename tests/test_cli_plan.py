@@ -526,5 +526,8 @@ def test_plot_marks_each_ledger_entry_a_switch_a_skip_and_set_mix_calls(
     assert [list(line.get_xdata()) for line in ax.lines if line.get_color() == "red"] == [[25]]
     code, out, _ = run(capsys, "stages", new, "--ledger", ledger)
     assert code == 0
-    assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in out
+    header = next(line for line in out.splitlines() if "ledger segment from step 20" in line)
+    assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in header
+    # the new config's stages count from the run's start, plan step 0: served step -10
+    assert "stages from step -10 (plan step 0; starts_at: run)" in header
     assert "set_mix: 2 calls, steps 25..31" in out

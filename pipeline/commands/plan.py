@@ -400,9 +400,12 @@ def run_stages(args: argparse.Namespace) -> int:
         config = seg.config
         anchoring = ""
         if index:
+            # after a skip the layout's origin is a plan step: say so, beside the served step
+            shift = plan.ledger.shift(index)
+            plan_step = f"plan step {segment.stages_from:,}; " if shift else ""
             anchoring = (
                 f"; stages from step {seg.anchor:,} "
-                f"(starts_at: {'run' if segment.stages_from == 0 else 'switch'})"
+                f"({plan_step}starts_at: {'run' if segment.stages_from == 0 else 'switch'})"
             )
         print(
             f"{index:>3} ledger segment from step {segment.start_step:,}: "
