@@ -7,12 +7,18 @@
 3. kill -9 the whole job at a random step, then resume it from the latest checkpoint;
 4. resume again with configs/demo-switch.yaml and --switch-data (a recorded ledger switch),
    whose last stage is instruction tuning: whole documents packed best-fit, prompts masked;
-5. check that every step the job trained on, including steps replayed after the kill, saw
+5. at step 110, restore once more with --skip-data 5, as after a loss spike
+   (docs/steering.md): a recorded ledger skip, so steps 110..119 train on what the plan had
+   for steps 115..124;
+6. check that every step the job trained on, including steps replayed after the kill, saw
    exactly the batch an uninterrupted run computes from the final ledger, with no padding
-   before the instruction stage and exactly the planned trained tokens in it;
-6. draw the loss curve, each source's loss (the trainer's per-source loss, from the feed's
-   `source` field) and the realised mixture (with stage boundaries and epoch rollovers);
-7. a short run on code and docs whose weights the reference controller sets from their losses
+   before the instruction stage and exactly the planned trained tokens in it; that the steps
+   after the skip got the batches of plan steps 115.. of checkpoint 110's ledger and none got
+   those of plan steps 110..114; and print `pipeline stages --ledger`, which lists both entries;
+7. draw the loss curve, each source's loss (the trainer's per-source loss, from the feed's
+   `source` field) and the realised mixture (with stage boundaries, epoch rollovers and the
+   ledger's entries);
+8. a short run on code and docs whose weights the reference controller sets from their losses
    (`--adaptive-mix`, configs/demo-adaptive.yaml), checked against the replay of its ledger,
    and a plot of the weights it set over the steps.
 """
@@ -34,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.commands.cli import main as cli  # noqa: E402
 from pipeline.commands.summary import describe_store  # noqa: E402
 from pipeline.ingest.prepare import PrepareOptions, prepare  # noqa: E402
 from pipeline.plan import data_state  # noqa: E402
@@ -46,7 +53,7 @@ RUN = ROOT / "runs" / "demo"
 CURRICULUM = ROOT / "configs" / "demo-curriculum.yaml"
 SWITCH = ROOT / "configs" / "demo-switch.yaml"
 BUILTIN = {"python-code": 8, "python-tests": 8, "python-docs": 4, "python-docstrings": 4}
-FIRST_LEG, SWITCH_AT, LAST_STEP = 100, 100, 120
+SWITCH_AT, SKIP_AT, SKIP, LAST_STEP = 100, 110, 5, 120
 ADAPTIVE = ROOT / "configs" / "demo-adaptive.yaml"
 ADAPTIVE_STEPS, ADAPTIVE_EVERY = 48, 4
 TRAINER = [
@@ -118,6 +125,24 @@ def checksum(inputs: np.ndarray) -> int:
     return int(np.sum((flat + 1) * weights, dtype=np.uint32))
 
 
+def check_skip(before: Ledger) -> None:
+    """The steps trained after the skipping restore at SKIP_AT got the batches that the ledger
+    of checkpoint SKIP_AT (saved before the skip) plans for SKIP steps later; no step trained
+    got those of the plan steps skipped."""
+    plan = Plan(before)
+    trained = {r["step"]: r["checksum"] for r in records()}
+    for step in range(SKIP_AT, LAST_STEP):
+        if trained[step] != checksum(plan.batch(step + SKIP)["inputs"]):
+            raise SystemExit(f"demo: step {step} did not train on plan step {step + SKIP}")
+    for step in range(SKIP_AT, SKIP_AT + SKIP):
+        if checksum(plan.batch(step)["inputs"]) in trained.values():
+            raise SystemExit(f"demo: the batch of skipped plan step {step} was trained on")
+    print(f"== skip check passed: steps {SKIP_AT}..{LAST_STEP - 1} trained on the batches "
+          f"that checkpoint {SKIP_AT}'s ledger plans for steps {SKIP_AT + SKIP}.."
+          f"{LAST_STEP - 1 + SKIP}; those of plan steps {SKIP_AT}..{SKIP_AT + SKIP - 1} were "
+          "never trained on", flush=True)  # fmt: skip
+
+
 def check_against_uninterrupted(ledger: Ledger) -> None:
     plan = Plan(ledger)
     seen = records()
@@ -152,19 +177,22 @@ def plot_loss(path: Path, kill_at: int, resumed_at: int) -> None:
     for key in sorted({k for r in seen.values() for k in r if k.startswith("eval_")}):
         points = [(s, seen[s][key]) for s in steps if key in seen[s]]
         ax.plot(*zip(*points), "o-", label=key.replace("_", " "))
-    for step, label in ((kill_at, f" kill -9 (resumed at {resumed_at})"), (SWITCH_AT, " switch")):
+    marks = ((kill_at, f" kill -9 (resumed at {resumed_at})"), (SWITCH_AT, " switch"),
+             (SKIP_AT, f" skip {SKIP}"))  # fmt: skip
+    for step, label in marks:
         ax.axvline(step, color="gray", linestyle="--")
         ax.text(step, ax.get_ylim()[1], label, va="top", ha="right", rotation=90, color="gray")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("tiny LM on the Python stdlib: curriculum, kill -9, resume, switch")
+    ax.set_title("tiny LM on the Python stdlib: curriculum, kill -9, resume, switch, skip")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def plot_source_loss(path: Path) -> None:
-    """Each source's loss per step (its rows' mean loss), with stage and switch boundaries."""
+    """Each source's loss per step (its rows' mean loss), with stage boundaries, the switch and
+    the skip."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,9 +213,10 @@ def plot_source_loss(path: Path) -> None:
                 ax.text(step, 0.98, f" {stage}", va="top", ha="left", rotation=90,
                         color="gray", fontsize=8, transform=ax.get_xaxis_transform())  # fmt: skip
             started.add(stage)
-    ax.axvline(SWITCH_AT, color="red", linewidth=1)
-    ax.text(SWITCH_AT, 0.98, " switch", va="top", ha="left", rotation=90, color="red",
-            fontsize=8, transform=ax.get_xaxis_transform())  # fmt: skip
+    for step, label in ((SWITCH_AT, " switch"), (SKIP_AT, f" skip {SKIP}")):
+        ax.axvline(step, color="red", linewidth=1)
+        ax.text(step, 0.98, label, va="top", ha="right", rotation=90, color="red",
+                fontsize=8, transform=ax.get_xaxis_transform())  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel("loss of the source's rows")
     ax.set_title("per-source training loss (the batch's `source` field)")
@@ -246,14 +275,22 @@ def main() -> int:
     prepare_builtin_stores()
     shutil.rmtree(RUN, ignore_errors=True)
     RUN.mkdir(parents=True)
-    kill_at = random.Random().randint(25, 90)
-    train("--data-config", str(CURRICULUM), "--steps", str(FIRST_LEG), kill_at=kill_at)
+    kill_at = random.Random().randint(25, SWITCH_AT - 10)
+    train("--data-config", str(CURRICULUM), "--steps", str(SWITCH_AT), kill_at=kill_at)
     resumed_at = max(checkpoint_steps())
-    train("--data-config", str(CURRICULUM), "--steps", str(FIRST_LEG), "--resume")
-    train("--data-config", str(SWITCH), "--steps", str(LAST_STEP), "--resume", "--switch-data")
+    train("--data-config", str(CURRICULUM), "--steps", str(SWITCH_AT), "--resume")
+    train("--data-config", str(SWITCH), "--steps", str(SKIP_AT), "--resume", "--switch-data")
+    before_skip = final_ledger()  # checkpoint SKIP_AT's
+    train("--data-config", str(SWITCH), "--steps", str(LAST_STEP), "--resume",
+          "--skip-data", str(SKIP))  # fmt: skip
     ledger = final_ledger()
     ledger.save(RUN / "ledger.json")
     check_against_uninterrupted(ledger)
+    check_skip(before_skip)
+    print(f"== pipeline stages {SWITCH.name} --ledger {(RUN / 'ledger.json').relative_to(ROOT)}",
+          flush=True)  # fmt: skip
+    if cli(["stages", str(SWITCH), "--ledger", str(RUN / "ledger.json")]):
+        raise SystemExit("demo: pipeline stages --ledger failed")
     plot_loss(RUN / "loss.png", kill_at, resumed_at)
     print_source_losses()
     plot_source_loss(RUN / "source-loss.png")
