@@ -531,3 +531,18 @@ def test_plot_marks_each_ledger_entry_a_switch_a_skip_and_set_mix_calls(
     # the new config's stages count from the run's start, plan step 0: served step -10
     assert "stages from step -10 (plan step 0; starts_at: run)" in header
     assert "set_mix: 2 calls, steps 25..31" in out
+
+
+def test_plot_labels_a_seq_len_switch_with_its_values(tmp_path, stores):
+    """A geometry switch (docs/steering.md, context extension) is marked like any switch, and its
+    label carries the change itself: the keys it changed are many, the seq_len values few."""
+    from pipeline.commands.plot import interventions
+
+    run_plan = Plan.from_config(load_config(write_config(tmp_path, stores)))
+    (tmp_path / "long").mkdir()
+    longer = load_config(write_config(tmp_path / "long", stores, seq_len=16))
+    ledger = reconcile(run_plan, longer, 10, switch=True)
+    lines, mixes = interventions(ledger, 0, 40)
+    assert lines == [(10, " ledger switch; geometry seq_len 8 -> 16 (segment 1)")]
+    assert len(mixes) == 0
+    assert interventions(ledger, 11, 40)[0] == []
