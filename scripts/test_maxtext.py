@@ -18,10 +18,14 @@
    batch (the train step rounds differently across process counts): every loss within 1e-5 of
    a 1-process run's. From checkpoint 10, a changed data config: refused without the switch,
    recorded in the ledger with it.
-5. A skip, from a copy of the learning_rate=0 run's checkpoint 10 (so that each loss is its
+5. Steering, from a copy of the learning_rate=0 run's checkpoint 10 (so that each loss is its
    batch's fingerprint): a restore with pipeline_data_skip=4 logs at each step s the loss that
    the uninterrupted run logged at step s + 4, bit for bit, and `pipeline stages --ledger` on
-   its checkpoint lists the skip.
+   its checkpoint lists the skip. A restore with pipeline_data_switch=true and seq_len 64 ->
+   128 (max_target_length with it): MaxText's total_weights of each step equals the trained
+   targets of the checkpoint ledger's batch, `pipeline verify --ledger` passes across the
+   switch (no window served twice in an epoch), and kill -9 after checkpoint 15 and a resume
+   log the losses of the run that was not killed, bit for bit.
 6. Packed SFT: `builtin:python-docstrings` prepared (a masked store), `packing: best_fit`,
    256 tokens, 6 steps: MaxText's own `total_weights` of every step equals the trained targets
    of the plan's batch (`targets_segmentation != 0`), fewer than its document targets.
@@ -64,6 +68,7 @@ XLA_CPU_STUCK = ("Termination timeout for all reduce", "AwaitAndLogIfStuck")
 SEQ_LEN = 64  # the data configs' seq_len, and MaxText's max_target_length with them
 DATA = "seed: 5\nseq_len: %d\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
 SKIP = 4  # pipeline_data_skip of the restore at checkpoint SWITCH_AT
+LONG_SEQ_LEN, LONG_KILL = 128, 15  # the seq_len switch, and the checkpoint its kill -9 follows
 SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
 SFT = (f"seed: 5\nseq_len: {SFT_SEQ_LEN}\nglobal_batch_size: 8\n"
        "sources:\n  sft: {path: %s, packing: best_fit}\nmix: {sft: 1}\n")  # fmt: skip
@@ -444,6 +449,50 @@ def skip_data(say: Transcript, mt: MaxText, python: Path, data: Path) -> None:
     say(f"   $ pipeline stages --ledger {checkpoint.relative_to(work)}: {shown}")
 
 
+def switch_seq_len(say: Transcript, mt: MaxText, python: Path, docs: Path) -> None:
+    """Restore the learning_rate=0 run's checkpoint SWITCH_AT with pipeline_data_switch=true and
+    seq_len SEQ_LEN -> LONG_SEQ_LEN: MaxText trains the switched plan's batches (its
+    total_weights of each step are their targets), `pipeline verify --ledger` passes across the
+    switch, and kill -9 after checkpoint LONG_KILL and a resume log the uninterrupted losses."""
+    work = mt.work
+    data = work / "data-long.yaml"
+    data.write_text(DATA % (LONG_SEQ_LEN, docs) + "mix: {docs: 1}\n")
+    flags = ("learning_rate=0", "pipeline_data_switch=true")
+    for name in ("long", "longkill"):
+        shutil.copytree(work / "out/frozen/checkpoints" / str(SWITCH_AT),
+                        work / "out" / name / "checkpoints" / str(SWITCH_AT))  # fmt: skip
+    log = mt.train("long", data, STEPS, *flags, seq_len=LONG_SEQ_LEN)[0]
+    said = "ledger switch at step"
+    line = next((x[x.index(said) :] for x in log.splitlines() if said in x), "")
+    if "seq_len" not in line.split(";")[0]:
+        raise Failed(f"long: the log does not say that the switch changed seq_len: {line!r}")
+    say(f"   {line.strip()}")
+    first = SWITCH_AT + 1
+    checkpoint = work / "out/long/checkpoints" / str(STEPS - 1)
+    planned = planned_targets(python, data, range(first, STEPS), checkpoint)
+    weights = mt.weights("long")
+    for step, (trained, _, slots) in zip(range(first, STEPS), planned):
+        if weights.get(step) != trained or slots != 8 * LONG_SEQ_LEN:
+            raise Failed(f"long: step {step}: MaxText's total_weights {weights.get(step)} != the "
+                         f"plan's {trained} trained targets of {slots} slots")  # fmt: skip
+    say(f"   long: MaxText's total_weights of steps {first}..{STEPS - 1} equal the trained "
+        f"targets of the checkpoint ledger's batches, {8 * LONG_SEQ_LEN} each "
+        f"(8 x {LONG_SEQ_LEN})")  # fmt: skip
+    out = run([str(python), "-m", "pipeline", "verify", str(data), "--ledger", str(checkpoint),
+               "--steps", f"0:{STEPS}"])  # fmt: skip
+    say(f"   $ pipeline verify --ledger {checkpoint.relative_to(work)} --steps 0:{STEPS}: "
+        f"{out.stdout.strip().splitlines()[-1]}")  # fmt: skip
+    mt.train("longkill", data, STEPS, *flags, seq_len=LONG_SEQ_LEN, kill_after=LONG_KILL)
+    mt.train("longkill", data, STEPS, "learning_rate=0", seq_len=LONG_SEQ_LEN)
+    got, want = mt.losses("longkill"), mt.losses("long")
+    if sorted(got) != list(range(first, STEPS)) or any(got[s] != want[s] for s in got):
+        raise Failed(f"longkill: losses {got} != the uninterrupted run's {want}")
+    say(
+        f"   longkill: kill -9 after checkpoint {LONG_KILL} and a resume (no switch key): "
+        f"steps {first}..{STEPS - 1} logged the uninterrupted run's losses, bit for bit"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "maxtext-test")
@@ -525,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   switch: the ledger records the switch: segments start at steps {starts}")
 
         skip_data(say, mt, python, data)
+        switch_seq_len(say, mt, python, docs)
 
         sft_store = work / "docstrings"
         run([str(python), "-m", "pipeline", "prepare", "builtin:python-docstrings", "--out",
