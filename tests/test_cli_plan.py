@@ -485,6 +485,8 @@ def test_plot_labels_a_ledger_line_with_the_entrys_kind_not_its_keys():
     entry = "switch: packing, sources, stages changed; skip 10 steps (step 20 serves plan step 30)"
     assert _kind(entry) == "switch; skip 10 steps"
     assert _kind("switch: stages laid out anew") == "switch"
+    takedown = "exclude sources.docs: the ids of /runs/x/takedown.txt (sha256 0123456789ab)"
+    assert _kind(f"switch: mix.a changed; {takedown}") == "switch; exclude sources.docs"
 
 
 def test_plot_marks_each_ledger_entry_a_switch_a_skip_and_set_mix_calls(

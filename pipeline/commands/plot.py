@@ -2,8 +2,9 @@
 
 Lines: each source's normalised schedule weight at each step (what the config asks for).
 Steps: the share of the step's global batch the source actually got (from the plan's draws).
-Vertical lines: stage boundaries; red ones: the ledger's entries (a switch, a skip), red ticks at
-the bottom: its set_mix calls; triangles: a source starts a new epoch.
+Vertical lines: stage boundaries; red ones: the ledger's entries (a switch, a geometry change, a
+take-down, a skip), red ticks at the bottom: its set_mix calls; triangles: a source starts a new
+epoch.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def interventions(
     ledger: Ledger, start: int, stop: int
 ) -> tuple[list[tuple[int, str]], np.ndarray]:
     """The ledger's entries in steps [start, stop): each later segment's start step and label
-    (a switch, a skip, or both: a line), and the steps of its set_mix calls (ticks: an adaptive
-    run makes one every few steps)."""
+    (a switch, a take-down, a skip, or several: a line), and the steps of its set_mix calls
+    (ticks: an adaptive run makes one every few steps)."""
     lines = [
         (segment.start_step, f" ledger {_kind(ledger.entry(index))} (segment {index})")
         for index, segment in enumerate(ledger.segments[1:], start=1)
