@@ -118,6 +118,18 @@ class FakeClient:
         self.values[key] = value
 
 
+class DirectoryClient(FakeClient):
+    """... and as process 0's watcher uses it: directory reads too, each one recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, float]] = []  # (directory, time.monotonic())
+
+    def key_value_dir_get(self, directory: str) -> list[tuple[str, str]]:
+        self.reads.append((directory, time.monotonic()))
+        return [(k, v) for k, v in list(self.values.items()) if k.startswith(directory)]
+
+
 def test_a_host_other_than_0_learns_the_slowest_from_the_verdict_its_stop_poll_reads(
     monkeypatch,
 ):
@@ -165,3 +177,53 @@ def test_each_process_makes_its_rpcs_off_the_training_thread_within_the_budget(
             assert r["rpcs"] <= (1 + 2) / poll + 4 / r["seconds"], r
         else:
             assert r["ttb_reads"] > 0, r
+
+
+def test_process_0_polls_for_stops_while_a_host_never_publishes_its_time_to_batch(
+    monkeypatch, caplog
+):
+    """Process 0 of 3, host 2 silent (stuck): the window's verdict waits `WINDOW_WAIT_S` for
+    host 2's figure, then names host 2; meanwhile the watcher thread keeps its stop polls, so
+    a stop host 1 publishes is seen within about a poll period, and the feed's close (another
+    window open) waits for no figure."""
+    client, poll = DirectoryClient(), 0.1
+    for module in (watcher, stragglers):
+        monkeypatch.setattr(module, "coordination_client", lambda: client)
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    caplog.set_level("INFO", logger="pipeline")
+    peers = stragglers.Peers()
+    figures = f"{stragglers.TIME_TO_BATCH}{peers._lane}/"
+    client.values[f"{figures}1"] = "4 0.02"
+    feed = watcher.HostStop(lambda: None, host_stop.Periods(poll, 60, 60), peers)
+    try:
+        offered = time.monotonic()
+        peers.offer(1, 4, 0.01)
+        deadline = offered + stragglers.WINDOW_WAIT_S + 5
+        while peers.slowest.process < 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        judged = time.monotonic()
+        polls = [t for d, t in client.reads if d == host_stop.PREFIX and offered <= t <= judged]
+        assert len(polls) >= (judged - offered) / poll / 2, (len(polls), judged - offered)
+        assert judged - offered >= stragglers.WINDOW_WAIT_S
+        assert peers.slowest == stragglers.Slowest(2, 0.0)
+        assert client.values[f"{stragglers.VERDICT}{peers._lane}"] == "2 0.0"
+        assert (
+            "steps 1..4: time to batch 10.0 ms on host 0; slowest host 2: no figure of these "
+            "steps within 2 s (missing: host 2; its latest 0.0 ms)"
+        ) in caplog.messages
+
+        peers.offer(5, 8, 0.01)  # host 1 stops in this window; host 2 still silent
+        time.sleep(3 * poll)
+        client.values[f"{host_stop.PREFIX}1"] = "a data error"
+        published = time.monotonic()
+        while feed.failure is None and time.monotonic() < published + 5:
+            time.sleep(0.01)
+        assert feed.failure == "host 1: a data error"
+        assert time.monotonic() - published < 5 * poll
+    finally:
+        closing = time.monotonic()
+        feed.close()
+    assert time.monotonic() - closing < 0.5
+    assert caplog.messages[-1].startswith("steps 5..8: time to batch 10.0 ms on host 0; ")
+    assert caplog.messages[-1].endswith("; the feed closed before the figure of hosts 1, 2")

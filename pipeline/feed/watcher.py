@@ -10,7 +10,9 @@ one). Each feed attaches a `HostStop` to the process's `Watcher`, whose one daem
 * every `STORE_CHECK_S`: each store open in any feed checked once (a store shared by feeds,
   `shared_stores`, is one check), a cloud store only by the process `checks_remote` picks;
 * when a feed's stats window ends (`stragglers.Peers.offer` wakes the thread), that feed's
-  time-to-batch exchange (`Peers.exchange`), at most once per feed and poll period.
+  time-to-batch exchange (`Peers.exchange`), at most once per feed and poll period; on process
+  0, while a window waits for other hosts' figures, one read of them at each `Peers.read_at`
+  (`Peers.settle`). Nothing here waits for another host: each turn is a few RPCs at most.
 
 So the training thread's `next()` reads one attribute (`HostStop.check`) and at a window's end
 hands a figure over; it never waits on the coordinator at steady state (the opt-in readiness
@@ -86,7 +88,7 @@ class HostStop:
             return
         self._closed = True
         if wait and self.peers is not None:
-            self.peers.exchange()
+            self.peers.exchange(final=True)  # one read of the other hosts' figures at most
         _detach(self, wait)
 
     def abandon(self) -> None:
@@ -211,13 +213,20 @@ class Watcher:
                     end_process(self._peer_line or "")
                 else:
                     due.append(self._peer_seen + grace_s)
-            for peers in (f.peers for f in feeds if f.peers is not None and f.peers.pending):
-                after = exchanged.get(id(peers), -math.inf) + poll_s
-                if now >= after:
-                    exchanged[id(peers)] = now
-                    peers.exchange()
-                else:
-                    due.append(after)
+            for peers in (f.peers for f in feeds if f.peers is not None):
+                if peers.pending:
+                    after = exchanged.get(id(peers), -math.inf) + poll_s
+                    if now >= after:
+                        exchanged[id(peers)] = now
+                        peers.exchange()
+                    else:
+                        due.append(after)
+                read_at = peers.read_at
+                if read_at is not None and time.monotonic() >= read_at:
+                    peers.settle()  # process 0: one read of the others' figures, never a wait
+                    read_at = peers.read_at
+                if read_at is not None:
+                    due.append(read_at)
             self._wake.wait(max(0.0, min(due) - time.monotonic()))
             self._wake.clear()
 
