@@ -68,17 +68,20 @@ def quantize(weights: Mapping[str, float], where: str = "set_mix") -> tuple[tupl
 class MixTable(Sequence[MixEntry]):
     """Entries by step (strictly increasing): a sequence of `MixEntry`, held as `steps` [E]
     and `weights` [E, len(sources)] int64 arrays, the columns only the sources some entry
-    weights, by name (so equal entries make equal tables)."""
+    weights, by name (so equal entries make equal tables). `weights` is column-major: what
+    reads it reduces over entries or over a few sources, which NumPy does ~10x faster along
+    contiguous columns than across 10,000 short rows."""
 
     def __init__(self, sources: Sequence[str] = (), steps: Any = (), weights: Any = None) -> None:
         steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         shape = (len(steps), len(sources))
         weights = np.zeros(shape, np.int64) if weights is None else np.asarray(weights, np.int64)
+        weights = np.asfortranarray(weights)
         used = weights.any(axis=0)
         keep = [k for k in sorted(range(len(sources)), key=sources.__getitem__) if used[k]]
         self.sources: tuple[str, ...] = tuple(sources[k] for k in keep)
         self.steps = steps
-        self.weights = weights[:, keep].reshape(len(steps), len(keep))
+        self.weights = np.asfortranarray(weights[:, keep].reshape(len(steps), len(keep)))
         self.steps.flags.writeable = self.weights.flags.writeable = False
 
     @classmethod
@@ -149,7 +152,7 @@ class MixTable(Sequence[MixEntry]):
                     f"set_mix at step {int(self.steps[first])}: no source {name} in the data "
                     f"config in force (sources: {', '.join(names)})"
                 )
-        out = np.zeros((len(self), len(names)), dtype=np.int64)
+        out = np.zeros((len(self), len(names)), dtype=np.int64, order="F")
         for k, name in enumerate(self.sources):
             if name in names:
                 out[:, names.index(name)] = self.weights[:, k]

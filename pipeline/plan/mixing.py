@@ -148,13 +148,17 @@ def fixed_counts(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.int64)
     out = np.empty((*np.broadcast_shapes(rows.shape, weights.shape[:-1]), weights.shape[-1]),
                    dtype=np.int64)  # fmt: skip
+    # source-major: a node's weights are sums of whole columns, not of E short rows (~50x
+    # faster for a restore's 10,000 entries; the same integers)
+    columns = np.ascontiguousarray(np.moveaxis(weights, -1, 0))
 
     def split(lo: int, hi: int, n: np.ndarray) -> None:
         if hi - lo == 1:
             out[..., lo] = n
             return
         mid = (lo + hi) // 2
-        left_weight, total = weights[..., lo:mid].sum(-1), weights[..., lo:hi].sum(-1)
+        left_weight = columns[lo:mid].sum(0)
+        total = left_weight + columns[mid:hi].sum(0)
         q, r = np.divmod(n, np.maximum(total, 1))  # a node without weight receives no row
         left = q * left_weight + (2 * r * left_weight + total) // np.maximum(2 * total, 1)
         split(lo, mid, left)

@@ -157,28 +157,34 @@ class SegmentPlan:
         for name, before in (previous or {}).items():  # a geometry change: epochs go on
             self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
         carried = np.array([segment.counters[name] for name in config.source_names])
-        table = self._table
-        self.table = table(carried)
         if self.anchor != segment.start_step:  # continue the layout where it places the start
-            first = self.position_of(segment.start_step)
-            end = self.table.end
-            if end is not None and first >= end and segment.skip:
-                raise ConfigError(
-                    f"{config.origin}: the stages end at plan step {self._plan_step_at(end)}, "
-                    f"so skipping {segment.skip} steps at step {segment.start_step} (to plan "
-                    f"step {segment.start_step + shift}) would leave no step to serve; skip "
-                    "fewer steps, or make the last stage open-ended or longer"
-                )
-            if end is not None and first >= end:
-                raise ConfigError(
-                    f"{config.origin}: the stages, laid out from step {self.anchor} "
-                    f"(starts_at: run), end at step {self._step_at(end - 1)}, before this "
-                    f"segment starts at step {segment.start_step}; make the last stage "
-                    "open-ended or longer, or use starts_at: switch"
-                )
-            self.table = table(2 * carried - self.table.counters(first))
-        if mixes:
-            self.table = table(self.table.stages[0].counters_at_start, mixes)
+            carried = self._anchor_counters(carried)
+        self.table = self._table(carried, mixes)  # laid out once, with the mixes
+
+    def _anchor_counters(self, carried: np.ndarray) -> np.ndarray:
+        """The counters at the anchor that make each source's counter at the segment's start
+        the one the ledger `carried`: a table from `carried` at the anchor tells what the rows
+        before the start draw. Without mixes: they are at or after the start, so they change no
+        counter before it."""
+        segment, config = self.segment, self.config
+        table = self._table(carried)
+        first, end = self.position_of(segment.start_step), table.end
+        shift = segment.stages_from - self.anchor
+        if end is not None and first >= end and segment.skip:
+            raise ConfigError(
+                f"{config.origin}: the stages end at plan step {self._plan_step_at(end)}, "
+                f"so skipping {segment.skip} steps at step {segment.start_step} (to plan "
+                f"step {segment.start_step + shift}) would leave no step to serve; skip "
+                "fewer steps, or make the last stage open-ended or longer"
+            )
+        if end is not None and first >= end:
+            raise ConfigError(
+                f"{config.origin}: the stages, laid out from step {self.anchor} "
+                f"(starts_at: run), end at step {self._step_at(end - 1)}, before this "
+                f"segment starts at step {segment.start_step}; make the last stage "
+                "open-ended or longer, or use starts_at: switch"
+            )
+        return 2 * carried - table.counters(first)
 
     def _table(self, counters: np.ndarray, mixes: MixTable = NO_MIXES) -> StageTable:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
