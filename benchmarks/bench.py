@@ -211,10 +211,14 @@ def docs_per_batch(sources: dict[str, tuple[Path, float]], args: argparse.Namesp
 class Worker:
     """One contender process (benchmarks/contenders.py), driven one JSON line at a time."""
 
-    def __init__(self, spec: dict[str, Any], tmp: Path, devices: int, name: str) -> None:
+    def __init__(
+        self, spec: dict[str, Any], tmp: Path, devices: int, name: str, root: Path = ROOT
+    ) -> None:
+        """`root`: the source checkout the worker imports `pipeline` from (an A/B's other
+        version, benchmarks/mix_restore_ab.py)."""
         path = tmp / f"{name}.json"
         path.write_text(json.dumps(spec))
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         env["TF_CPP_MIN_LOG_LEVEL"] = "3"
         self.name = name

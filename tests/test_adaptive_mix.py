@@ -272,7 +272,9 @@ def test_a_version_4_ledger_with_a_list_of_mix_entries_still_reads(tmp_path):
     assert ledger.to_json()["version"] == 5  # written again in the compact form
     for edit, message in (
         (lambda r: r["mixes"].append([3, {"code": 1}]), r"mixes\[2\]: step 3 is not after"),
-        (lambda r: r["mixes"][0][1].update(nope=3), "weights must be integers > 0"),
+        (lambda r: r["mixes"][0][1].update(nope=3), "set_mix at step 0: no source nope"),
+        (lambda r: r["mixes"][1][1].update(docs=2 * MIX_UNIT + 1), r"mixes\[1\]: weights must be"),
+        (lambda r: r["mixes"][0].__setitem__(0, -1), r"mixes\[0\]: step -1 is negative"),
         (lambda r: r["mixes"][0][1].update(code=0.5), "weights must be integers > 0"),
         (lambda r: r["mixes"].append("x"), "malformed"),
     ):

@@ -201,11 +201,12 @@ class MixTable(Sequence[MixEntry]):
         if len(self) == 0:
             return
         bad = np.flatnonzero(np.diff(self.steps) <= 0)
-        if self.steps[0] < 0 or bad.size:
-            index = 0 if self.steps[0] < 0 else int(bad[0]) + 1
+        if self.steps[0] < 0:
+            raise LedgerError(f"{where}[0]: step {int(self.steps[0])} is negative")
+        if bad.size:
+            index = int(bad[0]) + 1
             raise LedgerError(
-                f"{where}[{index}]: step {int(self.steps[index])} is negative or not after "
-                "the entry before it"
+                f"{where}[{index}]: step {int(self.steps[index])} is not after the entry before it"
             )
         totals = self.weights.sum(axis=1)
         bad = np.flatnonzero((totals <= 0) | (totals > 2 * MIX_UNIT))
