@@ -255,3 +255,19 @@ def test_a_restore_starts_reading_the_first_batch_before_next(tmp_path):
         while not feed.prefetched[0][1]:  # read by the reader threads alone: no next() yet
             time.sleep(0.01)
         assert_next_is(feed, plan, 9)
+
+
+def test_a_restore_that_changes_nothing_returns_the_state_it_read_which_the_feed_now_has(tmp_path):
+    """The restored item is the feed's state: with nothing declared, the JSON as read (not
+    encoded again), which equals what the feed would save now, set_mix table included."""
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        for step in range(4):
+            feed.set_mix({"code": 1 + step, "docs": 1}, step=feed.step)
+            next(feed)
+        save(mngr, 4, feed)
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        restored = mngr.restore(4, args=ocp.args.Composite(data=DataRestore(feed)))
+        assert len(feed.ledger.mixes) == 4
+        assert restored["data"] == DataSave(feed).state
+        assert data_state.DataState.from_json(restored["data"], "restored").ledger == feed.ledger

@@ -91,14 +91,18 @@ def digest_of(body: dict[str, Any]) -> str:
 
 def parse(text: str | bytes, origin: str) -> DataState:
     """A state from its JSON text (a truncated or garbled file is one `LedgerError`)."""
+    return DataState.from_json(loads(text, origin), origin)
+
+
+def loads(text: str | bytes, origin: str) -> Any:
+    """The JSON of a state's text, unchecked (`DataState.from_json` checks it)."""
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise LedgerError(
             f"{origin}: the data state is not JSON ({error}): the file is truncated or "
             "damaged; restore an earlier checkpoint"
         ) from None
-    return DataState.from_json(raw, origin)
 
 
 def state_file(path: str | Path) -> Any:
