@@ -103,6 +103,8 @@ class MixTable(Sequence[MixEntry]):
     def __getitem__(self, index: slice) -> MixTable: ...
     def __getitem__(self, index: int | slice) -> MixEntry | MixTable:
         if isinstance(index, slice):
+            if range(len(self))[index] == range(len(self)):  # all of it (immutable): itself
+                return self
             return MixTable(self.sources, self.steps[index], self.weights[index])
         row = self.weights[index]
         weights = tuple((n, int(w)) for n, w in zip(self.sources, row.tolist()) if w)
@@ -175,8 +177,9 @@ class MixTable(Sequence[MixEntry]):
         `check`)."""
         try:
             count, sources = int(raw["count"]), [str(name) for name in raw["sources"]]
-            steps = base64.b64decode(raw["steps"])
-            weights = base64.b64decode(raw["weights"])
+            # a2b_base64 takes the str as is (b64decode copies it to bytes first)
+            steps = binascii.a2b_base64(raw["steps"])
+            weights = binascii.a2b_base64(raw["weights"])
             digest = raw["digest"]
         except (KeyError, TypeError, ValueError, binascii.Error) as error:
             raise LedgerError(
