@@ -20,6 +20,7 @@ from pipeline.errors import LedgerError
 from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.resume import reconcile
+from pipeline.plan.row_layout import WINDOWS
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from tests.feedstores import geometry_raw
@@ -56,7 +57,7 @@ def served(plan: Plan, steps: range) -> dict[tuple[str, int], list[np.ndarray]]:
             name = draws.source_names[draws.source[i]]
             key = (name, int(draws.epoch[i]))
             inputs, targets = batch["inputs"][i], batch["targets"][i]
-            if not layouts[name].whole_documents:
+            if layouts[name].row_kind == WINDOWS:
                 out[key].append(np.append(inputs, targets[-1]))
                 continue
             segments = batch["inputs_segmentation"][i]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.plan.plan import DrawSummary, host_rows
-from pipeline.read.plan import Plan
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS
+from pipeline.read.plan import READERS, Plan, _readers
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
@@ -206,3 +208,29 @@ def test_a_step_summary_is_the_merge_of_its_row_chunks(setup, step, chunks):
     }
     assert whole.stage_label == ("first" if step < 3 else "then")
     assert whole.epochs_label == " ".join(f"{n}={e}" for n, e in sorted(whole.epochs.items()))
+
+
+def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
+    """`_readers` groups the drawn sources by `row_kind` and hands each kind's sources to its
+    entry in `READERS`: a new kind of rows is one entry there, nothing else in the read path."""
+
+    def one_each(layouts, open_store, sources, packed):
+        return [(("each", k), [k]) for k in sources]
+
+    monkeypatch.setitem(READERS, "new", one_each)
+    kinds = [WINDOWS, "new", DOCUMENTS, WINDOWS, "new"]
+    layouts = [SimpleNamespace(row_kind=kind, meta=k) for k, kind in enumerate(kinds)]
+    which = np.array([4, 0, 2, 3, 1, 0, 4])
+    groups = _readers(layouts, lambda meta: f"store {meta}", which, packed=False)
+    rows = {}
+    for read, mine in groups:
+        sources = set(which[mine].tolist())
+        kind = {kinds[k] for k in sources}
+        assert len(kind) == 1
+        if kind == {"new"}:
+            assert read == ("each", sources.pop())
+        rows.update(dict.fromkeys(mine.tolist(), sources))
+    assert sorted(rows) == list(range(len(which)))
+    assert len(groups) == 4  # the windows together, the document source, each "new" source
+    only = _readers(layouts, None, np.array([3, 0, 3]), packed=False)
+    assert len(only) == 1 and only[0][1] == slice(None)

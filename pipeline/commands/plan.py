@@ -23,6 +23,7 @@ from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.plan import Draws, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
+from pipeline.plan.row_layout import DOCUMENTS
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.read.audit import audit
 from pipeline.read.batch import FIELDS
@@ -218,7 +219,7 @@ def _print_row(plan: Plan, draws: Draws, i: int, row: int, preview: int) -> None
     layout = seg.layouts[name]
     store = plan.store(layout.meta)
     epoch, start = int(draws.epoch[i]), int(draws.start[i])
-    if layout.whole_documents:
+    if layout.row_kind == DOCUMENTS:
         print(
             f"{row:>5} {int(draws.lane[i]):>4}  {draws.stage_names[draws.stage[i]]:<14} "
             f"{name:<10} {epoch:>5} {int(draws.counter[i]):>9,} {int(draws.window[i]):>7}  "

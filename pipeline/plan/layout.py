@@ -28,7 +28,14 @@ from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
 from pipeline.plan.epochs import Epochs
 from pipeline.plan.permutation import permutation, permute, round_keys
-from pipeline.plan.row_layout import NO_DOCUMENTS, NO_EXCLUSION, Arrays, Excluded, OpenStore
+from pipeline.plan.row_layout import (
+    NO_DOCUMENTS,
+    NO_EXCLUSION,
+    WINDOWS,
+    Arrays,
+    Excluded,
+    OpenStore,
+)
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenSpan, TokenStore
 from pipeline.wording import counted
@@ -48,7 +55,7 @@ class SourceLayout(Epochs):
     maps them to pieces of shards."""
 
     policy: ClassVar[str] = "concat"
-    whole_documents: ClassVar[bool] = False
+    row_kind: ClassVar[str] = WINDOWS
     stats = None  # nothing beyond the windows to report
 
     excluded: Excluded = NO_EXCLUSION  # the documents it leaves out (`exclusion`)

@@ -42,7 +42,14 @@ from pipeline.plan.epochs import Epochs
 from pipeline.plan.layout import SMALL_DOMAIN
 from pipeline.plan.packing_cache import Packing, cached
 from pipeline.plan.permutation import permutation, permute, round_keys
-from pipeline.plan.row_layout import NO_DOCUMENTS, NO_EXCLUSION, Arrays, Excluded, OpenStore
+from pipeline.plan.row_layout import (
+    DOCUMENTS,
+    NO_DOCUMENTS,
+    NO_EXCLUSION,
+    Arrays,
+    Excluded,
+    OpenStore,
+)
 from pipeline.plan.sources import keyed
 from pipeline.store.identity import MANIFEST_CHECKSUM
 from pipeline.store.meta import StoreMeta
@@ -108,7 +115,7 @@ class PackedLayout(Epochs):
     after the regular packing's (`epoch_rows`), in `row_offsets` and `row_docs` with them."""
 
     policy: ClassVar[str] = "best_fit"
-    whole_documents: ClassVar[bool] = True
+    row_kind: ClassVar[str] = DOCUMENTS
 
     def __init__(
         self,

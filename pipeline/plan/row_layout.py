@@ -8,9 +8,10 @@ this interface, so a new layout is one module (a class with these members, `LAYO
 and one registry line (docs/architecture.md).
 
 A layout works in batches of draws of all the sources of its kind at once (`draw`), which
-keeps a step's concat windows one vectorised pass over every concat source. Its rows are
-either windows of a stream or whole documents then padding (`whole_documents`): the read
-layer (`pipeline.read`) reads and builds the fields of both.
+keeps a step's concat windows one vectorised pass over every concat source. Its rows are of
+a kind it names (`row_kind`): windows of a stream (`WINDOWS`) or whole documents then padding
+(`DOCUMENTS`); the read layer (`pipeline.read.plan.READERS`) maps each kind to its reader, so
+a layout whose rows are of a kind already read adds nothing there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ OpenStore = Callable[[StoreMeta], TokenStore]
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 NO_DOCUMENTS = np.zeros(0, dtype=np.int64)
 
+WINDOWS = "windows"
+"""`RowLayout.row_kind` of windows of a stream (`seq_len + 1` tokens at a token start)."""
+DOCUMENTS = "documents"
+"""`RowLayout.row_kind` of whole documents then padding (a packing's rows)."""
+
 
 @dataclass(frozen=True)
 class Excluded:
@@ -50,7 +56,7 @@ class RowLayout(Protocol):
     """Where one source's rows are, per epoch and lane."""
 
     policy: ClassVar[str]  # its name in PACKINGS (`packing:`), part of every key it makes
-    whole_documents: ClassVar[bool]  # rows are whole documents then padding, not windows
+    row_kind: ClassVar[str]  # what its rows are (`WINDOWS`, `DOCUMENTS`): who reads them
     name: str
     meta: StoreMeta
     seq_len: int

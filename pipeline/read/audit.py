@@ -32,6 +32,7 @@ import numpy as np
 from pipeline.errors import ConfigError
 from pipeline.plan.packing import PackingStats
 from pipeline.plan.plan import host_rows
+from pipeline.plan.row_layout import DOCUMENTS
 from pipeline.progress import progress_bar
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
@@ -148,7 +149,7 @@ def audit(
         size = seg.batch_size(step)
         report.rows_checked += len(draws.rows)
         kinds = [seg.layouts[name] for name in draws.source_names]
-        whole = np.array([k.whole_documents for k in kinds])[draws.source]
+        whole = np.array([k.row_kind == DOCUMENTS for k in kinds])[draws.source]
         masked = np.array([k.meta.masked for k in kinds])[draws.source]
         _check_padding(report, step, batch, size, config.seq_len, whole, masked)
         step_counts = default_process_counts(size, config.lanes) if counts is None else counts
@@ -258,7 +259,7 @@ def _check_documents(
     document exactly once (through the packed rows drawn)."""
     key, _, epoch, window = columns[:4]
     for k, layout in enumerate(layouts):
-        if not layout.whole_documents:
+        if layout.row_kind != DOCUMENTS:
             continue
         report.packing[names[k]] = layout.stats
         mine = key == k

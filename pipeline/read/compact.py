@@ -24,10 +24,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pipeline.plan.row_layout import RowLayout
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, RowLayout
 
-WINDOWS = "windows"
-DOCUMENTS = "documents"
 SEGMENT_SHIFT = 16
 UNTRAINED = 1 << 15
 POSITION_MASK = UNTRAINED - 1
@@ -37,10 +35,10 @@ NAMES = {WINDOWS: ("tokens", "bounds"), DOCUMENTS: ("inputs", "targets", "bounds
 
 def form(layouts: Iterable[RowLayout], seq_len: int) -> str | None:
     """The compact form of a segment whose sources have `layouts`; None: the six fields."""
-    kinds = {layout.whole_documents for layout in layouts}
-    if seq_len > MAX_SEQ_LEN or len(kinds) != 1:
+    kinds = {layout.row_kind for layout in layouts}
+    if seq_len > MAX_SEQ_LEN or len(kinds) != 1 or not kinds <= NAMES.keys():
         return None
-    return DOCUMENTS if kinds.pop() else WINDOWS
+    return kinds.pop()
 
 
 def pack(segments: np.ndarray, positions: np.ndarray) -> np.ndarray:

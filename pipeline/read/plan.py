@@ -2,10 +2,10 @@
 
 `Plan` is the plan of the draws (`pipeline.plan.plan.DrawPlan`, pure) with the read path: one
 reader of a step's rows (`read`, `batch`) over the plan's one set of open stores
-(`store_set`), by the two kinds of rows a layout has: windows of a stream (`windows`) and whole
-documents then padding (`documents`), both masked by `batch.mask_untrained`; `read_compact`
-reads them in their compact form (`compact`). A store error found in a read is named by the
-config key of the source whose store it is.
+(`store_set`), by the kind of rows each layout names (`READERS`): windows of a stream
+(`windows`) and whole documents then padding (`documents`), both masked by
+`batch.mask_untrained`; `read_compact` reads them in their compact form (`compact`). A store
+error found in a read is named by the config key of the source whose store it is.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.plan.plan import DrawPlan, Draws, SegmentPlan
-from pipeline.plan.row_layout import OpenStore, RowLayout
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout
 from pipeline.plan.sources import path_key
 from pipeline.read import compact
 from pipeline.read.documents import document_fields
@@ -125,27 +125,55 @@ class Plan(DrawPlan):
         return self.store_set.stores()
 
 
-def _readers(
-    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray, packed: bool
-) -> list[tuple[Reader, np.ndarray | slice]]:
-    """Who reads which of the drawn rows (`which` indexes `layouts`): one reader for all
-    windowed sources' rows, one per whole-document source (`packed`: of the compact form)."""
-    drawn = np.unique(which).tolist()
-    windows = [k for k in drawn if not layouts[k].whole_documents]
-    read = partial(read_windows, layouts, open_store, packed=packed)
-    if len(windows) == len(drawn):  # the common step: one reader, no selection of rows
-        return [(read, slice(None))]
-    groups = []
-    if windows:
-        groups.append((read, np.isin(which, windows)))
-    for k in drawn:
-        if layouts[k].whole_documents:
-            store = open_store(layouts[k].meta)
-            groups.append((partial(_documents, layouts[k], store, packed), which == k))
-    return [(read, np.flatnonzero(mine)) for read, mine in groups]
+Groups = list[tuple[Reader, list[int]]]  # readers, each with the sources (indexes) it reads
+
+
+def _windows(
+    layouts: Sequence[RowLayout], open_store: OpenStore, sources: list[int], packed: bool
+) -> Groups:
+    """One reader for the rows of every windowed source (`read_windows`: one pass)."""
+    return [(partial(read_windows, layouts, open_store, packed=packed), sources)]
 
 
 def _documents(
+    layouts: Sequence[RowLayout], open_store: OpenStore, sources: list[int], packed: bool
+) -> Groups:
+    """One reader per whole-document source (`document_fields`)."""
+    return [
+        (partial(_document_rows, layouts[k], open_store(layouts[k].meta), packed), [k])
+        for k in sources
+    ]
+
+
+READERS: dict[str, Callable[[Sequence[RowLayout], OpenStore, list[int], bool], Groups]] = {
+    WINDOWS: _windows,
+    DOCUMENTS: _documents,
+}
+"""The readers of each kind of rows (`RowLayout.row_kind`), in the order their fields are
+laid out; a layout with a new kind of rows adds its reader here (docs/architecture.md)."""
+
+
+def _readers(
+    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray, packed: bool
+) -> list[tuple[Reader, np.ndarray | slice]]:
+    """Who reads which of the drawn rows (`which` indexes `layouts`; `packed`: in the compact
+    form): the drawn sources grouped by their kind of rows, each kind's reader(s) (`READERS`)."""
+    drawn = np.unique(which).tolist()
+    kinds: dict[str, list[int]] = {kind: [] for kind in READERS}
+    for k in drawn:
+        kinds[layouts[k].row_kind].append(k)
+    groups = [
+        group
+        for kind, sources in kinds.items()
+        if sources
+        for group in READERS[kind](layouts, open_store, sources, packed)
+    ]
+    if len(groups) == 1:  # the common step: one reader, no selection of rows
+        return [(groups[0][0], slice(None))]
+    return [(read, np.flatnonzero(np.isin(which, sources))) for read, sources in groups]
+
+
+def _document_rows(
     layout: RowLayout,
     store: TokenStore,
     packed: bool,
