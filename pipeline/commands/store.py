@@ -6,14 +6,12 @@ import argparse
 import logging
 
 from pipeline.commands.summary import describe_store
-from pipeline.errors import PrepareError, StoreError
-from pipeline.in_place import COLUMN_FORMATS, DEFAULT_COLUMN, IN_PLACE_FORMATS
+from pipeline.errors import PrepareError
+from pipeline.in_place import DEFAULT_COLUMN, IN_PLACE_FORMATS
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
-from pipeline.store.columns_index import build_columns_index
-from pipeline.store.formats import open_store
-from pipeline.store.megatron_index import build_index
+from pipeline.store.formats import IN_PLACE, open_store
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
 from pipeline.urls import location
@@ -257,17 +255,13 @@ def run_store_info(args: argparse.Namespace) -> int:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    if args.format in COLUMN_FORMATS:
-        column = args.column or DEFAULT_COLUMN
-        path = build_columns_index(
-            args.data, args.out, column=column, labels=args.labels, vocab_size=args.vocab_size
-        )
-    elif args.column is not None or args.labels is not None:
-        raise StoreError(
-            "--column and --labels are for --format parquet; a Megatron dataset has one stream"
-        )
-    else:
-        path = build_index(args.data, args.out, vocab_size=args.vocab_size)
+    path = IN_PLACE[args.format].build_index(
+        args.data,
+        args.out,
+        column=args.column,
+        labels=args.labels,
+        vocab_size=args.vocab_size,
+    )
     store = open_store(path)
     eod = store.eod_id if store.eod_id >= 0 else "none (documents carry no end token)"
     print(f"{describe_store(store)}; eod id: {eod}")

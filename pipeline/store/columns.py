@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.in_place import DEFAULT_COLUMN
 from pipeline.store.columns_files import ColumnFile
 from pipeline.store.columns_index import (
     INDEX_FILE,
     INDEX_FORMAT,
     INDEX_VERSION,
+    build_columns_index,
     chunk_crc,
     index_file,
 )
@@ -105,6 +107,21 @@ class ColumnStore(InPlaceStore):
     docstring."""
 
     RECORD, KIND, VERSION = INDEX_FILE, INDEX_FORMAT, INDEX_VERSION
+
+    @classmethod
+    def build_index(
+        cls,
+        data: str | Path,
+        out: str | Path | None,
+        *,
+        column: str | None,
+        labels: str | None,
+        vocab_size: int | None,
+    ) -> Path:
+        """`build_columns_index` of `column` (default `DEFAULT_COLUMN`) and `labels`."""
+        return build_columns_index(
+            data, out, column=column or DEFAULT_COLUMN, labels=labels, vocab_size=vocab_size
+        )
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         super().__init__(path, check_reads)

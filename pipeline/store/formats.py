@@ -4,7 +4,8 @@ A prepared store (`pipeline prepare`, a directory with `manifest.json`) is a `To
 Corpora read in place are opened by their index directory (`pipeline index`): a Megatron
 dataset's holds `megatron-index.json` (`MegatronStore`), Parquet/Arrow token columns'
 `columns-index.json` (`ColumnStore`). All offer what the plan reads: the metadata (`meta`:
-fingerprint, token counts), document offsets, checked token reads.
+fingerprint, token counts), document offsets, checked token reads; each in-place class also
+builds its index (`build_index`), so `pipeline index` picks the class by format alone.
 """
 
 from __future__ import annotations

@@ -188,6 +188,21 @@ class InPlaceStore(StoreFacts):
     KIND = ""  # its `format`
     VERSION = 1
 
+    @classmethod
+    def build_index(
+        cls,
+        data: str | Path,
+        out: str | Path | None,
+        *,
+        column: str | None,
+        labels: str | None,
+        vocab_size: int | None,
+    ) -> Path:
+        """Index the corpus at `data` into `out` (None: the format's default directory) and
+        return the index directory (`pipeline index`: the command picks the class by format,
+        the class checks the options its format takes)."""
+        raise NotImplementedError
+
     def __init__(self, path: str | Path, check_reads: bool) -> None:
         self.path = Path(os.path.abspath(path))
         self.check_reads = check_reads

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.store import megatron_index
 from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
 from pipeline.store.inplace import REINDEX, InPlaceStore, TokenScan
 from pipeline.store.megatron_format import read_index
@@ -35,6 +36,23 @@ class MegatronStore(InPlaceStore):
     """A Megatron dataset, by its index directory `path`; see the module docstring."""
 
     RECORD, KIND, VERSION = INDEX_FILE, INDEX_FORMAT, INDEX_VERSION
+
+    @classmethod
+    def build_index(
+        cls,
+        data: str | Path,
+        out: str | Path | None,
+        *,
+        column: str | None,
+        labels: str | None,
+        vocab_size: int | None,
+    ) -> Path:
+        """`megatron_index.build_index`; a column or labels is an error: one stream of ids."""
+        if column is not None or labels is not None:
+            raise StoreError(
+                "--column and --labels are for --format parquet; a Megatron dataset has one stream"
+            )
+        return megatron_index.build_index(data, out, vocab_size=vocab_size)
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         super().__init__(path, check_reads)
