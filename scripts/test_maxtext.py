@@ -25,7 +25,12 @@
    128 (max_target_length with it): MaxText's total_weights of each step equals the trained
    targets of the checkpoint ledger's batch, `pipeline verify --ledger` passes across the
    switch (no window served twice in an epoch), and kill -9 after checkpoint 15 and a resume
-   log the losses of the run that was not killed, bit for bit.
+   log the losses of the run that was not killed, bit for bit. A take-down (the store is
+   prepared with --record-ids): a restore with pipeline_data_switch=true and `exclude: FILE`
+   naming TAKEN documents that the uninterrupted run trains after checkpoint 10: MaxText's
+   total_weights are the checkpoint ledger's batches', `pipeline inspect --ledger` finds none
+   of the documents in them (and the uninterrupted plan did), and `pipeline dump --ledger`
+   gives the steps before the switch unchanged.
 6. Packed SFT: `builtin:python-docstrings` prepared (a masked store), `packing: best_fit`,
    256 tokens, 6 steps: MaxText's own `total_weights` of every step equals the trained targets
    of the plan's batch (`targets_segmentation != 0`), fewer than its document targets.
@@ -39,6 +44,7 @@ Prints a transcript (also written to WORK/transcript.txt); exits 1 on the first 
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import os
@@ -69,6 +75,7 @@ SEQ_LEN = 64  # the data configs' seq_len, and MaxText's max_target_length with 
 DATA = "seed: 5\nseq_len: %d\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
 SKIP = 4  # pipeline_data_skip of the restore at checkpoint SWITCH_AT
 LONG_SEQ_LEN, LONG_KILL = 128, 15  # the seq_len switch, and the checkpoint its kill -9 follows
+TAKEN = 3  # documents taken down at the switch, of those the uninterrupted run trains after it
 SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
 SFT = (f"seed: 5\nseq_len: {SFT_SEQ_LEN}\nglobal_batch_size: 8\n"
        "sources:\n  sft: {path: %s, packing: best_fit}\nmix: {sft: 1}\n")  # fmt: skip
@@ -493,6 +500,81 @@ def switch_seq_len(say: Transcript, mt: MaxText, python: Path, docs: Path) -> No
     )
 
 
+def served_ids(python: Path, data: Path, steps: range, ledger: Path | None = None) -> set[str]:
+    """The ids of the documents with a token in the batches of `steps`, as `pipeline inspect`
+    lists them (of `data`'s plan, or of the ledger of checkpoint `ledger`)."""
+    ids: set[str] = set()
+    for step in steps:
+        command = [str(python), "-m", "pipeline", "inspect", str(data), "--step", str(step),
+                   "--preview", "0"] + (["--ledger", str(ledger)] if ledger else [])  # fmt: skip
+        for line in run(command).stdout.splitlines():
+            listed = re.fullmatch(r"\s*ids? (.*)", line)
+            if listed:
+                ids.update(ast.literal_eval(f"[{listed[1]}]"))
+    return ids
+
+
+SAME_INPUTS = """import sys, numpy as np
+a, b = (np.load(path)["inputs"] for path in sys.argv[1:])
+print(a.shape == b.shape and bool((a == b).all()))
+"""
+
+
+def same_dumps(python: Path, steps: range, *dumps: tuple[Path, Path | None]) -> bool:
+    """Whether `pipeline dump` gives the same inputs for `steps` of each (config, ledger)."""
+    outs = []
+    for i, (config, ledger) in enumerate(dumps):
+        out = config.with_name(f"{config.stem}-{i}.npz")
+        run([str(python), "-m", "pipeline", "dump", str(config), "--steps",
+             f"{steps.start}:{steps.stop}", "--out", str(out)]
+            + (["--ledger", str(ledger)] if ledger else []))  # fmt: skip
+        outs.append(str(out))
+    return run([str(python), "-c", SAME_INPUTS, *outs]).stdout.strip() == "True"
+
+
+def take_down(say: Transcript, mt: MaxText, python: Path, data: Path, docs: Path) -> None:
+    """Restore the learning_rate=0 run's checkpoint SWITCH_AT with pipeline_data_switch=true and
+    `exclude: FILE` listing TAKEN documents the uninterrupted run trains after it: MaxText trains
+    the checkpoint ledger's batches (total_weights), which hold no token of them, and the ledger
+    replays the steps before the switch as the uninterrupted plan."""
+    work, after = mt.work, range(SWITCH_AT + 1, STEPS)
+    would = served_ids(python, data, after)
+    taken = sorted(would)[:TAKEN]
+    if len(taken) < TAKEN:
+        raise Failed(f"taken: steps {after.start}..{STEPS - 1} serve {len(would)} documents")
+    listing = work / "takedown.txt"
+    listing.write_text("".join(json.dumps(i) + "\n" for i in taken))  # a JSON string per line
+    config = work / "data-taken.yaml"
+    config.write_text(DATA % (SEQ_LEN, f"{docs}, exclude: {listing}") + "mix: {docs: 1}\n")
+    shutil.copytree(work / "out/frozen/checkpoints" / str(SWITCH_AT),
+                    work / "out/taken/checkpoints" / str(SWITCH_AT))  # fmt: skip
+    log = mt.train("taken", config, STEPS, "learning_rate=0", "pipeline_data_switch=true")[0]
+    said = f"ledger switch at step {after.start}: exclude changed"
+    if said not in log:
+        raise Failed(f"taken: the log does not say '{said}'")
+    say(f"   {said}; {listing.name} lists {', '.join(taken)}")
+    checkpoint = work / "out/taken/checkpoints" / str(STEPS - 1)
+    weights, got, frozen = mt.weights("taken"), mt.losses("taken"), mt.losses("frozen")
+    for step, (trained, _, _) in zip(after, planned_targets(python, config, after, checkpoint)):
+        if weights.get(step) != trained:
+            raise Failed(f"taken: step {step}: MaxText's total_weights {weights.get(step)} != "
+                         f"the ledger plan's {trained} trained targets")  # fmt: skip
+    if sorted(got) != list(after) or all(got[s] == frozen[s] for s in after):
+        raise Failed(f"taken: losses {got}: the uninterrupted run's {frozen}, or steps missing")
+    served = served_ids(python, config, after, checkpoint)
+    if served & set(taken) or not served:
+        raise Failed(f"taken: steps {after.start}..{STEPS - 1} of the ledger serve {served}")
+    say(f"   taken: MaxText's total_weights of steps {after.start}..{STEPS - 1} equal the "
+        f"checkpoint ledger's batches; pipeline inspect --ledger finds {len(served)} "
+        f"documents in them, none taken down (the uninterrupted plan's: {len(would)})")  # fmt: skip
+    before = range(after.start)
+    if not same_dumps(python, before, (config, checkpoint), (data, None)):
+        raise Failed(f"taken: pipeline dump --ledger {checkpoint} --steps 0:{after.start} "
+                     "differs from the uninterrupted plan's batches")  # fmt: skip
+    say(f"   $ pipeline dump --ledger {checkpoint.relative_to(work)} --steps 0:{after.start}: "
+        "the uninterrupted plan's batches")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "maxtext-test")
@@ -519,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"  {line}")
         docs = work / "docs"
         run([str(python), "-m", "pipeline", "prepare", "builtin:python-docs", "--out", str(docs),
-             "--num-shards", "2", "--no-progress"])  # fmt: skip
+             "--num-shards", "2", "--record-ids", "--no-progress"])  # fmt: skip
         data = work / "data.yaml"
         data.write_text(DATA % (SEQ_LEN, docs) + "mix: {docs: 1}\n")
         switched = work / "data-switch.yaml"
@@ -575,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
 
         skip_data(say, mt, python, data)
         switch_seq_len(say, mt, python, docs)
+        take_down(say, mt, python, data, docs)
 
         sft_store = work / "docstrings"
         run([str(python), "-m", "pipeline", "prepare", "builtin:python-docstrings", "--out",
