@@ -9,7 +9,9 @@ versus process count.
 processes' watcher threads (pipeline.feed.watcher) send at steady state, for the whole job, to
 Cloud Storage (a `gs://` store's identity re-check) and to JAX's coordinator (the poll of the
 published stops, the stragglers' time to batch): each process's count per period, from
-host_stop's own choice of who checks a store and of the poll period, summed over the processes.
+host_stop's own choice of who checks a store and of the poll period, and process 0's reads of
+the figures until all are in (typically 2 a window; the worst from stragglers' schedule of
+reads), summed over the processes.
 Nothing is timed: the figures are the periods'; benchmarks/rpc_bench.py counts a real job's.
 
 `--gcs` measures only the start from a `gs://` store: the 10- and 1,000-shard stores are
@@ -37,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import parse_config
-from pipeline.feed import host_stop
+from pipeline.feed import host_stop, stragglers
 from pipeline.plan.plan import host_rows
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore, is_store
@@ -182,6 +184,26 @@ def host_cost(store_path: str, processes: int, rows_per_host: int, reps: int) ->
     return {"ms": statistics.median(times) * 1e3, "peak_kb": peak / 1024}
 
 
+TYPICAL_READS = 2
+"""Process 0's reads of a window's figures in practice: the one after publishing its own (the
+other hosts, a step behind at most, have mostly not published theirs yet) and the first read
+again, `READ_AGAIN_S[0]` later, which finds them all."""
+
+
+def worst_reads() -> int:
+    """Process 0's reads of one window's figures when a host never publishes: the one after
+    publishing, then one at each of `Peers._settle`'s scheduled times (gaps from
+    `READ_AGAIN_S[0]` doubling up to `READ_AGAIN_S[1]`) up to `WINDOW_WAIT_S`, when the window
+    closes without the figure. The watcher reads at a scheduled time or later, never sooner, so
+    a real window makes no more."""
+    t, gap, reads = 0.0, stragglers.READ_AGAIN_S[0], 1
+    while t < stragglers.WINDOW_WAIT_S:
+        t = min(t + gap, stragglers.WINDOW_WAIT_S)
+        gap = min(2 * gap, stragglers.READ_AGAIN_S[1])
+        reads += 1
+    return reads
+
+
 def request_rates(
     processes: int, bucket_stores: int, feeds: int = 2, window_s: float = 100.0
 ) -> dict[str, float]:
@@ -192,10 +214,11 @@ def request_rates(
     gives it every `STORE_CHECK_S`; to the coordinator, each process's one watcher polls the
     stops every `poll_period` for all its feeds (nothing in one process), and exchanges each
     feed's time to batch once a window, at most once a poll period: one RPC on every process
-    (its figure; process 0's verdict comes with the stop poll), two more on process 0 (the
-    directory read, of one value per process, and the verdict). `*_per_host` are the same before
-    the check, the poll and the read were per job: every process checked every store, every
-    feed polled every `POLL_S`, and every host read every host's figure."""
+    (its figure; process 0's verdict comes with the stop poll), on process 0 the directory
+    reads (of one value per process each) until every figure is in, `TYPICAL_READS` (`*_worst`:
+    `worst_reads()`), and the verdict. `*_per_host` are the same before the check, the poll and
+    the read were per job: every process checked every store, every feed polled every `POLL_S`,
+    and every host read every host's figure once a window."""
     rng = np.random.default_rng(0)
     fingerprints = [f"{rng.integers(2**63):016x}" for _ in range(bucket_stores)]
     checks = sum(
@@ -205,15 +228,18 @@ def request_rates(
     )
     shared = processes > 1
     period = host_stop.poll_period(host_stop.POLL_S, processes)
-    window = max(window_s, period)
+    windows = shared * feeds / max(window_s, period)  # a second, for the job
+    typical, worst = TYPICAL_READS, worst_reads()
     return {
         "storage": checks / host_stop.STORE_CHECK_S,
         "coordinator": shared * processes / period,
-        "stragglers": shared * feeds * (processes + 2) / window,
-        "values_read": shared * feeds * processes / window,
+        "stragglers": windows * (processes + typical + 1),
+        "stragglers_worst": windows * (processes + worst + 1),
+        "values_read": windows * processes * typical,
+        "values_read_worst": windows * processes * worst,
         "storage_per_host": processes * bucket_stores / host_stop.STORE_CHECK_S,
         "coordinator_per_host": shared * feeds * processes / host_stop.POLL_S,
-        "values_read_per_host": shared * feeds * processes * processes / window,
+        "values_read_per_host": windows * processes * processes,
         "poll_s": period,
     }
 
@@ -225,15 +251,17 @@ def print_request_rates(bucket_stores: int = 4, feeds: int = 2) -> None:
     )
     print(
         "processes | Cloud Storage (req/s) | coordinator: stop polls (RPC/s) | coordinator: "
-        "time to batch (RPC/s) | time-to-batch values read/s | poll period (s) | before: "
-        "storage, stop polls, values read"
+        f"time to batch (RPC/s; {TYPICAL_READS} reads a window, worst {worst_reads()}) | "
+        "time-to-batch values read/s (worst) | poll period (s) | before: storage, stop polls, "
+        "values read"
     )
     print("--- | --- | --- | --- | --- | --- | ---")
     for processes in (1, 2, 256, 4096):
         r = request_rates(processes, bucket_stores, feeds)
         print(
-            f"{processes:,} | {r['storage']:g} | {r['coordinator']:g} | {r['stragglers']:.3g} | "
-            f"{r['values_read']:.3g} | {r['poll_s']:g} | {r['storage_per_host']:g}, "
+            f"{processes:,} | {r['storage']:g} | {r['coordinator']:g} | {r['stragglers']:.3g} "
+            f"({r['stragglers_worst']:.3g}) | {r['values_read']:.3g} "
+            f"({r['values_read_worst']:.3g}) | {r['poll_s']:g} | {r['storage_per_host']:g}, "
             f"{r['coordinator_per_host']:g}, {r['values_read_per_host']:.3g}"
         )
 
