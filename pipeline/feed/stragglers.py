@@ -61,7 +61,8 @@ within a step of one another: every step ends in a collective), reading them aga
 then (`READ_AGAIN_S`); a host still without one after that is named the slowest."""
 READ_AGAIN_S = (0.01, 0.25)
 """Process 0's gaps between two reads of a window's figures: the first, doubling up to the
-second (a dozen reads at most a window); each a read on the watcher thread, never a wait."""
+second (the first read and a dozen more at most a window); each a read on the watcher thread,
+never a wait."""
 READY = "pipeline/ready/"
 """Key-value directory of the readiness barriers: `<n>/<process index>`."""
 
