@@ -919,31 +919,50 @@ def test_random_kills_never_change_a_trained_batch(tmp_path):
     assert FIELDS  # the checksums cover every field (reference_checksums)
 
 
+def train_in_processes(
+    tmp_path: Path,
+    raw: dict,
+    processes: int,
+    total: int,
+    every: int,
+    kill_at: int | None,
+    **task: Any,
+) -> list[dict]:
+    """Train `raw` on `processes` real processes (4 devices in all) to step `total`, saving every
+    `every` steps into tmp_path/ckpt and SIGKILLed at step `kill_at` (None: to the end); the
+    log entries of this launch (tmp_path/run.jsonl), checked to be consecutive steps."""
+    from tests.test_multihost import launch, read_log, worker_output
+
+    log = tmp_path / "run.jsonl"
+    seen = len(read_log(log)) if log.exists() else 0
+    task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total, "log": str(log),
+            "save_every": every, "kill_at": kill_at, "kill_mode": "step", **task}  # fmt: skip
+    codes = launch(tmp_path, raw, [task], processes, 4 // processes, timeout=180)
+    expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
+    assert codes == expected, (kill_at, worker_output(tmp_path))
+    entries = read_log(log)[seen:]
+    steps = [e["step"] for e in entries]
+    assert steps == list(range(steps[0], total if kill_at is None else kill_at + 1))
+    return entries
+
+
 @pytest.mark.multiprocess
 def test_kills_and_a_host_count_change_across_a_skip_keep_every_batch_exact(tmp_path):
     """2 processes killed at step 10; 1 process resumes from the latest checkpoint skipping 5
     steps and is killed at step 17; 2 processes resume from the latest checkpoint (its ledger
     holds the skip): every step trained before the skip is the plan's step, every one after
     it the plan's step + 5, and `pipeline dump --ledger` of the last checkpoint agrees."""
-    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+    from tests.test_multihost import reference_checksums
 
     total, every, skip = 24, 4, 5
     raw = two_stage_raw(tmp_path / "stores")
     plan = Plan.from_config(parse_config(raw, origin="multihost.yaml"))
-    log = tmp_path / "run.jsonl"
-    seen, firsts = 0, []
+    firsts = []
     for processes, kill_at, skip_steps in ((2, 10, 0), (1, 17, skip), (2, None, 0)):
-        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
-                "log": str(log), "save_every": every, "kill_at": kill_at,
-                "kill_mode": "step", "skip_steps": skip_steps}  # fmt: skip
-        codes = launch(tmp_path, raw, [task], processes, 4 // processes, timeout=180)
-        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
-        assert codes == expected, (kill_at, worker_output(tmp_path))
-        entries = read_log(log)[seen:]
-        seen += len(entries)
-        steps = [e["step"] for e in entries]
-        firsts.append(steps[0])  # a restored checkpoint's data step (checkpoint N holds N + 1)
-        assert steps == list(range(steps[0], total if kill_at is None else kill_at + 1))
+        entries = train_in_processes(
+            tmp_path, raw, processes, total, every, kill_at, skip_steps=skip_steps
+        )
+        firsts.append(entries[0]["step"])  # a restored checkpoint's data step (N holds N + 1)
         shift = skip if len(firsts) > 1 else 0
         for entry in entries:
             batch = plan.batch(entry["step"] + shift)
@@ -972,7 +991,7 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     trained (the replayed ones on another process count included) is the switched plan's, and
     `pipeline dump --ledger` agrees."""
     from tests.feedstores import excluding_raw, geometry_raw
-    from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+    from tests.test_multihost import reference_checksums
 
     total, every = 26, 4
     before = geometry_raw(tmp_path / "stores")
@@ -981,25 +1000,17 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     else:
         after, shape = excluding_raw(tmp_path / "stores"), (4, 32)
     run = Plan.from_config(parse_config(before, origin="multihost.yaml"))
-    log = tmp_path / "run.jsonl"
-    seen, firsts, plan = 0, [], run
+    firsts, plan = [], run
     runs = ((2, 10, None), (1, 18, after), (4, 22, None), (2, None, None))
     for processes, kill_at, switch_to in runs:
-        task = {"kind": "train", "ckpt": str(tmp_path / "ckpt"), "steps": total,
-                "log": str(log), "save_every": every, "kill_at": kill_at,
-                "kill_mode": "step", "switch_to": switch_to}  # fmt: skip
         config = after if len(firsts) else before
-        codes = launch(tmp_path, config, [task], processes, 4 // processes, timeout=180)
-        expected = [0] * processes if kill_at is None else [-signal.SIGKILL] * processes
-        assert codes == expected, (kill_at, worker_output(tmp_path))
-        entries = read_log(log)[seen:]
-        seen += len(entries)
-        steps = [e["step"] for e in entries]
-        firsts.append(steps[0])
-        assert steps == list(range(steps[0], total if kill_at is None else kill_at + 1))
+        entries = train_in_processes(
+            tmp_path, config, processes, total, every, kill_at, switch_to=switch_to
+        )
+        firsts.append(entries[0]["step"])
         if switch_to is not None:  # the switch the restore declared, at the restored step
             switched = parse_config(after, origin="switched.yaml")
-            plan = Plan(reconcile(run, switched, steps[0], switch=True), run.stores())
+            plan = Plan(reconcile(run, switched, firsts[-1], switch=True), run.stores())
         for entry in entries:
             batch = plan.batch(entry["step"])
             np.testing.assert_array_equal(entry["sums"], reference_checksums(batch))

@@ -310,16 +310,21 @@ def test_maxtext_takes_its_shared_state_path_for_our_iterator(data_yaml, mesh, t
             resumed.close()
 
 
-def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path, monkeypatch):
-    monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
-    config = maxtext_config(data_yaml, eval_interval=-1)
+def state_after_12_steps(config, mesh) -> dict:
+    """The iterator's state after 12 steps of `config`, through JSON as MaxText saves it."""
     train, _ = create_data_iterator(config, mesh)
     try:
         for _ in range(12):
             next(train)
-        state = json.loads(json.dumps(train.local_iterator.get_state()))
+        return json.loads(json.dumps(train.local_iterator.get_state()))
     finally:
         train.close()
+
+
+def test_a_changed_data_config_needs_the_switch_key(data_yaml, mesh, tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    state = state_after_12_steps(config, mesh)
     stages = [{"name": "main", "mix": {"code": 1, "docs": 3}}]
     changed = write_data_yaml(tmp_path, "changed.yaml", stages=stages)
     refused, _ = create_data_iterator(maxtext_config(changed, eval_interval=-1), mesh)
@@ -645,13 +650,7 @@ def test_a_switch_to_a_longer_seq_len_and_more_lanes_through_the_switch_key(
     from pipeline.plan.resume import reconcile
 
     monkeypatch.delenv("PIPELINE_DATA_SWITCH", raising=False)
-    train, _ = create_data_iterator(maxtext_config(data_yaml, eval_interval=-1), mesh)
-    try:
-        for _ in range(12):
-            next(train)
-        state = json.loads(json.dumps(train.local_iterator.get_state()))
-    finally:
-        train.close()
+    state = state_after_12_steps(maxtext_config(data_yaml, eval_interval=-1), mesh)
     longer = write_data_yaml(tmp_path, "long.yaml", seq_len=16, lanes=4)
     keys = {"eval_interval": -1, "max_target_length": 16, "pipeline_data_switch": True}
     switched, _ = create_data_iterator(maxtext_config(longer, **keys), mesh)
@@ -696,13 +695,7 @@ def test_a_take_down_through_the_switch_key_serves_no_excluded_token(mesh, tmp_p
         return rows
 
     keys = {"eval_interval": -1, "per_device_batch_size": 1.0, "max_target_length": 32}
-    train, _ = create_data_iterator(maxtext_config(before, **keys), mesh)
-    try:
-        for _ in range(12):
-            next(train)
-        state = json.loads(json.dumps(train.local_iterator.get_state()))
-    finally:
-        train.close()
+    state = state_after_12_steps(maxtext_config(before, **keys), mesh)
     run = Plan.from_config(load_config(before))
     steps = range(12, 24)
     # without the take-down, these steps would serve some of the documents
