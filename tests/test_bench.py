@@ -762,8 +762,9 @@ def test_the_prepare_benchmark_sets_prepare_beside_the_limit_and_datasets_map(
     tmp_path, hf_tokenizer_json
 ):
     """benchmarks/prepare_bench.py's rows for docs/benchmarks.md: `prepare --workers` 1 and 2,
-    the tokenizer's encode_batch and `datasets.map(num_proc=2)` over the same texts, which
-    count the tokens the tokenizer gives text by text."""
+    the tokenizer's encode_batch (on its threads, on one, and `encode_batch_fast`) and
+    `datasets.map(num_proc=2)` over the same texts, which count the tokens the tokenizer gives
+    text by text; the store's count adds one eod per document."""
     import tokenizers
 
     texts = [f"def f{i}(x):\n    return x * {i} + {'y' * (i % 7)}\n" for i in range(40)]
@@ -780,8 +781,10 @@ def test_the_prepare_benchmark_sets_prepare_beside_the_limit_and_datasets_map(
     names = [(row[0].removeprefix("| "), row[1]) for row in rows[1:]]  # after the header
     assert names == [
         ("local", "1"), ("local", "2"), ("encode_batch (the limit)", "threads"),
-        ("datasets.map (the peer)", "num_proc=2"),
+        ("encode_batch, one thread (the limit per CPU)", "1 thread"),
+        ("encode_batch_fast", "threads"), ("datasets.map (the peer)", "num_proc=2"),
     ]  # fmt: skip
     model = tokenizers.Tokenizer.from_file(str(hf_tokenizer_json))
     tokens = sum(len(model.encode(t, add_special_tokens=False).ids) for t in texts)
-    assert f"# encode_batch and datasets.map: {tokens:,} tokens of 40 texts" in out.stdout
+    assert f"# encode_batch and datasets.map: {tokens:,} tokens (the store adds" in out.stdout
+    assert f"40 documents, {tokens + 40:,} tokens" in out.stdout  # one eod per document
