@@ -362,6 +362,15 @@ def test_the_config_names_the_index_and_round_trips(tmp_path):
     assert Plan.from_config(config).batch(0)["inputs"].shape == (8, 8)
 
 
+def test_an_index_of_another_dataset_is_refused_by_the_sources_key(tmp_path):
+    write_megatron(tmp_path / "corpus", random_documents(6, 20))
+    write_megatron(tmp_path / "other", random_documents(7, 20))
+    build_index(tmp_path / "other", tmp_path / "elsewhere")
+    sources = {"meg": {"path": "corpus", "format": "megatron", "index": "elsewhere"}}
+    with pytest.raises(ConfigError, match=r"sources\.meg\.path: .*elsewhere: indexes .*other"):
+        plan_of(tmp_path, config_for(tmp_path, sources))
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [

@@ -55,7 +55,7 @@ def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
     for spec in config.sources:
         try:
             if spec.format != "store":  # not indexed yet: say how, not "no store here"
-                check_index(spec.format, spec.path, spec.column)
+                check_index(spec.format, spec.path, spec.column, spec.data)
             out[spec.name] = load(spec.path)
         except StoreError as error:
             raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error

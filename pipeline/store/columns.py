@@ -17,12 +17,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.in_place import DEFAULT_COLUMN
-from pipeline.store.columns_files import ColumnFile
+from pipeline.store.columns_files import ColumnFile, column_files
 from pipeline.store.columns_index import (
     INDEX_FILE,
     INDEX_FORMAT,
@@ -122,6 +123,18 @@ class ColumnStore(InPlaceStore):
         return build_columns_index(
             data, out, column=column or DEFAULT_COLUMN, labels=labels, vocab_size=vocab_size
         )
+
+    @classmethod
+    def check_data(cls, record: dict[str, Any], path: Path, data: Path) -> None:
+        """The files the source's directory or glob holds now are the indexed files."""
+        indexed = [Path(entry["file"]) for entry in record["files"]]
+        found = [file.resolve() for file in column_files(data)]
+        for file in found:
+            if file not in indexed:
+                raise StoreError(f"{file}: not in the index {path}; {REINDEX}")
+        for file in indexed:
+            if file not in found:
+                raise StoreError(f"{file}: indexed in {path}, but not in {data}; {REINDEX}")
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         super().__init__(path, check_reads)

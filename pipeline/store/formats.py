@@ -53,12 +53,16 @@ def load_meta(path: str | Path) -> StoreMeta:
     )
 
 
-def check_index(kind: str, path: Path, column: str | None = None) -> None:
-    """A `format: megatron | parquet` source's index is at `path` (else: how to make it), and
-    a token column's indexes the configured `column`."""
-    record = _record(IN_PLACE[kind], path)
+def check_index(kind: str, path: Path, column: str | None = None, data: Path | None = None) -> None:
+    """A `format: megatron | parquet` source's index is at `path` (else: how to make it), a
+    token column's indexes the configured `column`, and it indexes the source's `data` (its
+    `path:`), not another corpus, nor another set of files."""
+    cls = IN_PLACE[kind]
+    record = _record(cls, path)
     if column is not None and record["column"] != column:
         raise StoreError(
             f"{path}: indexes column {record['column']!r}, the source reads {column!r}; index "
             "that column (`pipeline index --column`) into another directory"
         )
+    if data is not None:
+        cls.check_data(record, path, data)

@@ -203,6 +203,13 @@ class InPlaceStore(StoreFacts):
         the class checks the options its format takes)."""
         raise NotImplementedError
 
+    @classmethod
+    def check_data(cls, record: dict[str, Any], path: Path, data: Path) -> None:
+        """Refuse the index `record` (in directory `path`) unless it indexes the corpus at
+        `data`, as it is now: a source whose `index:` names another corpus's index, or whose
+        files were added or removed since, would read other data than its `path:` says."""
+        raise NotImplementedError
+
     def __init__(self, path: str | Path, check_reads: bool) -> None:
         self.path = Path(os.path.abspath(path))
         self.check_reads = check_reads

@@ -20,6 +20,7 @@ is decided). What a `TokenStore` checks, it checks too:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +54,15 @@ class MegatronStore(InPlaceStore):
                 "--column and --labels are for --format parquet; a Megatron dataset has one stream"
             )
         return megatron_index.build_index(data, out, vocab_size=vocab_size)
+
+    @classmethod
+    def check_data(cls, record: dict[str, Any], path: Path, data: Path) -> None:
+        """The index's prefix is `data`."""
+        if Path(record["prefix"]).resolve() != Path(data).resolve():
+            raise StoreError(
+                f"{path}: indexes {record['prefix']}, the source reads {data}; index that "
+                "dataset (`pipeline index PREFIX --out DIR`) and name its directory"
+            )
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         super().__init__(path, check_reads)
