@@ -56,14 +56,16 @@ def write_saved_dataset(directory: Path, files: list, batch: int = 4) -> None:
     its JSON files), written with pyarrow (`datasets` is not a dependency)."""
     directory.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([("input_ids", pa.list_(pa.int64()))])
-    for number, docs in enumerate(files):
-        name = directory / f"data-{number:05d}-of-{len(files):05d}.arrow"
+    names = [f"data-{number:05d}-of-{len(files):05d}.arrow" for number in range(len(files))]
+    for name, docs in zip(names, files):
+        name = directory / name
         with pa.OSFile(str(name), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             for at in range(0, len(docs), batch):
                 writer.write_batch(
                     pa.record_batch([pa.array(docs[at : at + batch], pa.list_(pa.int64()))], schema)
                 )
-    (directory / "state.json").write_text(json.dumps({"_data_files": []}))
+    state = {"_data_files": [{"filename": name} for name in names]}
+    (directory / "state.json").write_text(json.dumps(state))
     (directory / "dataset_info.json").write_text("{}")
 
 
@@ -148,6 +150,54 @@ def test_a_changed_file_is_refused_at_open_or_at_its_first_read(tmp_path):
     arrow.write_bytes(bytes(data[:-8]))
     with pytest.raises(StoreError, match=r"data-00000-of-00001\.arrow: the dataset changed"):
         ColumnStore(index)
+
+
+def test_a_file_added_or_removed_after_indexing_is_refused_by_name(tmp_path):
+    files, _ = positional_files([[10, 20, 30] * 4, [5, 6] * 9, [7] * 5])
+    write_parquet(tmp_path / "all", files)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    parts = [f"part-0000{n}.parquet" for n in range(3)]
+    for name in parts[:2]:
+        (corpus / name).write_bytes((tmp_path / "all" / name).read_bytes())
+    build_columns_index(corpus)
+    source = {"c": {"path": "corpus", "format": "parquet"}}
+    plan_of(tmp_path, config_for(tmp_path, source))
+    (corpus / parts[2]).write_bytes((tmp_path / "all" / parts[2]).read_bytes())
+    with pytest.raises(ConfigError, match=r"sources\.c\.path: .*02\.parquet: not in the index"):
+        plan_of(tmp_path, config_for(tmp_path, source))
+    (corpus / parts[2]).unlink()
+    (corpus / parts[1]).unlink()
+    with pytest.raises(ConfigError, match=r"sources\.c\.path: .*01\.parquet: indexed in"):
+        plan_of(tmp_path, config_for(tmp_path, source))
+
+
+def test_an_index_of_other_files_is_refused(tmp_path):
+    files, _ = positional_files([[10, 20, 30] * 4])
+    write_parquet(tmp_path / "corpus", files)
+    write_parquet(tmp_path / "other", files)
+    build_columns_index(tmp_path / "other", tmp_path / "ix")
+    source = {"c": {"path": "corpus", "format": "parquet", "index": "ix"}}
+    with pytest.raises(ConfigError, match=r"corpus/part-00000\.parquet: not in the index"):
+        plan_of(tmp_path, config_for(tmp_path, source))
+
+
+def test_a_saved_dataset_is_the_files_its_state_json_lists(tmp_path):
+    """`datasets.save_to_disk` over an earlier save leaves the earlier shards in place;
+    `load_from_disk` reads only the files `state.json` lists, and so does the index."""
+    import datasets  # the dev extra's: the layout written by its own code
+
+    rows = [[k, k + 1, k + 2] for k in range(0, 120, 3)]
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(tmp_path / "d", num_shards=4)
+    kept = datasets.Dataset.from_dict({"input_ids": rows[:10]})
+    kept.save_to_disk(tmp_path / "d", num_shards=2)
+    assert len(list((tmp_path / "d").glob("*.arrow"))) == 6
+    store = ColumnStore(build_columns_index(tmp_path / "d"))
+    assert store.num_shards == 2 and store.num_documents == 10
+    assert store.read_tokens(0, 30).tokens.tolist() == [t for row in rows[:10] for t in row]
+    (tmp_path / "d" / "data-00001-of-00002.arrow").unlink()
+    with pytest.raises(StoreError, match=r"data-00001-of-00002\.arrow: listed in .*state\.json"):
+        build_columns_index(tmp_path / "d", tmp_path / "again")
 
 
 def test_the_files_are_left_as_they_were(tmp_path):
@@ -249,6 +299,16 @@ def test_labels_that_do_not_align_with_the_ids_are_refused(tmp_path):
     table = pa.table({"input_ids": [[1, 2, 3]], "labels": [[1, 2]]})
     pq.write_table(table, tmp_path / "corpus" / "a.parquet")
     with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: the rows of 'labels' and"):
+        build_columns_index(tmp_path / "corpus", labels="labels")
+
+
+def test_labels_that_are_not_the_ids_are_refused(tmp_path):
+    """Labels already shifted by one (labels[i] = ids[i + 1]) would move the loss mask by a
+    token: every label that is not -100 must be the id at its position."""
+    (tmp_path / "corpus").mkdir()
+    table = pa.table({"input_ids": [[1, 2, 3, 4]], "labels": [[-100, 3, 4, -100]]})
+    pq.write_table(table, tmp_path / "corpus" / "a.parquet")
+    with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: 'labels' holds ids other than"):
         build_columns_index(tmp_path / "corpus", labels="labels")
 
 

@@ -11,6 +11,7 @@ flattened; a null row or a column that is not a list of integer ids is refused b
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,42 @@ from pipeline.errors import StoreError
 from pipeline.extras import require
 
 SUFFIXES = (".parquet", ".arrow")
+STATE = "state.json"  # a `datasets.save_to_disk` directory's list of its data files
 
 
 def column_files(spec: str | Path) -> list[Path]:
-    """The Parquet/Arrow files of a directory (its `*.parquet` and `*.arrow`, by name) or of
-    a glob, refused when there are none."""
+    """The Parquet/Arrow files of a directory (its `*.parquet` and `*.arrow`, by name; a
+    `datasets.save_to_disk` directory's, those its `state.json` lists) or of a glob, refused
+    when there are none."""
     path = Path(spec)
-    if path.is_dir():
-        found = [p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()]
-    else:
-        found = [Path(p) for p in glob.glob(str(spec)) if Path(p).suffix in SUFFIXES]
+    found = saved_files(path) if path.is_dir() else None
+    if found is None and path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+    elif found is None:
+        found = sorted(Path(p) for p in glob.glob(str(spec)) if Path(p).suffix in SUFFIXES)
     if not found:
         raise StoreError(f"{spec}: no .parquet or .arrow files")
-    return sorted(found)
+    return found
+
+
+def saved_files(directory: Path) -> list[Path] | None:
+    """The files `directory/state.json` lists (`_data_files`), in its order; None without
+    one. A save over an earlier one leaves the earlier shards beside the new ones, and
+    `datasets.load_from_disk` reads only the listed files: so does the index."""
+    state = directory / STATE
+    if not state.is_file():
+        return None
+    try:
+        listed = json.loads(state.read_text())
+        if not isinstance(listed, dict) or "_data_files" not in listed:
+            return None
+        files = [directory / entry["filename"] for entry in listed["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise StoreError(f"{state}: unreadable `datasets` state ({error!r})") from None
+    for file in files:
+        if not file.is_file():
+            raise StoreError(f"{file}: listed in {state}, but missing")
+    return files
 
 
 class ColumnFile:

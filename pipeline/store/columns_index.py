@@ -87,7 +87,13 @@ def index_file(path: Path, column: str, labels: str | None = None) -> dict[str, 
                     f"{path}: chunk {chunk}: the rows of {labels!r} and {column!r} differ in "
                     "length; labels must align with the ids"
                 )
-            untrained.append(np.flatnonzero(label_values == IGNORE) + sum(sizes))
+            ignored = label_values == IGNORE
+            if not np.array_equal(label_values[~ignored], values[~ignored]):
+                raise StoreError(
+                    f"{path}: chunk {chunk}: {labels!r} holds ids other than {column!r}'s at "
+                    "their positions (shifted labels?); a label is the id itself or -100"
+                )
+            untrained.append(np.flatnonzero(ignored) + sum(sizes))
         lengths.append(chunk_lengths)
         sizes.append(values.size)
         crcs.append(chunk_crc(values))
