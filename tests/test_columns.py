@@ -230,6 +230,13 @@ def test_a_column_that_is_not_token_ids_is_one_line(tmp_path, table, message):
         build_columns_index(tmp_path / "corpus")
 
 
+def test_an_arrow_file_without_record_batches_is_an_empty_shard(tmp_path):
+    files, _ = positional_files([[], [4, 5, 6] * 3])
+    write_saved_dataset(tmp_path / "saved", files)
+    store = ColumnStore(build_columns_index(tmp_path / "saved"))
+    assert store.shard_tokens.tolist() == [0, 45] and store.num_documents == 9
+
+
 def test_config_keys_of_a_parquet_source(tmp_path):
     files, _ = positional_files([[10, 20, 30] * 4])
     write_parquet(tmp_path / "corpus", files, labels=pa.array([[1]] * 12))

@@ -73,14 +73,13 @@ class ColumnFile:
                 schema = self._parquet.schema_arrow
                 self.count = self._parquet.num_row_groups
             else:
-                self._batches = _arrow_batches(pa, path)
-                schema = self._batches[0].schema if self._batches else None
+                schema, self._batches = _arrow_batches(pa, path)
                 self.count = len(self._batches)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"{path}: cannot read: {error}") from None
         for name in (column,) if labels is None else (column, labels):
-            if schema is None or name not in schema.names:
-                names = ", ".join(schema.names) if schema is not None else "none"
+            if name not in schema.names:
+                names = ", ".join(schema.names) or "none"
                 raise StoreError(f"{path}: no column {name!r} (columns: {names})")
             kind = schema.field(name).type
             listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
@@ -104,12 +103,14 @@ class ColumnFile:
         return lengths, values.to_numpy(zero_copy_only=False)
 
 
-def _arrow_batches(pa: Any, path: Path) -> list:
-    """Every record batch of an Arrow IPC file (file or stream format), memory-mapped."""
+def _arrow_batches(pa: Any, path: Path) -> tuple[Any, list]:
+    """The schema and every record batch of an Arrow IPC file (file or stream format),
+    memory-mapped (a file of no batch still has its schema)."""
     source = pa.memory_map(str(path))
     try:
         reader = pa.ipc.open_file(source)
-        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
     except pa.ArrowInvalid:
         source.seek(0)
-        return list(pa.ipc.open_stream(source))
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, list(stream)
