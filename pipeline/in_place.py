@@ -9,7 +9,8 @@ from pathlib import Path
 IN_PLACE_FORMATS = ("megatron", "parquet")
 """The `format:` names of corpora read in place: the keys of `store.formats.IN_PLACE`."""
 COLUMN_FORMATS = ("parquet",)
-"""Of those, the formats whose ids are a named column (`column:`, `--column`, `--labels`)."""
+"""Of those, the formats whose ids are a named column (`column:`, `--column`, `--labels`,
+`--loss-mask`)."""
 INDEX_SUFFIX = ".pipeline-index"
 DEFAULT_COLUMN = "input_ids"
 

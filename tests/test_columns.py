@@ -23,6 +23,7 @@ from pipeline.read.plan import Plan
 from pipeline.store.columns import ColumnStore
 from pipeline.store.columns_index import build_columns_index
 from pipeline.store.formats import open_store
+from pipeline.store.identity import MANIFEST_CHECKSUM, manifest_digest
 from pipeline.store.megatron_format import write_megatron
 from pipeline.store.megatron_index import build_index
 from tests.test_megatron import config_for, plan_of, run_cli
@@ -267,24 +268,122 @@ def test_pipeline_index_format_parquet_on_the_command_line(tmp_path):
     glob = run_cli("index", str(tmp_path / "saved" / "*.arrow"), "--format", "parquet")
     assert glob.returncode == 2 and "needs a directory: --out DIR" in glob.stderr
     wrong = run_cli("index", str(tmp_path / "saved"), "--column", "ids")
-    assert (
-        wrong.returncode == 2 and "--column and --labels are for --format parquet" in wrong.stderr
-    )
+    assert wrong.returncode == 2 and "--column, --labels and --loss-mask are for" in wrong.stderr
 
 
-def test_a_labels_column_masks_the_targets_it_marks_minus_100(tmp_path):
-    files, _ = positional_files([[12, 30, 7, 19] * 4, [25, 3, 40] * 5])
-    labels = [[[-100 if k < len(doc) // 2 else t for k, t in enumerate(doc)] for doc in docs]
-              for docs in files]  # fmt: skip
-    untrained = {t for docs in files for doc in docs for t in doc[: len(doc) // 2]}
-    for number, (docs, marks) in enumerate(zip(files, labels)):
-        table = pa.table({
+def test_pipeline_index_loss_mask_on_the_command_line(tmp_path):
+    files, _ = positional_files([[4, 5, 6] * 3])
+    trained = [[np.arange(len(doc)) > 0 for doc in docs] for docs in files]
+    write_columns(tmp_path / "c", loss_columns(files, trained, pa.bool_()), chunk=4)
+    done = run_cli("index", str(tmp_path / "c"), "--format", "parquet", "--loss-mask", "mask")
+    assert done.returncode == 0, done.stderr
+    assert "9 documents" in done.stdout and "with a loss mask" in done.stdout
+    assert ColumnStore(default_index_dir(tmp_path / "c")).trained(0, 0, 4).tolist() == [
+        False, True, True, True
+    ]  # fmt: skip
+    refusals = {
+        "--labels labels and --loss-mask mask: give one": ["mask", "--labels", "labels"],
+        "0.parquet: chunk 0, row 0: 'labels' holds -100, not 0 or 1": ["labels"],
+        "--column, --labels and --loss-mask are for --format parquet": [
+            "mask",
+            "--format",
+            "megatron",
+        ],
+    }
+    for message, more in refusals.items():
+        refused = run_cli("index", str(tmp_path / "c"), "--format", "parquet", "--loss-mask", *more)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert refused.stderr.startswith("error: ") and message in refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+
+
+INT8 = pa.int8()
+LOSS_COLUMNS = {"labels": "labels", "loss_mask": "mask"}  # build_columns_index's keyword: column
+
+
+def loss_columns(files: list, trained: list, mask_type: pa.DataType = INT8) -> list[dict]:
+    """Per file, its ids and the same loss twice: as labels (-100: no loss) and as a mask
+    column (0: no loss), from `trained` (per document, a bool per token)."""
+    return [
+        {
             "input_ids": pa.array(docs, pa.list_(pa.int32())),
-            "labels": pa.array(marks, pa.list_(pa.int64())),
-        })  # fmt: skip
-        (tmp_path / "corpus").mkdir(exist_ok=True)
-        pq.write_table(table, tmp_path / "corpus" / f"{number}.parquet", row_group_size=6)
-    build_columns_index(tmp_path / "corpus", labels="labels")
+            "labels": pa.array(
+                [np.where(bits, doc, -100).tolist() for doc, bits in zip(docs, marks)],
+                pa.list_(pa.int64()),
+            ),
+            "mask": pa.array([np.asarray(bits, int).tolist() for bits in marks]).cast(
+                pa.list_(mask_type)
+            ),
+        }
+        for docs, marks in zip(files, trained)
+    ]
+
+
+def write_columns(directory: Path, tables: list[dict], chunk: int, arrow: bool = False) -> None:
+    """Each table as a Parquet file of `chunk`-row row groups, or an Arrow IPC file of
+    `chunk`-row record batches."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, columns in enumerate(tables):
+        table = pa.table(columns)
+        if not arrow:
+            pq.write_table(table, directory / f"{number}.parquet", row_group_size=chunk)
+            continue
+        name = str(directory / f"{number}.arrow")
+        with pa.OSFile(name, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=chunk):
+                writer.write_batch(batch)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.lists(st.integers(1, 20), min_size=1, max_size=8), min_size=1, max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+    mask_type=st.sampled_from([pa.bool_(), pa.uint8(), pa.int64()]),
+    chunk=st.integers(1, 5),
+    arrow=st.booleans(),
+)
+def test_a_mask_column_is_the_same_loss_as_the_labels_it_stands_for(
+    tmp_path_factory, lengths, seed, mask_type, chunk, arrow
+):
+    """One random corpus and loss, written as labels and as a 0/1 mask: both indexes give each
+    token the loss the corpus says, the same fingerprint and the same batches."""
+    tmp = tmp_path_factory.mktemp("loss")
+    files, _ = positional_files(lengths)
+    assume(sum(map(sum, lengths)) >= 24)
+    rng = np.random.default_rng(seed)
+    trained = [[rng.random(len(doc)) < 0.6 for doc in docs] for docs in files]
+    write_columns(tmp / "corpus", loss_columns(files, trained, mask_type), chunk, arrow)
+    stores, batches = [], []
+    for keyword, column in LOSS_COLUMNS.items():
+        index = build_columns_index(tmp / "corpus", tmp / column, **{keyword: column})
+        stores.append(ColumnStore(index, verify=True))
+        source = {"c": {"path": "corpus", "format": "parquet", "index": column}}
+        plan = plan_of(tmp, config_for(tmp, source, lanes=1, global_batch_size=2))
+        batches.append([plan.batch(step) for step in range(6)])
+    by_position = np.concatenate([bits for marks in trained for bits in marks])
+    for store in stores:
+        assert store.masked
+        for shard, marks in enumerate(trained):
+            expected = np.concatenate(marks)
+            assert store.trained(shard, 0, expected.size).tolist() == expected.tolist()
+    assert stores[0].fingerprint == stores[1].fingerprint
+    for labelled, masked in zip(*batches):
+        assert labelled.keys() == masked.keys()
+        for name, value in labelled.items():
+            assert np.array_equal(masked[name], value), name
+        targets = labelled["targets"]  # ids are positions: each target's loss is known
+        assert ((labelled["targets_segmentation"] != 0) == by_position[targets]).all()
+
+
+@pytest.mark.parametrize("keyword", LOSS_COLUMNS)
+def test_a_loss_column_masks_the_targets_it_marks(tmp_path, keyword):
+    files, _ = positional_files([[12, 30, 7, 19] * 4, [25, 3, 40] * 5])
+    trained = [[np.arange(len(doc)) >= len(doc) // 2 for doc in docs] for docs in files]
+    untrained = {t for docs in files for doc in docs for t in doc[: len(doc) // 2]}
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=6)
+    build_columns_index(tmp_path / "corpus", **{keyword: LOSS_COLUMNS[keyword]})
     store = ColumnStore(default_index_dir(tmp_path / "corpus"), verify=True)
     assert store.masked and store.trained(1, 0, 25).tolist() == [False] * 12 + [True] * 13
     plan = plan_of(tmp_path, config_for(tmp_path, {"c": {"path": "corpus", "format": "parquet"}}))
@@ -301,22 +400,88 @@ def test_a_labels_column_masks_the_targets_it_marks_minus_100(tmp_path):
     assert ColumnStore(unmasked).fingerprint != store.fingerprint  # other loss, other data
 
 
-def test_labels_that_do_not_align_with_the_ids_are_refused(tmp_path):
-    (tmp_path / "corpus").mkdir()
-    table = pa.table({"input_ids": [[1, 2, 3]], "labels": [[1, 2]]})
-    pq.write_table(table, tmp_path / "corpus" / "a.parquet")
-    with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: the rows of 'labels' and"):
-        build_columns_index(tmp_path / "corpus", labels="labels")
+@pytest.mark.parametrize(
+    "keyword, rows, message",
+    [
+        ("labels", [[1, 2, 3], [1, 2]], r"chunk 1, row 1: 'labels' and 'input_ids' differ in len"),
+        ("loss_mask", [[1, 0, 1], [1, 0]], r"chunk 1, row 1: 'mask' and 'input_ids' differ in len"),
+        (
+            "labels",
+            [[1, 2, 3], [-100, 3, 4]],
+            r"chunk 1, row 1: 'labels' holds 3 where the id is 2",
+        ),
+        ("loss_mask", [[1, 0, 1], [0, 2, 1]], r"chunk 1, row 1: 'mask' holds 2, not 0 or 1"),
+        ("loss_mask", [[1, 0, 1], [0, -1, 1]], r"chunk 1, row 1: 'mask' holds -1, not 0 or 1"),
+        ("loss_mask", [[1, 0, 1], [0, None, 1]], r"chunk 1, row 1: column 'mask' has nulls"),
+        ("loss_mask", [[1, 0, 1], None], r"chunk 1, row 1: column 'mask' has nulls"),
+        (
+            "loss_mask",
+            [[1.0] * 3] * 2,
+            r"column 'mask' is list<.*double>, not a list of 0/1 integers or",
+        ),
+        ("labels", [[True] * 3] * 2, r"column 'labels' is list<.*bool>, not a list of integers$"),
+    ],
+)
+def test_a_loss_column_that_does_not_fit_the_ids_is_one_line(tmp_path, keyword, rows, message):
+    """Rows of one row group each, the second one bad: the file, chunk, row and column are
+    named."""
+    column = LOSS_COLUMNS[keyword]
+    write_columns(tmp_path / "corpus", [{"input_ids": [[1, 2, 3]] * 2, column: rows}], chunk=1)
+    with pytest.raises(StoreError, match=r"0\.parquet: " + message) as refused:
+        build_columns_index(tmp_path / "corpus", **{keyword: column})
+    assert "\n" not in str(refused.value)
 
 
-def test_labels_that_are_not_the_ids_are_refused(tmp_path):
-    """Labels already shifted by one (labels[i] = ids[i + 1]) would move the loss mask by a
-    token: every label that is not -100 must be the id at its position."""
-    (tmp_path / "corpus").mkdir()
-    table = pa.table({"input_ids": [[1, 2, 3, 4]], "labels": [[-100, 3, 4, -100]]})
-    pq.write_table(table, tmp_path / "corpus" / "a.parquet")
-    with pytest.raises(StoreError, match=r"a\.parquet: chunk 0: 'labels' holds ids other than"):
-        build_columns_index(tmp_path / "corpus", labels="labels")
+def test_labels_and_a_mask_together_or_a_missing_one_are_refused(tmp_path):
+    files, _ = positional_files([[3, 4]])
+    trained = [[np.ones(3, bool), np.ones(4, bool)]]
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=1)
+    with pytest.raises(StoreError, match=r"^--labels labels and --loss-mask mask: give one of"):
+        build_columns_index(tmp_path / "corpus", labels="labels", loss_mask="mask")
+    with pytest.raises(StoreError, match=r"0\.parquet: no column 'weights' \(columns: input_ids,"):
+        build_columns_index(tmp_path / "corpus", loss_mask="weights")
+
+
+@pytest.mark.parametrize("keyword", LOSS_COLUMNS)
+def test_a_loss_column_changed_after_indexing_is_refused(tmp_path, keyword):
+    """The open compares the file's size and sampled blocks (all of a small file's); a store
+    already open finds the change when it verifies (reads check the ids' CRCs only: the loss
+    served is the index's, which the fingerprint covers)."""
+    files, _ = positional_files([[5, 6, 7] * 3])
+    trained = [[np.arange(len(doc)) % 2 == 0 for doc in docs] for docs in files]
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=4)
+    index = build_columns_index(tmp_path / "corpus", **{keyword: LOSS_COLUMNS[keyword]})
+    store = ColumnStore(index, verify=True)
+    trained[0][4] = ~trained[0][4]
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=4)
+    with pytest.raises(StoreError, match=r"0\.parquet: the dataset changed after `pipeline"):
+        ColumnStore(index)
+    with pytest.raises(StoreError, match=r"0\.parquet: its content is not as indexed"):
+        store.verify()
+
+
+@pytest.mark.parametrize("labels", [None, "labels"])
+def test_an_index_written_before_mask_columns_still_opens_and_verifies(tmp_path, labels):
+    """Such an index names its labels column as `labels: COLUMN` (or null), not `loss`."""
+    files, _ = positional_files([[5, 6, 7] * 3])
+    trained = [[np.arange(len(doc)) % 3 != 0 for doc in docs] for docs in files]
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=4)
+    index = build_columns_index(tmp_path / "corpus", labels=labels)
+    record = json.loads((index / "columns-index.json").read_text())
+    assert record.pop("loss") == (labels and {"column": "labels", "kind": "labels"})
+    record["labels"] = labels
+    record[MANIFEST_CHECKSUM] = manifest_digest(record)
+    (index / "columns-index.json").write_text(json.dumps(record))
+    store = ColumnStore(index, verify=True)
+    expected = np.concatenate(trained[0]) | (labels is None)
+    assert store.masked == bool(labels) and store.trained(0, 0, 54).tolist() == expected.tolist()
+    trained[0][2] = ~trained[0][2]
+    write_columns(tmp_path / "corpus", loss_columns(files, trained), chunk=4)
+    if labels is None:  # the ids, all that is indexed, are unchanged
+        store.verify()
+    else:
+        with pytest.raises(StoreError, match=r"0\.parquet: its content is not as indexed"):
+            store.verify()
 
 
 def test_verifying_one_shard_indexes_that_file_only(tmp_path, monkeypatch):

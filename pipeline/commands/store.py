@@ -144,7 +144,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     x.add_argument("--column", help=f"parquet: the token column (default {DEFAULT_COLUMN})")
     x.add_argument(
-        "--labels", help="parquet: a labels column (-100: no loss), the corpus's loss mask"
+        "--labels",
+        metavar="COLUMN",
+        help="parquet: a labels column, the corpus's loss mask (each label the id at its "
+        "position, or -100: no loss)",
+    )
+    x.add_argument(
+        "--loss-mask",
+        metavar="COLUMN",
+        help="parquet: a 0/1 (or boolean) column, the corpus's loss mask (0: no loss); "
+        "instead of --labels",
     )
     x.add_argument("--out", help="index directory (default DATA.pipeline-index)")
     x.add_argument("--vocab-size", type=int, help="ids are below this (default: largest id + 1)")
@@ -260,6 +269,7 @@ def run_index(args: argparse.Namespace) -> int:
         args.out,
         column=args.column,
         labels=args.labels,
+        loss_mask=args.loss_mask,
         vocab_size=args.vocab_size,
     )
     store = open_store(path)

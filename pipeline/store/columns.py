@@ -33,6 +33,7 @@ from pipeline.store.columns_index import (
     index_file,
 )
 from pipeline.store.inplace import REINDEX, InPlaceStore
+from pipeline.store.loss_column import LossColumn
 
 KEEP_BYTES = 64 << 20  # decoded Parquet chunks kept per file (Arrow chunks are mapped views)
 
@@ -117,11 +118,17 @@ class ColumnStore(InPlaceStore):
         *,
         column: str | None,
         labels: str | None,
+        loss_mask: str | None,
         vocab_size: int | None,
     ) -> Path:
-        """`build_columns_index` of `column` (default `DEFAULT_COLUMN`) and `labels`."""
+        """`build_columns_index` of `column` (default `DEFAULT_COLUMN`) and a loss column."""
         return build_columns_index(
-            data, out, column=column or DEFAULT_COLUMN, labels=labels, vocab_size=vocab_size
+            data,
+            out,
+            column=column or DEFAULT_COLUMN,
+            labels=labels,
+            loss_mask=loss_mask,
+            vocab_size=vocab_size,
         )
 
     @classmethod
@@ -166,10 +173,10 @@ class ColumnStore(InPlaceStore):
         """The full pass over `shards` (all by default; a process's share in the feed's
         background check): each file indexed again (every chunk decoded), its documents, chunk
         CRCs and loss mask compared with the index, every id below the vocabulary size."""
-        labels = self.manifest["labels"]
+        loss = LossColumn.of_record(self.manifest)
         for shard in range(len(self._files)) if shards is None else shards:
             file, reader = self._files[shard], self._readers[shard]
-            found = index_file(file, self.manifest["column"], labels)
+            found = index_file(file, self.manifest["column"], loss)
             same = (
                 np.array_equal(found["docs"], self._docs[shard])
                 and np.array_equal(found["chunks"], reader.starts)

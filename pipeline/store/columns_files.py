@@ -5,7 +5,8 @@ as a list of ids in a column (`input_ids`). `ColumnFile` reads that column of on
 *chunk*: a Parquet row group, or a record batch of an Arrow IPC file (what
 `datasets.save_to_disk` writes: `data-00000-of-00001.arrow`, read through a memory map, so its
 ids are never copied until served). Each chunk gives the documents' lengths and their ids,
-flattened; a null row or a column that is not a list of integer ids is refused by name.
+flattened; a null row or a column that is not a list of integer ids (or, for a loss column,
+of the values its kind allows: loss_column.py) is refused by name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.extras import require
+from pipeline.store.loss_column import KINDS, LossColumn
 
 SUFFIXES = (".parquet", ".arrow")
 STATE = "state.json"  # a `datasets.save_to_disk` directory's list of its data files
@@ -62,7 +64,7 @@ def saved_files(directory: Path) -> list[Path] | None:
 class ColumnFile:
     """One file's token column, by chunk (see the module docstring)."""
 
-    def __init__(self, path: Path, column: str, labels: str | None = None) -> None:
+    def __init__(self, path: Path, column: str, loss: LossColumn | None = None) -> None:
         self.path, self.column = path, column
         self._parquet, self._batches = None, []
         pa = require("pyarrow", "parquet", "Parquet/Arrow token columns")
@@ -71,20 +73,26 @@ class ColumnFile:
                 parquet = require("pyarrow.parquet", "parquet", "Parquet token columns")
                 self._parquet = parquet.ParquetFile(str(path), memory_map=True)
                 schema = self._parquet.schema_arrow
-                self.count = self._parquet.num_row_groups
+                metadata = self._parquet.metadata
+                rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
             else:
                 schema, self._batches = _arrow_batches(pa, path)
-                self.count = len(self._batches)
+                rows = [batch.num_rows for batch in self._batches]
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"{path}: cannot read: {error}") from None
-        for name in (column,) if labels is None else (column, labels):
+        self.count = len(rows)
+        self.first_rows = np.cumsum([0, *rows], dtype=np.int64)  # each chunk's first row
+        checks = [(column, pa.types.is_integer, "integers")]
+        if loss is not None:
+            checks.append((loss.column, lambda kind: loss.holds(pa, kind), KINDS[loss.kind]))
+        for name, holds, values in checks:
             if name not in schema.names:
                 names = ", ".join(schema.names) or "none"
                 raise StoreError(f"{path}: no column {name!r} (columns: {names})")
             kind = schema.field(name).type
             listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            if not listed or not pa.types.is_integer(kind.value_type):
-                raise StoreError(f"{path}: column {name!r} is {kind}, not a list of integers")
+            if not listed or not holds(kind.value_type):
+                raise StoreError(f"{path}: column {name!r} is {kind}, not a list of {values}")
         self.dtype = np.dtype(str(schema.field(column).type.value_type))  # numpy's names
 
     def chunk(self, index: int, column: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -98,9 +106,18 @@ class ColumnFile:
             array = self._batches[index].column(name)
         values = array.flatten()
         if array.null_count or values.null_count:
-            raise StoreError(f"{self.path}: chunk {index} of column {name!r} has nulls")
+            row = self.first_rows[index] + _first_null_row(array, values)
+            raise StoreError(f"{self.path}: chunk {index}, row {row}: column {name!r} has nulls")
         lengths = np.asarray(array.value_lengths(), dtype=np.int64)
         return lengths, values.to_numpy(zero_copy_only=False)
+
+
+def _first_null_row(array: Any, values: Any) -> int:
+    """The first row of a list `array` (its `values` flattened) that is null or holds one."""
+    ends = np.cumsum(np.asarray(array.value_lengths().fill_null(0), dtype=np.int64))
+    rows = np.flatnonzero(np.asarray(array.is_null()))
+    at = np.flatnonzero(np.asarray(values.is_null()))[:1]
+    return int(np.concatenate([rows, np.searchsorted(ends, at, side="right")]).min())
 
 
 def _arrow_batches(pa: Any, path: Path) -> tuple[Any, list]:

@@ -5,11 +5,13 @@ Each file of the corpus (columns_files.py) is a shard; each row of its token col
 rule). One pass decodes every chunk (row group or record batch) and records, in the index
 directory (default `DIR.pipeline-index/` beside a directory; a glob needs `--out`)::
 
-    columns-index.json   the files (sizes, sampled digests, documents, chunks), column, dtype,
-                         eod, fingerprint, its own checksum
+    columns-index.json   the files (sizes, sampled digests, documents, chunks), column, loss
+                         column (`loss`, loss_column.py), dtype, eod, fingerprint, its own
+                         checksum
     docs.npy             int64 per file: its documents' token offsets (documents + 1)
     chunks.npy           int64 per file: its chunks' token offsets (chunks + 1)
     crcs.npy             uint32 per chunk: the CRC32C of its ids (little-endian, file dtype)
+    untrained.npy        int64 [k, 2]: the token ranges that carry no loss (loss column)
 
 A read decodes the chunks it needs and checks each against its CRC32C as it decodes it (unless
 reads are unchecked), so a changed file serves nothing wrong; the open checks the files' sizes
@@ -39,12 +41,12 @@ from pipeline.store.inplace import (
     vocabulary,
     write_record,
 )
+from pipeline.store.loss_column import LossColumn
 
 INDEX_FILE = "columns-index.json"
 INDEX_FORMAT = "pipeline-columns-index"
 INDEX_VERSION = 1
 DOCS, CHUNKS, CRCS, UNTRAINED = "docs.npy", "chunks.npy", "crcs.npy", "untrained.npy"
-IGNORE = -100  # a label that carries no loss (Hugging Face's ignore index)
 
 
 def chunk_crc(values: np.ndarray) -> int:
@@ -70,30 +72,19 @@ def runs(positions: np.ndarray) -> np.ndarray:
     return np.stack([firsts, lasts + 1], axis=1).astype(np.int64)
 
 
-def index_file(path: Path, column: str, labels: str | None = None) -> dict[str, Any]:
+def index_file(path: Path, column: str, loss: LossColumn | None = None) -> dict[str, Any]:
     """One file's documents, chunk offsets, chunk CRCs, documents' last ids, largest id and,
-    with a `labels` column, its untrained token ranges (labels of -100)."""
-    file = ColumnFile(path, column, labels)
+    with a `loss` column, its untrained token ranges."""
+    file = ColumnFile(path, column, loss)
     scan = TokenScan(path, file.dtype)
     lengths, sizes, crcs, ends = [np.zeros(1, np.int64)], [0], [], []
     untrained = [np.empty(0, np.int64)]
     for chunk in range(file.count):
         chunk_lengths, values = file.chunk(chunk)
         scan(memoryview(np.ascontiguousarray(values)).cast("B"))
-        if labels is not None:
-            label_lengths, label_values = file.chunk(chunk, labels)
-            if not np.array_equal(label_lengths, chunk_lengths):
-                raise StoreError(
-                    f"{path}: chunk {chunk}: the rows of {labels!r} and {column!r} differ in "
-                    "length; labels must align with the ids"
-                )
-            ignored = label_values == IGNORE
-            if not np.array_equal(label_values[~ignored], values[~ignored]):
-                raise StoreError(
-                    f"{path}: chunk {chunk}: {labels!r} holds ids other than {column!r}'s at "
-                    "their positions (shifted labels?); a label is the id itself or -100"
-                )
-            untrained.append(np.flatnonzero(ignored) + sum(sizes))
+        if loss is not None:
+            no_loss = loss.untrained(file, chunk, chunk_lengths, values)
+            untrained.append(np.flatnonzero(no_loss) + sum(sizes))
         lengths.append(chunk_lengths)
         sizes.append(values.size)
         crcs.append(chunk_crc(values))
@@ -117,14 +108,17 @@ def build_columns_index(
     *,
     column: str = DEFAULT_COLUMN,
     labels: str | None = None,
+    loss_mask: str | None = None,
     vocab_size: int | None = None,
 ) -> Path:
     """Index the token column of the Parquet/Arrow files at `data` (a directory or a glob)
     into `out` (default beside a directory); returns the index directory. A `labels` column
-    (Hugging Face's: -100 where a token carries no loss) gives the corpus a loss mask."""
+    (Hugging Face's: -100 where a token carries no loss) or a `loss_mask` column (0/1, 0: no
+    loss; not both) gives the corpus a loss mask."""
+    loss = LossColumn.given(labels, loss_mask)
     target = columns_index_dir(data) if out is None else Path(out)
     files = column_files(data)
-    found = [index_file(path, column, labels) for path in files]
+    found = [index_file(path, column, loss) for path in files]
     dtypes = {str(f["dtype"]) for f in found}
     if len(dtypes) > 1:
         raise StoreError(f"{data}: the files' {column!r} ids differ in type ({', '.join(dtypes)})")
@@ -150,8 +144,8 @@ def build_columns_index(
         "format_version": INDEX_VERSION,
         "data": str(Path(data).resolve()) if Path(data).is_dir() else str(data),
         "column": column,
-        "labels": labels,
-        "masked": labels is not None,
+        "loss": None if loss is None else loss.to_record(),
+        "masked": loss is not None,
         "dtype": dtypes.pop(),
         "files": entries,
         "num_documents": sum(e["documents"] for e in entries),

@@ -196,6 +196,7 @@ class InPlaceStore(StoreFacts):
         *,
         column: str | None,
         labels: str | None,
+        loss_mask: str | None,
         vocab_size: int | None,
     ) -> Path:
         """Index the corpus at `data` into `out` (None: the format's default directory) and

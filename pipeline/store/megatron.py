@@ -46,12 +46,15 @@ class MegatronStore(InPlaceStore):
         *,
         column: str | None,
         labels: str | None,
+        loss_mask: str | None,
         vocab_size: int | None,
     ) -> Path:
-        """`megatron_index.build_index`; a column or labels is an error: one stream of ids."""
-        if column is not None or labels is not None:
+        """`megatron_index.build_index`; a column or a loss column is an error: one stream of
+        ids."""
+        if (column, labels, loss_mask) != (None, None, None):
             raise StoreError(
-                "--column and --labels are for --format parquet; a Megatron dataset has one stream"
+                "--column, --labels and --loss-mask are for --format parquet; a Megatron dataset "
+                "has one stream"
             )
         return megatron_index.build_index(data, out, vocab_size=vocab_size)
 

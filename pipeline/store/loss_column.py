@@ -1,0 +1,105 @@
+"""The loss mask of a Parquet/Arrow token corpus: a second column, aligned with the ids.
+
+`pipeline index --format parquet` reads one of two kinds of column (docs/in-place-corpora.md):
+
+* `labels` (`--labels COLUMN`), Hugging Face's convention: each label is the id at its
+  position, or -100 where the token carries no loss. Any other label (labels already shifted
+  by one, say) is refused: it would move the mask by a token.
+* `mask` (`--loss-mask COLUMN`): 0/1 integers or booleans, 0 (false) where the token carries
+  no loss; any other value is refused.
+
+Either way each row must be as long as the ids' row at its place. Both give the same
+untrained token ranges for the same loss, so the index (and its fingerprint) does not depend on
+the kind. The index record names the column and its kind (`loss: {column, kind}`); an index
+written before mask columns were read names a labels column alone (`labels: COLUMN`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.errors import StoreError
+
+if TYPE_CHECKING:
+    from pipeline.store.columns_files import ColumnFile
+
+IGNORE = -100  # a label that carries no loss (Hugging Face's ignore index)
+# each kind: the values its list elements must be, as the refusal of another type says
+KINDS = {"labels": "integers", "mask": "0/1 integers or booleans"}
+
+
+@dataclass(frozen=True)
+class LossColumn:
+    """The column that says which tokens carry loss, and its kind (a key of `KINDS`)."""
+
+    column: str
+    kind: str
+
+    @classmethod
+    def given(cls, labels: str | None, mask: str | None) -> LossColumn | None:
+        """The loss column `pipeline index` was given (--labels or --loss-mask), if any."""
+        if labels is not None and mask is not None:
+            raise StoreError(
+                f"--labels {labels} and --loss-mask {mask}: give one of them, the corpus has "
+                "one loss mask"
+            )
+        if labels is not None:
+            return cls(labels, "labels")
+        return None if mask is None else cls(mask, "mask")
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> LossColumn | None:
+        """The loss column an index record names (see the module docstring)."""
+        if "loss" not in record:  # written before mask columns were read: labels or none
+            return None if record["labels"] is None else cls(record["labels"], "labels")
+        return None if record["loss"] is None else cls(**record["loss"])
+
+    def to_record(self) -> dict[str, str]:
+        """What the index record keeps of it (`of_record` reads it back)."""
+        return {"column": self.column, "kind": self.kind}
+
+    def holds(self, pa: Any, value_type: Any) -> bool:
+        """Whether lists of pyarrow `value_type` can be a column of this kind."""
+        return pa.types.is_integer(value_type) or (
+            self.kind == "mask" and pa.types.is_boolean(value_type)
+        )
+
+    def untrained(
+        self, file: ColumnFile, chunk: int, lengths: np.ndarray, ids: np.ndarray
+    ) -> np.ndarray:
+        """Per token of chunk `chunk` of `file` (whose rows have `lengths` and flattened
+        `ids`): whether it carries no loss. A row of another length, or a value its kind does
+        not allow, is refused naming the row (of the file)."""
+        row_lengths, values = file.chunk(chunk, self.column)
+        ends = np.cumsum(lengths)
+
+        def refuse(row: int, why: str) -> StoreError:
+            where = f"{file.path}: chunk {chunk}, row {file.first_rows[chunk] + row}"
+            return StoreError(f"{where}: {self.column!r} {why}")
+
+        differ = np.flatnonzero(row_lengths != lengths)
+        if differ.size:
+            raise refuse(
+                int(differ[0]),
+                f"and {file.column!r} differ in length; a loss column must align with the ids",
+            )
+        if self.kind == "mask":
+            untrained = values == 0
+            bad = np.flatnonzero(~untrained & (values != 1))
+        else:
+            untrained = values == IGNORE
+            bad = np.flatnonzero(~untrained & (values != ids))
+        if bad.size:
+            at = int(bad[0])
+            row = int(np.searchsorted(ends, at, side="right"))
+            if self.kind == "mask":
+                raise refuse(row, f"holds {values[at]}, not 0 or 1 (0 or false: no loss)")
+            raise refuse(
+                row,
+                f"holds {values[at]} where the id is {ids[at]} (shifted labels?); a label is the "
+                "id at its position or -100",
+            )
+        return untrained
