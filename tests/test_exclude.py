@@ -336,3 +336,31 @@ def test_a_concat_source_never_serves_them_and_serves_the_rest_once_per_epoch(
         for _, s, token in _concat_edges(plan, t):
             d = int(np.searchsorted(st.doc_offsets(s), token, side="right")) - 1
             assert ids[s][d] not in (taken + more if t >= later else taken), (t, ids[s][d])
+
+
+def test_a_relative_exclude_file_is_recorded_absolute_so_the_ledger_replays_anywhere(
+    store, tmp_path, monkeypatch
+):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ids.txt").write_text("doc-3\n")
+    (tmp_path / "run" / "data.yaml").write_text(
+        yaml.safe_dump(raw_config(store, exclude="ids.txt"))
+    )
+    monkeypatch.chdir(tmp_path / "run")
+    plan = Plan.from_config(load_config("data.yaml"))  # the config named relative to the cwd
+    recorded = plan.ledger.last.config["sources"]["web"]["exclude"]["file"]
+    assert recorded == str(tmp_path / "run" / "ids.txt")
+    monkeypatch.chdir(tmp_path)  # `pipeline dump --ledger` from elsewhere
+    ledger = Ledger.from_json(json.loads(json.dumps(plan.ledger.to_json())))
+    np.testing.assert_array_equal(Plan(ledger).batch(0)["inputs"], plan.batch(0)["inputs"])
+    with pytest.raises(ConfigError, match=r"sources\.web\.exclude: relative path 'ids\.txt' in a "):
+        parse_config(raw_config(store, exclude="ids.txt"), origin="gs://b/c.yaml", base_dir=None)
+
+
+def test_an_exclude_file_splits_ids_at_line_ends_only_and_passes_a_byte_order_mark(store, tmp_path):
+    file = tmp_path / "ids.txt"  # Windows Notepad: a BOM and CRLF; old Mac: CR alone
+    file.write_bytes("\ufeffdoc-1\r\ndoc-2\rdoc-3\n doc\u20284 \ndoc\x855\x0c6\n".encode())
+    exclude = parse_config(raw_config(store, exclude=str(file)), origin="c.yaml").sources[0].exclude
+    assert list(exclude.ids()) == [
+        (1, "doc-1"), (2, "doc-2"), (3, "doc-3"), (4, "doc\u20284"), (5, "doc\x855\x0c6")
+    ]  # fmt: skip

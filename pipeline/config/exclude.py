@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.urls import location, read_bytes
+from pipeline.urls import is_url, location, read_bytes
 
 MISSING = ("error", "ignore")
 KEYS = ("file", "missing", "sha256")
+LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def parse_exclude(
     missing = entry.get("missing", "error")
     if missing not in MISSING:
         raise fail(f"{key}.missing", f"expected error or ignore, got {missing!r}")
-    path = location(file) if base_dir is None else location(base_dir / file)
+    path = _located(file, key, base_dir, fail)
     data = _read(path, f"{key}: {path}")
     for _ in _parse(data, path):  # a malformed line is refused now
         pass
@@ -75,6 +78,20 @@ def parse_exclude(
     if pinned is not None and pinned != digest:
         raise fail(f"{key}.sha256", _changed(path, digest, str(pinned)))
     return ExcludeSpec(path, digest, missing)
+
+
+def _located(
+    file: str, key: str, base_dir: Path | None, fail: Callable[[str, str], ConfigError]
+) -> Any:
+    """The file, absolute (as store paths are): the ledger records it, and `dump --ledger`
+    may run from another directory; a relative one in a config read from a URL is refused."""
+    if is_url(file):
+        return location(file)
+    if base_dir is None and not os.path.isabs(file):
+        raise fail(
+            key, f"relative path {file!r} in a config read from a URL; give an absolute path"
+        )
+    return ((base_dir or Path()) / file).resolve()
 
 
 def _changed(path: Path, digest: str, recorded: str) -> str:
@@ -98,10 +115,12 @@ def _digest(data: bytes) -> str:
 
 def _parse(data: bytes, path: Path) -> Iterator[tuple[int, str]]:
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark (Notepad) is not part of an id
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 ({error.reason}); write the ids as UTF-8") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    # lines end at \n, \r\n or \r only: `str.splitlines` would also cut an id at U+2028,
+    # U+0085 or a form feed, and exclude its pieces instead
+    for number, line in enumerate(LINE_END.split(text), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
