@@ -19,6 +19,7 @@ from pipeline.plan.data_state import DataState, digest_of, verify, verify_ledger
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
+from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
 
@@ -360,3 +361,19 @@ def test_an_edited_geometry_or_take_down_is_refused_even_with_its_digest_redone(
     with pytest.raises(LedgerError, match=message):
         state = DataState.from_json(raw, "ckpt/20")
         verify(state, Plan(state.ledger))
+
+
+def test_verify_tells_two_transitional_epochs_that_end_at_one_counter_apart(root, chat, tmp_path):
+    """A geometry switch at step 1, then a take-down at step 9 inside its transitional epoch:
+    both transitional packings of chat's epoch 0 end at counter 31, and number their rows
+    from the same first row. `pipeline verify` (`audit`) keyed windows by (seq_len, lanes,
+    first counter), so it took the second packing's rows for the first's, reported them
+    "used again" and the epoch incomplete, and refused a run that serves each document once."""
+    plan, _, _ = steered(
+        root, tmp_path, [(0, ("geometry", (8, 2))), (8, ("exclude", (set(), {"s0-d1"})))]
+    )
+    layouts = [plan.segment_plan(i).layouts["chat"] for i in (1, 2)]
+    assert layouts[0].first_counter == layouts[1].first_counter  # the case, still
+    report = audit(plan, 0, 49, process_counts=[])
+    assert report.ok, report.violations
+    assert report.epochs_completed["chat"] >= 1

@@ -38,10 +38,14 @@ class Epochs:
         self.first_counter, self.first_epoch, self.transition = counter, epoch, transition
 
     @property
-    def lineage(self) -> tuple[int, int, int]:
+    def lineage(self) -> tuple[int | str, ...]:
         """What tells this layout's epoch numbering from another of the same store: its
-        geometry and where its regular epochs begin (the audit keys windows by it)."""
-        return self.seq_len, self.lanes, self.first_counter  # type: ignore[attr-defined]
+        geometry, the documents it excludes, where its regular epochs begin and where its
+        transitional epoch began (the audit keys windows by it: two transitional epochs that
+        end at one counter number their rows alike)."""
+        began = -1 if self.transition is None else self.transition.counter
+        excluded = self.excluded.digest  # type: ignore[attr-defined]
+        return self.seq_len, self.lanes, excluded, self.first_counter, began  # type: ignore[attr-defined]
 
     def place(self, counter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(epoch, index in the lane's epoch, in the transitional epoch?) of each counter."""
