@@ -343,6 +343,19 @@ def _edit(path: tuple, value: object):
             r"segments\[1\] fingerprint does not",
         ),
         (_edit(("version",), 5), r"segments\[1\] changes seq_len and lanes, which a ledger of"),
+        (  # malformed, not a KeyError/TypeError traceback
+            _edit(("segments", 1, "config", "sources", "web", "exclude"), "t.txt"),
+            r"segments\[1\]\.config\.sources\.web\.exclude is malformed: expected",
+        ),
+        (
+            _edit(("segments", 1, "config", "sources", "web", "exclude", "sha256"), None),
+            r"segments\[1\]\.config\.sources\.web\.exclude is malformed: expected",
+        ),
+        (
+            _edit(("segments", 1, "config", "seq_len"), None),
+            r"segments\[1\] is malformed: no key 'seq_len'",
+        ),
+        (_edit(("segments", 1, "config", "sources", "web"), 3), r"segments\[1\] is malformed"),
         (_edit(("segments", 1, "counters", "web"), 17), r"segments\[1\]\.counters\.web: 17 rec"),
     ],
 )

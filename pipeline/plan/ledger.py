@@ -292,7 +292,7 @@ class Ledger:
                 "from a fresh ledger, or finish the run with the release that wrote it "
                 "(pipeline 0.1 for order version 1)"
             )
-        segments = []
+        segments, fingerprints = [], []
         for index, entry in enumerate(raw.get("segments") or []):
             try:
                 segment = Segment(
@@ -303,12 +303,15 @@ class Ledger:
                     int(entry["stages_from"]),
                     int(entry.get("skip", 0)),
                 )
-            except (KeyError, TypeError, ValueError) as error:
-                raise LedgerError(f"{origin}: segments[{index}] is malformed: {error}") from error
+                _check_recorded_exclusions(segment.config, f"{origin}: segments[{index}]")
+                fingerprints.append(segment.fingerprint)  # the config holds the data order
+            except (AttributeError, KeyError, TypeError, ValueError) as error:
+                reason = f"no key {error}" if isinstance(error, KeyError) else error
+                raise LedgerError(f"{origin}: segments[{index}] is malformed: {reason}") from error
             segments.append(segment)
         _check_lined_up(segments, origin, version)
-        for index, (entry, segment) in enumerate(zip(raw["segments"], segments)):
-            if entry.get("fingerprint") not in (None, segment.fingerprint):
+        for index, (entry, fingerprint) in enumerate(zip(raw["segments"], fingerprints)):
+            if entry.get("fingerprint") not in (None, fingerprint):
                 raise LedgerError(
                     f"{origin}: segments[{index}] fingerprint does not match its content "
                     "(the ledger was edited)"
@@ -362,6 +365,20 @@ def _mixes(raw: Any, origin: str) -> tuple[MixEntry, ...]:
             )
         out.append(MixEntry(step, tuple(sorted(weights.items()))))
     return tuple(out)
+
+
+def _check_recorded_exclusions(config: dict[str, Any], where: str) -> None:
+    """Refuse a recorded `exclude` that is not `{file, missing, sha256}` (what `config_mapping`
+    writes): the data order reads its digest."""
+    for name, entry in config["sources"].items():
+        recorded = entry.get("exclude")
+        if recorded is not None and not (
+            isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str)
+        ):
+            raise LedgerError(
+                f"{where}.config.sources.{name}.exclude is malformed: expected "
+                f"{{file, missing, sha256}}, got {recorded!r}"
+            )
 
 
 def _exclusions(segment: Segment) -> dict[str, str]:
