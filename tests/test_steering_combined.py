@@ -177,6 +177,8 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
     ledger = Ledger.from_json(json.loads(json.dumps(plan.ledger.to_json())))
     verify_ledger(ledger, Plan(ledger), "steered")  # the counters re-derive
     stop = max(step for step, _ in before) + 40
+    report = audit(plan, 0, stop, process_counts=[])  # `pipeline verify --ledger` passes
+    assert report.ok, report.violations
     pairs, documents = defaultdict(list), defaultdict(list)
     tokens, tails, end = defaultdict(list), defaultdict(dict), {}  # per web epoch
     for t in range(stop):
