@@ -364,3 +364,37 @@ def test_an_exclude_file_splits_ids_at_line_ends_only_and_passes_a_byte_order_ma
     assert list(exclude.ids()) == [
         (1, "doc-1"), (2, "doc-2"), (3, "doc-3"), (4, "doc\u20284"), (5, "doc\x855\x0c6")
     ]  # fmt: skip
+
+
+plain_ids = (
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='\r\n"#'), min_size=1)
+    .map(str.strip)
+    .filter(bool)
+)
+any_ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(st.tuples(st.one_of(plain_ids, any_ids), st.booleans()), max_size=8),
+    end=st.sampled_from(["\n", "\r\n", "\r"]),
+    bom=st.booleans(),
+)
+def test_an_exclude_file_gives_back_the_ids_written_to_it(tmp_path, lines, end, bom):
+    """Each id written as a line (plain, or as a JSON string), with any line end, blank and
+    comment lines between and white space around, is read back whole, at its line."""
+    from pipeline.config.exclude import parse_exclude
+
+    text, expected = "\ufeff" if bom else "", []
+    for number, (document_id, quoted) in enumerate(lines):
+        plain = document_id == document_id.strip() and document_id[0] not in '"#'
+        plain = plain and not {"\r", "\n"} & set(document_id) and not quoted
+        line = document_id if plain else json.dumps(document_id)
+        text += f"# {number}{end}{end} {line}\t{end}"
+        expected.append((3 * number + 3, document_id))
+    file = tmp_path / "ids.txt"
+    file.write_bytes(text.encode())
+    spec = parse_exclude(str(file), "exclude", None, lambda key, why: ConfigError(why))
+    assert list(spec.ids()) == expected
