@@ -281,6 +281,13 @@ def test_taking_down_every_document_of_a_source_is_refused_by_name(root, chat, t
     )
 
 
+def test_a_take_down_that_leaves_too_few_tokens_says_so_not_that_the_store_is_small(root, tmp_path):
+    file = tmp_path / "most.txt"
+    file.write_text("".join(f"{i}\n" for i in WEB_IDS[1:]))  # 20 tokens left of 440
+    with pytest.raises(ConfigError, match=r"has 20 tokens left once its exclude is taken out for"):
+        Plan.from_config(parse_config(web_raw(root, 24, exclude=str(file)), origin="a.yaml"))
+
+
 def test_an_id_listed_twice_takes_its_document_down_once(root, chat, tmp_path):
     """The same documents as the file that lists it once: the same rows after the switch."""
     once, twice = tmp_path / "once.txt", tmp_path / "twice.txt"

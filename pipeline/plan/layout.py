@@ -81,7 +81,8 @@ class SourceLayout(Epochs):
         if self.windows_per_lane < 1:
             raise ConfigError(
                 f"sources.{name}: seq_len {seq_len} needs at least {seq_len + 1} tokens per lane, "
-                f"but {meta.path} has {counted(tokens, 'token')} for "
+                f"but {meta.path} has {counted(tokens, 'token')}"
+                f"{'' if tokens == meta.num_tokens else ' left once its exclude is taken out'} for "
                 f"{counted(lanes, 'lane')} (use a smaller seq_len or fewer lanes)"
             )
         self._stream_shards = lru_cache(maxsize=64)(self._epoch_shard_starts)
