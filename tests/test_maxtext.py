@@ -23,7 +23,9 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.feed import host_stop
 from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.maxtext import adapter
 from pipeline.maxtext.adapter import (
+    DataStop,
     EvalIterator,
     TrainIterator,
     batch_axes,
@@ -715,3 +717,26 @@ def test_a_take_down_through_the_switch_key_serves_no_excluded_token(mesh, tmp_p
         assert saved["sources"]["web"]["exclude"]["file"] == str(tmp_path / "takedown-web.txt")
     finally:
         switched.close()
+
+
+def test_a_skip_without_a_restored_checkpoint_stops_at_the_first_batch(
+    data_yaml, mesh, monkeypatch
+):
+    """pipeline_data_skip on a run MaxText starts from scratch (no checkpoint found) would
+    skip nothing and train from step 0 as if asked to: the first next() stops it instead."""
+    monkeypatch.delenv("PIPELINE_DATA_SKIP", raising=False)
+    lines = []
+    monkeypatch.setattr(adapter, "end_process_after", lines.append)
+    train, _ = create_data_iterator(
+        maxtext_config(data_yaml, eval_interval=-1, pipeline_data_skip=4), mesh
+    )
+    try:
+        with pytest.raises(DataStop) as stopped:
+            next(train)
+    finally:
+        train.close()
+    assert lines == [f"error: {stopped.value}"]
+    assert str(stopped.value) == (
+        "pipeline_data_skip=4: no checkpoint was restored, so there is no step to skip from; "
+        "give it only to a run that resumes from a checkpoint"
+    )

@@ -91,9 +91,14 @@ class DataStop(SystemExit):
         return self.line
 
 
-def _next_or_stop(feed: DataFeed) -> dict[str, jax.Array]:
+def _next_or_stop(local: LocalIterator) -> dict[str, jax.Array]:
     try:
-        return next(feed)
+        if local.skip_steps and not local.restored:
+            raise ConfigError(
+                f"{DATA_SKIP.name}={local.skip_steps}: no checkpoint was restored, so there is "
+                "no step to skip from; give it only to a run that resumes from a checkpoint"
+            )
+        return next(local.feed)
     except PipelineError as error:
         line = f"error: {error}"
         log.error("%s", line)
@@ -155,13 +160,14 @@ class LocalIterator:
     """`train_iterator.local_iterator`: the handle MaxText's `iter` checkpoint item saves."""
 
     def __init__(self, feed: DataFeed, *, switch: bool = False, skip_steps: int = 0) -> None:
-        self._feed = feed
+        self.feed = feed
         self.switch = switch
         self.skip_steps = skip_steps  # `pipeline_data_skip`: passed over at the restore
+        self.restored = False  # a skip without a restore would silently skip nothing
 
     def get_state(self) -> StateDict:
         """The next step, the ledger and a digest: identical on every process, a few KB."""
-        return StateDict(current_state(self._feed).to_json())
+        return StateDict(current_state(self.feed).to_json())
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Check the state on every process, reconcile its ledger with the config, seek."""
@@ -171,22 +177,23 @@ class LocalIterator:
         else:
             parsed = data_state.DataState.from_json(dict(state), origin)
         restore_state(
-            self._feed,
+            self.feed,
             parsed,
             switch=self.switch,
             switch_flag=SWITCH_FLAG,
             skip_steps=self.skip_steps,
         )
+        self.restored = True
 
     def start_prefetch(self) -> None:
         """Called by Grain's handler after `set_state`; `set_state` has already started it."""
-        self._feed.start_prefetch()
+        self.feed.start_prefetch()
 
     def __iter__(self) -> LocalIterator:
         return self
 
     def __next__(self) -> dict[str, jax.Array]:
-        return _next_or_stop(self._feed)
+        return _next_or_stop(self)
 
 
 def _restore_on_any_process_count() -> None:
@@ -242,6 +249,7 @@ class TrainIterator:
             saved_after_step=True,
             skip_steps=self.local_iterator.skip_steps,
         )
+        self.local_iterator.restored = True
 
     def close(self) -> None:
         self.feed.close()
@@ -250,7 +258,7 @@ class TrainIterator:
         return self
 
     def __next__(self) -> dict[str, jax.Array]:
-        return _next_or_stop(self.feed)
+        return _next_or_stop(self.local_iterator)
 
 
 class EvalIterator:
