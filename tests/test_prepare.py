@@ -409,8 +409,8 @@ def test_worker_processes_receive_the_encoder_once_not_with_every_chunk() -> Non
     # unpickles by loading its file again: 2 workers spent 4.6x the CPU of 1 with a 32k BPE.
     from pipeline.ingest.prepare import _mapper
 
-    with _mapper(2, _CountedUnpickles()) as imap:
-        results = list(imap(range(400)))
+    with _mapper(2, _CountedUnpickles()) as workers:
+        results = list(workers.imap(range(400)))
     assert [doubled for _, _, doubled in results] == [2 * i for i in range(400)]
     tags: dict[int, set[str]] = {}
     for pid, tag, _ in results:
@@ -439,6 +439,69 @@ def test_stores_are_identical_across_worker_counts_and_batch_sizes(
     assert one_batch.manifest["created"]["empty_documents_dropped"] == 1
 
 
+def _refuse_in_this_process(*args: object, **kwargs: object) -> None:
+    raise AssertionError("with workers, the shards are written in the worker processes")
+
+
+def test_shards_written_by_the_workers_match_one_process_with_eval_ids_and_masks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With --workers N >= 2 the pool that tokenized also sorts and writes the shards (train
+    # and eval, with the loss mask and the ids files), in parallel: the stores must be those
+    # one process writes.
+    import pipeline.ingest.prepare as prepare_module
+    from pipeline.ingest.chat import RowFields
+
+    rows = [{"id": f"row-{i}", "prompt": f"question {i}? " * (i % 4 + 1), "completion": f"a{i}"}
+            for i in range(90)]  # fmt: skip
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    options = {"num_shards": 3, "eval_fraction": 0.3, "id_field": "id",
+               "fields": RowFields("prompt-completion")}  # fmt: skip
+    store = _prepare([str(path)], tmp_path / "w1", **options)
+    assert store.manifest["created"]["document_ids"] == "id"
+    assert any(name.endswith(".untrained.npy") for name in _files(tmp_path / "w1"))
+    monkeypatch.setattr(prepare_module, "write_shard", _refuse_in_this_process)
+    for workers in (2, 3):
+        out = tmp_path / f"w{workers}"
+        _prepare([str(path)], out, workers=workers, **options)
+        for suffix in ("", "-eval"):
+            assert _files(out.with_name(out.name + suffix)) == _files(tmp_path / f"w1{suffix}"), (
+                workers,
+                suffix,
+            )
+
+
+def test_a_failed_shard_write_in_a_worker_is_the_error_one_process_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An OSError in a pool worker reaches the main process without its file name (pickling
+    # drops it): a shard write that fails must name the store, the shard and the file, as
+    # with one process, and leave nothing behind.
+    import pipeline.ingest.prepare as prepare_module
+
+    spill_and_lose_one = prepare_module._tokenize_and_spill
+
+    def lose_a_spill_file(*args: object) -> object:
+        spills, empty, bad = spill_and_lose_one(*args)
+        spills["train"][1].unlink()
+        return spills, empty, bad
+
+    monkeypatch.setattr(prepare_module, "_tokenize_and_spill", lose_a_spill_file)
+    _write_corpus(tmp_path / "corpus", 30)
+    messages = set()
+    for workers in (1, 2):
+        out = tmp_path / "out"
+        with pytest.raises(PrepareError) as raised:
+            _prepare([str(tmp_path / "corpus")], out, num_shards=3, workers=workers)
+        message = str(raised.value)
+        assert message.startswith(f"{out}: writing shard-00001-of-00003 failed: [Errno 2]")
+        assert message.endswith("/.spill/00001.bin'"), message
+        messages.add(message.split(" '")[0])  # the staging directory's name differs by run
+        assert not out.exists() and _leftovers(tmp_path) == []
+    assert len(messages) == 1
+
+
 def _threads_started_by_encoding(spec: str) -> int:
     """In a pool worker: the threads this process gained while the tokenizer encoded a batch."""
     tokenizer = load_tokenizer(spec)
@@ -459,8 +522,8 @@ def test_worker_processes_share_the_cpus_among_their_tokenizers_threads(
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     workers = max(2, len(os.sched_getaffinity(0)))  # one tokenizer thread each
     assert tokenizer_threads(workers) == 1
-    with _mapper(workers, _threads_started_by_encoding) as imap:
-        started = list(imap([f"hf:{hf_tokenizer_json}"] * workers))
+    with _mapper(workers, _threads_started_by_encoding) as pool:
+        started = list(pool.imap([f"hf:{hf_tokenizer_json}"] * workers))
     assert started == [0] * workers
     assert tokenizer_threads(1) == len(os.sched_getaffinity(0))
 

@@ -2,7 +2,8 @@
 
 Documents stream from the inputs, are tokenized (optionally by a pool of worker processes),
 placed by `doc_order.place`, and spilled to one temporary file per (split, shard). Each shard is
-then sorted and written with `writer`. Memory is bounded by one shard, not the corpus.
+then sorted and written with `writer` (with workers, one shard per worker at a time, on the
+pool that tokenized). Memory is bounded by one shard per worker, not the corpus.
 The Beam runner (`prepare_beam`) performs the same steps with the same functions.
 
 Instruction and chat rows (`--format`, builtin instruction corpora) are rendered into segments
@@ -53,6 +54,7 @@ from pipeline.store.writer import (
     ShardInfo,
     check_destination,
     commit,
+    shard_name,
     staging_dir,
     token_dtype,
     write_manifest,
@@ -304,27 +306,19 @@ def finish(
 def prepare(options: PrepareOptions) -> dict[str, Path]:
     """Prepare the train (and eval) store; returns split -> store path. Validates first."""
     validated = validate(options)
-    dtype = validated.dtype
     stagings = {split: staging_dir(path) for split, path in options.destinations.items()}
+    encode = partial(
+        _spill_batch,
+        validated.encoder(options),
+        options.seed,
+        options.num_shards,
+        options.eval_fraction,
+        options.ids,
+    )
     try:
-        spills, empty, bad = _tokenize_and_spill(options, validated, stagings)
-        shards = {}
-        for split, staging in stagings.items():
-            shards[split] = [
-                write_shard(
-                    staging,
-                    shard,
-                    options.num_shards,
-                    _sorted_spill(path, dtype, validated.masked, options.ids),
-                    dtype,
-                    options.record_tokens,
-                    options.flat_tokens,
-                    validated.masked,
-                    options.ids,
-                )
-                for shard, path in enumerate(spills[split])
-            ]
-            shutil.rmtree(staging / ".spill")
+        with _mapper(options.workers, encode) as workers:  # one pool for both steps
+            spills, empty, bad = _tokenize_and_spill(options, validated, stagings, workers.imap)
+            shards = _write_shards(options, validated, stagings, spills, workers.starmap)
         finish(options, stagings, shards, empty, bad, validated)
     finally:
         for staging in stagings.values():
@@ -332,9 +326,79 @@ def prepare(options: PrepareOptions) -> dict[str, Path]:
     return dict(options.destinations)
 
 
+def _write_shards(
+    options: PrepareOptions,
+    validated: Validated,
+    stagings: dict[str, Path],
+    spills: dict[str, list[Path]],
+    starmap: Callable[..., list[Any]],
+) -> dict[str, list[ShardInfo]]:
+    """Sort and write every (split, shard) from its spill file. The shards are independent,
+    so `starmap` writes them on the pool that tokenized, one shard per worker at a time."""
+    tasks = [(split, shard) for split in stagings for shard in range(options.num_shards)]
+    write = partial(
+        _write_spilled_shard,
+        num_shards=options.num_shards,
+        dtype=validated.dtype,
+        record_tokens=options.record_tokens,
+        flat=options.flat_tokens,
+        masked=validated.masked,
+        ids=options.ids,
+    )
+    arguments = [
+        (stagings[split], shard, spills[split][shard], str(options.destinations[split]))
+        for split, shard in tasks
+    ]
+    shards: dict[str, list[ShardInfo]] = {split: [] for split in stagings}
+    for (split, _), info in zip(tasks, starmap(write, arguments), strict=True):
+        shards[split].append(info)
+    for staging in stagings.values():
+        shutil.rmtree(staging / ".spill")
+    return shards
+
+
+def _write_spilled_shard(
+    staging: Path,
+    shard: int,
+    spill: Path,
+    store: str,
+    *,
+    num_shards: int,
+    dtype: np.dtype,
+    record_tokens: int,
+    flat: bool,
+    masked: bool,
+    ids: bool,
+) -> ShardInfo:
+    """One shard of `store` (its staging directory) from its spill file, in a pool worker too.
+    An OSError becomes a `PrepareError` here, where its file is still known: a worker's OSError
+    reaches the main process without its file name (pickling drops it)."""
+    try:
+        return write_shard(
+            staging,
+            shard,
+            num_shards,
+            _sorted_spill(spill, dtype, masked, ids),
+            dtype,
+            record_tokens,
+            flat,
+            masked,
+            ids,
+        )
+    except OSError as error:
+        raise PrepareError(
+            f"{store}: writing {shard_name(shard, num_shards)} failed: {error}"
+        ) from None
+
+
 def _tokenize_and_spill(
-    options: PrepareOptions, validated: Validated, stagings: dict[str, Path]
+    options: PrepareOptions,
+    validated: Validated,
+    stagings: dict[str, Path],
+    imap: Callable[[Iterable[list[Document]]], Iterator[_Spilled]],
 ) -> tuple[dict[str, list[Path]], dict[str, int], int]:
+    """Every batch of documents through `imap` (tokenized and placed), its records appended
+    to the spill file of their (split, shard); returns the spill files and the counts."""
     spills = {}
     for split, staging in stagings.items():
         (staging / ".spill").mkdir()
@@ -344,35 +408,26 @@ def _tokenize_and_spill(
     bad = 0
     tokens_total = 0
     batches = _batches(_all_documents(validated.specs))
-    encode = partial(
-        _spill_batch,
-        validated.encoder(options),
-        options.seed,
-        options.num_shards,
-        options.eval_fraction,
-        options.ids,
-    )
     bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
-    with _mapper(options.workers, encode) as imap:
-        try:
-            for spilled in imap(batches):
-                for (split, shard), data in spilled.records.items():
-                    path = spills[split][shard]
-                    handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
-                    handle.write(data)
-                bad += spilled.bad
-                for split, count in spilled.empty.items():
-                    empty[split] += count
-                tokens_total += spilled.tokens
-                bar.update(spilled.documents)
-                bar.set_postfix_str(  # drawn with the bar's next redraw, not one per batch
-                    f"{tokens_total / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s",
-                    refresh=False,
-                )
-        finally:
-            for handle in handles.values():
-                handle.close()
-            bar.close()
+    try:
+        for spilled in imap(batches):
+            for (split, shard), data in spilled.records.items():
+                path = spills[split][shard]
+                handle = handles.get(path) or handles.setdefault(path, open(path, "ab"))  # noqa: SIM115
+                handle.write(data)
+            bad += spilled.bad
+            for split, count in spilled.empty.items():
+                empty[split] += count
+            tokens_total += spilled.tokens
+            bar.update(spilled.documents)
+            bar.set_postfix_str(  # drawn with the bar's next redraw, not one per batch
+                f"{tokens_total / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s",
+                refresh=False,
+            )
+    finally:
+        for handle in handles.values():
+            handle.close()
+        bar.close()
     for paths in spills.values():
         for path in paths:
             path.touch()
@@ -451,12 +506,13 @@ def _spill_batch(
 
 
 class _mapper:
-    """`map(function, ...)` in this process, or an ordered map over a spawned pool (safe
+    """`function` over items in this process, or an ordered map over a spawned pool (safe
     beside JAX) with at most two tasks per worker in flight, so that reading stays a few
-    tasks ahead of the workers, not the whole input ahead. The pool's workers receive
-    `function` once, when they start: a task carries only its items. (A function sent with
-    every task was unpickled per chunk of 32 documents, and a tokenizer unpickles by loading
-    its file again: with a 32k BPE, 2 workers spent 4.6x the CPU of 1.)
+    tasks ahead of the workers, not the whole input ahead (`imap`); and any other calls on the
+    same pool (`starmap`: the shard writes, without starting workers a second time). The
+    pool's workers receive `function` once, when they start: a task carries only its items.
+    (A function sent with every task was unpickled per chunk of 32 documents, and a tokenizer
+    unpickles by loading its file again: with a 32k BPE, 2 workers spent 4.6x the CPU of 1.)
 
     Each worker's tokenizer gets its share of the CPUs for its own threads (`tokenizer_threads`):
     without it every worker's `encode_batch` started a thread per CPU."""
@@ -464,18 +520,21 @@ class _mapper:
     def __init__(self, workers: int, function: Callable[[Any], Any]) -> None:
         self.workers = workers
         self.function = function
-        self.pool = None
+        self.pool: Any = None
 
-    def __enter__(self) -> Callable[[Iterable[Any]], Iterator[Any]]:
-        if self.workers == 1:
-            return partial(map, self.function)
-        threads = tokenizer_threads(self.workers)
-        self.pool = multiprocessing.get_context("spawn").Pool(
-            self.workers, initializer=_install, initargs=(self.function, threads)
-        )
-        return self._ordered
+    def __enter__(self) -> _mapper:
+        if self.workers > 1:
+            threads = tokenizer_threads(self.workers)
+            self.pool = multiprocessing.get_context("spawn").Pool(
+                self.workers, initializer=_install, initargs=(self.function, threads)
+            )
+        return self
 
-    def _ordered(self, items: Iterable[Any]) -> Iterator[Any]:
+    def imap(self, items: Iterable[Any]) -> Iterator[Any]:
+        """`function` of each item, in order."""
+        if self.pool is None:
+            yield from map(self.function, items)
+            return
         pending: collections.deque[Any] = collections.deque()
         for item in items:
             pending.append(self.pool.apply_async(_call_installed, (item,)))
@@ -483,6 +542,13 @@ class _mapper:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+    def starmap(self, function: Callable[..., T], arguments: list[tuple[Any, ...]]) -> list[T]:
+        """`function(*args)` for each of `arguments`, in order, one call per task; the first
+        exception a call raises is raised here."""
+        if self.pool is None:
+            return [function(*args) for args in arguments]
+        return self.pool.starmap(function, arguments, chunksize=1)
 
     def __exit__(self, *exc: object) -> None:
         if self.pool is not None:
