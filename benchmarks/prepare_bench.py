@@ -9,17 +9,22 @@ compares only how fast they get there. Each time is the median of `--repeat` rou
 (validation, tokenizing, sorting, writing, commit; for Beam also pipeline construction and,
 with several workers, starting the worker processes); each round runs every row once, the
 first row of the round rotating, so that a machine's changing load falls on all rows alike.
-CPU seconds are this process's and its reaped children's (the worker processes), so they stay
-comparable on a busy machine, where wall times do not; the header gives the 1-minute load
-average seen before and after each run. With an `hf:` tokenizer four more rows: the limit, the
-tokenizer's own `encode_batch` on the same texts, in this process (its own threads), nothing
-else; the same on one thread (`TOKENIZERS_PARALLELISM=false`: the limit per CPU, against
-which `--workers N` reads as near-linear or not); its `encode_batch_fast` (the same ids
-without character offsets: what `prepare` calls); and the peer, what users of Hugging Face
-`datasets` run today: `Dataset.map(batched=True, num_proc=--num-proc)` calling the same
-tokenizer's `encode_batch` (the `dev` extra installs `datasets`). They must count the same
-tokens, or the benchmark stops. "of the limit" is the limit's seconds over the row's: its
-tokens/s as a share of the limit's.
+Every row runs in a fresh spawned process of its own, which reads the texts, then times itself
+(wall, and CPU seconds: its own and its reaped children's, the worker processes, so they stay
+comparable on a busy machine, where wall times do not) and sends its figures back. No row
+inherits another's state: `datasets.map(num_proc=...)` sets `TOKENIZERS_PARALLELISM=false` in
+its process's C environment and restores only a Python copy of `os.environ`, so in a shared
+process the `tokenizers` library ran every later `encode_batch` on one thread (the rows after
+the peer's, `prepare --workers 1` among them); and the library starts its thread pool once per
+process, sized by the environment it sees then. The header gives the 1-minute load average
+seen before and after each run. With an `hf:` tokenizer four more rows: the limit, the
+tokenizer's own `encode_batch` on the same texts, on its own threads, nothing else; the same on
+one thread (`TOKENIZERS_PARALLELISM=false`: the limit per CPU, against which `--workers N` reads
+as near-linear or not); its `encode_batch_fast` (the same ids without character offsets: what
+`prepare` calls); and the peer, what users of Hugging Face `datasets` run today:
+`Dataset.map(batched=True, num_proc=--num-proc)` calling the same tokenizer's `encode_batch`
+(the `dev` extra installs `datasets`). They must count the same tokens, or the benchmark stops.
+"of the limit" is the limit's seconds over the row's: its tokens/s as a share of the limit's.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -36,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pipeline.ingest.corpora import iter_documents, resolve_inputs
@@ -51,10 +58,33 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _run(
+def _measure(row: Callable[[], tuple], send: Connection) -> None:
+    """In a row's own process: the row's figures to the bench process."""
+    send.send(row())
+    send.close()
+
+
+def measure(row: Callable[[], tuple]) -> tuple:
+    """What `row()` returns, computed in a fresh spawned process (see the module docstring)."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_measure, args=(row, send))  # not a daemon: it may fork
+    child.start()
+    send.close()
+    try:
+        figures = receive.recv()
+    except EOFError:  # the row failed: its traceback is on stderr
+        figures = None
+    child.join()
+    if figures is None or child.exitcode != 0:
+        raise SystemExit(f"a row's process failed (exit code {child.exitcode})")
+    return figures
+
+
+def _prepare_row(
     runner: str, workers: int, inputs: list[str], out: Path, num_shards: int, tokenizer: str
-) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one prepare."""
+) -> tuple[float, float, None, Path]:
+    """(wall seconds, CPU seconds, no token count, the store) of one prepare."""
     options = PrepareOptions(
         inputs, out, tokenizer=tokenizer, num_shards=num_shards, workers=workers,
         overwrite=True, progress=False,
@@ -66,30 +96,28 @@ def _run(
         from pipeline.ingest.prepare_beam import prepare_beam  # only when asked: an extra
 
         prepare_beam(options)
-    return time.perf_counter() - start, _cpu_seconds() - cpu
+    return time.perf_counter() - start, _cpu_seconds() - cpu, None, out
 
 
-def _encode_batch(
-    texts: list[str], tokenizer: str, fast: bool = False, one_thread: bool = False
-) -> tuple[float, float, int]:
-    """(wall, CPU seconds, tokens) of the hf tokenizer's own encode_batch on the texts (with
-    `fast`, its encode_batch_fast: no character offsets, what prepare calls; with
+def _texts(inputs: list[str]) -> list[str]:
+    return [doc.text for spec in resolve_inputs(inputs) for doc in iter_documents(spec)]
+
+
+def _encode_batch_row(
+    inputs: list[str], tokenizer: str, fast: bool = False, one_thread: bool = False
+) -> tuple[float, float, int, None]:
+    """(wall, CPU seconds, tokens, no store) of the hf tokenizer's own encode_batch on the
+    texts (with `fast`, its encode_batch_fast: no character offsets, what prepare calls; with
     `one_thread`, on the calling thread only: the limit per CPU)."""
+    texts = _texts(inputs)
     model = load_tokenizer(tokenizer)._model
     encode = model.encode_batch_fast if fast else model.encode_batch
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    if one_thread:  # read by tokenizers at each call
+    if one_thread:  # this process is the row's own: nothing to restore
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        start, cpu = time.perf_counter(), _cpu_seconds()
-        encoded = encode(texts, add_special_tokens=False)
-        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
-    finally:
-        if before is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = before
-    return seconds, cpu, sum(len(e.ids) for e in encoded)
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    encoded = encode(texts, add_special_tokens=False)
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    return seconds, cpu, sum(len(e.ids) for e in encoded), None
 
 
 def _tokenize_rows(batch: dict[str, list], model) -> dict[str, list]:
@@ -98,16 +126,19 @@ def _tokenize_rows(batch: dict[str, list], model) -> dict[str, list]:
     return {"input_ids": [e.ids for e in encoded]}
 
 
-def _datasets_map(texts: list[str], tokenizer: str, num_proc: int) -> tuple[float, float, int]:
-    """(wall, CPU seconds, tokens) of `Dataset.map(batched=True, num_proc=...)` on the texts,
-    from an in-memory dataset to the tokenized one (Arrow files in a temporary directory)."""
+def _datasets_map_row(
+    inputs: list[str], tokenizer: str, num_proc: int
+) -> tuple[float, float, int, None]:
+    """(wall, CPU seconds, tokens, no store) of `Dataset.map(batched=True, num_proc=...)` on
+    the texts, from an in-memory dataset to the tokenized one (Arrow files in a temporary
+    directory)."""
     try:
         import datasets  # the dev extra: only the peer row needs it
     except ImportError:
         raise SystemExit("the datasets.map row needs `datasets`: pip install -e '.[dev]'") from None
     datasets.disable_caching()  # every repeat tokenizes, as a first run does
     datasets.disable_progress_bars()  # stderr only, but not part of the table
-    table = datasets.Dataset.from_dict({"text": texts})
+    table = datasets.Dataset.from_dict({"text": _texts(inputs)})
     model = load_tokenizer(tokenizer)._model
     start, cpu = time.perf_counter(), _cpu_seconds()
     mapped = table.map(
@@ -115,29 +146,30 @@ def _datasets_map(texts: list[str], tokenizer: str, num_proc: int) -> tuple[floa
         fn_kwargs={"model": model},
     )  # fmt: skip
     seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
-    return seconds, cpu, sum(len(ids) for ids in mapped["input_ids"])
+    return seconds, cpu, sum(len(ids) for ids in mapped["input_ids"]), None
 
 
 def _rows(args: argparse.Namespace, tmp: str) -> list[tuple[str, str, Callable[[], tuple]]]:
-    """The contenders: (name, workers, run -> (wall, CPU seconds, tokens or None, out))."""
+    """The contenders: (name, workers, row -> (wall, CPU seconds, tokens or None, store or
+    None)), each row picklable, to run in its own process."""
     rows = []
     for runner in args.runners.split(","):
         for workers in (int(w) for w in args.workers.split(",")):
             out = Path(tmp) / f"{runner}-{workers}"
-            run = partial(_run, runner, workers, args.inputs, out, args.num_shards, args.tokenizer)
             name = "local" if runner == "local" else "beam (DirectRunner)"
-            rows.append((name, str(workers), lambda run=run, out=out: (*run(), None, out)))
+            row = partial(
+                _prepare_row, runner, workers, args.inputs, out, args.num_shards, args.tokenizer
+            )
+            rows.append((name, str(workers), row))
     if args.tokenizer.startswith("hf:"):
-        texts = [doc.text for spec in resolve_inputs(args.inputs) for doc in iter_documents(spec)]
+        encode = partial(_encode_batch_row, args.inputs, args.tokenizer)
         rows += [
-            ("encode_batch (the limit)", "threads",
-             lambda: (*_encode_batch(texts, args.tokenizer), None)),
+            ("encode_batch (the limit)", "threads", encode),
             ("encode_batch, one thread (the limit per CPU)", "1 thread",
-             lambda: (*_encode_batch(texts, args.tokenizer, one_thread=True), None)),
-            ("encode_batch_fast", "threads",
-             lambda: (*_encode_batch(texts, args.tokenizer, fast=True), None)),
+             partial(encode, one_thread=True)),
+            ("encode_batch_fast", "threads", partial(encode, fast=True)),
             ("datasets.map (the peer)", f"num_proc={args.num_proc}",
-             lambda: (*_datasets_map(texts, args.tokenizer, args.num_proc), None)),
+             partial(_datasets_map_row, args.inputs, args.tokenizer, args.num_proc)),
         ]  # fmt: skip
     return rows
 
@@ -165,7 +197,7 @@ def main() -> None:
         for round_ in range(args.repeat):  # interleaved: each round runs every row once
             for name, workers, run in rows[round_ % len(rows) :] + rows[: round_ % len(rows)]:
                 loads.append(os.getloadavg()[0])
-                seconds, cpu, count, out = run()
+                seconds, cpu, count, out = measure(run)
                 runs.setdefault((name, workers), []).append((seconds, cpu))
                 if out is not None:
                     manifest = json.loads((out / "manifest.json").read_text())

@@ -8,6 +8,7 @@ the fast path must equal bit for bit, through the flat sidecars and through Arra
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -788,3 +789,29 @@ def test_the_prepare_benchmark_sets_prepare_beside_the_limit_and_datasets_map(
     tokens = sum(len(model.encode(t, add_special_tokens=False).ids) for t in texts)
     assert f"# encode_batch and datasets.map: {tokens:,} tokens (the store adds" in out.stdout
     assert f"40 documents, {tokens + 40:,} tokens" in out.stdout  # one eod per document
+
+
+def test_the_prepare_benchmark_runs_the_peer_row_where_it_leaves_the_tokenizer_one_thread(
+    tmp_path, hf_tokenizer_json
+):
+    """`datasets.map(num_proc=...)` sets TOKENIZERS_PARALLELISM=false in its process's C
+    environment (what the tokenizers library reads) and restores only a Python copy of
+    os.environ: run in the bench's process, it left every later encode_batch row, and
+    `prepare --workers 1`, on one thread. Each row now runs in a process of its own."""
+    import ctypes
+
+    from benchmarks import prepare_bench
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"text {i}"}) + "\n" for i in range(20)))
+    spec = f"hf:{hf_tokenizer_json}"
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    assert getenv(b"TOKENIZERS_PARALLELISM") is None  # nothing set it before
+    for row in prepare_bench._rows(
+        argparse.Namespace(runners="local", workers="1", inputs=[str(corpus)], num_shards=1,
+                           tokenizer=spec, num_proc=2), str(tmp_path),
+    ):  # fmt: skip
+        figures = prepare_bench.measure(row[2])
+        assert figures[0] > 0 and figures[1] > 0, row[:2]
+    assert getenv(b"TOKENIZERS_PARALLELISM") is None
