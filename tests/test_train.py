@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,27 @@ def records(run_dir: Path, name: str = "run") -> list[dict]:
     return [json.loads(line) for line in (run_dir / f"{name}.jsonl").read_text().splitlines()]
 
 
+POSITIONS = ("--positions", "128")
+"""The shared first run's position table: long enough for long.yaml's seq_len, so the
+context-extension test can switch from it (every resume of it passes the same)."""
+
+
+@pytest.fixture(scope="module")
+def first_run(run_dir) -> subprocess.CompletedProcess:
+    """data.yaml trained for 20 steps from scratch (checkpoints 10 and 20) under the name
+    "base": the first run of several tests, trained once; each test continues a copy
+    (`copy_first_run`), never the original."""
+    return train(run_dir, "data.yaml", 20, *POSITIONS, name="base")
+
+
+def copy_first_run(run_dir: Path, first: subprocess.CompletedProcess, name: str) -> None:
+    """Give run `name` the shared first run's checkpoints and metrics, as if it had trained
+    them itself."""
+    assert first.returncode == 0, first.stderr
+    shutil.copytree(run_dir / "base-ckpt", run_dir / f"{name}-ckpt", dirs_exist_ok=True)
+    shutil.copyfile(run_dir / "base.jsonl", run_dir / f"{name}.jsonl")
+
+
 def test_the_trainer_logs_each_sources_loss_and_the_input_wait(run_dir):
     done = train(run_dir, "two.yaml", 6, "--resume", name="two")
     assert done.returncode == 0, done.stderr
@@ -66,9 +88,9 @@ def test_the_trainer_logs_each_sources_loss_and_the_input_wait(run_dir):
     assert re.search(r"\| wait \d+\.\d ms \|", line), line
 
 
-def test_the_trainer_learns_resumes_and_switches(run_dir):
-    first = train(run_dir, "data.yaml", 20)
-    assert first.returncode == 0, first.stderr
+def test_the_trainer_learns_resumes_and_switches(run_dir, first_run):
+    first = first_run
+    copy_first_run(run_dir, first, "run")
     seen = records(run_dir)
     assert [r["step"] for r in seen] == list(range(20))
     assert all(r["total_weights"] == 8 * 64 for r in seen)
@@ -86,13 +108,13 @@ def test_the_trainer_learns_resumes_and_switches(run_dir):
     assert sorted(p.name for p in (run_dir / "run-ckpt").iterdir()) == saved
     assert [r["step"] for r in records(run_dir)] == list(range(20))
 
-    refused = train(run_dir, "bigger.yaml", 30, "--resume")
+    refused = train(run_dir, "bigger.yaml", 30, "--resume", *POSITIONS)
     assert refused.returncode == 2
     assert "global_batch_size: 8 -> 16" in refused.stderr
     assert "declare the switch with --switch-data to switch at step 20" in refused.stderr
     assert "Traceback" not in refused.stderr
 
-    switched = train(run_dir, "bigger.yaml", 30, "--resume", "--switch-data")
+    switched = train(run_dir, "bigger.yaml", 30, "--resume", "--switch-data", *POSITIONS)
     assert switched.returncode == 0, switched.stderr
     assert "resumed at step 20" in switched.stderr
     assert "ledger switch at step 20" in switched.stderr
@@ -126,13 +148,13 @@ def dumped_checksums(run_dir: Path, config: str, name: str, checkpoint: int, ste
     return [checksum(inputs) for inputs in dumped_inputs(run_dir, config, name, checkpoint, steps)]
 
 
-def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir):
+def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir, first_run):
     refused = train(run_dir, "data.yaml", 5, "--skip-data", "3", name="skip")
     assert refused.returncode != 0
     assert "--skip-data needs --resume and a checkpoint" in refused.stderr
-    first = train(run_dir, "data.yaml", 20, name="skip")
-    assert first.returncode == 0, first.stderr
-    skipped = train(run_dir, "data.yaml", 30, "--resume", "--skip-data", "10", name="skip")
+    copy_first_run(run_dir, first_run, "skip")
+    skip = ("--resume", "--skip-data", "10", *POSITIONS)
+    skipped = train(run_dir, "data.yaml", 30, *skip, name="skip")
     assert skipped.returncode == 0, skipped.stderr
     assert "ledger skip at step 20: skips 10 steps (serves plan step 30)" in skipped.stderr
     plan = Plan.from_config(load_config(run_dir / "data.yaml"))
@@ -145,20 +167,17 @@ def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_d
     assert dumped == [r["checksum"] for r in after]
 
 
-def test_the_trainer_extends_the_context_at_a_switch_and_dump_replays_it(run_dir):
+def test_the_trainer_extends_the_context_at_a_switch_and_dump_replays_it(run_dir, first_run):
     """seq_len 64 -> 128 and lanes 1 -> 2 through --switch-data: the trainer trains on the
     switched plan's batches (its position table sized by --positions), dump --ledger agrees."""
-    first = train(run_dir, "data.yaml", 10, "--positions", "128", name="long")
-    assert first.returncode == 0, first.stderr
-    longer = train(
-        run_dir, "long.yaml", 16, "--resume", "--switch-data", "--positions", "128", name="long"
-    )
+    copy_first_run(run_dir, first_run, "long")  # data.yaml, --positions 128
+    longer = train(run_dir, "long.yaml", 26, "--resume", "--switch-data", *POSITIONS, name="long")
     assert longer.returncode == 0, longer.stderr
-    assert "ledger switch at step 10" in longer.stderr
-    after = [r for r in records(run_dir, "long") if r["step"] >= 10]
-    assert [r["step"] for r in after] == list(range(10, 16))
+    assert "ledger switch at step 20" in longer.stderr
+    after = [r for r in records(run_dir, "long") if r["step"] >= 20]
+    assert [r["step"] for r in after] == list(range(20, 26))
     assert all(r["total_weights"] == 8 * 128 for r in after)
-    dumped = dumped_checksums(run_dir, "long.yaml", "long", 16, "10:16")
+    dumped = dumped_checksums(run_dir, "long.yaml", "long", 26, "20:26")
     assert dumped == [r["checksum"] for r in after]
     short = train(run_dir, "long.yaml", 3, "--positions", "64", name="short")
     assert short.returncode != 0
