@@ -25,7 +25,13 @@ from pipeline.store.columns_index import build_columns_index
 from tests.storegen import write_synthetic_store
 from tests.test_columns import positional_files, write_parquet
 from tests.test_megatron import indexed, random_documents
-from tests.test_multihost import launch, read_log, reference_checksums, worker_output
+from tests.test_multihost import (
+    expected_weights,
+    launch,
+    read_log,
+    reference_checksums,
+    worker_output,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -58,17 +64,6 @@ def mixed_raw(tmp: Path) -> dict:
         "shared_vocabulary": True,
         "feed": {"provenance": PROVENANCE},
     }  # fmt: skip
-
-
-def expected_weights(plan: Plan, steps: int) -> list[float]:
-    """The train task's model value after each of `steps` uninterrupted steps (float32, as
-    jitted)."""
-    w, weights = np.float32(0), []
-    for step in range(steps):
-        total = int(reference_checksums(plan.batch(step)).sum(dtype=np.int32))
-        w = np.float32(w + np.float32(total % 9973))
-        weights.append(float(w))
-    return weights
 
 
 def test_in_place_sources_serve_the_plan_on_1_2_and_4_processes_and_resume_across_a_switch(
