@@ -980,10 +980,25 @@ def test_kills_and_a_host_count_change_across_a_skip_keep_every_batch_exact(tmp_
         np.testing.assert_array_equal(inputs[offset], plan.batch(step + skip)["inputs"])
 
 
+SWITCH_TOTAL, SWITCH_EVERY = 26, 4  # the switch test's runs: train to 26, saving every 4 steps
+
+
+@pytest.fixture(scope="module")
+def killed_before_a_switch(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """2 processes at seq_len 32 on 1 lane (`geometry_raw`), killed at step 10: the first launch
+    of each switch test below, run once (its directory and log entries); each test continues a
+    copy of its checkpoints and log, never the original."""
+    from tests.feedstores import geometry_raw
+
+    base = tmp_path_factory.mktemp("before-switch")
+    raw = geometry_raw(base / "stores")
+    return base, train_in_processes(base, raw, 2, SWITCH_TOTAL, SWITCH_EVERY, 10)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("switch", ["seq_len", "exclude"])
 def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_exact(
-    tmp_path, switch
+    tmp_path, switch, killed_before_a_switch
 ):
     """2 processes at seq_len 32 on 1 lane, killed at step 10; 1 process restores the latest
     checkpoint switching to seq_len 64 on 2 lanes (or to a config that takes documents down),
@@ -993,20 +1008,26 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     from tests.feedstores import excluding_raw, geometry_raw
     from tests.test_multihost import reference_checksums
 
-    total, every = 26, 4
-    before = geometry_raw(tmp_path / "stores")
+    total, every = SWITCH_TOTAL, SWITCH_EVERY
+    base, killed = killed_before_a_switch
+    shutil.copytree(base / "ckpt", tmp_path / "ckpt")
+    shutil.copyfile(base / "run.jsonl", tmp_path / "run.jsonl")
+    stores = base / "stores"  # read only; the take-down files are written beside them
+    before = geometry_raw(stores)
     if switch == "seq_len":
-        after, shape = geometry_raw(tmp_path / "stores", 64, 2), (4, 64)
+        after, shape = geometry_raw(stores, 64, 2), (4, 64)
     else:
-        after, shape = excluding_raw(tmp_path / "stores"), (4, 32)
+        after, shape = excluding_raw(stores), (4, 32)
     run = Plan.from_config(parse_config(before, origin="multihost.yaml"))
     firsts, plan = [], run
     runs = ((2, 10, None), (1, 18, after), (4, 22, None), (2, None, None))
     for processes, kill_at, switch_to in runs:
-        config = after if len(firsts) else before
-        entries = train_in_processes(
-            tmp_path, config, processes, total, every, kill_at, switch_to=switch_to
-        )
+        if firsts:
+            entries = train_in_processes(
+                tmp_path, after, processes, total, every, kill_at, switch_to=switch_to
+            )
+        else:  # the shared first launch: 2 processes on `before`, killed at step 10
+            entries = killed
         firsts.append(entries[0]["step"])
         if switch_to is not None:  # the switch the restore declared, at the restored step
             switched = parse_config(after, origin="switched.yaml")
