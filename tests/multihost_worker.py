@@ -8,7 +8,8 @@ and a list of tasks:
 * {"kind": "checksums", "name", "mesh": [shape, names], "batch_axes", "steps"}: feed the steps,
   reduce each global batch to per-row checksums in a jitted function, gather them and the
   fields (with the config's `feed.provenance` fields); process 0 writes OUT/<name>.npz.
-  With `"stats": true`, every process writes its last `FeedStats` to OUT/<name>-stats-<id>.json.
+  With `"stats": true`, every process writes its last `FeedStats` to OUT/<name>-stats-<id>.json;
+  with `"config"` (a config mapping), the task feeds that config instead of the spec's.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
 * {"kind": "disagree", "odd_one": P, "skip": bool, "name"}: every process restores a data
@@ -96,6 +97,8 @@ def gather(array: jax.Array) -> np.ndarray:
 
 
 def checksums(spec: dict, config, task: dict, out: Path) -> None:
+    if task.get("config"):  # this task's own config, in place of the spec's
+        config = parse_config(task["config"], origin="multihost.yaml")
     mesh = make_mesh(*task["mesh"])
     checksum = jax.jit(row_checksums)
     result: dict[str, np.ndarray] = {}

@@ -221,22 +221,44 @@ def test_a_seq_len_beyond_the_packed_positions_is_read_as_six_fields(tmp_path: P
     assert_same(*read_both(plan, 0, where))
 
 
+EXPAND_STEPS = [0, 1, 7, 1000]
+
+
+@pytest.fixture(scope="module")
+def expanded_on_two_processes(tmp_path_factory) -> tuple[dict[str, dict], Path]:
+    """One launch of 2 processes (2 devices each) that feeds each packing's masked config with
+    `feed: {expand: device}`, a checksums task each: the configs by packing, and the directory
+    holding each task's batches (<packing>.npz)."""
+    from tests.test_multihost import launch, worker_output
+
+    out = tmp_path_factory.mktemp("expand")
+    raws = {
+        packing: {**masked_raw(out / "stores", packing), "feed": {"expand": "device"}}
+        for packing in ("concat", "best_fit")
+    }
+    tasks = [
+        {"kind": "checksums", "name": packing, "config": raw, "mesh": [[4], ["data"]],
+         "batch_axes": ["data"], "steps": EXPAND_STEPS}
+        for packing, raw in raws.items()
+    ]  # fmt: skip
+    codes = launch(out, raws["concat"], tasks, 2, 2)
+    assert codes == [0, 0], worker_output(out)
+    return raws, out
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
-def test_two_processes_expand_to_the_plans_fields(tmp_path: Path, packing: str) -> None:
+def test_two_processes_expand_to_the_plans_fields(expanded_on_two_processes, packing: str) -> None:
     """Each process transfers its rows' compact form and expands them under a sharding that
     spans both processes (`make_array_from_process_local_data`, then one jit)."""
-    from tests.test_multihost import run_on_one_mesh
-
-    raw = masked_raw(tmp_path / "stores", packing)
-    raw["feed"] = {"expand": "device"}
-    steps = [0, 1, 7, 1000]
-    plan, result = run_on_one_mesh(tmp_path, raw, "expand", steps, 2, 2)
-    for step in steps:
+    raws, out = expanded_on_two_processes
+    plan = Plan.from_config(parse_config(raws[packing], origin="multihost.yaml"))
+    result = np.load(out / f"{packing}.npz")
+    for step in EXPAND_STEPS:
         expected = plan.batch(step)
         for field in FIELDS:
             np.testing.assert_array_equal(result[f"{field}_{step}"], expected[field])
-    assert any((plan.batch(step)["targets_segmentation"] == 0).any() for step in steps)
+    assert any((plan.batch(step)["targets_segmentation"] == 0).any() for step in EXPAND_STEPS)
 
 
 def test_a_transitional_epoch_expands_to_the_host_fields(tmp_path: Path) -> None:

@@ -75,19 +75,6 @@ def worker_output(tmp: Path) -> str:
     return "\n".join(p.read_text()[-3000:] for p in sorted(tmp.glob("spec-*-*.log")))
 
 
-def run_on_one_mesh(
-    tmp: Path, raw: dict, name: str, steps: list[int], processes: int, devices: int
-) -> tuple[Plan, np.lib.npyio.NpzFile]:
-    """The batches `processes` real processes build on a 4-device data mesh, and the plan."""
-    task = {"kind": "checksums", "name": name, "mesh": [[4], ["data"]],
-            "batch_axes": ["data"], "steps": steps}  # fmt: skip
-    codes = launch(tmp, raw, [task], processes, devices)
-    assert codes == [0] * processes, worker_output(tmp)
-    return Plan.from_config(parse_config(raw, origin="multihost.yaml")), np.load(
-        tmp / f"{name}.npz"
-    )
-
-
 def reference_checksums(batch: dict[str, np.ndarray]) -> np.ndarray:
     total = np.zeros(batch["inputs"].shape[0], dtype=np.int64)
     for index, field in enumerate(FIELDS):
@@ -153,13 +140,64 @@ def test_global_batches_across_processes_equal_the_plan(tmp_path, processes, dev
         )
 
 
-@pytest.mark.parametrize(("processes", "devices"), [(1, 4), (2, 2), (4, 1)])
-def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, processes, devices):
-    ramp = {"step": {0: 4, 5: 8, 12: 16}}
-    raw = two_stage_raw(tmp_path / "stores", global_batch_size=ramp)
-    steps = [0, 4, 5, 11, 12, 30, 7]  # each reached by a seek, as a resumed run reaches it
-    plan, result = run_on_one_mesh(tmp_path, raw, "ramp", steps, processes, devices)
-    for step in steps:
+RAMP_STEPS = [0, 4, 5, 11, 12, 30, 7]  # each reached by a seek, as a resumed run reaches it
+ONE_MESH = {  # the one-mesh checksums tests: (steps, [(processes, devices each)])
+    "ramp": (RAMP_STEPS, [(1, 4), (2, 2), (4, 1)]),
+    "prov": (STEPS, [(1, 4), (2, 2)]),
+    "sft": (STEPS, [(2, 2), (4, 1)]),
+}
+PROVENANCE = ["source", "epoch", "window"]
+
+
+def one_mesh_raws(stores: Path) -> dict[str, dict]:
+    """The configs of the one-mesh tests, by task name: a batch ramp, provenance fields with
+    gradient accumulation, and best_fit rows of a masked store mixed with windows."""
+    from tests.test_packing import write_masked_store
+
+    base = two_stage_raw(stores)
+    sft = write_masked_store(stores / "sft", [[(3 + i % 9, i % 3) for i in range(40)]])
+    mixed = json.loads(json.dumps(base))
+    mixed["sources"]["sft"] = {"path": str(sft.path), "packing": "best_fit"}
+    mixed["stages"][1]["mix"]["sft"] = 2
+    return {
+        "ramp": {**base, "global_batch_size": {"step": {0: 4, 5: 8, 12: 16}}},
+        "prov": {**base, "grad_accum": 2, "feed": {"provenance": PROVENANCE}},
+        "sft": mixed,
+    }
+
+
+@pytest.fixture(scope="module")
+def one_mesh(tmp_path_factory):
+    """`run(name, processes, devices)`: the plan of test `name`'s config and the batches
+    `processes` real processes built of its steps on a 4-device data mesh. One launch per
+    process count serves every one-mesh test of that count (each its own task and config)."""
+    root = tmp_path_factory.mktemp("one-mesh")
+    raws = one_mesh_raws(root / "stores")
+    launched: dict[tuple[int, int], Path] = {}
+
+    def run(name: str, processes: int, devices: int) -> tuple[Plan, np.lib.npyio.NpzFile]:
+        if (processes, devices) not in launched:
+            out = root / f"{processes}x{devices}"
+            out.mkdir()
+            tasks = [
+                {"kind": "checksums", "name": task, "config": raws[task], "mesh": [[4], ["data"]],
+                 "batch_axes": ["data"], "steps": steps}
+                for task, (steps, shapes) in ONE_MESH.items()
+                if (processes, devices) in shapes
+            ]  # fmt: skip
+            codes = launch(out, raws[name], tasks, processes, devices)
+            assert codes == [0] * processes, worker_output(out)
+            launched[processes, devices] = out
+        plan = Plan.from_config(parse_config(raws[name], origin="multihost.yaml"))
+        return plan, np.load(launched[processes, devices] / f"{name}.npz")
+
+    return run
+
+
+@pytest.mark.parametrize(("processes", "devices"), ONE_MESH["ramp"][1])
+def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(one_mesh, processes, devices):
+    plan, result = one_mesh("ramp", processes, devices)
+    for step in RAMP_STEPS:
         expected = plan.batch(step)
         assert expected["inputs"].shape[0] == (4 if step < 5 else 8 if step < 12 else 16)
         for field in FIELDS:
@@ -167,14 +205,12 @@ def test_a_batch_ramp_is_the_plan_at_any_step_on_1_2_and_4_processes(tmp_path, p
         np.testing.assert_array_equal(result[f"checksum_{step}"], reference_checksums(expected))
 
 
-@pytest.mark.parametrize(("processes", "devices"), [(1, 4), (2, 2)])
-def test_provenance_fields_across_processes_equal_the_plans_draws(tmp_path, processes, devices):
-    provenance = ["source", "epoch", "window"]
-    raw = two_stage_raw(tmp_path / "stores", grad_accum=2, feed={"provenance": provenance})
-    plan, result = run_on_one_mesh(tmp_path, raw, "prov", STEPS, processes, devices)
+@pytest.mark.parametrize(("processes", "devices"), ONE_MESH["prov"][1])
+def test_provenance_fields_across_processes_equal_the_plans_draws(one_mesh, processes, devices):
+    plan, result = one_mesh("prov", processes, devices)
     for step in STEPS:
         draws = plan.draws(step)  # row r is row r % 4 of micro-batch r // 4
-        for name in provenance:
+        for name in PROVENANCE:
             np.testing.assert_array_equal(
                 result[f"{name}_{step}"], getattr(draws, name).reshape(2, 4), err_msg=name
             )
@@ -268,16 +304,10 @@ def test_maxtext_iter_item_of_two_processes_restores_in_one(tmp_path):
         train.close()
 
 
-@pytest.mark.parametrize(("processes", "devices"), [(2, 2), (4, 1)])
-def test_best_fit_rows_are_the_plan_at_any_step_on_2_and_4_processes(tmp_path, processes, devices):
+@pytest.mark.parametrize(("processes", "devices"), ONE_MESH["sft"][1])
+def test_best_fit_rows_are_the_plan_at_any_step_on_2_and_4_processes(one_mesh, processes, devices):
     """Whole-document rows of a masked store, mixed with windows, through the real feed."""
-    from tests.test_packing import write_masked_store
-
-    raw = two_stage_raw(tmp_path / "stores")
-    sft = write_masked_store(tmp_path / "stores" / "sft", [[(3 + i % 9, i % 3) for i in range(40)]])
-    raw["sources"]["sft"] = {"path": str(sft.path), "packing": "best_fit"}
-    raw["stages"][1]["mix"]["sft"] = 2
-    plan, result = run_on_one_mesh(tmp_path, raw, "sft", STEPS, processes, devices)
+    plan, result = one_mesh("sft", processes, devices)
     for step in STEPS:
         expected = plan.batch(step)
         for field in FIELDS:
