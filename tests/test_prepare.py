@@ -407,9 +407,9 @@ class _CountedUnpickles:
 def test_worker_processes_receive_the_encoder_once_not_with_every_chunk() -> None:
     # The encoder sent with every task was unpickled per chunk of 32 documents, and a tokenizer
     # unpickles by loading its file again: 2 workers spent 4.6x the CPU of 1 with a 32k BPE.
-    from pipeline.ingest.prepare import _mapper
+    from pipeline.ingest.worker_pool import WorkerPool
 
-    with _mapper(2, _CountedUnpickles()) as workers:
+    with WorkerPool(2, _CountedUnpickles()) as workers:
         results = list(workers.imap(range(400)))
     assert [doubled for _, _, doubled in results] == [2 * i for i in range(400)]
     tags: dict[int, set[str]] = {}
@@ -516,13 +516,13 @@ def test_worker_processes_share_the_cpus_among_their_tokenizers_threads(
     # Each worker's encode_batch started a thread per CPU: with 2 workers on 2 CPUs, 4 threads
     # of tokenizing where 2 fit. A worker now gets its share of the CPUs (one thread: it
     # starts none, it encodes on its own).
-    from pipeline.ingest.prepare import _mapper, tokenizer_threads
+    from pipeline.ingest.worker_pool import WorkerPool, tokenizer_threads
 
     monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     workers = max(2, len(os.sched_getaffinity(0)))  # one tokenizer thread each
     assert tokenizer_threads(workers) == 1
-    with _mapper(workers, _threads_started_by_encoding) as pool:
+    with WorkerPool(workers, _threads_started_by_encoding) as pool:
         started = list(pool.imap([f"hf:{hf_tokenizer_json}"] * workers))
     assert started == [0] * workers
     assert tokenizer_threads(1) == len(os.sched_getaffinity(0))

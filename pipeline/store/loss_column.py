@@ -17,14 +17,24 @@ written before mask columns were read names a labels column alone (`labels: COLU
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipeline.errors import StoreError
 
-if TYPE_CHECKING:
-    from pipeline.store.columns_files import ColumnFile
+
+class ColumnChunks(Protocol):
+    """What a loss column reads of a file (`columns_files.ColumnFile`, which imports this
+    module: named by its shape here, not imported)."""
+
+    path: Path
+    column: str
+    first_rows: np.ndarray
+
+    def chunk(self, index: int, column: str | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
 
 IGNORE = -100  # a label that carries no loss (Hugging Face's ignore index)
 # each kind: the values its list elements must be, as the refusal of another type says
@@ -68,7 +78,7 @@ class LossColumn:
         )
 
     def untrained(
-        self, file: ColumnFile, chunk: int, lengths: np.ndarray, ids: np.ndarray
+        self, file: ColumnChunks, chunk: int, lengths: np.ndarray, ids: np.ndarray
     ) -> np.ndarray:
         """Per token of chunk `chunk` of `file` (whose rows have `lengths` and flattened
         `ids`): whether it carries no loss. A row of another length, or a value its kind does
