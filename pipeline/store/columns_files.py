@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.extras import require
-from pipeline.store.loss_column import KINDS, LossColumn
+from pipeline.store.loss_column import LossColumn
 
 SUFFIXES = (".parquet", ".arrow")
 STATE = "state.json"  # a `datasets.save_to_disk` directory's list of its data files
@@ -84,7 +84,7 @@ class ColumnFile:
         self.first_rows = np.cumsum([0, *rows], dtype=np.int64)  # each chunk's first row
         checks = [(column, pa.types.is_integer, "integers")]
         if loss is not None:
-            checks.append((loss.column, lambda kind: loss.holds(pa, kind), KINDS[loss.kind]))
+            checks.append((loss.column, lambda kind: loss.holds(pa, kind), loss.values))
         for name, holds, values in checks:
             if name not in schema.names:
                 names = ", ".join(schema.names) or "none"
