@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.paths import anchored
 from pipeline.errors import ConfigError
 from pipeline.urls import is_url, location, read_bytes
 
@@ -85,13 +85,7 @@ def _located(
 ) -> Any:
     """The file, absolute (as store paths are): the ledger records it, and `dump --ledger`
     may run from another directory; a relative one in a config read from a URL is refused."""
-    if is_url(file):
-        return location(file)
-    if base_dir is None and not os.path.isabs(file):
-        raise fail(
-            key, f"relative path {file!r} in a config read from a URL; give an absolute path"
-        )
-    return ((base_dir or Path()) / file).resolve()
+    return location(file) if is_url(file) else anchored(file, key, base_dir, fail)
 
 
 def _changed(path: Path, digest: str, recorded: str) -> str:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.exclude import ExcludeSpec, parse_exclude
+from pipeline.config.paths import anchored
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.errors import ConfigError
@@ -364,13 +365,8 @@ def _sources(
         if is_url(path):  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long, exclude=exclude))
             continue
-        if base_dir is None and not os.path.isabs(path):
-            raise where.fail(
-                f"{key}.path",
-                f"relative path {path!r} in a config read from a URL; give an absolute path "
-                "(e.g. ${PIPELINE_DATA_DIR}/NAME)",
-            )
-        resolved = ((base_dir or Path()) / path).resolve()
+        example = " (e.g. ${PIPELINE_DATA_DIR}/NAME)"
+        resolved = anchored(path, f"{key}.path", base_dir, where.fail, example)
         if kind != "store" and exclude is not None:
             raise where.fail(f"{key}.exclude", "a corpus read in place records no document ids")
         if kind != "store":
