@@ -126,30 +126,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # -- stores ------------------------------------------------------------------------------------
 
 
-def synthetic_store(path: Path, tokens: int, doc_len: int, shards: int = 8, seed: int = 0) -> None:
-    """uint32 documents with geometric lengths (mean `doc_len`), random ids below 50,257."""
+def synthetic_store(
+    path: Path,
+    tokens: int,
+    doc_len: int,
+    shards: int = 8,
+    seed: int = 0,
+    vocab_size: int = 100_277,
+) -> None:
+    """Documents with geometric lengths (mean `doc_len`), random ids below 50,257 (below
+    `vocab_size` when smaller: scripts/device_check.py's model has a small vocabulary), the
+    last the end of a document; uint32 for the default vocabulary, as for a 100k+ one."""
     from pipeline.store.writer import (
         commit,
         staging_dir,
         synthetic_tokenizer,
+        token_dtype,
         write_manifest,
         write_shard,
     )
 
     rng = np.random.default_rng(seed)
     staging = staging_dir(path)
-    eod = 50_256
+    eod = min(50_256, vocab_size - 1)
+    dtype = token_dtype(vocab_size)
     infos = []
     for shard in range(shards):
         lengths = np.maximum(rng.geometric(1 / doc_len, size=2 * tokens // shards // doc_len), 2)
         lengths = lengths[: np.searchsorted(np.cumsum(lengths), tokens // shards) + 1]
-        data = rng.integers(0, eod, size=int(lengths.sum()), dtype=np.uint32)
+        data = rng.integers(0, eod, size=int(lengths.sum()), dtype=dtype)
         data[np.cumsum(lengths) - 1] = eod
         docs = np.split(data, np.cumsum(lengths)[:-1])
-        infos.append(write_shard(staging, shard, shards, docs, np.dtype(np.uint32)))
-    # vocab above 2**16 keeps the dtype uint32, as for a 100k+ vocabulary
-    tokenizer = synthetic_tokenizer(vocab_size=100_277, eod_id=eod)
-    write_manifest(staging, infos, tokenizer, np.dtype(np.uint32), {"synthetic": True})
+        infos.append(write_shard(staging, shard, shards, docs, dtype))
+    tokenizer = synthetic_tokenizer(vocab_size=vocab_size, eod_id=eod)
+    write_manifest(staging, infos, tokenizer, dtype, {"synthetic": True})
     commit(staging, path, overwrite=True)  # replaces a store of an older format
 
 
