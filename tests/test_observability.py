@@ -98,7 +98,9 @@ def test_stats_count_what_the_plan_drew(tmp_path):
     assert stats.ledger_rows == {n: c * 2 for n, c in counters.items()}  # 2 lanes
     assert stats.epochs == {n: c // layouts[n].windows_per_lane for n, c in counters.items()}
     assert stats.epochs["docs"] >= 2  # the range crossed rollovers
-    assert stats.wait_s.count == stats.read_s.count == 20
+    assert stats.wait_s.count == stats.read_s.count == stats.next_cpu_s.count == 20
+    # the consumer thread's own CPU in next(): some, and never more than its wall time
+    assert 0 < stats.next_cpu_s.sum <= stats.wait_s.sum + 0.01
     assert 0 < stats.wait_s.p50 <= stats.wait_s.p99 and stats.wait_s.sum >= stats.last_wait_s
     assert 0 < stats.read_s.p50 <= stats.read_s.p99
     assert 0 <= stats.prefetch_ready <= 3
@@ -206,6 +208,9 @@ def test_the_endpoint_serves_the_documented_metrics(tmp_path):
         assert value(f"{wait}_count", wait) == 12
         assert value(f"{wait}_sum", wait) == pytest.approx(stats.wait_s.sum)
         assert value(wait, quantile="0.5") == pytest.approx(stats.wait_s.p50)
+        cpu = "pipeline_feed_next_cpu_seconds"
+        assert value(f"{cpu}_sum", cpu) == pytest.approx(stats.next_cpu_s.sum)
+        assert stats.next_cpu_s.sum > 0
         assert value("pipeline_feed_read_seconds", quantile="0.99") > 0
         assert value("pipeline_feed_time_to_batch_seconds") == stats.time_to_batch_s > 0
         assert value("pipeline_feed_slowest_process") == 0  # one process: its own

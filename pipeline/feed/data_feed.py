@@ -403,7 +403,7 @@ class DataFeed:
         self._host_stop.check()  # a peer's stop, or a store replaced under the feed
         if self._verifier is not None:
             self._verifier.check()
-        entered = time.perf_counter()
+        entered, entered_cpu = time.perf_counter(), time.thread_time()
         step = self._step
         self._fill()
         ready = self._readers.finished()
@@ -425,7 +425,8 @@ class DataFeed:
             self._log_events(step, *rows.events)
         self._fill()
         if self._stats is not None:
-            self._stats.served(step, rows.read, entered, time.perf_counter(), ready)
+            cpu = time.thread_time() - entered_cpu
+            self._stats.served(step, rows.read, entered, time.perf_counter(), ready, cpu)
         return rows.batch
 
     def __enter__(self) -> DataFeed:

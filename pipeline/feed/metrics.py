@@ -33,6 +33,8 @@ METRICS: tuple[tuple[str, str, str, Callable[[FeedStats], object]], ...] = (
     ("read_seconds", "summary", "Reader time per step", lambda s: s.read_s),
     ("wait_seconds", "summary", "Time the consumer spent inside next() per step",
      lambda s: s.wait_s),
+    ("next_cpu_seconds", "summary", "The consumer thread's CPU time inside next() per step",
+     lambda s: s.next_cpu_s),
     ("input_bound_steps", "counter", "Steps whose next() took more than the input-bound share",
      lambda s: s.input_bound_steps),
     ("time_to_batch_seconds", "gauge", "Median reader time per step over the last stats window",

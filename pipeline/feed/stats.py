@@ -90,6 +90,7 @@ class FeedStats:
     prefetch_ready: int  # steps already read when the last next() began
     read_s: Quantiles  # reader time per step: the step's reader task, start to end
     wait_s: Quantiles  # time the consumer spent inside next() per step
+    next_cpu_s: Quantiles  # the consumer thread's CPU time inside next() per step
     last_wait_s: float
     input_bound_steps: int
     time_to_batch_s: float  # median reader time per step over the last window (0: none yet)
@@ -123,7 +124,8 @@ class Recorder:
         self._bytes: collections.Counter[str] = collections.Counter()
         self._read = collections.deque(maxlen=RECENT_STEPS)
         self._wait = collections.deque(maxlen=RECENT_STEPS)
-        self._sums = [0.0, 0.0]  # read, wait
+        self._cpu = collections.deque(maxlen=RECENT_STEPS)
+        self._sums = [0.0, 0.0, 0.0]  # read, wait, cpu
         self._previous: float | None = None  # when the last next() returned
         self._recent: list[tuple[int, bool, float, float, float, int]] = []
 
@@ -131,9 +133,13 @@ class Recorder:
         """After a seek the time since the last step is no step time."""
         self._previous = None
 
-    def served(self, step: int, task: StepRead, entered: float, left: float, ready: int) -> None:
+    def served(
+        self, step: int, task: StepRead, entered: float, left: float, ready: int, cpu: float = 0.0
+    ) -> None:
         """Step `step` was returned by a next() that ran from `entered` to `left`
-        (`time.perf_counter()`), with `ready` prefetched steps already read when it began."""
+        (`time.perf_counter()`) and took `cpu` seconds of its thread's CPU (what the feed
+        takes from a trainer's thread), with `ready` prefetched steps already read when it
+        began."""
         wait = left - entered
         read = task.finished - task.started
         step_s = None if self._previous is None else left - self._previous
@@ -149,8 +155,10 @@ class Recorder:
                 self._bytes[name] += size
             self._read.append(read)
             self._wait.append(wait)
+            self._cpu.append(cpu)
             self._sums[0] += read
             self._sums[1] += wait
+            self._sums[2] += cpu
         if step_s is not None:
             self._recent.append((step, bound, wait, step_s, read, ready))
         if len(self._recent) >= self.window:
@@ -162,6 +170,7 @@ class Recorder:
         with self._lock:
             rows, tokens, size = dict(self._rows), dict(self._tokens), dict(self._bytes)
             read, wait, sums = list(self._read), list(self._wait), list(self._sums)
+            cpu = list(self._cpu)
             steps, bound, ready = self._steps, self._bound, self._ready
             time_to_batch, slowest = self._time_to_batch, self._slowest
         if self.peers is not None:
@@ -183,6 +192,7 @@ class Recorder:
             prefetch_ready=ready,
             read_s=_quantiles(read, sums[0], steps),
             wait_s=_quantiles(wait, sums[1], steps),
+            next_cpu_s=_quantiles(cpu, sums[2], steps),
             last_wait_s=wait[-1] if wait else 0.0,
             input_bound_steps=bound,
             time_to_batch_s=time_to_batch,
