@@ -23,6 +23,7 @@ from pipeline.ingest.prepare_beam import (
 from pipeline.store.token_store import TokenStore
 from tests.test_corpora import TinyText
 from tests.test_doc_ids import write_id_corpus
+from tests.test_tokenizers import _train_sentencepiece
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,12 @@ def test_python_docs_with_eval_split(tmp_path: Path) -> None:
 
 def test_python_code(tmp_path: Path) -> None:
     _both(tmp_path, ["builtin:python-code"], num_shards=4)
+
+
+def test_a_sentencepiece_store_is_the_local_runners(tmp_path: Path, mixed_corpus) -> None:
+    # both runners encode batches of documents (encode_batch, on native threads)
+    model = _train_sentencepiece(tmp_path, "sp")
+    _both(tmp_path, mixed_corpus, num_shards=3, tokenizer=f"sentencepiece:{model}")
 
 
 def test_files_jsonl_parquet_with_empty_shards_and_documents(

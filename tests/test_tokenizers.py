@@ -155,6 +155,28 @@ def test_hf_byte_level_round_trip(hf_tokenizer: Tokenizer, text: str) -> None:
     assert hf_tokenizer.decode(ids) == text
 
 
+@pytest.fixture(scope="module")
+def file_tokenizers(files: dict[str, Path]) -> dict[str, Tokenizer]:
+    return {
+        "sp": load_tokenizer(f"sentencepiece:{files['sp']}"),
+        "sp_no_eos": load_tokenizer(f"sentencepiece:{files['sp_no_eos']}"),
+        "hf": load_tokenizer(f"hf:{files['hf']}"),
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.text(), max_size=12), st.sampled_from(["sp", "sp_no_eos", "hf"]))
+def test_a_batch_encodes_as_its_texts_one_at_a_time(
+    file_tokenizers: dict[str, Tokenizer], texts: list[str], kind: str
+) -> None:
+    # prepare encodes a task's texts in one encode_batch (native threads): the same ids
+    tok = file_tokenizers[kind]
+    batch = tok.encode_batch([*texts, SAMPLE])
+    assert len(batch) == len(texts) + 1
+    for text, ids in zip([*texts, SAMPLE], batch, strict=True):
+        assert ids.dtype == np.int64 and ids.tolist() == tok.encode(text).tolist()
+
+
 @pytest.mark.parametrize("kind", ["bytes", "sp", "sp_no_eos", "hf", "hf_no_eod"])
 def test_pickles_as_spec_and_reloads(files: dict[str, Path], kind: str) -> None:
     spec = (

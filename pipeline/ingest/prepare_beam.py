@@ -5,7 +5,8 @@ The graph, one box per step; every box calls the function the local runner calls
     Create(units of work)            one element per input file (per whole TFDS split / docs corpus)
       | Reshuffle                    spread the units over the workers
       | FlatMap(iter_documents)      corpora.iter_documents on a one-file InputSpec
-      | ParDo(tokenize and place)    prepare.DocumentEncoder, doc_order.place
+      | BatchElements                batches of documents, bounded as the local runner's tasks
+      | ParDo(tokenize and place)    prepare.DocumentEncoder.many (one encode_batch), place
       + Create(every (split, shard)) so a shard without documents is still written
       | GroupByKey((split, shard))
       | ParDo(write shard)           prepare.sort_shard, writer.write_shard -> ShardInfo
@@ -44,6 +45,8 @@ from pipeline.extras import require
 from pipeline.ingest.corpora import Document, InputSpec, iter_documents
 from pipeline.ingest.doc_order import place
 from pipeline.ingest.prepare import (
+    BATCH_CHARACTERS,
+    BATCH_DOCUMENTS,
     PrepareOptions,
     Validated,
     finish,
@@ -228,6 +231,10 @@ def _build(
         | "Units" >> beam.Create(units_of_work(validated.specs), reshuffle=False)
         | "Spread" >> beam.Reshuffle()
         | "Read" >> beam.FlatMap(iter_documents)
+        | "Batch"
+        >> beam.BatchElements(
+            max_batch_size=BATCH_CHARACTERS, element_size_fn=_batch_weight, record_metrics=False
+        )
         | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, validated))
     )
     placeholders = pipeline | "EveryShard" >> beam.Create(every_shard, reshuffle=False)
@@ -241,10 +248,18 @@ def _build(
     )
 
 
+def _batch_weight(document: Document) -> int:
+    """A document's weight in a batch of at most BATCH_CHARACTERS: its text's characters, and
+    at least a BATCH_DOCUMENTS-th of a batch (a row's text is rendered when encoded), so a batch
+    is bounded as the local runner's tasks are (`prepare._batches`)."""
+    return max(len(document.text), BATCH_CHARACTERS // BATCH_DOCUMENTS)
+
+
 class _TokenizeAndPlace(beam.DoFn):
-    """Document -> ((split, shard), (order, key, payload)). The payload is (token bytes,
-    untrained-range bytes, id ("" unless ids are recorded)), EMPTY for an empty text or BAD for
-    a skipped bad row."""
+    """Documents -> ((split, shard), (order, key, payload)) each, the batch's texts encoded
+    in one `encode_batch` (`DocumentEncoder.many`, as the local runner encodes a task). The
+    payload is (token bytes, untrained-range bytes, id ("" unless ids are recorded)), EMPTY
+    for an empty text or BAD for a skipped bad row."""
 
     def __init__(self, options: PrepareOptions, validated: Validated) -> None:
         self.seed = options.seed
@@ -253,17 +268,17 @@ class _TokenizeAndPlace(beam.DoFn):
         self.ids = options.ids
         self.encode = validated.encoder(options)  # pickles as its settings
 
-    def process(self, document: Document) -> Iterator[tuple[tuple[str, int], Any]]:
-        placement = place(document.key, self.seed, self.num_shards, self.eval_fraction)
-        encoded = self.encode(document)
-        if encoded is None:
-            payload: Any = BAD
-        elif len(encoded[0]) == 1:  # only the eod: dropped and counted, as the local runner does
-            payload = EMPTY
-        else:
-            document_id = document.document_id if self.ids else ""
-            payload = (encoded[0].tobytes(), encoded[1].tobytes(), document_id)
-        yield (placement.split, placement.shard), (placement.order, document.key, payload)
+    def process(self, documents: list[Document]) -> Iterator[tuple[tuple[str, int], Any]]:
+        for document, encoded in zip(documents, self.encode.many(documents), strict=True):
+            placement = place(document.key, self.seed, self.num_shards, self.eval_fraction)
+            if encoded is None:
+                payload: Any = BAD
+            elif len(encoded[0]) == 1:  # only the eod: dropped and counted, as the local runner
+                payload = EMPTY
+            else:
+                document_id = document.document_id if self.ids else ""
+                payload = (encoded[0].tobytes(), encoded[1].tobytes(), document_id)
+            yield (placement.split, placement.shard), (placement.order, document.key, payload)
 
 
 EMPTY, BAD = "empty", "bad"
