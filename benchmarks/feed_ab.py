@@ -11,8 +11,9 @@ machine hits them alike; the bench's config and mesh (8 simulated devices, 32 x 
 
 A round: 20 warm-up steps, `--steps` free-running `next()` calls (process CPU and wall per step,
 ending with `block_until_ready`), then `--paced` calls each after a `--pace-ms` sleep (a
-simulated training step; the prefetch is ahead): process CPU per paced step and the median wall
-time of `next()`. With `--restore`, a round is instead a restore in a new process: a checkpoint
+simulated training step; the prefetch is ahead): process CPU per paced step, the median wall
+time of `next()` and the training thread's mean CPU in it (`feed.stats().next_cpu_s`). With
+`--restore`, a round is instead a restore in a new process: a checkpoint
 of step `--at` saved by a process of its own, then, in a fresh one (JAX, Orbax and `pipeline`
 imported, untimed), `DataFeed`, the documented `CheckpointManager.restore(...,
 Composite(data=DataRestore(feed)))` and the first `next()`, wall time. Prints medians (range)
@@ -37,7 +38,7 @@ import bench  # benchmarks/bench.py, beside this file
 
 WARMUP = 20
 CHILD = "--child"
-RUN_KEYS = ("cpu_ms", "wall_ms", "paced_cpu_ms", "next_ms")
+RUN_KEYS = ("cpu_ms", "wall_ms", "paced_cpu_ms", "next_ms", "next_cpu_ms")
 RESTORE_KEYS = ("restore_ms",)
 
 
@@ -69,6 +70,7 @@ def measure(spec: dict) -> dict[str, float]:
             "wall_ms": (time.perf_counter() - wall) / steps * 1e3,
         }
         walls, cpu = [], time.process_time()
+        threads = next_cpu_s(feed)
         for _ in range(spec["paced"]):
             time.sleep(spec["pace_ms"] / 1e3)
             start = time.perf_counter()
@@ -77,7 +79,15 @@ def measure(spec: dict) -> dict[str, float]:
         jax.block_until_ready(batch)
         result["paced_cpu_ms"] = (time.process_time() - cpu) / spec["paced"] * 1e3
         result["next_ms"] = statistics.median(walls) * 1e3
+        result["next_cpu_ms"] = (next_cpu_s(feed) - threads) / spec["paced"] * 1e3
     return result
+
+
+def next_cpu_s(feed) -> float:
+    """The training thread's CPU seconds in `next()` so far (NaN: a checkout from before
+    `feed.stats()` counted it)."""
+    stats = feed.stats()
+    return stats.next_cpu_s.sum if hasattr(stats, "next_cpu_s") else float("nan")
 
 
 def restore(config, mesh, options: dict, step: int, directory: Path) -> dict[str, float]:
