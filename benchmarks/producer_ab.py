@@ -4,17 +4,19 @@
     JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         .venv/bin/python benchmarks/producer_ab.py --store python-code --rounds 5
 
-The producer (a spawned process) opens the same plan and, for steps 0, 1, ... in order (the
-plan is known, so it runs ahead without coordination), reads the six fields (`Plan.read`) into
-a free slot of a ring of `SLOTS` in one `multiprocessing.shared_memory` block and sends the
-slot's number down a pipe. In the training process a reader thread transfers each slot's
-fields (`Geometry.to_global`, the feed's own transfer, on numpy views of the slot: no copy on
-the host), waits for the transfer, hands the slot back and queues the arrays; `next()` takes
-them from the queue. Against `DataFeed(config, mesh)` in the same rounds, alternating: CPU per
-step of the training process (free-running, `--steps`), of the producer (what it reports), the
-training thread's CPU per `next()` and its wall time with a `--pace-ms` step between calls.
-The first steps' arrays are compared with `Plan.read`'s, so a transfer that aliased a slot
-reused later would show. A benchmark, not a feed: no seek, `set_mix`, switch or restore.
+The producer (a spawned process) opens the same plan and, for steps 0, 1, ... in order (the plan
+is known, so it runs ahead without coordination), reads the six fields (`Plan.read`) into a free
+slot of a ring of `SLOTS` in one `multiprocessing.shared_memory` block and sends the slot's
+number down a pipe. In the training process a reader thread transfers each slot's fields
+(`Geometry.to_global`, the feed's own transfer, on numpy views of the slot: no copy on the host)
+and queues the arrays; `next()` takes them from the queue and hands the slot of the step before
+back (on CPU devices `device_put` aliases the host buffer: a slot is free only once the trainer
+dropped the arrays made from it, as `next()` assumes here). Against `DataFeed(config, mesh)` in
+the same rounds, alternating: CPU per step of the training process (free-running, `--steps`), of
+the producer (what it reports), the training thread's CPU per `next()` and its wall time with a
+`--pace-ms` step between calls. The first steps' arrays are compared with `Plan.read`'s, so a
+transfer that aliased a slot reused later would show. A benchmark, not a feed: no seek,
+`set_mix`, switch or restore.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # benchmarks/bench.py, beside this file
 
-SLOTS = 3  # steps in flight: the producer's ring
+SLOTS = 4  # the producer's ring: one being read, two transferred ahead, one the trainer's
 FIELD_COUNT = 6
 
 
@@ -78,6 +80,7 @@ class Producer:
         self.steps, self.producer_cpu = steps, 0.0
         for slot in range(SLOTS):
             self.pipe.send(slot)
+        self.held: int | None = None  # the slot of the arrays `next()` last returned
         self.thread = threading.Thread(target=self._transfer, daemon=True)
         self.thread.start()
 
@@ -87,15 +90,17 @@ class Producer:
         from pipeline.read.batch import FIELDS
 
         for _ in range(self.steps):
-            step, slot = self.pipe.recv()
+            _, slot = self.pipe.recv()
             arrays = self.geometry.to_global(dict(zip(FIELDS, self.ring[slot])))
-            jax.block_until_ready(arrays)  # the slot is free once copied to the devices
-            self.pipe.send(slot)
-            self.ready.put((step, arrays))
+            self.ready.put((slot, jax.block_until_ready(arrays)))
         self.producer_cpu = self.pipe.recv()
 
     def __next__(self) -> dict:
-        return self.ready.get(timeout=120)[1]
+        slot, arrays = self.ready.get(timeout=120)
+        if self.held is not None:  # the trainer is done with the step before
+            self.pipe.send(self.held)
+        self.held = slot
+        return arrays
 
     def close(self) -> None:
         self.thread.join(timeout=120)
