@@ -81,6 +81,7 @@ class Producer:
         for slot in range(SLOTS):
             self.pipe.send(slot)
         self.held: int | None = None  # the slot of the arrays `next()` last returned
+        self.owed = steps - SLOTS  # slots the producer still waits for (then it stops)
         self.thread = threading.Thread(target=self._transfer, daemon=True)
         self.thread.start()
 
@@ -97,8 +98,9 @@ class Producer:
 
     def __next__(self) -> dict:
         slot, arrays = self.ready.get(timeout=120)
-        if self.held is not None:  # the trainer is done with the step before
+        if self.held is not None and self.owed > 0:  # the trainer is done with the step before
             self.pipe.send(self.held)
+            self.owed -= 1
         self.held = slot
         return arrays
 
