@@ -203,7 +203,7 @@ def bandwidth(mesh, size: dict, args: argparse.Namespace, raw: dict) -> list[tup
         (f"host -> device: jax.device_put of {size['bandwidth_mib']} MiB to one device",
          f"best {best:.1f} GB/s, median {median:.1f} GB/s ({share})"),
         ("the link's limit", source if limit is None else f"{limit:.1f} GB/s ({source})"),
-        (f"the feed's transfer of a step's compact form ({step_bytes / 2**20:.2f} MiB, "
+        (f"the feed's transfer of a step's compact form ({step_bytes / 1024:,.0f} KiB, "
          f"{len(mesh.devices.flat)} devices)",
          f"{wall:.3f} ms, {step_bytes / wall / 1e6:.2f} GB/s"),
     ]  # fmt: skip
