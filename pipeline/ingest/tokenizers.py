@@ -200,9 +200,11 @@ class SentencePieceTokenizer(Tokenizer):
         return np.asarray(self._model.encode(text, out_type=int), dtype=np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """The texts in one call, on the library's own threads (one per core; the same ids
-        as one text at a time: encoding samples nothing)."""
-        encoded = self._model.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+        """The texts in one call, no Python between them (the same ids as one text at a time:
+        encoding samples nothing). On one thread: the library's thread pool cost ~4 % more CPU
+        on a loaded 2-core machine and gained nothing there; `prepare --workers` is what runs
+        encodes in parallel (docs/benchmarks.md, "Issue 38")."""
+        encoded = self._model.encode(texts, out_type=int, num_threads=1)
         return [np.asarray(ids, dtype=np.int64) for ids in encoded]
 
     def _decode_piece(self, ids: list[int]) -> str:
