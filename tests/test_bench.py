@@ -452,7 +452,7 @@ def test_the_feed_ab_prints_each_variants_figures(tmp_path):
     root = Path(__file__).resolve().parents[1]
     for extra, keys in (
         (["--steps", "30", "--paced", "3", "--threads", "1", "--threads", "auto"],
-         ["cpu_ms", "wall_ms", "paced_cpu_ms", "next_ms"]),
+         ["cpu_ms", "wall_ms", "paced_cpu_ms", "next_ms", "next_cpu_ms"]),
         (["--restore", "--at", "1000"], ["restore_ms"]),
     ):  # fmt: skip
         out = subprocess.run(base + extra, cwd=root, capture_output=True, text=True)
