@@ -398,3 +398,33 @@ def test_an_exclude_file_gives_back_the_ids_written_to_it(tmp_path, lines, end, 
     file.write_bytes(text.encode())
     spec = parse_exclude(str(file), "exclude", None, lambda key, why: ConfigError(why))
     assert list(spec.ids()) == expected
+
+
+def test_a_moved_run_directory_finds_its_exclude_file_by_content(store, tmp_path, capsys):
+    """Stores, configs and the exclude file moved together (the file beside the config, same
+    SHA-256): the ledger's recorded absolute path is gone, and the file is found by its digest,
+    as stores are by their fingerprint, so `dump/verify/stages --ledger` replay the run."""
+    import shutil
+
+    from pipeline.commands.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(store, run / "store")
+    (run / "ids.txt").write_text("doc-3\ndoc-40\n")
+    (run / "base.yaml").write_text(yaml.safe_dump(raw_config(Path("store"))))
+    (run / "data.yaml").write_text(yaml.safe_dump(raw_config(Path("store"), exclude="ids.txt")))
+    ledger = reconcile(Plan.from_config(load_config(run / "base.yaml")),
+                       load_config(run / "data.yaml"), 6, switch=True)  # fmt: skip
+    (run / "ledger.json").write_text(json.dumps(ledger.to_json()))
+    expected = Plan(ledger).batch(9)["inputs"]
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    for config in ("data.yaml", "base.yaml"):  # the file the config names, or one beside it
+        args = [str(moved / config), "--ledger", str(moved / "ledger.json")]
+        assert main(["dump", *args, "--steps", "9:10", "--out", str(tmp_path / "d.npz")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / "d.npz")["inputs"][0], expected)
+        assert main(["verify", *args, "--steps", "0:20"]) == 0
+        assert main(["stages", *args]) == 0
+    (moved / "ids.txt").write_text("doc-3\n")  # another file of that name is not the file
+    assert main(["stages", str(moved / "base.yaml"), "--ledger", str(moved / "ledger.json")]) == 2
+    assert "cannot read the exclude file" in capsys.readouterr().err

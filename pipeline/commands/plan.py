@@ -164,14 +164,16 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     if ledger_path is None:
         return Plan.from_config(config)
     stores = open_stores(config)
-    plan = Plan(data_state.load_ledger(ledger_path), stores.values())
+    plan = Plan(
+        data_state.load_ledger(ledger_path), stores.values(), exclude_files=config.exclude_files
+    )
     data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
     fingerprints = {name: store.fingerprint for name, store in stores.items()}
     order = fingerprint_of(data_order(config_mapping(config), fingerprints))
     segments = plan.ledger.segments
     if all(fingerprint_of(segment.order) != order for segment in segments):
         for index in range(len(segments)):  # an exclude file edited since it was recorded
-            plan.ledger.parsed(index)
+            plan.ledger.parsed(index, plan.exclude_files)
         # the plan is the ledger's: a config of another run would label its output unnoticed
         raise LedgerError(
             f"{config.origin}: this data config is none of the "

@@ -13,6 +13,12 @@ The file's SHA-256 is part of the source's config (`sha256`): the ledger records
 segment, and the segment's data-order fingerprint covers it, so a file edited after a run
 recorded it is refused instead of giving past steps other batches. A config may give `sha256`
 itself to pin the file.
+
+A recorded file is found by its content, as a store is by its fingerprint: when a ledger's
+config is read again after the run's directory moved, a file the recorded path no longer holds
+(or holds edited) is looked for among the files a plan is offered (`offered`: the exclude files
+of the config in force, and its directory, where a file of the recorded name is tried), and the
+one whose SHA-256 is the recorded one is read.
 """
 
 from __future__ import annotations
@@ -54,10 +60,15 @@ class ExcludeSpec:
 
 
 def parse_exclude(
-    value: Any, key: str, base_dir: Path | None, fail: Callable[[str, str], ConfigError]
+    value: Any,
+    key: str,
+    base_dir: Path | None,
+    fail: Callable[[str, str], ConfigError],
+    offered: tuple[Path, ...] = (),
 ) -> ExcludeSpec:
     """`sources.NAME.exclude` (`key`): a file name, or `{file, missing, sha256}`; the file is
-    read now, so a missing or malformed one is refused before anything runs."""
+    read now, so a missing or malformed one is refused before anything runs. With `sha256`
+    given, a file of that content among `offered` stands in for one moved (module docstring)."""
     entry = value if isinstance(value, dict) else {"file": value}
     for name in entry:
         if name not in KEYS:
@@ -70,11 +81,13 @@ def parse_exclude(
     if missing not in MISSING:
         raise fail(f"{key}.missing", f"expected error or ignore, got {missing!r}")
     path = _located(file, key, base_dir, fail)
+    pinned = entry.get("sha256")
+    if pinned is not None and offered:
+        path = relocated(path, str(pinned), offered)
     data = _read(path, f"{key}: {path}")
     for _ in _parse(data, path):  # a malformed line is refused now
         pass
     digest = _digest(data)
-    pinned = entry.get("sha256")
     if pinned is not None and pinned != digest:
         raise fail(f"{key}.sha256", _changed(path, digest, str(pinned)))
     return ExcludeSpec(path, digest, missing)
@@ -86,6 +99,27 @@ def _located(
     """The file, absolute (as store paths are): the ledger records it, and `dump --ledger`
     may run from another directory; a relative one in a config read from a URL is refused."""
     return location(file) if is_url(file) else anchored(file, key, base_dir, fail)
+
+
+def relocated(path: Path, sha256: str, offered: tuple[Path, ...]) -> Path:
+    """`path` if it holds content `sha256`, else the first of `offered` that does (a file, or
+    the file of `path`'s name in a directory), else `path` (whose read then says what is
+    wrong)."""
+    candidates = [path] + [c / path.name if c.is_dir() else c for c in offered]
+    for candidate in candidates:
+        try:
+            if _digest(read_bytes(str(candidate))) == sha256:
+                return candidate
+        except OSError:
+            continue
+    return path
+
+
+def exclude_files(sources: Any, home: Path | None) -> tuple[Path, ...]:
+    """What a config offers a recorded exclude file that moved (`relocated`): the exclude
+    files of its `sources` (`SourceSpec`s) and its directory `home` (None: a URL's)."""
+    files = tuple(s.exclude.file for s in sources if s.exclude is not None)
+    return files + ((home,) if home is not None else ())
 
 
 def _changed(path: Path, digest: str, recorded: str) -> str:

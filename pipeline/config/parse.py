@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.exclude import ExcludeSpec, parse_exclude
+from pipeline.config.exclude import ExcludeSpec, exclude_files, parse_exclude
 from pipeline.config.paths import anchored
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
@@ -175,6 +175,12 @@ class DataConfig:
     eval_batches: int | None = None
     starts_at: str = "run"  # where a switched-to config's stages count from: "run" or "switch"
     shared_vocabulary: bool = False  # stores of different tokenizers may mix, on purpose
+    home: Path | None = field(default=None, compare=False)  # its directory (None: a URL's)
+
+    @property
+    def exclude_files(self) -> tuple[Path, ...]:
+        """What this config offers a ledger's exclude file that moved (`exclude.relocated`)."""
+        return exclude_files(self.sources, self.home)
 
     @property
     def batch_is_scheduled(self) -> bool:
@@ -215,8 +221,14 @@ def load_config(path: str | Path) -> DataConfig:
     return parse_config(raw, origin=str(path), base_dir=None if url else Path(path).parent)
 
 
-def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Path()) -> DataConfig:
-    """`base_dir` anchors relative store paths; None (a config read from a URL) refuses them."""
+def parse_config(
+    raw: Any,
+    origin: str = "<config>",
+    base_dir: Path | None = Path(),
+    offered: tuple[Path, ...] = (),
+) -> DataConfig:
+    """`base_dir` anchors relative store paths; None (a config read from a URL) refuses them.
+    `offered`: where a recorded exclude file that moved may be found (`exclude.relocated`)."""
     where = _Where(origin)
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: a data config is a mapping, got {type(raw).__name__}")
@@ -239,7 +251,7 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Pat
     starts_at = raw.get("starts_at", "run")
     if starts_at not in ANCHORS:
         raise where.fail("starts_at", f"expected 'run' or 'switch', got {starts_at!r}")
-    sources = _sources(raw["sources"], where, base_dir)
+    sources = _sources(raw["sources"], where, base_dir, offered=offered)
     stages = _stages(raw, where, {s.name for s in sources})
     _check_steps_fit(stages, batches, where, "" if "mix" in raw else "stages[{}].")
     feed = _feed(raw.get("feed", {}), where)
@@ -250,6 +262,7 @@ def parse_config(raw: Any, origin: str = "<config>", base_dir: Path | None = Pat
     return DataConfig(
         seed, seq_len, batches, sources, stages, grad_accum, lanes, feed, origin,
         eval_sources, eval_batches, starts_at, shared,
+        None if base_dir is None else base_dir.resolve(),
     )  # fmt: skip
 
 
@@ -318,7 +331,11 @@ class _Where:
 
 
 def _sources(
-    raw: Any, where: _Where, base_dir: Path | None, parent: str = "sources"
+    raw: Any,
+    where: _Where,
+    base_dir: Path | None,
+    parent: str = "sources",
+    offered: tuple[Path, ...] = (),
 ) -> tuple[SourceSpec, ...]:
     sources = []
     for name, entry in where.mapping(raw, parent).items():
@@ -361,7 +378,9 @@ def _sources(
             raise where.fail(f"{key}.path", f"a format: {kind} corpus is read from a local path")
         exclude = None
         if "exclude" in entry:
-            exclude = parse_exclude(entry["exclude"], f"{key}.exclude", base_dir, where.fail)
+            exclude = parse_exclude(
+                entry["exclude"], f"{key}.exclude", base_dir, where.fail, offered
+            )
         if is_url(path):  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long, exclude=exclude))
             continue

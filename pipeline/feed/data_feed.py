@@ -362,7 +362,7 @@ class DataFeed:
     def adopt(self, ledger: Ledger, step: int) -> None:
         """Follow `ledger` (a restored, reconciled one) from `step` on."""
         self._ensure_open()
-        self._plan = Plan(ledger, self._plan.stores())
+        self._plan = Plan(ledger, self._plan.stores(), exclude_files=self._plan.exclude_files)
         self._scheduled = ScheduledSources(self._plan)
         self.seek(step)
 

@@ -48,7 +48,7 @@ def restore_state(
     on (a ledger segment that skips: docs/steering.md).
     """
     _check_processes_agree(state, feed, switch, skip_steps)
-    plan = Plan(state.ledger, feed.plan.stores())
+    plan = Plan(state.ledger, feed.plan.stores(), exclude_files=feed.plan.exclude_files)
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     reconciled = reconcile(
         plan, feed.config, state.step, switch=switch, switch_flag=switch_flag, skip=skip_steps

@@ -119,9 +119,10 @@ class Segment:
             extra["stages_from"] = self.stages_from
         return fingerprint_of({**self.order, **extra})
 
-    def parsed(self, where: str) -> DataConfig:
+    def parsed(self, where: str, offered: tuple[Path, ...] = ()) -> DataConfig:
+        """The recorded config; `offered`: where an exclude file that moved may be found."""
         try:
-            return parse_config(self.config, origin=where)
+            return parse_config(self.config, origin=where, offered=offered)
         except ConfigError as error:  # its message starts with `where` (the origin)
             reason = str(error).removeprefix(f"{where}: ")
             raise LedgerError(f"{where}: the recorded config is invalid: {reason}") from error
@@ -156,11 +157,12 @@ class Ledger:
     def last(self) -> Segment:
         return self.segments[-1]
 
-    def parsed(self, index: int) -> DataConfig:
+    def parsed(self, index: int, offered: tuple[Path, ...] = ()) -> DataConfig:
         """Segment `index`'s recorded config, parsed; an error names the segment (a recorded
-        exclude file edited since, say)."""
+        exclude file edited since, say). `offered`: `Segment.parsed`."""
         segment = self.segments[index]
-        return segment.parsed(f"ledger segment {index} (from step {segment.start_step})")
+        where = f"ledger segment {index} (from step {segment.start_step})"
+        return segment.parsed(where, offered)
 
     def segment_index(self, step: int) -> int:
         if step < 0:

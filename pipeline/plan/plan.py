@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -281,6 +282,8 @@ class DrawPlan:
     A plan pickles (for another process: a Grain worker of `host_dataset`) to what rebuilds
     it, not its open stores: there it opens each store on first use, with `StoreSet`'s identity
     check, so a store replaced since is refused in the worker with the line the parent gives.
+    `exclude_files` are offered, as stores are, to a recorded exclude file that moved (found
+    by its SHA-256: `DataConfig.exclude_files`, `exclude.relocated`).
     """
 
     def __init__(
@@ -289,8 +292,10 @@ class DrawPlan:
         stores: StoreSet | Iterable[TokenStore | StoreMeta] = (),
         *,
         check_reads: bool = True,
+        exclude_files: tuple[Path, ...] = (),
     ) -> None:
         self.ledger = ledger
+        self.exclude_files = exclude_files
         self.store_set = (
             stores if isinstance(stores, StoreSet) else StoreSet(stores, check_reads=check_reads)
         )
@@ -310,11 +315,14 @@ class DrawPlan:
         configs = {**self._configs, **{i: plan.config for i, plan in self._segments.items()}}
         return {
             "ledger": self.ledger, "metas": self.store_set.metas(), "configs": configs,
-            "check_reads": self.check_reads,
+            "check_reads": self.check_reads, "exclude_files": self.exclude_files,
         }  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["ledger"], state["metas"], check_reads=state["check_reads"])
+        self.__init__(
+            state["ledger"], state["metas"], check_reads=state["check_reads"],
+            exclude_files=state["exclude_files"],
+        )  # fmt: skip
         self._configs = state["configs"]
 
     @classmethod
@@ -332,7 +340,10 @@ class DrawPlan:
         check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
         fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
         ledger = Ledger.start(config, fingerprints)
-        plan = cls(ledger, stores.values(), check_reads=config.feed.check_reads)
+        plan = cls(
+            ledger, stores.values(), check_reads=config.feed.check_reads,
+            exclude_files=config.exclude_files,
+        )  # fmt: skip
         plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store_set.open)
         return plan
 
@@ -345,7 +356,7 @@ class DrawPlan:
         """The plan of ledger segment `index`."""
         if index not in self._segments:
             segment = self.ledger.segments[index]
-            config = self._configs.get(index) or self.ledger.parsed(index)
+            config = self._configs.get(index) or self.ledger.parsed(index, self.exclude_files)
             metas = {name: self._known(segment, config, name) for name in config.source_names}
             shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
             opener = self.store_set.open

@@ -154,7 +154,9 @@ def audit(
         _check_padding(report, step, batch, size, config.seq_len, whole, masked)
         step_counts = default_process_counts(size, config.lanes) if counts is None else counts
         for count in step_counts:
-            host_plan = hosts.setdefault(count, Plan(plan.ledger))
+            host_plan = hosts.setdefault(
+                count, Plan(plan.ledger, plan.store_set, exclude_files=plan.exclude_files)
+            )
             used_counts.add(count)
             for index in range(count):
                 rows = host_rows(size, index, count)
