@@ -428,3 +428,28 @@ def test_a_moved_run_directory_finds_its_exclude_file_by_content(store, tmp_path
     (moved / "ids.txt").write_text("doc-3\n")  # another file of that name is not the file
     assert main(["stages", str(moved / "base.yaml"), "--ledger", str(moved / "ledger.json")]) == 2
     assert "cannot read the exclude file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_takedown_never_forces_a_geometry_change(store, tmp_path, fresh):
+    """Every row holds one document (seq_len 4 truncates each), 70 rows over 2 lanes; taking
+    one down leaves 69, which no moving of documents evens out: the last row is left out of the
+    epochs (as a transitional epoch leaves its tail) instead of the config being refused."""
+    short = {"seq_len": 4}
+    before = parse_config({**raw_config(store), **short}, origin="run.yaml")
+    file = tmp_path / "t.txt"
+    file.write_text("doc-4\n")
+    after = parse_config({**raw_config(store, exclude=str(file)), **short}, origin="t.yaml")
+    plan = (
+        Plan.from_config(after)
+        if fresh
+        else Plan(reconcile(Plan.from_config(before), after, 5, switch=True))
+    )
+    layout = plan.segment_plan(len(plan.ledger.segments) - 1).layouts["web"]
+    excluded = set(layout.excluded.documents.tolist())
+    assert len(excluded) == 1
+    for epoch in (1, 2):
+        documents = layout.documents_of(layout.epoch_rows(epoch)).tolist()
+        assert len(documents) == len(set(documents)) == DOCUMENTS - 2
+        assert not excluded & set(documents)
+    assert audit(plan, 0, 80).ok

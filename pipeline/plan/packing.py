@@ -29,7 +29,6 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
 from typing import ClassVar
@@ -286,7 +285,9 @@ def _pack_store(
         kept = np.setdiff1d(kept, excluded, assume_unique=True)
     if kept.size:  # every document dropped: `_even_out` names the source
         kept = kept[permutation(kept.size, round_keys(seed, "pack-order", name))]
-    row_offsets, row_docs = pack_rows(kept, doc_tokens - 1, seq_len, lanes, f"sources.{name}")
+    # a take-down never forces a geometry change: rows it leaves uneven are left out
+    where = f"sources.{name}"
+    row_offsets, row_docs = pack_rows(kept, doc_tokens - 1, seq_len, lanes, where, excluded.size)
     counts = [int(long.sum()) if too_long == which else 0 for which in ("truncate", "drop")]
     packing = {
         "doc_start": doc_start,
@@ -301,21 +302,27 @@ def _pack_store(
 
 
 def pack_rows(
-    documents: np.ndarray, slots: np.ndarray, seq_len: int, lanes: int, where: str | None
+    documents: np.ndarray,
+    slots: np.ndarray,
+    seq_len: int,
+    lanes: int,
+    where: str | None,
+    leave_tail: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row_offsets, row_docs) of `documents` (ids, in the order to pack them; slots[id]
     each) packed block by block by best fit decreasing into rows of `seq_len` slots, the rows
     made a multiple of `lanes` (`_even_out`, which names `where` when they cannot be; `where`
-    None: the last rows are left out instead, fewer than `lanes`)."""
+    None, or `leave_tail` while a row per lane remains: the last rows are left out instead,
+    fewer than `lanes`)."""
     rows: list[list[int]] = []
     for lo in range(0, documents.size, BLOCK_DOCUMENTS):
         block = documents[lo : lo + BLOCK_DOCUMENTS]
         rows.extend([block[i] for i in row] for row in best_fit_decreasing(slots[block], seq_len))
-    if where is not None:
-        _even_out(rows, lanes, where)
-    else:
-        with suppress(ConfigError):
-            _even_out(rows, lanes, "")
+    try:
+        _even_out(rows, lanes, where or "")
+    except ConfigError:
+        if where is not None and not (leave_tail and len(rows) >= lanes):
+            raise
         del rows[len(rows) - len(rows) % lanes :]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     return offsets, np.array([d for row in rows for d in row], dtype=np.int64)
