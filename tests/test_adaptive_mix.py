@@ -202,6 +202,16 @@ def test_bad_calls_are_refused_and_change_nothing(tmp_path):
         assert tuple(feed.ledger.mixes) == (MixEntry(3, (("docs", MIX_UNIT),)),)
         with pytest.raises(LedgerError, match="set mixes in step order"):
             feed.set_mix({"code": 1}, step=2)
+        # beyond int64 lane positions, or a weight no float holds: one line, nothing recorded
+        for step in (2**63, 2**64 + 3, np.uint64(2**63)):
+            with pytest.raises(FeedError, match=r"^step: expected an integer in 0\.\.\d+"):
+                feed.set_mix({"code": 1}, step=step)
+        with pytest.raises(
+            ConfigError,
+            match=r"weight of 'code' must be finite and >= 0, got an integer of 1329 bits$",
+        ):
+            feed.set_mix({"code": 10**400, "docs": 1}, step=4)
+        assert tuple(feed.ledger.mixes) == (MixEntry(3, (("docs", MIX_UNIT),)),)
 
 
 def test_prefetched_batches_from_the_step_on_are_read_again(tmp_path):

@@ -465,13 +465,19 @@ def _check_step_points_inside(mix: tuple, steps: int | None, where: _Where, key:
             )
 
 
+def last_step(batches: tuple[tuple[int, int], ...]) -> int:
+    """The last step whose lane positions fit int64 under the batch schedule `batches` (the
+    largest batch's)."""
+    return MAX_POSITION // max(size for _, size in batches)
+
+
 def _check_steps_fit(
     stages: tuple[StageSpec, ...], batches: tuple[tuple[int, int], ...], where: _Where, prefix: str
 ) -> None:
     """Every step a config names (batch schedule points, stage ends, schedule points) times the
     largest batch fits int64 lane positions."""
     batch = max(size for _, size in batches)
-    limit = MAX_POSITION // batch
+    limit = last_step(batches)
     beyond = f"beyond the last step a batch of {counted(batch, 'row')} can address ({limit:,})"
     if batches[-1][0] > limit:
         raise where.fail("global_batch_size.step", f"step {batches[-1][0]} is {beyond}")

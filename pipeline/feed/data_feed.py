@@ -60,7 +60,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from pipeline.config import DataConfig
-from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count
+from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count, last_step
 from pipeline.errors import FeedError, PipelineError, StoreError
 from pipeline.feed import expand, shared_stores
 from pipeline.feed.geometry import Geometry, geometry
@@ -536,8 +536,16 @@ class DataFeed:
     # -- checks ------------------------------------------------------------------------------
 
     def _check_step(self, step: int) -> int:
+        """`step` as an int, refused unless within what int64 lane positions address."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise FeedError(f"step: expected an integer >= 0, got {step!r}")
+        limit = last_step(self.config.batch_sizes)
+        if step > limit:
+            raise FeedError(
+                f"step: expected an integer in 0..{limit} (the last step a batch of "
+                f"{max(size for _, size in self.config.batch_sizes):,} rows can address), "
+                f"got {step}"
+            )
         return int(step)
 
     def _ensure_open(self) -> None:

@@ -54,8 +54,14 @@ def quantize(weights: Mapping[str, float], where: str = "set_mix") -> tuple[tupl
     for name, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
             raise ConfigError(f"{where}: weight of {name!r} is not a number: {weight!r}")
-        if not math.isfinite(weight) or weight < 0:
-            raise ConfigError(f"{where}: weight of {name!r} must be finite and >= 0, got {weight}")
+        try:
+            value = float(weight)  # an int beyond a float (10**400) is not finite either
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value) or value < 0:
+            huge = isinstance(weight, int) and value == math.inf
+            shown = f"an integer of {weight.bit_length()} bits" if huge else weight
+            raise ConfigError(f"{where}: weight of {name!r} must be finite and >= 0, got {shown}")
     largest = max(float(w) for w in weights.values())  # scaled first: 1e308 + 1e308 overflows
     total = math.fsum(float(w) / largest for w in weights.values()) if largest > 0 else 0.0
     units = {str(n): round(float(w) / largest / total * MIX_UNIT) if total > 0 else 0
