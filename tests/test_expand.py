@@ -274,3 +274,33 @@ def test_a_transitional_epoch_expands_to_the_host_fields(tmp_path: Path) -> None
         seq_len = plan.segment_plan(plan.draws(step).segment_index).config.seq_len
         rows = plan.draws(step).rows.size
         assert_same(*read_both(plan, step, geometry(data_mesh((1,)), ("data",), 1, rows, seq_len)))
+
+
+def test_a_restored_feed_keeps_the_runtime_settings_of_the_config_in_force(
+    tmp_path: Path, caplog
+) -> None:
+    """The ledger records no `feed:` settings: after a restore (the Orbax item's and the
+    MaxText adapter's path alike, `restore_state`), `expand: device` still expands on the
+    devices and `verify: off` still reads unchecked; the feed says once which form it uses."""
+    import logging
+
+    from pipeline.feed.restore import current_state, restore_state
+
+    raw = two_stage_raw(tmp_path, feed={"expand": "device", "verify": "off"})
+    config = parse_config(raw, origin="expand.yaml")
+    with caplog.at_level(logging.INFO, logger="pipeline"), DataFeed(config, data_mesh()) as feed:
+        for _ in range(3):
+            next(feed)
+        state = current_state(feed)
+    said = "transfers the rows' compact form, the devices build the six fields (feed.expand: "
+    assert [said + "device, cpu devices)" in r.getMessage() for r in caplog.records].count(
+        True
+    ) == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"), DataFeed(config, data_mesh()) as feed:
+        restore_state(feed, state)
+        assert feed.expands_on_device and not feed.plan.check_reads
+        fresh = Plan.from_config(config)
+        np.testing.assert_array_equal(np.asarray(next(feed)["inputs"]), fresh.batch(3)["inputs"])
+    (start,) = [r.getMessage() for r in caplog.records if "feed starts at step 3" in r.getMessage()]
+    assert start.endswith(said + "device, cpu devices)")

@@ -165,8 +165,9 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
         return Plan.from_config(config)
     stores = open_stores(config)
     plan = Plan(
-        data_state.load_ledger(ledger_path), stores.values(), exclude_files=config.exclude_files
-    )
+        data_state.load_ledger(ledger_path), stores.values(),
+        check_reads=config.feed.check_reads, exclude_files=config.exclude_files,
+    )  # fmt: skip
     data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
     fingerprints = {name: store.fingerprint for name, store in stores.items()}
     order = fingerprint_of(data_order(config_mapping(config), fingerprints))

@@ -130,9 +130,11 @@ def _read_step(
     provenance: tuple[str, ...],
     measure: bool,
     scheduled: ScheduledSources | None = None,
+    expand_mode: str = "auto",
 ) -> _StepRows:
-    """A reader thread's task: one step's local rows, read and transferred to the devices."""
-    compact = expand.on_device(plan.config.feed.expand, geometry)
+    """A reader thread's task: one step's local rows, read and transferred to the devices
+    (`expand_mode`: the `feed.expand` of the config in force, never a ledger's)."""
+    compact = expand.on_device(expand_mode, geometry)
     rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled, compact)
     rows.batch = expand.to_global(geometry, rows.batch)
     return rows
@@ -359,10 +361,20 @@ class DataFeed:
         """The whole data state, small and JSON-able: the next step and the ledger."""
         return {"step": self._step, "ledger": self._plan.ledger.to_json()}
 
+    @property
+    def expands_on_device(self) -> bool:
+        """Whether the next step's rows travel in their compact form and the devices build the
+        six fields (`feed.expand` of the config in force, `pipeline.feed.expand`)."""
+        return expand.on_device(self.config.feed.expand, self._geometry_at(self._step))
+
     def adopt(self, ledger: Ledger, step: int) -> None:
-        """Follow `ledger` (a restored, reconciled one) from `step` on."""
+        """Follow `ledger` (a restored, reconciled one) from `step` on; the runtime settings
+        (`feed:`) stay the config in force's, never the ledger's recorded defaults."""
         self._ensure_open()
-        self._plan = Plan(ledger, self._plan.stores(), exclude_files=self._plan.exclude_files)
+        self._plan = Plan(
+            ledger, self._plan.stores(), check_reads=self.config.feed.check_reads,
+            exclude_files=self._plan.exclude_files,
+        )  # fmt: skip
         self._scheduled = ScheduledSources(self._plan)
         self.seek(step)
 
@@ -477,8 +489,9 @@ class DataFeed:
             step = self._queued
             geometry = self._geometry_at(step)  # also builds the segment in this thread
             task = partial(
-                _read_step, self._plan, step, geometry, self.provenance, measure, scheduled
-            )
+                _read_step, self._plan, step, geometry, self.provenance, measure, scheduled,
+                self.config.feed.expand,
+            )  # fmt: skip
             self._readers.submit(step, task)
             self._queued = step + 1
 
@@ -500,12 +513,13 @@ class DataFeed:
         previous, self._mixed = self._mixed, mixed
         if last is None:
             log.info(
-                "feed starts at step %d: stage %s; epochs %s; reader threads %d (threads: %s)",
+                "feed starts at step %d: stage %s; epochs %s; reader threads %d (threads: %s); %s",
                 step,
                 summary.stage_label,
                 summary.epochs_label,
                 self.reader_threads,
                 self.threads,
+                expand.describe(self.config.feed.expand, self._geometry_at(step)),
             )
             self._epochs = dict(summary.epochs)
             return

@@ -40,6 +40,16 @@ def on_device(mode: str, geometry: Geometry) -> bool:
     return mode == "device"
 
 
+def describe(mode: str, geometry: Geometry) -> str:
+    """Which transfer form `feed.expand: mode` gives on `geometry`'s devices, for the log."""
+    platform = geometry.sharding.mesh.devices.flat[0].platform
+    if on_device(mode, geometry):
+        form = "transfers the rows' compact form, the devices build the six fields"
+    else:
+        form = "transfers the six fields built on the host"
+    return f"{form} (feed.expand: {mode}, {platform} devices)"
+
+
 def to_global(geometry: Geometry, host: dict[str, np.ndarray]) -> Arrays:
     """The global arrays of a step's rows, as `Geometry.to_global` gives them, from the six
     fields (transferred as they are) or from the compact form (transferred, then expanded)."""

@@ -48,7 +48,10 @@ def restore_state(
     on (a ledger segment that skips: docs/steering.md).
     """
     _check_processes_agree(state, feed, switch, skip_steps)
-    plan = Plan(state.ledger, feed.plan.stores(), exclude_files=feed.plan.exclude_files)
+    plan = Plan(
+        state.ledger, feed.plan.stores(), check_reads=feed.config.feed.check_reads,
+        exclude_files=feed.plan.exclude_files,
+    )  # fmt: skip
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     reconciled = reconcile(
         plan, feed.config, state.step, switch=switch, switch_flag=switch_flag, skip=skip_steps

@@ -459,10 +459,11 @@ class DrawPlan:
     def _known(self, segment: Segment, config: DataConfig, name: str) -> StoreMeta:
         """The metadata of a segment's source: given, or its store opened (files checked as
         the segment's config says; an error named by the source's key in the segment,
-        `sources.path_key`)."""
+        `sources.path_key`); its reads checked as the plan's maker says (the config in
+        force's `feed.verify`: a recorded config holds no runtime settings)."""
         with keyed(config, name):
             path, fingerprint = config.source(name).path, segment.fingerprints[name]
-            return self.store_set.meta(path, fingerprint, config.feed.check_reads)
+            return self.store_set.meta(path, fingerprint, self.check_reads)
 
 
 def carries(previous: Segment, name: str, fingerprint: str, entry: Mapping[str, str]) -> bool:
