@@ -91,3 +91,43 @@ def test_an_unreachable_bucket_is_one_line_exit_2_in_seconds(tmp_path, command):
     assert (
         f"cannot connect to Cloud Storage at 127.0.0.1:{port} (Connection refused)" in done.stderr
     )
+
+
+@pytest.fixture
+def unreachable(monkeypatch) -> int:
+    """STORAGE_EMULATOR_HOST at a closed loopback port: Cloud Storage without a network."""
+    port = closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    return port
+
+
+@pytest.fixture(scope="module")
+def local_config(tmp_path_factory) -> Path:
+    from tests.storegen import write_synthetic_store
+
+    root = tmp_path_factory.mktemp("gs-paths")
+    write_synthetic_store(root / "web", [[300, 200]])
+    (root / "data.yaml").write_text(
+        "seq_len: 8\nglobal_batch_size: 2\nsources: {web: {path: web}}\nmix: {web: 1}\n"
+    )
+    return root / "data.yaml"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["stages"], ["epochs"], ["inspect", "--step", "0"], ["verify", "--steps", "0:2"],
+     ["dump", "--steps", "0:1", "--out", "d.npz"], ["plot", "--steps", "0:2", "--out", "p.png"]],
+)  # fmt: skip
+def test_a_ledger_in_an_unreachable_bucket_is_one_line_in_seconds(
+    local_config, unreachable, capsys, command
+):
+    from pipeline.commands.cli import main
+
+    started = time.monotonic()
+    code = main([command[0], str(local_config), "--ledger", "gs://b/ckpt/40", *command[1:]])
+    assert time.monotonic() - started < 20  # gcsfs alone retried for ~35 s per request
+    error = capsys.readouterr().err
+    assert code == 2 and len(error.splitlines()) == 1, error
+    assert error.startswith(
+        f"error: gs://b/ckpt/40: cannot connect to Cloud Storage at 127.0.0.1:{unreachable} "
+    )

@@ -21,7 +21,7 @@ from typing import Any
 from pipeline.errors import LedgerError, PipelineError
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawPlan
-from pipeline.urls import location
+from pipeline.urls import check_reachable, location
 
 log = logging.getLogger("pipeline")
 
@@ -107,7 +107,10 @@ def loads(text: str | bytes, origin: str) -> Any:
 
 def state_file(path: str | Path) -> Any:
     """`path` itself, or the state file of a checkpoint step directory or its data item: ours
-    (`data/data_state.json`) or MaxText's `iter` item (`iter/process_0.json`, ...)."""
+    (`data/data_state.json`) or MaxText's `iter` item (`iter/process_0.json`, ...). A bucket
+    that cannot be connected to is one line in seconds (`check_reachable`), not gcsfs's
+    retries."""
+    check_reachable(path)
     path = location(path)  # a local path or a gs:// checkpoint
     if not path.is_dir():
         return path
