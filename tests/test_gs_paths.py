@@ -131,3 +131,18 @@ def test_a_ledger_in_an_unreachable_bucket_is_one_line_in_seconds(
     assert error.startswith(
         f"error: gs://b/ckpt/40: cannot connect to Cloud Storage at 127.0.0.1:{unreachable} "
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["gs://bucket/meg/pile"], ["gs://bucket/pq", "--format", "parquet"],
+     ["/data/pile", "--out", "gs://bucket/index"]],
+)  # fmt: skip
+def test_an_in_place_corpus_in_a_bucket_is_refused_in_one_line(tmp_path, capsys, argv, monkeypatch):
+    from pipeline.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["index", *argv]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is indexed and read from a local path" in error, error
+    assert not any(tmp_path.iterdir())  # no "gs:" directory made

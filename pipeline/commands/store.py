@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from pipeline.commands.summary import describe_store
-from pipeline.errors import PrepareError
+from pipeline.errors import PrepareError, StoreError
 from pipeline.in_place import DEFAULT_COLUMN, IN_PLACE_FORMATS
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
@@ -14,7 +14,7 @@ from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.formats import IN_PLACE, open_store
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
-from pipeline.urls import location
+from pipeline.urls import is_url, location
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -264,6 +264,13 @@ def run_store_info(args: argparse.Namespace) -> int:
 
 
 def run_index(args: argparse.Namespace) -> int:
+    for flag, value in (("DATA", args.data), ("--out", args.out)):
+        if value is not None and is_url(value):  # Path() would make "gs:/b/..." of it
+            raise StoreError(
+                f"{value}: a corpus read in place is indexed and read from a local path, not a "
+                f"bucket ({flag}); mount the bucket (e.g. gcsfuse) or copy the corpus, or "
+                "tokenize it into a store with pipeline prepare (docs/in-place-corpora.md)"
+            )
     path = IN_PLACE[args.format].build_index(
         args.data,
         args.out,
