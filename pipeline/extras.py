@@ -10,6 +10,7 @@ after `pip install --no-deps`, as into MaxText's environment. `make setup` insta
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from pipeline.errors import MissingExtraError
@@ -27,6 +28,17 @@ def require(module: str, extra: str, needed_for: str) -> ModuleType:
         top = module.partition(".")[0]
         if error.name is None or error.name.partition(".")[0] != top:
             raise
-        raise MissingExtraError(
-            f"{needed_for} needs {top}, which is not installed: pip install 'pipeline[{extra}]'"
-        ) from None
+        raise _missing(top, extra, needed_for) from None
+
+
+def require_installed(module: str, extra: str, needed_for: str) -> None:
+    """`require` without importing `module` (whose import may log or cost): a
+    `MissingExtraError` naming `extra` if it is not installed."""
+    if importlib.util.find_spec(module) is None:
+        raise _missing(module, extra, needed_for)
+
+
+def _missing(package: str, extra: str, needed_for: str) -> MissingExtraError:
+    return MissingExtraError(
+        f"{needed_for} needs {package}, which is not installed: pip install 'pipeline[{extra}]'"
+    )

@@ -88,6 +88,11 @@ CASES = {
         "pipeline",
         ["prepare", "{d}/text.txt", "--out", "{d}/k", "--runner", "beam", "--", "--runner=dask"],
     ),
+    "dask-without-beam": (  # the dask extra brings Beam too: named first, not beam then dask
+        "apache_beam",
+        "pipeline",
+        ["prepare", "{d}/text.txt", "--out", "{d}/k", "--runner", "beam", "--", "--runner", "dask"],
+    ),
     "gcs": ("gcsfs", "pipeline", ["prepare", "{d}/text.txt", "--out", "gs://my-bucket/stores/t"]),
     "train": (
         "optax",
@@ -96,7 +101,8 @@ CASES = {
     ),
 }
 EXTRA = {"parquet": "parquet", "sentencepiece": "tokenizers", "hf": "tokenizers", "plot": "plot",
-         "beam": "beam", "dask": "dask", "train": "train", "gcs": "gcs"}  # fmt: skip
+         "beam": "beam", "dask": "dask", "dask-without-beam": "dask", "train": "train",
+         "gcs": "gcs"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

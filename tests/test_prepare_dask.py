@@ -43,6 +43,7 @@ def test_the_dask_runner_on_two_worker_processes_writes_the_local_store(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "prepare: Beam pipeline on DaskRunner" in run.stderr.splitlines()
+    assert not [line for line in run.stderr.splitlines() if "distributed" in line], run.stderr
     after = _executed(cluster)
     assert all(b > a for a, b in zip(before, after)), (before, after)  # both did work
     local = prepare(
@@ -67,3 +68,33 @@ def test_bad_data_read_on_a_dask_worker_is_one_line(tmp_path: Path, cluster: Loc
         "JSON object per line"
     )
     assert not out.exists() and _no_leftovers(tmp_path) == []
+
+
+def test_an_unreachable_scheduler_is_one_line_in_seconds(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Also: Dask's INFO logging (a local cluster's 35 lines of workers joining and leaving)
+    is set to warnings for this process and the workers it starts, through Dask's config."""
+    import os
+    import time
+
+    from pipeline.commands.cli import main
+    from tests.test_gs_paths import closed_port
+
+    monkeypatch.delenv("DASK_LOGGING__DISTRIBUTED", raising=False)
+    (tmp_path / "a.txt").write_text("some text")
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    code = main(
+        ["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"), "--no-progress",
+         "--runner", "beam", "--", "--runner=DaskRunner", f"--dask_client_address={address}"]
+    )  # fmt: skip
+    assert time.monotonic() - started < 20
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1, error
+    assert error.startswith(
+        f"error: --dask_client_address={address}: cannot connect to the Dask scheduler "
+        "(Connection refused)"
+    )
+    assert _no_leftovers(tmp_path) == []
+    assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "warning"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from pipeline.commands.summary import describe_store
 from pipeline.errors import PrepareError, StoreError
+from pipeline.extras import require_installed
 from pipeline.in_place import DEFAULT_COLUMN, IN_PLACE_FORMATS
 from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
@@ -234,10 +236,16 @@ def run_prepare(args: argparse.Namespace) -> int:
         **{name: value for name, value in given.items() if name not in FIELD_OPTIONS},
     )
     if args.runner == "beam":
+        if _names_dask(args.passthrough):  # its extra brings Beam too: name that one first
+            require_installed("apache_beam", "dask", "Beam's DaskRunner")
         from pipeline.ingest.prepare_beam import prepare_beam  # Beam is an optional extra
 
-        # Beam's INFO log is its machinery's (servers started, caches made): its warnings stay
+        # Beam's and Dask's INFO logs are their machinery's (servers started, caches made,
+        # workers joining): their warnings stay. Dask sets its loggers' levels from its config
+        # when imported, in this process and in the workers a local cluster starts (which
+        # inherit the environment); a user's own setting wins.
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
         paths = prepare_beam(options, args.passthrough)
     elif args.passthrough:
         raise PrepareError(
@@ -249,6 +257,16 @@ def run_prepare(args: argparse.Namespace) -> int:
         store = TokenStore(path, verify=args.verify)
         print(f"{split}: {describe_store(store)}")
     return 0
+
+
+def _names_dask(beam_args: list[str]) -> bool:
+    """Whether Beam's flags choose its Dask runner (`--runner=dask`, `--runner DaskRunner`)."""
+    runners = [
+        value
+        for flag, value in zip(["", *beam_args], beam_args)
+        if flag == "--runner" or value.startswith("--runner=")
+    ]
+    return bool(runners) and "dask" in runners[-1].lower()
 
 
 def run_verify_store(args: argparse.Namespace) -> int:

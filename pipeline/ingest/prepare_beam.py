@@ -33,10 +33,12 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -101,6 +103,8 @@ name FnApiRunner. Prism stays available as `--runner=PrismRunner`."""
 RUNNER_PATHS = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
 """Runners Beam ships but does not know by short name (its `--runner` wants the module path)."""
 
+SCHEDULER_TIMEOUT_S = 5.0
+
 _RUNNER_NEEDS = {"DaskRunner": ("dask.distributed", "dask")}
 """Runner class -> a package it needs that is not Beam's, and the extra that installs it."""
 
@@ -113,6 +117,7 @@ def prepare_beam(options: PrepareOptions, beam_args: Sequence[str] = ()) -> dict
     """
     validated = validate(options)
     pipeline_options = PipelineOptions(pipeline_flags(options.workers, beam_args))
+    check_scheduler(pipeline_options)
     stagings = {
         split: staging_dir(path, shared=True) for split, path in options.destinations.items()
     }
@@ -155,6 +160,26 @@ def pipeline_flags(workers: int, beam_args: Sequence[str] = ()) -> list[str]:
     ):  # one task per unit of work (Dask's default puts up to 128 units, all, in one task)
         flags.append("--dask_partition_size=1")
     return [*flags, f"--runner={runner}"]
+
+
+def check_scheduler(pipeline_options: PipelineOptions) -> None:
+    """A Dask scheduler (`--dask_client_address`) that cannot be connected to stops in seconds
+    with one line, before Dask's client retries and ends in a traceback of its internals."""
+    if pipeline_options.view_as(StandardOptions).runner != RUNNER_PATHS["DaskRunner"]:
+        return
+    address = pipeline_options.get_all_options().get("address")
+    if not address:  # none given: the runner starts a LocalCluster of its own
+        return
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname or "", parts.port or 8786  # Dask's default port
+        socket.create_connection((host, port), timeout=SCHEDULER_TIMEOUT_S).close()
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise PrepareError(
+            f"--dask_client_address={address}: cannot connect to the Dask scheduler ({reason}); "
+            "start it, or check the address"
+        ) from None
 
 
 def resolve_runner(name: str) -> str:
