@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -46,6 +47,28 @@ sys.path.insert(0, str(ROOT / "scripts"))
 log = logging.getLogger("pipeline")
 
 PREEMPTED = 75  # exit status after a preemption checkpoint: EX_TEMPFAIL, "try again"
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (0: the option is off), refused by argparse naming the flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    """A finite number > 0 (nan, inf and 0 would freeze or blow up the controller)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,21 +90,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--skip-data",
-        type=int,
+        type=_count,
         default=0,
         metavar="N",
         help="with --resume: pass over N steps of data (the restored step s serves plan step s+N)",
     )
     p.add_argument(
         "--adaptive-mix",
-        type=int,
+        type=_count,
         default=0,
         metavar="K",
         help="every K steps, set the mixture from per-source losses (pipeline.feed.adaptive)",
     )
     p.add_argument(
         "--adaptive-rate",
-        type=float,
+        type=_rate,
         default=1.0,
         metavar="R",
         help="with --adaptive-mix: the controller's step size on the excess losses",
@@ -209,6 +232,33 @@ def refuse_a_used_checkpoint_dir(args: argparse.Namespace) -> None:
         )
 
 
+def check_positions(checkpoint_dir: str, step: int, positions: int, given: int) -> None:
+    """The checkpoint's position table must have the model's shape: a switch to a longer
+    seq_len restores a model whose table was sized by --positions when the run started."""
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    from pipeline.errors import ConfigError
+
+    item = epath.Path(checkpoint_dir) / str(step) / "state"
+    meta = ocp.StandardCheckpointHandler().metadata(item)  # shapes only, no array read
+    saved = getattr(meta, "tree", meta)["params"]["position"].shape[0]
+    if saved == positions:
+        return
+    source = f"--positions {given}" if given else "the data config's seq_len, no --positions"
+    fix = (
+        f"give --positions {saved}"
+        if saved > positions
+        else "a run that switches to a longer seq_len starts with --positions set to the "
+        f"longest it will reach (docs/steering.md): continue at seq_len {saved} or below, or "
+        "start a new run"
+    )
+    raise ConfigError(
+        f"{checkpoint_dir} step {step}: the checkpoint's position table holds {saved} "
+        f"positions, this run's model {positions} ({source}); {fix}"
+    )
+
+
 def initialize(args: argparse.Namespace) -> bool:
     """Start jax.distributed where there is more than this process; True if it was started."""
     import jax
@@ -229,6 +279,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from pipeline.config import load_config
+    from pipeline.errors import ConfigError
     from pipeline.extras import require
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
@@ -244,8 +295,8 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     vocab = max(store.vocab_size for store in feed.plan.stores())
     positions = args.positions or config.seq_len
     if positions < config.seq_len:
-        raise SystemExit(
-            f"error: --positions {positions} is below the data config's seq_len "
+        raise ConfigError(
+            f"--positions {positions} is below the data config's seq_len "
             f"{config.seq_len}; give at least {config.seq_len}"
         )
     model = ModelConfig(vocab, positions, args.width, args.depth)
@@ -258,6 +309,8 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     manager = ocp.CheckpointManager(checkpoint_dir, options=options)
     notice = PreemptionNotice(manager, distributed)
     if args.resume and manager.latest_step() is not None:
+        # before the restore: a switch is logged only by a restore that can succeed
+        check_positions(checkpoint_dir, manager.latest_step(), positions, args.positions)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
         restored = manager.restore(
             manager.latest_step(),
@@ -275,7 +328,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
         log.info("resumed at step %d from %s", feed.step, checkpoint_dir)
     elif args.switch_data or args.skip_data:
         flag = "--switch-data" if args.switch_data else "--skip-data"
-        raise SystemExit(f"error: {flag} needs --resume and a checkpoint to restore from")
+        raise ConfigError(f"{flag}: no checkpoint in {checkpoint_dir} to restore from")
     elif args.resume:  # say so: a wrong --checkpoint-dir would silently train from scratch
         log.info("--resume: no checkpoint in %s; starting at step 0", checkpoint_dir)
     step_fn = make_train_step(model, tx, num_sources=len(feed.source_names()))
@@ -392,9 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("absl", "jax", "orbax", "gcsfs", "fsspec"):  # their INFO lines: each open
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from pipeline.errors import PipelineError
+    from pipeline.errors import ConfigError, PipelineError
+    from pipeline.urls import check_reachable
 
     try:
+        if (args.switch_data or args.skip_data) and not args.resume:
+            flag = "--switch-data" if args.switch_data else "--skip-data"
+            raise ConfigError(f"{flag} needs --resume and a checkpoint to restore from")
+        for url in (args.checkpoint_dir, args.data_config):  # seconds, not gcsfs's minutes
+            check_reachable(url)
         if args.process_id is None:  # started by hand, not by launch_local: check once
             refuse_a_used_checkpoint_dir(args)
         if args.num_processes > 1 and args.process_id is None:

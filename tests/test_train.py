@@ -149,9 +149,6 @@ def dumped_checksums(run_dir: Path, config: str, name: str, checkpoint: int, ste
 
 
 def test_the_trainer_skips_data_on_resume_and_dump_replays_what_it_trained(run_dir, first_run):
-    refused = train(run_dir, "data.yaml", 5, "--skip-data", "3", name="skip")
-    assert refused.returncode != 0
-    assert "--skip-data needs --resume and a checkpoint" in refused.stderr
     copy_first_run(run_dir, first_run, "skip")
     skip = ("--resume", "--skip-data", "10", *POSITIONS)
     skipped = train(run_dir, "data.yaml", 30, *skip, name="skip")
@@ -180,8 +177,23 @@ def test_the_trainer_extends_the_context_at_a_switch_and_dump_replays_it(run_dir
     dumped = dumped_checksums(run_dir, "long.yaml", "long", 26, "20:26")
     assert dumped == [r["checksum"] for r in after]
     short = train(run_dir, "long.yaml", 3, "--positions", "64", name="short")
-    assert short.returncode != 0
+    assert (short.returncode, short.stderr.count("\n")) == (2, 1), short.stderr
     assert "--positions 64 is below the data config's seq_len 128" in short.stderr
+
+
+def test_a_position_table_of_another_size_is_one_line_before_the_restore(run_dir, first_run):
+    """The first run's table holds 128 positions; resuming without --positions sizes the model
+    by seq_len 64: one line naming --positions, exit 2, and no ledger switch is logged."""
+    copy_first_run(run_dir, first_run, "positions")
+    done = train(run_dir, "two.yaml", 22, "--resume", "--switch-data", name="positions")
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error: ")]
+    assert line == (
+        f"error: {run_dir / 'positions-ckpt'} step 20: the checkpoint's position table holds "
+        "128 positions, this run's model 64 (the data config's seq_len, no --positions); give "
+        "--positions 128"
+    )
+    assert "Traceback" not in done.stderr and "ledger switch" not in done.stderr
 
 
 GRAM = 4  # printable random text: no 4 characters in a row recur elsewhere in the corpus
@@ -313,3 +325,47 @@ def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
     )
     train.relay_stdout(child)
     assert capsys.readouterr().out == "step 0 | loss 5.5\nstep 1 | loss 5.4\n"
+
+
+def in_process(argv: list[str], capsys) -> tuple[int, str]:
+    """scripts/train.py's `main(argv)` in this process: (exit status, stderr)."""
+    from tests.test_gs_paths import trainer
+
+    try:
+        code = trainer().main(argv)
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--skip-data", "3"], "error: --skip-data needs --resume and a checkpoint to restore "
+         "from"),
+        (["--switch-data"], "error: --switch-data needs --resume and a checkpoint to restore from"),
+        (["--adaptive-mix", "4", "--adaptive-rate", "nan"],
+         "argument --adaptive-rate: expected a finite number > 0, got nan"),
+        (["--adaptive-mix", "-1"], "argument --adaptive-mix: expected an integer >= 0, got -1"),
+        (["--skip-data", "x"], "argument --skip-data: expected an integer >= 0, got 'x'"),
+    ],
+)  # fmt: skip
+def test_the_trainers_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, extra, said):
+    argv = ["--data-config", str(tmp_path / "d.yaml"), "--checkpoint-dir", str(tmp_path / "c")]
+    code, error = in_process([*argv, *extra], capsys)
+    assert code == 2 and said in error.splitlines()[-1], error
+
+
+def test_a_checkpoint_dir_in_an_unreachable_bucket_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch
+):
+    from tests.test_gs_paths import closed_port
+
+    port = closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    argv = ["--data-config", str(tmp_path / "d.yaml"), "--checkpoint-dir", "gs://b/run"]
+    code, error = in_process(argv, capsys)
+    assert (code, error.count("\n")) == (2, 1), error
+    assert error.startswith(
+        f"error: gs://b/run: cannot connect to Cloud Storage at 127.0.0.1:{port}"
+    )

@@ -44,9 +44,10 @@ class ExcessLoss:
         warmup: int = 10,
         initial: Mapping[str, float] | None = None,
     ) -> None:
-        if every < 1 or rate <= 0 or not 0 <= floor * len(sources) < 1 or not 0 <= smoothing < 1:
+        bad_rate = not 0 < rate < math.inf  # nan too: it would freeze the weights
+        if every < 1 or bad_rate or not 0 <= floor * len(sources) < 1 or not 0 <= smoothing < 1:
             raise ConfigError(
-                "ExcessLoss: expected every >= 1, rate > 0, 0 <= floor < 1 / sources, "
+                "ExcessLoss: expected every >= 1, a finite rate > 0, 0 <= floor < 1 / sources, "
                 f"0 <= smoothing < 1; got every={every}, rate={rate}, floor={floor}, "
                 f"smoothing={smoothing}"
             )
