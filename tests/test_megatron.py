@@ -436,3 +436,27 @@ def test_pipeline_index_of_an_empty_dataset_or_to_a_bad_out_is_one_line(
     done = run_cli("index", str(tmp_path / "corpus"), "--out", str(tmp_path / out))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert re.search(message, done.stderr), done.stderr
+
+
+def test_a_copy_of_a_dataset_and_the_index_beside_it_reads_and_verifies_the_copy(tmp_path, capsys):
+    """The index beside its data records the prefix relative to itself: a copy of both checks
+    the copy's files (a damaged copy is refused) and `verify-store` names what it read."""
+    import shutil
+
+    from pipeline.commands.cli import main
+
+    (tmp_path / "a").mkdir()
+    write_megatron(tmp_path / "a" / "corpus", random_documents(8, 20))
+    assert main(["index", str(tmp_path / "a" / "corpus")]) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    index = default_index_dir(tmp_path / "b" / "corpus")
+    capsys.readouterr()
+    assert main(["verify-store", str(index)]) == 0
+    said = capsys.readouterr().out
+    assert said.endswith(
+        f"; checked {tmp_path / 'b' / 'corpus.bin'}, {tmp_path / 'b' / 'corpus.idx'}\n"
+    )
+    flip(tmp_path / "b" / "corpus.bin", 10)
+    assert main(["verify-store", str(index)]) == 2
+    assert f"{tmp_path / 'b' / 'corpus.bin'}: " in capsys.readouterr().err
+    assert main(["verify-store", str(default_index_dir(tmp_path / "a" / "corpus"))]) == 0

@@ -14,6 +14,7 @@ from pipeline.ingest.builtin import INSTRUCTION_CORPORA
 from pipeline.ingest.chat import ROW_FORMATS, TRAIN_ON, RowFields
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.store.formats import IN_PLACE, open_store
+from pipeline.store.inplace import InPlaceStore
 from pipeline.store.token_store import TokenStore
 from pipeline.store.writer import DEFAULT_RECORD_TOKENS
 from pipeline.urls import is_url, location
@@ -271,7 +272,10 @@ def _names_dask(beam_args: list[str]) -> bool:
 
 def run_verify_store(args: argparse.Namespace) -> int:
     store = open_store(args.store, verify=True)
-    print(f"ok: {describe_store(store)}")
+    checked = ""
+    if isinstance(store, InPlaceStore):  # an index: say which corpus files were read
+        checked = f"; checked {', '.join(str(f) for f in store.data_files())}"
+    print(f"ok: {describe_store(store)}{checked}")
     return 0
 
 

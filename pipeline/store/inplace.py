@@ -334,6 +334,10 @@ class InPlaceStore(StoreFacts):
         """The files whose identities `check_unchanged` compares, by `_identities` key."""
         return {"index": self.path / self.RECORD}
 
+    def data_files(self) -> list[Path]:
+        """The corpus's files this index reads (what `verify-store` checked, by name)."""
+        return [file for key, file in self._watched().items() if key != "index"]
+
     def check_unchanged(self) -> None:
         """Refuse a corpus or index whose files were replaced since this store opened them."""
         for key, file in self._watched().items():

@@ -19,6 +19,7 @@ is decided). What a `TokenStore` checks, it checks too:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,13 @@ from pipeline.store import megatron_index
 from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
 from pipeline.store.inplace import REINDEX, InPlaceStore, TokenScan
 from pipeline.store.megatron_format import read_index
-from pipeline.store.megatron_index import INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, data_files
+from pipeline.store.megatron_index import (
+    INDEX_FILE,
+    INDEX_FORMAT,
+    INDEX_VERSION,
+    data_files,
+    indexed_prefix,
+)
 from pipeline.store.store_files import sha256_of
 
 
@@ -61,15 +68,16 @@ class MegatronStore(InPlaceStore):
     @classmethod
     def check_data(cls, record: dict[str, Any], path: Path, data: Path) -> None:
         """The index's prefix is `data`."""
-        if Path(record["prefix"]).resolve() != Path(data).resolve():
+        prefix = indexed_prefix(record, Path(os.path.abspath(path)))
+        if prefix.resolve() != Path(data).resolve():
             raise StoreError(
-                f"{path}: indexes {record['prefix']}, the source reads {data}; index that "
+                f"{path}: indexes {prefix}, the source reads {data}; index that "
                 "dataset (`pipeline index PREFIX --out DIR`) and name its directory"
             )
 
     def __init__(self, path: str | Path, *, verify: bool = False, check_reads: bool = True):
         super().__init__(path, check_reads)
-        self.bin_path, self.idx_path = data_files(self.manifest["prefix"])
+        self.bin_path, self.idx_path = data_files(indexed_prefix(self.manifest, self.path))
         self._check_file("bin", self.bin_path, self.manifest["bin"])
         self._check_file("idx", self.idx_path, self.manifest["idx"])
         docs = self._array("docs", self.manifest["num_documents"] + 1)

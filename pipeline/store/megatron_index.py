@@ -49,6 +49,13 @@ INDEX_VERSION = 1
 DOCS, BLOCKS = "docs.npy", "blocks.npy"
 
 
+def indexed_prefix(record: dict[str, Any], index: Path) -> Path:
+    """The dataset prefix an index (directory `index`) records: absolute, or relative to the
+    index directory (an index beside its data)."""
+    prefix = Path(record["prefix"])
+    return prefix if prefix.is_absolute() else Path(os.path.normpath(index / prefix))
+
+
 def data_files(prefix: str | Path) -> tuple[Path, Path]:
     """(`PREFIX.bin`, `PREFIX.idx`)."""
     return Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
@@ -79,11 +86,14 @@ def build_index(
     vocab = vocabulary(scan.max_id, vocab_size, bin_path)
     target = default_index_dir(prefix) if out is None else Path(out)
     index_dir(target)
+    # an index beside its data names it relatively, so a copy of both reads the copy's data
+    beside = Path(os.path.abspath(target)).parent == prefix.parent
+    recorded = os.path.relpath(prefix, os.path.abspath(target)) if beside else str(prefix)
     idx_sha256 = file_sha256(idx_path)
     record: dict[str, Any] = {
         "format": INDEX_FORMAT,
         "format_version": INDEX_VERSION,
-        "prefix": str(prefix),
+        "prefix": recorded,
         "dtype": index.dtype.name,
         "bin": {**file_entry(bin_path), "crc32c": int(crcs[-1])},
         "idx": {**file_entry(idx_path), "sha256": idx_sha256},
