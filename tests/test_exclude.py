@@ -453,3 +453,29 @@ def test_a_takedown_never_forces_a_geometry_change(store, tmp_path, fresh):
         assert len(documents) == len(set(documents)) == DOCUMENTS - 2
         assert not excluded & set(documents)
     assert audit(plan, 0, 80).ok
+
+
+def test_an_edited_exclude_file_is_reported_once_by_its_segment(store, tmp_path, capsys, caplog):
+    """Three segments (a take-down at 6, another switch at 10 that keeps it): the file edited
+    since is one line naming the segment that recorded it, not a warning that a later
+    segment's counters were not re-derived and then the error."""
+    from pipeline.commands.cli import main
+
+    file = tmp_path / "takedown.txt"
+    plan = Plan.from_config(parse_config(raw_config(store), origin="run.yaml"))
+    taken = excluding(store, file, ["doc-4"])
+    ledger = reconcile(plan, taken, 6, switch=True)
+    bigger = {**raw_config(store, exclude=str(file)), "global_batch_size": 8}
+    more = parse_config(bigger, origin="more.yaml")
+    ledger = reconcile(Plan(ledger), more, 10, switch=True)
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger.to_json()))
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(bigger))
+    file.write_text("doc-5\n")
+    capsys.readouterr()
+    caplog.clear()
+    assert main(["stages", str(config_file), "--ledger", str(tmp_path / "ledger.json")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "not re-derived" not in error, error
+    assert error.startswith("error: ledger segment 1 (from step 6): the recorded config is ")
+    assert not [r for r in caplog.records if "not re-derived" in r.getMessage()]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import LedgerError, PipelineError
+from pipeline.errors import LedgerError, StoreError
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import DrawPlan
 from pipeline.urls import check_reachable, location
@@ -238,7 +238,7 @@ def counter_differences(ledger: Ledger, plan: DrawPlan, origin: str) -> list[str
                 segment.fingerprints,
                 segment.config["sources"],
             )
-        except PipelineError as error:
+        except StoreError as error:  # a past segment's store is gone: nothing to compare
             log.warning("%s: segments[%d].counters not re-derived: %s", origin, index, error)
             continue
         for name, counter in segment.counters.items():
