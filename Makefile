@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
 EXTRAS := dev,tokenizers,parquet,chat,plot,train,beam,dask,metrics,gcs
 
-.PHONY: setup test test-fast test-multiprocess test-maxtext demo lint format bench clean
+.PHONY: setup test test-fast test-multiprocess test-maxtext demo megatron-example lint format bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ test-maxtext:
 
 demo: setup
 	$(BIN)/python scripts/demo.py
+
+# the data of configs/megatron-in-place.yaml: python-docs as a Megatron dataset, indexed
+megatron-example: setup
+	$(BIN)/python scripts/megatron_example.py
 
 lint: setup
 	$(BIN)/ruff check .

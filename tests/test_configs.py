@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipeline.config import load_config
@@ -14,11 +14,19 @@ from pipeline.plan.report import stage_rows
 from pipeline.plan.resume import reconcile
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
-from pipeline.store.megatron_format import write_megatron
-from pipeline.store.megatron_index import build_index
 from pipeline.store.token_store import TokenStore
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def megatron_example():
+    spec = importlib.util.spec_from_file_location(
+        "megatron_example", SCRIPTS / "megatron_example.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +39,7 @@ def workdir(tmp_path_factory) -> Path:
                 inputs=[f"builtin:{name}"], out=root / "data" / name, num_shards=2, progress=False
             )
         )
-    with TokenStore(root / "data" / "python-docs") as store:  # as a Megatron dataset
-        docs = [
-            [store.document(shard, k).tolist()]
-            for shard in range(store.num_shards)
-            for k in range(int(store.shard_documents[shard]))
-        ]
-    (root / "data" / "megatron").mkdir()
-    write_megatron(root / "data" / "megatron" / "python-docs", docs, np.uint16)
-    build_index(root / "data" / "megatron" / "python-docs")
+    assert megatron_example().main(root / "data") == 0  # `make megatron-example`'s script
     shutil.copytree(CONFIGS[0].parent, root / "configs")
     return root / "configs"
 
