@@ -551,3 +551,40 @@ def test_a_declared_switch_that_adds_in_place_sources_keeps_every_guarantee(tmp_
     assert report.ok, report.violations
     assert report.epochs_completed["c"] >= 1 and report.epochs_completed["m"] >= 1
     data_state.verify_ledger(switched.ledger, switched, "<switched>")
+
+
+def test_in_place_hints_point_the_right_way(tmp_path, capsys):
+    """A Megatron prefix or a Parquet directory named as a store, a Parquet directory indexed
+    as Megatron, `index X.bin`, a DatasetDict root, one file: each says what to do instead."""
+    from pipeline.commands.cli import main
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+    from pipeline.store.megatron_format import write_megatron
+
+    def error_of(argv: list[str]) -> str:
+        assert main(argv) == 2
+        said = capsys.readouterr().err
+        assert said.count("\n") == 1, said
+        return said
+
+    write_megatron(tmp_path / "meg", [[[5, 6, 0]], [[7, 0]]])
+    write_parquet(tmp_path / "pq", [[[1, 2], [3]]])
+    for name, fix in (("meg", "format: megatron` after `pipeline index"),
+                      ("pq", "format: parquet` after `pipeline index")):  # fmt: skip
+        (tmp_path / f"{name}.yaml").write_text(
+            f"seq_len: 4\nglobal_batch_size: 1\nsources: {{a: {{path: {name}}}}}\nmix: {{a: 1}}\n"
+        )
+        with pytest.raises(ConfigError, match=fix):
+            Plan.from_config(load_config(tmp_path / f"{name}.yaml"))
+    said = error_of(["index", str(tmp_path / "pq")])
+    assert "is a directory: for its Parquet/Arrow files give --format parquet" in said
+    assert main(["index", str(tmp_path / "meg.bin")]) == 0  # the prefix, not meg.bin.bin
+    assert (tmp_path / "meg.pipeline-index").is_dir()
+    (tmp_path / "dd" / "train").mkdir(parents=True)
+    (tmp_path / "dd" / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    said = error_of(["index", str(tmp_path / "dd"), "--format", "parquet"])
+    split = tmp_path / "dd" / "train"
+    assert f"is a DatasetDict of splits train, test: give one split's directory ({split})" in said
+    capsys.readouterr()
+    assert main(["index", str(tmp_path / "pq" / "part-00000.parquet"), "--format", "parquet"]) == 0
+    assert (tmp_path / "pq" / "part-00000.parquet.pipeline-index").is_dir()  # beside, no glob

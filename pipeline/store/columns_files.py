@@ -20,9 +20,10 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.extras import require
+from pipeline.in_place import COLUMN_SUFFIXES
 from pipeline.store.loss_column import LossColumn
 
-SUFFIXES = (".parquet", ".arrow")
+SUFFIXES = COLUMN_SUFFIXES
 STATE = "state.json"  # a `datasets.save_to_disk` directory's list of its data files
 
 
@@ -37,8 +38,24 @@ def column_files(spec: str | Path) -> list[Path]:
     elif found is None:
         found = sorted(Path(p) for p in glob.glob(str(spec)) if Path(p).suffix in SUFFIXES)
     if not found:
-        raise StoreError(f"{spec}: no .parquet or .arrow files")
+        raise StoreError(f"{spec}: no .parquet or .arrow files{_splits(path)}")
     return found
+
+
+def _splits(path: Path) -> str:
+    """A `datasets.DatasetDict.save_to_disk` root holds no files, but one directory per
+    split: name them (its `dataset_dict.json`)."""
+    try:
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    names = ", ".join(str(s) for s in splits)
+    return (
+        f"; {path} is a DatasetDict of splits {names}: give one split's directory "
+        f"({path / str(splits[0])})"
+        if splits
+        else ""
+    )
 
 
 def saved_files(directory: Path) -> list[Path] | None:

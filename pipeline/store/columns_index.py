@@ -56,8 +56,9 @@ def chunk_crc(values: np.ndarray) -> int:
 
 
 def columns_index_dir(data: str | Path) -> Path:
-    """The default index directory of a directory of files; a glob has none."""
-    if not Path(data).is_dir():
+    """The default index directory of a directory of files or of one file (beside it, as a
+    Megatron dataset's); a glob has none."""
+    if not Path(data).exists():
         raise StoreError(f"{data}: the index of a glob needs a directory: --out DIR")
     return default_index_dir(Path(data).resolve())
 

@@ -67,11 +67,18 @@ def build_index(
     """Index the Megatron dataset at `prefix` into `out` (default `default_index_dir`); returns
     the directory. One pass over each file; `vocab_size` defaults to the largest id + 1."""
     prefix = Path(os.path.abspath(prefix))
+    if prefix.suffix in (".bin", ".idx") and prefix.is_file():  # a file named for its prefix
+        prefix = prefix.with_suffix("")
     bin_path, idx_path = data_files(prefix)
     for path in (bin_path, idx_path):
         if not path.is_file():
+            other = (
+                f"; {prefix} is a directory: for its Parquet/Arrow files give --format parquet"
+                if prefix.is_dir()
+                else ""
+            )
             raise StoreError(
-                f"{path}: no such file (a Megatron dataset is PREFIX.bin + PREFIX.idx)"
+                f"{path}: no such file (a Megatron dataset is PREFIX.bin + PREFIX.idx){other}"
             )
     index = read_index(idx_path)
     bin_bytes = bin_path.stat().st_size

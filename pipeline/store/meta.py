@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import StoreError
+from pipeline.in_place import hint
 from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
-from pipeline.urls import location, read_bytes
+from pipeline.urls import is_url, location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"
 FORMAT_VERSION = 3
@@ -149,13 +150,16 @@ def load_manifest(path: Path) -> dict[str, Any]:
                 f"{path}: a file, not a store directory (give the directory `pipeline "
                 "prepare` wrote)"
             ) from error
+        local = not is_url(path)
+        read_in_place = hint(Path(path)) if local else ""
         if not path.is_dir():
-            raise StoreError(
-                f"{path}: no such store directory (create it with `pipeline prepare`)"
-            ) from error
+            why = read_in_place or " (create it with `pipeline prepare`)"
+            raise StoreError(f"{path}: no such store directory{why}") from error
         raise StoreError(
-            f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare never "
-            "leaves one: run `pipeline prepare` again)"
+            f"{path}: not a token store{read_in_place}"
+            if read_in_place
+            else f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare "
+            "never leaves one: run `pipeline prepare` again)"
         ) from error
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
