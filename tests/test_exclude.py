@@ -479,3 +479,27 @@ def test_an_edited_exclude_file_is_reported_once_by_its_segment(store, tmp_path,
     assert error.count("\n") == 1 and "not re-derived" not in error, error
     assert error.startswith("error: ledger segment 1 (from step 6): the recorded config is ")
     assert not [r for r in caplog.records if "not re-derived" in r.getMessage()]
+
+
+def test_exclude_errors_name_the_config_once_and_say_why_in_words(store, tmp_path, capsys):
+    """A missing exclude file: `data.yaml: sources.web.exclude: FILE: cannot read the exclude
+    file (No such file or directory)`, no errno text; a store without ids: the config once."""
+    from pipeline.commands.cli import main
+    from pipeline.ingest.prepare import PrepareOptions, prepare
+
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump(raw_config(store, exclude="nope.txt")))
+    assert main(["stages", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {config}: sources.web.exclude: {tmp_path / 'nope.txt'}: cannot read the "
+        "exclude file (No such file or directory)\n"
+    )
+    (tmp_path / "a.txt").write_text("a document\n" * 30)
+    bare = prepare(PrepareOptions([str(tmp_path / "a.txt")], tmp_path / "bare", progress=False))
+    (tmp_path / "t.txt").write_text("doc-1\n")
+    config.write_text(yaml.safe_dump(raw_config(bare["train"], exclude="t.txt")))
+    assert main(["stages", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {config}: sources.web.exclude: the store ") and (
+        error.count(str(config)) == 1
+    ), error

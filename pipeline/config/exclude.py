@@ -53,7 +53,7 @@ class ExcludeSpec:
 
     def ids(self) -> Iterator[tuple[int, str]]:
         """(line number, id) of each id of the file, read again and checked against `sha256`."""
-        data = _read(self.file, f"{self.file}")
+        data = _read(self.file)
         if _digest(data) != self.sha256:
             raise ConfigError(_changed(self.file, _digest(data), self.sha256))
         yield from _parse(data, self.file)
@@ -84,7 +84,10 @@ def parse_exclude(
     pinned = entry.get("sha256")
     if pinned is not None and offered:
         path = relocated(path, str(pinned), offered)
-    data = _read(path, f"{key}: {path}")
+    try:
+        data = _read(path)
+    except ConfigError as error:  # named by the config and key, as every other config error
+        raise fail(key, str(error)) from None
     for _ in _parse(data, path):  # a malformed line is refused now
         pass
     digest = _digest(data)
@@ -130,11 +133,12 @@ def _changed(path: Path, digest: str, recorded: str) -> str:
     )
 
 
-def _read(path: Path, where: str) -> bytes:
+def _read(path: Path) -> bytes:
     try:
         return read_bytes(str(path))
-    except OSError as error:
-        raise ConfigError(f"{where}: cannot read the exclude file ({error})") from None
+    except OSError as error:  # the reason, not Python's "[Errno 2] ...: 'path'" again
+        reason = error.strerror or str(error) or type(error).__name__
+        raise ConfigError(f"{path}: cannot read the exclude file ({reason})") from None
 
 
 def _digest(data: bytes) -> str:

@@ -53,17 +53,17 @@ def excluded_documents(spec: SourceSpec, store: TokenStore, config: DataConfig) 
     with _RESOLVED_LOCK:
         documents = _RESOLVED.get(key)
         if documents is None:
-            documents = _resolve(spec, store, config)
+            documents = _resolve(spec, store)
             _RESOLVED[key] = documents
             while len(_RESOLVED) > CACHED_EXCLUSIONS:
                 _RESOLVED.pop(next(iter(_RESOLVED)))
     return Excluded(documents, exclude.sha256)
 
 
-def _resolve(spec: SourceSpec, store: TokenStore, config: DataConfig) -> np.ndarray:
+def _resolve(spec: SourceSpec, store: TokenStore) -> np.ndarray:
     exclude = spec.exclude
     assert exclude is not None
-    where = f"{config.origin}: sources.{spec.name}.exclude"
+    where = f"sources.{spec.name}.exclude"  # the layout's caller names the config
     if not store.has_ids:
         raise ConfigError(
             f"{where}: the store {store.path} records no document ids; prepare it with "
