@@ -94,8 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "python-docs weighted 3:2:1) or a token store directory",
     )
     parser.add_argument("--rows", type=int, default=32, help="global batch rows")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
+    parser.add_argument("--lanes", type=int, default=1, help="the config's lanes")
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
     parser.add_argument("--steps", type=int, default=20, help="least batches per round")
     parser.add_argument(
@@ -114,12 +114,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.cpu_count() or 1,
         help="mp_prefetch with 1..N workers (default: the cores)",
     )
-    parser.add_argument("--synthetic-tokens", type=int, default=32_000_000)
+    parser.add_argument(
+        "--synthetic-tokens", type=int, default=32_000_000, help="tokens of the synthetic store"
+    )
     parser.add_argument("--synthetic-doc-len", type=int, default=700, help="mean tokens/doc")
     parser.add_argument("--cache-dir", type=Path, default=CACHE, help="where stores are made")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-scale", action="store_true", help="skip the 1/2/4 process runs")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     sft_bench.add_arguments(parser)
 
 

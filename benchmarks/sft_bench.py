@@ -54,8 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sft", action="store_true", help="skip the packed-SFT rows")
     parser.add_argument("--sft-only", action="store_true", help="run only the packed-SFT rows")
-    parser.add_argument("--sft-documents", type=int, default=100_000)
-    parser.add_argument("--sft-seq-len", type=int, default=1024)
+    parser.add_argument(
+        "--sft-documents", type=int, default=100_000, help="documents of the packed-SFT store"
+    )
+    parser.add_argument("--sft-seq-len", type=int, default=1024, help="packed-SFT row length")
     parser.add_argument("--sft-mean-len", type=int, default=300, help="mean tokens/document")
 
 

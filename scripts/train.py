@@ -72,11 +72,17 @@ def _rate(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipeline.commands.help_format import RawDefaultsFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=RawDefaultsFormatter)
     p.add_argument("--data-config", required=True, help="a path or a URL (gs://...)")
     p.add_argument("--checkpoint-dir", required=True, help="a path or a URL (gs://...)")
     p.add_argument("--steps", type=int, default=200, help="train until this step")
-    p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=20, help="save a checkpoint every N steps")
     p.add_argument("--eval-every", type=int, default=0, help="0: no eval")
     p.add_argument("--resume", action="store_true", help="restore the latest checkpoint")
     p.add_argument("--switch-data", action="store_true", help="declare a data config switch")
@@ -109,15 +115,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="R",
         help="with --adaptive-mix: the controller's step size on the excess losses",
     )
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--learning-rate", type=float, default=3e-3, help="the optimizer's step size")
+    p.add_argument("--width", type=int, default=128, help="the toy model's embedding width")
+    p.add_argument("--depth", type=int, default=2, help="the toy model's transformer layers")
     p.add_argument("--metrics", type=Path, help="append one JSON line per step (process 0)")
     p.add_argument("--num-processes", type=int, default=1, help="local processes to start")
     p.add_argument("--devices-per-process", type=int, default=1, help="simulated CPU devices")
     p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     p.add_argument("--coordinator", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return p
 
 
 def location(value: str) -> str:

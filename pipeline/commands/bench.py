@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+from pipeline.commands.help_format import DefaultsFormatter
 from pipeline.errors import PipelineError
 
 BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
@@ -34,7 +35,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         prefix_chars="+",
         add_help=False,
     )
-    b.add_argument("options", nargs="*", help="the benchmark's options (see bench --help)")
+    b.add_argument(
+        "options", nargs="*", metavar="OPTIONS", help="the benchmark's options (see bench --help)"
+    )
     b.set_defaults(run=run)
 
 
@@ -50,9 +53,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"usage: pipeline bench [options]\n\n{DESCRIPTION}\n\n{NEEDS_CHECKOUT}.")
             return 0
         raise PipelineError(f"{NEEDS_CHECKOUT}; not found: {BENCH_FILE}")
+    bench = load()
+    parser = argparse.ArgumentParser(
+        prog="pipeline bench", description=DESCRIPTION, formatter_class=DefaultsFormatter
+    )
+    bench.add_arguments(parser)
+    return int(bench.report(parser.parse_args(args.options)) or 0)
+
+
+def load() -> ModuleType:
+    """benchmarks/bench.py of the source checkout, loaded as a module."""
     spec = importlib.util.spec_from_file_location("pipeline_bench", BENCH_FILE)
     bench: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    parser = argparse.ArgumentParser(prog="pipeline bench", description=DESCRIPTION)
-    bench.add_arguments(parser)
-    return int(bench.report(parser.parse_args(args.options)) or 0)
+    return bench

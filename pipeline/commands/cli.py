@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from pipeline.commands import bench, plan, store
+from pipeline.commands.help_format import state_defaults
 from pipeline.errors import PipelineError
 from pipeline.maxtext import cli as maxtext
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(commands)
+    state_defaults(parser)
     return parser
 
 

@@ -89,16 +89,37 @@ def register(commands: argparse._SubParsersAction) -> None:
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(run=run_verify)
 
-    e = commands.add_parser("epochs", help="rows per lane per epoch and the steps epochs roll over")
+    e = commands.add_parser(
+        "epochs", help="rows per lane per epoch and the steps epochs roll over",
+        description=_doc(
+            "For each source: its layout (windows or packed rows per lane per epoch, tokens "
+            "left in lane tails, padding of best_fit rows), and the steps where its first "
+            "epochs start and end on lane 0."
+        ),
+    )  # fmt: skip
     _common(e)
     e.add_argument("--count", type=_positive, default=3, help="epochs to locate per source")
     e.set_defaults(run=run_epochs)
 
-    s = commands.add_parser("stages", help="each stage's start and end step and its mix")
+    s = commands.add_parser(
+        "stages", help="each stage's start and end step and its mix",
+        description=_doc(
+            "List each stage of the config: where it starts and ends (steps, or rows of a lane "
+            "for an epochized blend) and its mix; with --ledger, also each ledger entry "
+            "(switch, geometry change, take-down, skip, set_mix) and the step it takes effect at."
+        ),
+    )  # fmt: skip
     _common(s)
     s.set_defaults(run=run_stages)
 
-    p = commands.add_parser("plot", help="plot target and realised source shares per step")
+    p = commands.add_parser(
+        "plot", help="plot target and realised source shares per step",
+        description=_doc(
+            "Draw each source's target share (the schedule, or the weights set_mix set) and its "
+            "realised share of the rows of each step in the range, into a PNG (needs the plot "
+            "extra)."
+        ),
+    )  # fmt: skip
     _common(p)
     p.add_argument("--steps", type=_step_range, required=True, help="A:B (B exclusive)")
     p.add_argument("--out", type=Path, required=True, help="FILE.png")

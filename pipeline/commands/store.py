@@ -118,14 +118,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(run=run_prepare, takes_passthrough=True)
 
-    v = commands.add_parser("verify-store", help="check a store's files and checksums")
-    v.add_argument("store", type=location, help="store directory or gs:// URL")
+    v = commands.add_parser(
+        "verify-store",
+        help="check a store's files and checksums",
+        description="Read every byte of a token store (or of the corpus an in-place index "
+        "reads) against the checksums and sizes its manifest records; print one line naming "
+        "what was checked, or stop with one line naming the first file that differs (exit 2).",
+    )
+    v.add_argument("store", type=location, metavar="STORE", help="store directory or gs:// URL")
     v.set_defaults(run=run_verify_store)
 
     i = commands.add_parser(
-        "store-info", help="summarise a store: documents, tokens, shards, tokenizer"
+        "store-info",
+        help="summarise a store: documents, tokens, shards, tokenizer",
+        description="Print one line about a token store (or an in-place index) from its "
+        "manifest: documents, tokens, shards, tokenizer, id type, loss mask. Reads no shard.",
     )
-    i.add_argument("store", type=location, help="store directory or gs:// URL")
+    i.add_argument("store", type=location, metavar="STORE", help="store directory or gs:// URL")
     i.set_defaults(run=run_store_info)
 
     x = commands.add_parser(
@@ -136,7 +145,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(docs/in-place-corpora.md).",
     )
     x.add_argument(
-        "data", help="megatron: PREFIX (of PREFIX.bin/.idx); parquet: a directory or a glob"
+        "data",
+        metavar="DATA",
+        help="megatron: PREFIX (of PREFIX.bin/.idx); parquet: a directory, a file or a glob",
     )
     x.add_argument(
         "--format",

@@ -9,7 +9,12 @@ from pipeline.maxtext import install as installer
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    group = commands.add_parser("maxtext", help="MaxText integration (install)")
+    group = commands.add_parser(
+        "maxtext",
+        help="MaxText integration (install)",
+        description="MaxText integration: `pipeline maxtext install` edits a MaxText checkout "
+        "or package so that its trainer reads batches from the pipeline (docs/maxtext.md).",
+    )
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser(
         "install",
