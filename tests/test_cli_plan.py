@@ -294,7 +294,7 @@ def test_stages_with_a_ledger_lists_every_segment(tmp_path, stores, capsys, monk
     )
     assert run(capsys, "plot", config, "--steps", "0:4", "--out", tmp_path / "c.png")[0] == 0
     assert run(capsys, "plot", config, "--ledger", path, "--steps", "0:4", "--out", path)[0] == 0
-    later = f"ledger.json ({config.name} and 1 later segment from step 20)"
+    later = f"the run of {config.name} and 1 later segment from step 20 (its ledger)"
     assert titles == [config.name, later]
 
 
@@ -522,16 +522,22 @@ def test_plot_marks_each_ledger_entry_a_switch_a_skip_and_set_mix_calls(
     assert [tuple(line.get_xdata()) for line in red[:2]] == [(10, 10), (20, 20)]
     assert list(red[2].get_xdata()) == [25, 31]
     assert red[2].get_label() == "ledger set_mix (2 calls)"
-    assert plot("22:28", tmp_path / "q.png") == 0
+    assert plot("24:27", tmp_path / "q.png") == 0
     (ax,) = figures[1].axes
     assert not [text for text in ax.texts if text.get_color() == "red"]
-    assert [list(line.get_xdata()) for line in ax.lines if line.get_color() == "red"] == [[25]]
+    (ticks,) = [line for line in ax.lines if line.get_color() == "red"]
+    assert list(ticks.get_xdata()) == [25]
+    # the ledger's count, as `stages` gives it, and which of them the range shows
+    assert ticks.get_label() == "ledger set_mix (1 of its 2 calls: those in steps 24..26)"
+    figures[1].canvas.draw()
+    assert all(tick == int(tick) for tick in ax.get_xticks())  # whole steps on a short range
     code, out, _ = run(capsys, "stages", new, "--ledger", ledger)
     assert code == 0
     header = next(line for line in out.splitlines() if "ledger segment from step 20" in line)
     assert "ledger segment from step 20: skip 10 steps (step 20 serves plan step 30)" in header
-    # the new config's stages count from the run's start, plan step 0: served step -10
-    assert "stages from step -10 (plan step 0; starts_at: run)" in header
+    # the new config's stages count from the run's start, plan step 0 (no served step holds it)
+    assert "stages from plan step 0 (served step t is plan step t + 10; starts_at: run)" in header
+    assert "step -" not in out
     assert "set_mix: 2 calls, steps 25..31" in out
 
 

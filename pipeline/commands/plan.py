@@ -425,12 +425,15 @@ def run_stages(args: argparse.Namespace) -> int:
         config = seg.config
         anchoring = ""
         if index:
-            # after a skip the layout's origin is a plan step: say so, beside the served step
+            # after a skip the stages count from a plan step, which no served step may hold
+            # (plan step 0 of a run that skipped 10 is "served step -10"): name the plan step
             shift = plan.ledger.shift(index)
-            plan_step = f"plan step {segment.stages_from:,}; " if shift else ""
+            at = "run" if segment.stages_from == 0 else "switch"
             anchoring = (
-                f"; stages from step {seg.anchor:,} "
-                f"({plan_step}starts_at: {'run' if segment.stages_from == 0 else 'switch'})"
+                f"; stages from plan step {segment.stages_from:,} (served step t is plan step "
+                f"t + {shift:,}; starts_at: {at})"
+                if shift
+                else f"; stages from step {seg.anchor:,} (starts_at: {at})"
             )
         print(
             f"{index:>3} ledger segment from step {segment.start_step:,}: "
@@ -490,11 +493,12 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def _plot_title(args: argparse.Namespace, plan: Plan) -> str:
-    """The config's name; for a ledger of several segments (switches, skips), the ledger's: the
-    plot is then the whole run's, and the config given only one of its segments."""
+    """The config's name; for a ledger of several segments (switches, skips), the run's: the
+    plot is then the whole run's, and the config given only one of its segments (the ledger's
+    file or folder name, a checkpoint's step number, says nothing)."""
     starts = [f"{segment.start_step:,}" for segment in plan.ledger.segments[1:]]
     if not starts:
         return args.config.name
     shown = ", ".join(starts[:3]) + (", ..." if len(starts) > 3 else "")
     later = f"{counted(len(starts), 'later segment')} from step{'s' * (len(starts) > 1)} {shown}"
-    return f"{args.ledger.name} ({args.config.name} and {later})"
+    return f"the run of {args.config.name} and {later} (its ledger)"

@@ -28,6 +28,7 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.ticker import MaxNLocator
 
     formats = FigureCanvasBase.get_supported_filetypes()
     if Path(out).suffix.lstrip(".").lower() not in formats:
@@ -128,6 +129,10 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
             transform=ax.get_xaxis_transform(),
         )
     if len(mixes):
+        total = len(plan.ledger.mixes)  # `stages` counts them all; the plot shows its range
+        calls = counted(total, "call")
+        if len(mixes) < total:
+            calls = f"{len(mixes)} of its {calls}: those in steps {start:,}..{stop - 1:,}"
         ax.plot(
             mixes,
             np.full(len(mixes), 0.01),
@@ -136,9 +141,10 @@ def plot_mixture(plan: Plan, start: int, stop: int, out: Path, title: str = "") 
             markersize=9,
             color="red",
             transform=ax.get_xaxis_transform(),
-            label=f"ledger set_mix ({counted(len(mixes), 'call')})",
+            label=f"ledger set_mix ({calls})",
         )
     ax.set_xlim(start, stop - 1 if stop - 1 > start else stop)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 2.5 on a short range
     ax.set_ylim(-0.02, top)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("share of the global batch")
