@@ -425,6 +425,14 @@ def test_a_moved_run_directory_finds_its_exclude_file_by_content(store, tmp_path
         np.testing.assert_array_equal(np.load(tmp_path / "d.npz")["inputs"][0], expected)
         assert main(["verify", *args, "--steps", "0:20"]) == 0
         assert main(["stages", *args]) == 0
+    from pipeline.feed.data_feed import DataFeed
+    from pipeline.feed.restore import restore_state
+    from pipeline.plan.data_state import DataState
+    from tests.test_checkpoint import mesh
+
+    with DataFeed(load_config(moved / "data.yaml"), mesh()) as feed:  # a restore, moved
+        restore_state(feed, DataState(9, Ledger.from_json(ledger.to_json())))
+        np.testing.assert_array_equal(np.asarray(next(feed)["inputs"]), expected)
     (moved / "ids.txt").write_text("doc-3\n")  # another file of that name is not the file
     assert main(["stages", str(moved / "base.yaml"), "--ledger", str(moved / "ledger.json")]) == 2
     assert "cannot read the exclude file" in capsys.readouterr().err
