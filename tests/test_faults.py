@@ -1001,10 +1001,12 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     tmp_path, switch, killed_before_a_switch
 ):
     """2 processes at seq_len 32 on 1 lane, killed at step 10; 1 process restores the latest
-    checkpoint switching to seq_len 64 on 2 lanes (or to a config that takes documents down),
-    killed at step 18; 4 processes resume, killed at step 22; 2 processes finish. Every step
-    trained (the replayed ones on another process count included) is the switched plan's, and
-    `pipeline dump --ledger` agrees."""
+    checkpoint switching to seq_len 64 on 2 lanes without chat (or to a config that takes
+    documents down), killed at step 18; 4 processes resume (bringing chat back at seq_len 64:
+    it carries its counter and epoch from step 10's segment, issue 35), killed at step 22; 2
+    processes finish. Every step trained (the replayed ones on another process count included)
+    is the switched plan's, `pipeline dump --ledger` agrees, and `pipeline verify --ledger`
+    finds no row served twice."""
     from tests.feedstores import excluding_raw, geometry_raw
     from tests.test_multihost import reference_checksums
 
@@ -1016,26 +1018,28 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     before = geometry_raw(stores)
     if switch == "seq_len":
         after, shape = geometry_raw(stores, 64, 2), (4, 64)
+        without_chat = geometry_raw(stores, 64, 2)
+        del without_chat["sources"]["chat"]
+        without_chat["stages"][0]["mix"] = {"web": 1}
+        runs = ((1, 18, without_chat, True), (4, 22, after, True), (2, None, after, False))
     else:
         after, shape = excluding_raw(stores), (4, 32)
-    run = Plan.from_config(parse_config(before, origin="multihost.yaml"))
-    firsts, plan = [], run
-    runs = ((2, 10, None), (1, 18, after), (4, 22, None), (2, None, None))
-    for processes, kill_at, switch_to in runs:
-        if firsts:
-            entries = train_in_processes(
-                tmp_path, after, processes, total, every, kill_at, switch_to=switch_to
-            )
-        else:  # the shared first launch: 2 processes on `before`, killed at step 10
-            entries = killed
+        runs = ((1, 18, after, True), (4, 22, after, False), (2, None, after, False))
+    firsts, plan = [killed[0]["step"]], Plan.from_config(parse_config(before, "multihost.yaml"))
+    for entry in killed:  # the shared first launch: 2 processes on `before`, killed at step 10
+        np.testing.assert_array_equal(entry["sums"], reference_checksums(plan.batch(entry["step"])))
+    for processes, kill_at, raw, switch_to in runs:
+        entries = train_in_processes(
+            tmp_path, raw, processes, total, every, kill_at, switch_to=raw if switch_to else None
+        )
         firsts.append(entries[0]["step"])
-        if switch_to is not None:  # the switch the restore declared, at the restored step
-            switched = parse_config(after, origin="switched.yaml")
-            plan = Plan(reconcile(run, switched, firsts[-1], switch=True), run.stores())
+        if switch_to:  # the switch the restore declared, at the restored step
+            switched = parse_config(raw, origin="switched.yaml")
+            plan = Plan(reconcile(plan, switched, firsts[-1], switch=True), plan.stores())
         for entry in entries:
             batch = plan.batch(entry["step"])
             np.testing.assert_array_equal(entry["sums"], reference_checksums(batch))
-    assert firsts[1] < 10 < 18 and firsts[2] <= 18 and firsts[3] <= 22  # steps replayed
+    assert firsts[1] < 10 < 18 and firsts[1] < firsts[2] <= 18 and firsts[3] <= 22  # replayed
     assert plan.batch(firsts[1])["inputs"].shape == shape
     last = max(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
     config_file = write_yaml(tmp_path / "multihost.yaml", after)
@@ -1046,6 +1050,14 @@ def test_kills_and_host_count_changes_across_a_seq_len_switch_keep_every_batch_e
     inputs = np.load(dumped)["inputs"]
     for offset, step in enumerate(range(firsts[1], last + 1)):
         np.testing.assert_array_equal(inputs[offset], plan.batch(step)["inputs"])
+    argv = ["verify", config_file, "--ledger", tmp_path / "ckpt" / str(last), "--steps",
+            f"0:{last + 1}"]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0  # no window twice in an epoch, epochs complete
+    if switch == "seq_len":  # chat came back where it had been left out
+        ledger = data_state.load_ledger(tmp_path / "ckpt" / str(last))
+        left = plan.segment_plan(0).counters_at(firsts[1])["chat"]
+        assert "chat" not in ledger.segments[1].counters
+        assert ledger.segments[2].counters["chat"] == left > 0
 
 
 # -- 4 and issue 17: one host's fatal data error stops every host with its line --------------

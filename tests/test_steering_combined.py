@@ -80,17 +80,26 @@ def chat(root: Path) -> Path:
     return root / "chat"
 
 
-def two_raw(root: Path, seq_len: int, lanes: int, excluded: dict[str, Path]) -> dict:
-    """web (concat) and chat (best_fit), 4 rows a step, each excluding the ids of its file."""
+def two_raw(
+    root: Path,
+    seq_len: int,
+    lanes: int,
+    excluded: dict[str, Path],
+    present: tuple[str, ...] = ("web", "chat"),
+    web: str = "web",
+) -> dict:
+    """web (concat, from store `web`) and chat (best_fit), those `present`, 4 rows a step,
+    each excluding the ids of its file."""
     sources = {
-        "web": {"path": str(root / "web")},
+        "web": {"path": str(root / web)},
         "chat": {"path": str(root / "chat"), "packing": "best_fit"},
     }
     for name, file in excluded.items():
         sources[name]["exclude"] = str(file)
     return {
         "seed": 2, "seq_len": seq_len, "lanes": lanes, "global_batch_size": 4,
-        "sources": sources, "mix": {"web": 1, "chat": 1},
+        "sources": {name: sources[name] for name in present},
+        "mix": dict.fromkeys(present, 1),
     }  # fmt: skip
 
 
@@ -117,21 +126,32 @@ interventions = st.one_of(
     ),
     st.tuples(st.just("skip"), st.integers(1, 6)),
     st.tuples(st.just("mix"), st.integers(1, 5)),
+    st.tuples(st.just("leave"), st.sampled_from(["web", "chat"])),  # out, or back in
+    st.tuples(st.just("store"), st.just(None)),  # web from the other store (A -> B -> A)
 )
+WEB2 = 1000  # the first token of store web2, web's same-size twin with other content
+
+
+@pytest.fixture(scope="module")
+def web2(root: Path) -> Path:
+    write_synthetic_store(root / "web2", WEB, first=WEB2, document_ids=True)
+    return root / "web2"
 
 
 def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[int, dict]]]:
     """The run steered by `ops` ((steps after the last, intervention)): the plan, (step,
     plan before the intervention at it) of each, and (from step, ids excluded per source)."""
     seq_len, lanes, excluded = 8, 1, {"web": set(), "chat": set()}
+    present, web = ("web", "chat"), "web"
 
     def config(number: int):
         files = {}
         for name, ids in excluded.items():
-            if ids:
+            if ids and name in present:
                 files[name] = tmp / f"{number}-{name}.txt"
                 files[name].write_text("".join(f"{i}\n" for i in sorted(ids)))
-        return parse_config(two_raw(root, seq_len, lanes, files), origin=f"{number}.yaml")
+        raw = two_raw(root, seq_len, lanes, files, present, web)
+        return parse_config(raw, origin=f"{number}.yaml")
 
     plan = Plan.from_config(config(0))
     before, taken, step = [], [(0, {k: set(v) for k, v in excluded.items()})], 0
@@ -139,13 +159,19 @@ def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[in
         step = max(1, step + gap)
         before.append((step, plan))
         if kind == "mix":
-            weights = quantize({"web": value, "chat": 6 - value})
+            weights = {"web": value, "chat": 6 - value}
+            weights = quantize({name: weights[name] for name in present})
             plan = Plan(plan.ledger.with_mix(MixEntry(step, weights)), plan.stores())
             continue
         if kind == "geometry":
             seq_len, lanes = value
         elif kind == "exclude":
             excluded = {"web": set(value[0]), "chat": set(value[1])}
+        elif kind == "leave":  # the other source stays (or comes back, if it was out)
+            present = tuple(n for n in ("web", "chat") if (n in present) != (n == value))
+            present = present or tuple(n for n in ("web", "chat") if n != value)
+        elif kind == "store":
+            web = "web2" if web == "web" else "web"
         skip = value if kind == "skip" else 0
         plan = Plan(reconcile(plan, config(number), step, switch=True, skip=skip))
         taken.append((step, {k: set(v) for k, v in excluded.items()}))
@@ -157,6 +183,18 @@ def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[in
 @given(ops=st.lists(st.tuples(st.integers(0, 12), interventions), min_size=1, max_size=4))
 @example(ops=[(4, ("exclude", ({"s0-d3", "s1-d2"}, {"s0-d1"}))), (5, ("exclude", (set(), set())))])
 @example(ops=[(5, ("exclude", ({"s0-d4"}, set()))), (6, ("exclude", (set(), set())))])
+@example(ops=[(10, ("leave", "chat")), (10, ("leave", "chat"))])  # out at 10, back at 20
+@example(ops=[(10, ("store", None)), (10, ("store", None))])  # web A -> B -> A
+@example(  # chat out while seq_len and lanes change and a skip passes over web, then back
+    ops=[
+        (6, ("leave", "chat")),
+        (3, ("geometry", (12, 2))),
+        (4, ("skip", 2)),
+        (5, ("leave", "chat")),
+        (0, ("store", None)),
+        (7, ("store", None)),
+    ]
+)
 @example(  # 24 on 2 lanes, taken down at the same step (replacing that segment), a skip, a
     # mix, back to 8 on 1 lane (seq_len and lanes decrease, the first geometry again)
     ops=[
@@ -168,7 +206,7 @@ def steered(root: Path, tmp: Path, ops: list) -> tuple[Plan, list, list[tuple[in
     ]
 )
 def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_replay(
-    root, chat, tmp_path, ops
+    root, chat, web2, tmp_path, ops
 ):
     try:
         plan, before, taken = steered(root, tmp_path, ops)
@@ -180,18 +218,21 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
     report = audit(plan, 0, stop, process_counts=[])  # `pipeline verify --ledger` passes
     assert report.ok, report.violations
     pairs, documents = defaultdict(list), defaultdict(list)
-    tokens, tails, end = defaultdict(list), defaultdict(dict), {}  # per web epoch
+    # per web store and epoch: windows, lane tails per segment, ids excluded at its last draw
+    tokens, tails, end = defaultdict(list), defaultdict(dict), {}
     for t in range(stop):
         draws, batch = plan.draws(t), plan.batch(t)
         gone = next(ids for at, ids in reversed(taken) if at <= t)
         for i, (source, epoch) in enumerate(zip(draws.source.tolist(), draws.epoch.tolist())):
             if draws.source_names[source] == "web":
                 w = np.append(batch["inputs"][i], batch["targets"][i][-1]).astype(np.int64)
-                pairs[epoch].append(w[:-1][w[1:] == w[:-1] + 1])
-                tokens[epoch].append(w)
+                store = int(w[0] >= WEB2)  # web or its twin web2: positions from 0 in each
+                w -= store * WEB2
+                pairs[store, epoch].append(w[:-1][w[1:] == w[:-1] + 1])
+                tokens[store, epoch].append(w)
                 config = plan.segment_plan(draws.segment_index).config
-                tails[epoch][draws.segment_index] = config.lanes * (config.seq_len + 1)
-                end[epoch] = gone["web"]
+                tails[store, epoch][draws.segment_index] = config.lanes * (config.seq_len + 1)
+                end[store, epoch] = gone["web"]
                 docs = {WEB_IDS[d] for d in np.searchsorted(WEB_STARTS, w, "right") - 1}
                 assert not docs & gone["web"], (t, i, docs & gone["web"])
                 continue
@@ -202,19 +243,17 @@ def test_interventions_combined_serve_nothing_twice_nothing_taken_down_and_repla
                 assert CHAT_STARTS[d] == first, (t, i, first)  # a whole document
                 assert CHAT_IDS[d] not in gone["chat"], (t, i, CHAT_IDS[d])
                 documents[epoch].append(d)
-    for epoch, mine in pairs.items():  # no token pair twice in a web epoch
+    for key, mine in pairs.items():  # no token pair twice in an epoch of a web store
         flat = np.concatenate(mine)
-        assert flat.size == np.unique(flat).size, (
-            "web",
-            epoch,
-            Counter(flat.tolist()).most_common(3),
-        )
+        assert flat.size == np.unique(flat).size, (key, Counter(flat.tolist()).most_common(3))
     if not any(kind == "skip" for _, (kind, _) in ops):  # a skip leaves windows out
-        for epoch in range(max(tokens)):  # rolled over: all but the lane tails of each layout
-            every = np.flatnonzero(~np.isin(WEB_OF_TOKEN, list(end[epoch])))
-            missing = np.setdiff1d(every, np.concatenate(tokens[epoch])).size
-            bound = sum(tails[epoch].values()) + min(tails[epoch + 1].values())
-            assert missing < bound, ("web", epoch, missing, bound)
+        for (store, epoch), mine in tokens.items():  # rolled over: all but the lane tails
+            if (store, epoch + 1) not in tails:
+                continue
+            every = np.flatnonzero(~np.isin(WEB_OF_TOKEN, list(end[store, epoch])))
+            missing = np.setdiff1d(every, np.concatenate(mine)).size
+            bound = sum(tails[store, epoch].values()) + min(tails[store, epoch + 1].values())
+            assert missing < bound, ("web", store, epoch, missing, bound)
     for epoch, mine in documents.items():
         assert len(mine) == len(set(mine)), ("chat", epoch, Counter(mine).most_common(3))
     for at, earlier in before:  # every step before an intervention replays unchanged

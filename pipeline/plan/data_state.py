@@ -184,8 +184,9 @@ def verify(
     """Refuse a state that disagrees with what can be re-derived, one line per difference.
 
     * Each segment's start counters: zero for the first, and for every later one what the
-      previous segment's plan gives at its start (`Plan.carried_counters`, as a switch wrote
-      them). A past segment whose stores are gone is not re-derived (a warning says so).
+      plan gives at its start (`DrawPlan.carried_counters`, as a switch wrote them: from the
+      previous segment, or from the last one that held a source left out in between). A past
+      segment whose stores are gone is not re-derived (a warning says so).
     * The step, exactly, against the checkpoint step it was saved with, by the trainer's
       convention, which only the trainer knows (the file cannot say it: any field of it can be
       edited and its digest redone). Trainers number a checkpoint either by the steps done
@@ -232,7 +233,7 @@ def counter_differences(ledger: Ledger, plan: DrawPlan, origin: str) -> list[str
     for index in range(1, len(segments)):
         segment = segments[index]
         try:
-            expected = plan.carried_counters(
+            expected = plan.carried(
                 index - 1,
                 segment.start_step + segment.skip,  # what a skip passes over counts as drawn
                 segment.fingerprints,
@@ -242,10 +243,13 @@ def counter_differences(ledger: Ledger, plan: DrawPlan, origin: str) -> list[str
             log.warning("%s: segments[%d].counters not re-derived: %s", origin, index, error)
             continue
         for name, counter in segment.counters.items():
-            if counter != expected[name]:
+            count, held, at = expected[name]
+            if counter != count:
+                where = "(no segment before held its store)"
+                if held is not None:
+                    where = f"from segments[{held}] at step {at}"
                 differences.append(
-                    f"segments[{index}].counters.{name}: {counter} recorded, "
-                    f"{expected[name]} re-derived from segments[{index - 1}] at step "
-                    f"{segment.start_step + segment.skip}"
+                    f"segments[{index}].counters.{name}: {counter} recorded, {count} re-derived "
+                    + where
                 )
     return differences

@@ -38,7 +38,7 @@ Nothing here holds iterator state: resuming is calling `draws(step, rows)` with 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -367,19 +367,20 @@ class DrawPlan:
         return self._segments[index]
 
     def _carried_layouts(self, index: int) -> dict[str, RowLayout]:
-        """The layouts of segment `index - 1` that segment `index` continues, when a segment
-        up to `index` changed the geometry (each source whose counter carried, `carries`):
-        its epochs go on where they were (`transition.continued`). None otherwise, when
-        every layout is a function of its own segment."""
+        """The layouts that segment `index` continues, when a segment up to `index` changed
+        the geometry or an exclusion: for each source whose counter carried, the layout of
+        the last segment before it that held the source (`holder`), so its epochs go on where
+        they were (`transition.continued`), also for a source left out in between. None
+        otherwise, when every layout is a function of its own segment."""
         if index == 0 or not self.ledger.relaid(index):
             return {}
-        before = self.segment_plan(index - 1)
         segment = self.ledger.segments[index]
-        return {
-            name: before.layouts[name]
-            for name, entry in segment.config["sources"].items()
-            if carries(before.segment, name, segment.fingerprints[name], entry)
-        }
+        out = {}
+        for name, entry in segment.config["sources"].items():
+            held = holder(self.ledger.segments, index - 1, name, segment.fingerprints[name], entry)
+            if held is not None:
+                out[name] = self.segment_plan(held).layouts[name]
+        return out
 
     def with_mix(self: P, entry: MixEntry) -> P:
         """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the last
@@ -425,17 +426,33 @@ class DrawPlan:
         skips counts as drawn); `fingerprints` and `sources` (config entries) are the new
         segment's.
 
-        A source keeps its counter when segment `index` drew from the same store under the
-        same name and packing (the same rows), so nothing drawn in its epoch repeats and
-        nothing is skipped; any other source starts at 0. `resume.reconcile` writes them,
-        `data_state.verify` re-derives them.
+        A source carries its counter from the last segment up to `index` that drew from the
+        same store under the same name and packing (the same rows, `holder`): segment
+        `index` at `step`, or an earlier one where it ended, for a source left out (or
+        drawn from another store) in between and brought back. So nothing drawn in its
+        epoch repeats and nothing is skipped; a source no segment held starts at 0.
+        `resume.reconcile` writes them, `data_state.verify` re-derives them.
         """
-        previous = self.ledger.segments[index]
-        before = self.segment_plan(index).counters_at(step)
         return {
-            name: before[name] if carries(previous, name, fingerprint, sources[name]) else 0
-            for name, fingerprint in fingerprints.items()
+            name: count
+            for name, (count, _, _) in self.carried(index, step, fingerprints, sources).items()
         }
+
+    def carried(
+        self, index: int, step: int, fingerprints: dict[str, str], sources: Mapping[str, dict]
+    ) -> dict[str, tuple[int, int | None, int]]:
+        """`carried_counters` with where each counter comes from: (counter, the segment it
+        is carried from or None, the step that segment's counters are taken at)."""
+        segments = self.ledger.segments
+        out: dict[str, tuple[int, int | None, int]] = {}
+        for name, fingerprint in fingerprints.items():
+            held = holder(segments, index, name, fingerprint, sources[name])
+            if held is None:
+                out[name] = (0, None, step)
+                continue
+            at = step if held == index else segments[held + 1].start_step + segments[held + 1].skip
+            out[name] = (self.segment_plan(held).counters_at(at)[name], held, at)
+        return out
 
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
         index = self.ledger.segment_index(step)
@@ -473,6 +490,18 @@ def carries(previous: Segment, name: str, fingerprint: str, entry: Mapping[str, 
     return previous.fingerprints.get(name) == fingerprint and order_key(
         previous.config["sources"].get(name, {})
     ) == order_key(entry)
+
+
+def holder(
+    segments: Sequence[Segment], index: int, name: str, fingerprint: str, entry: Mapping[str, str]
+) -> int | None:
+    """The last of segments 0..`index` that drew source `name` from the store `fingerprint`
+    with `entry`'s packing (`carries`), None if none did: a segment that takes over after
+    `index` continues that segment's counter and epochs for the source (docs/mixtures.md)."""
+    for held in range(index, -1, -1):
+        if carries(segments[held], name, fingerprint, entry):
+            return held
+    return None
 
 
 def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:

@@ -288,8 +288,9 @@ def _skipped_counters(
     plan: Plan, start: int, stop: int, keys: dict[tuple[str, str, tuple[int, ...]], int]
 ) -> dict[int, list[tuple[int, int]]]:
     """Per source key, the counter ranges [a, b) that skips at steps in [start, stop) passed
-    over: drawn by the plan (by the layout of the segment before the skip), served on no lane
-    (the same range on every lane)."""
+    over: drawn by the plan of the segment before the skip (its sources, whether or not the
+    skipping segment keeps them: one left out there carries what was passed over when it comes
+    back), served on no lane (the same range on every lane)."""
     passed: dict[int, list[tuple[int, int]]] = {}
     segments = plan.ledger.segments
     for index in range(1, len(segments)):
@@ -298,12 +299,11 @@ def _skipped_counters(
             continue
         previous = plan.segment_plan(index - 1)
         before = previous.counters_at(segment.start_step)
-        for name, counter in segment.counters.items():
-            layout = previous.layouts.get(name)
-            ident = (name, segment.fingerprints[name], layout.lineage if layout else ())
-            key = keys.get(ident)
-            if key is not None and counter > before.get(name, counter):
-                passed.setdefault(key, []).append((before[name], counter))
+        after = previous.counters_at(segment.start_step + segment.skip)
+        for name, layout in previous.layouts.items():
+            key = keys.get((name, previous.segment.fingerprints[name], layout.lineage))
+            if key is not None and after[name] > before[name]:
+                passed.setdefault(key, []).append((before[name], after[name]))
     return passed
 
 
