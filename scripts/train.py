@@ -1,7 +1,7 @@
 """Reference trainer: a MaxText-like loop on the pipeline's feed, with Orbax checkpoints.
 
     python scripts/train.py --data-config configs/default.yaml --checkpoint-dir runs/x \
-        --steps 200 [--resume] [--switch-data] [--skip-data N] \
+        --steps 200 [--resume] [--switch-data] [--skip-data N [--skip-at S]] \
         [--num-processes 2 --devices-per-process 2]
 
 One process, several processes on localhost (`--num-processes`: this script starts them, each
@@ -11,6 +11,8 @@ slice by itself). Model and data state are saved together in one Orbax Checkpoin
 `--data-config` differs from the checkpoint's on purpose (a ledger switch). `--skip-data N`
 (with `--resume`, alone or with `--switch-data`) passes over N steps of data after a loss
 spike: the restored step s trains on what the plan had for step s + N (docs/steering.md).
+`--skip-data N --skip-at S` skips at training step S instead, exactly once however often the
+command is repeated: the form for a command that a restart loop re-runs (tpu/recover.sh).
 A switch may change `seq_len` and `lanes` (context extension, docs/steering.md): start such a
 run with `--positions` set to the longest `seq_len` it will reach, so the model's position
 table keeps its shape across the switch.
@@ -72,7 +74,11 @@ def _rate(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.skip_at is not None and not args.skip_data:
+        parser.error("--skip-at S needs --skip-data N (the steps to pass over at step S)")
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="with --resume: pass over N steps of data (the restored step s serves plan step s+N)",
+    )
+    p.add_argument(
+        "--skip-at",
+        type=_count,
+        default=None,
+        metavar="S",
+        help="with --skip-data N: skip at training step S instead of the restored step, once "
+        "in the run however often the command is repeated (a restart loop's form)",
     )
     p.add_argument(
         "--adaptive-mix",
@@ -290,6 +304,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
     from pipeline.feed.eval_feed import eval_feeds
+    from pipeline.feed.restore import current_state, restore_state
 
     require("optax", "train", "scripts/train.py")  # tiny_lm's optimizer
     from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
@@ -327,11 +342,14 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
                     switch=args.switch_data,
                     switch_flag="--switch-data",
                     skip_steps=args.skip_data,
+                    skip_at=args.skip_at,
                 ),
             ),
         )
         state = restored.state
         log.info("resumed at step %d from %s", feed.step, checkpoint_dir)
+    elif args.skip_at is not None and not args.switch_data:  # no checkpoint yet: schedule it
+        restore_state(feed, current_state(feed), skip_steps=args.skip_data, skip_at=args.skip_at)
     elif args.switch_data or args.skip_data:
         flag = "--switch-data" if args.switch_data else "--skip-data"
         raise ConfigError(f"{flag}: no checkpoint in {checkpoint_dir} to restore from")

@@ -738,5 +738,6 @@ def test_a_skip_without_a_restored_checkpoint_stops_at_the_first_batch(
     assert lines == [f"error: {stopped.value}"]
     assert str(stopped.value) == (
         "pipeline_data_skip=4: no checkpoint was restored, so there is no step to skip from; "
-        "give it only to a run that resumes from a checkpoint"
+        "give it only to a run that resumes from a checkpoint, or name the step with "
+        "pipeline_data_skip_at"
     )

@@ -257,3 +257,173 @@ def test_a_skip_after_a_set_mix_at_or_past_the_restore_gives_checkpoints_that_re
     data_state.verify(later, Plan(later.ledger, plan.stores()))  # the next restore
     unsteered = Plan.from_config(run)  # the skip counted under the weights the ledger keeps
     assert steered.segments[1].counters == unsteered.segment_plan(0).counters_at(11)
+
+
+# -- skips at a named step (skip_at): one skip, however often the restore is repeated ---------
+
+MIXES = [{"main": 3, "task": 1}, {"main": 1, "task": 1}, {"main": 1, "task": 4}]
+
+
+def served_run(stores: Path, at: int, skip: int, mixing: bool, stop: int) -> dict[int, list]:
+    """Each step's rows in one uninterrupted run that skips `skip` steps at step `at` (with a
+    controller's `set_mix` before every step when `mixing`)."""
+    from pipeline.plan.ledger import MixEntry, quantize
+
+    run = config(stores)
+    plan, rows = Plan.from_config(run), {}
+    for t in range(stop):
+        if t == at:
+            plan = Plan(reconcile(plan, run, at, skip=skip), plan.stores())
+        if mixing:
+            plan = plan.with_mix(MixEntry(t, quantize(MIXES[t % 3])))
+        rows[t] = rows_of(plan, t)
+    return rows
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    at=st.integers(1, 24),
+    skip=st.integers(1, 6),
+    every=st.integers(1, 6),
+    mixing=st.booleans(),
+    first=st.integers(1, 30),  # the first launch, without the skip's arguments, stops here
+    restarts=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=5),
+)
+def test_a_skip_at_a_step_is_made_once_however_often_the_restore_repeats(
+    stores, at, skip, every, mixing, first, restarts
+):
+    """A run killed at random steps, restored each time from a checkpoint (the latest or an
+    earlier one) with the same `skip=N, skip_at=S`: every step serves what one uninterrupted
+    run skipping N at S serves, and the last ledger holds exactly that skip. A checkpoint past
+    S without it (the first launch ran past S) is refused in one line, then an earlier one is
+    restored, as an operator would."""
+    from pipeline.plan.ledger import MixEntry, quantize
+
+    run, stop = config(stores), 40
+    expected = served_run(stores, at, skip, mixing, stop)
+    saved: dict[int, Ledger] = {0: Plan.from_config(run).ledger}
+
+    def serve(plan: Plan, start: int, end: int, rows: dict[int, list]) -> Plan:
+        for t in range(start, min(end, stop)):
+            if mixing:
+                plan = plan.with_mix(MixEntry(t, quantize(MIXES[t % 3])))
+            assert rows_of(plan, t) == rows[t], t
+            if (t + 1) % every == 0:
+                saved[t + 1] = round_trip(plan.ledger)  # checkpoint t + 1 holds data step t + 1
+        return plan
+
+    unskipped = served_run(stores, stop, 0, mixing, stop)
+    serve(Plan.from_config(run), 0, first, unskipped)  # launched without the skip's arguments
+    for kill, pick in [*restarts, (stop, 0)]:
+        steps = sorted(saved)
+        step = steps[max(0, len(steps) - 1 - pick)]
+        state = DataState.from_json(DataState(step, saved[step]).to_json(), f"ckpt/{step}")
+        plan = Plan(state.ledger, [])
+        data_state.verify(state, plan)
+        try:
+            ledger = reconcile(plan, run, step, skip=skip, skip_at=at)
+        except LedgerError as error:
+            assert step > at and f"skip_at {at}: the restored step {step} is past it" in str(error)
+            assert not [s for s in state.ledger.segments if s.skip]  # only if it lacks the skip
+            step = max(s for s in steps if s <= at)  # the operator restores one at or before S
+            plan = Plan(saved[step], [])
+            ledger = reconcile(plan, run, step, skip=skip, skip_at=at)
+        plan = serve(Plan(round_trip(ledger), []), step, step + kill, expected)
+    assert [(s.start_step, s.skip) for s in plan.ledger.segments if s.skip] == [(at, skip)]
+    data_state.verify_ledger(plan.ledger, plan, "<run>")
+
+
+def test_a_skip_scheduled_at_a_restore_replays_restores_again_and_is_listed(tmp_path, capsys):
+    """Restored at step 20 from a real Orbax checkpoint with skip_steps=10, skip_at=24: steps
+    20..23 are the plan's, 24.. the plan's 34..; checkpoint 22, saved before the skip, holds
+    it scheduled: `pipeline stages/dump/verify --ledger` of it say so and replay it, and a
+    restore of it with the same arguments skips nothing more."""
+    import orbax.checkpoint as ocp
+    import yaml
+
+    from pipeline.commands.cli import main
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from tests.feedstores import two_stage_raw
+    from tests.test_checkpoint import manager, mesh
+
+    raw = two_stage_raw(tmp_path / "stores")
+    config_file = tmp_path / "data.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    data = parse_config(raw, origin="data.yaml")
+    plan = Plan.from_config(data)
+    directory = tmp_path / "ckpt"
+    with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
+        feed.seek(20)
+        mngr.save(20, args=ocp.args.Composite(data=DataSave(feed)))
+
+    def restored(step: int, first: int, stop: int, save: int | None = None) -> list[np.ndarray]:
+        served = []
+        with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
+            skip = DataRestore(feed, skip_steps=np.int64(10), skip_at=np.int64(24))
+            mngr.restore(step, args=ocp.args.Composite(data=skip))
+            assert feed.step == first
+            for t in range(first, stop):
+                if t == save:
+                    mngr.save(t, args=ocp.args.Composite(data=DataSave(feed)))
+                batch = next(feed)
+                np.testing.assert_array_equal(
+                    np.asarray(batch["inputs"]), plan.batch(t + 10 * (t >= 24))["inputs"]
+                )
+                served.append(np.asarray(batch["inputs"]))
+        return served
+
+    served = restored(20, 20, 28, save=22)
+    restored(22, 22, 27)  # held: the same skip, not another one (checked against the plan)
+    step_dir = directory / "22"
+    capsys.readouterr()
+    assert main(["stages", str(config_file), "--ledger", str(step_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith(
+        "scheduled: skip 10 steps at step 24 (the checkpoint holds step 22; the run serves "
+        "steps 22..23 as planned, then passes over 10)\n"
+    )
+    assert "ledger segment from step 24: skip 10 steps (step 24 serves plan step 34)" in listing
+    out = tmp_path / "dump.npz"
+    argv = ["dump", config_file, "--ledger", step_dir, "--steps", "20:28", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    np.testing.assert_array_equal(np.load(out)["inputs"], np.stack(served))
+    assert main(["verify", str(config_file), "--ledger", str(step_dir), "--steps", "0:40"]) == 0
+
+
+@pytest.mark.parametrize(
+    "skip, at, message",
+    [
+        (np.int64(3), np.int32(10), None),  # NumPy integers, as set_mix takes them
+        (-1, None, "skip_steps: expected an integer >= 0, got -1"),
+        (True, None, "skip_steps: expected an integer >= 0, got True"),
+        (3, False, "skip_at: expected an integer >= 0, got False"),
+        (3, np.int64(-2), "skip_at: expected an integer >= 0, got np.int64(-2)"),
+        (2**64, None, "skip_steps: expected an integer of at most 9,007,199,254,740,992, got"),
+        (3, 10**30, "skip_at: expected an integer of at most 9,007,199,254,740,992, got"),
+        (3.0, None, "skip_steps: expected an integer >= 0, got 3.0"),
+    ],
+)
+def test_skip_values_are_integers_numpy_ones_too_and_others_are_one_line(stores, skip, at, message):
+    run = Plan.from_config(config(stores))
+    if message is None:
+        ledger = reconcile(run, config(stores), 5, skip=skip, skip_at=at)
+        assert [(s.start_step, s.skip) for s in ledger.segments] == [(0, 0), (10, 3)]
+        assert json.loads(json.dumps(ledger.to_json()))["segments"][1]["skip"] == 3
+        return
+    with pytest.raises(LedgerError) as error:
+        reconcile(run, config(stores), 5, skip=skip, skip_at=at)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_data_state_may_hold_only_skips_ahead_of_its_step(stores):
+    """A skip scheduled after the state's step restores; a switch there cannot be scheduled,
+    so a state whose step is before one is refused as before."""
+    run = Plan.from_config(config(stores))
+    scheduled = reconcile(run, config(stores), 5, skip=3, skip_at=10)
+    assert DataState.from_json(DataState(7, scheduled).to_json(), "c").ledger == scheduled
+    switched = reconcile(run, config(stores, 1), 10, switch=True)
+    with pytest.raises(LedgerError, match="step 7 is before the ledger's last segment"):
+        DataState.from_json(DataState(7, switched).to_json(), "c")

@@ -18,7 +18,7 @@ from pipeline.commands.summary import decode_preview
 from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.plan import data_state
+from pipeline.plan import data_state, skips
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
 from pipeline.plan.plan import Draws, host_rows
@@ -185,11 +185,17 @@ def load_plan(config_path: Path, ledger_path: Path | None) -> Plan:
     if ledger_path is None:
         return Plan.from_config(config)
     stores = open_stores(config)
+    ledger, step = data_state.load_run(ledger_path)
     plan = Plan(
-        data_state.load_ledger(ledger_path), stores.values(),
+        ledger, stores.values(),
         check_reads=config.feed.check_reads, exclude_files=config.exclude_files,
     )  # fmt: skip
     data_state.verify_ledger(plan.ledger, plan, str(ledger_path))
+    for at, skip in (skips.scheduled(ledger, step) if step is not None else {}).items():
+        print(
+            f"scheduled: skip {skip} steps at step {at:,} (the checkpoint holds step {step:,}; "
+            f"the run serves steps {step:,}..{at - 1:,} as planned, then passes over {skip})"
+        )
     fingerprints = {name: store.fingerprint for name, store in stores.items()}
     order = fingerprint_of(data_order(config_mapping(config), fingerprints))
     segments = plan.ledger.segments

@@ -17,9 +17,9 @@ the same data config, re-derives each segment's start counters and the step (exa
 this checkpoint's step and the trainer's numbering: `saved_after_step`), then reconciles the
 ledger with the feed's config (`resume.reconcile`: an undeclared change raises `LedgerError`
 on every process; `switch=True` records a switch at the restored step, `skip_steps=N` a skip
-of N steps there) and seeks the feed. The restored item is the feed's new state: the JSON as
-read when the restore changed nothing (an older ledger version stays as written), else the
-state the restore made.
+of N steps there, or at step `skip_at`) and seeks the feed. The restored item is the feed's
+new state: the JSON as read when the restore changed nothing (an older ledger version stays
+as written), else the state the restore made.
 
 Orbax is imported here and nowhere else in the package.
 """
@@ -79,6 +79,7 @@ class DataCheckpointHandler(ocp.handlers.JsonCheckpointHandler):
             checkpoint_step=step,
             saved_after_step=args.saved_after_step,
             skip_steps=args.skip_steps,
+            skip_at=args.skip_at,
         )
         # unchanged (no switch, no skip): the state as read, checked, whose JSON is at hand
         # (10,000 set_mix calls take ms to encode again, beside the first batch's reads)
@@ -109,7 +110,10 @@ class DataRestore(ocp.args.CheckpointArgs):
     step N), True when it is saved after training step N (`mngr.save(step, ...)` at the end of
     the loop body, as MaxText and Orbax's examples do: it holds data step N + 1).
     `skip_steps=N` passes over N steps of data: the restored step s serves what the plan had
-    for step s + N, and so on (docs/steering.md); it may come with a switch.
+    for step s + N, and so on (docs/steering.md); it may come with a switch. With `skip_at=S`
+    (a training step) the skip is made at step S, once in the run: a restore before S
+    schedules it, one from a checkpoint that holds it skips nothing more, so a restart loop
+    may repeat the same arguments forever (`pipeline.plan.skips`).
     """
 
     feed: DataFeed
@@ -117,6 +121,7 @@ class DataRestore(ocp.args.CheckpointArgs):
     switch_flag: str = "DataRestore(..., switch=True)"
     saved_after_step: bool = False
     skip_steps: int = 0
+    skip_at: int | None = None
 
 
 def restore_or_start(

@@ -18,6 +18,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.plan import data_state
 from pipeline.plan.data_state import DataState
 from pipeline.plan.resume import reconcile
+from pipeline.plan.skips import Skip
 from pipeline.read.plan import Plan
 
 log = logging.getLogger("pipeline")
@@ -37,6 +38,7 @@ def restore_state(
     checkpoint_step: int | None = None,
     saved_after_step: bool = False,
     skip_steps: int = 0,
+    skip_at: int | None = None,
 ) -> DataState:
     """Check `state` on every process, re-derive what it implies, reconcile it, seek `feed`.
 
@@ -45,16 +47,24 @@ def restore_state(
     checkpoint N after training step N (`saved_after_step`; `data_state.verify`).
     `switch_flag` is what the refusal of an undeclared config change tells the user to set
     (`reconcile`). `skip_steps=N`: the restored step serves the plan's step N later, and so
-    on (a ledger segment that skips: docs/steering.md).
+    on (a ledger segment that skips: docs/steering.md); with `skip_at=S`, from step S on, once
+    in the run however often the restore is repeated (`pipeline.plan.skips`).
     """
-    _check_processes_agree(state, feed, switch, skip_steps)
+    skip = Skip.of(skip_steps, skip_at)  # a bad value is one line before anything is compared
+    _check_processes_agree(state, feed, switch, skip)
     plan = Plan(
         state.ledger, feed.plan.stores(), check_reads=feed.config.feed.check_reads,
         exclude_files=feed.plan.exclude_files,
     )  # fmt: skip
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     reconciled = reconcile(
-        plan, feed.config, state.step, switch=switch, switch_flag=switch_flag, skip=skip_steps
+        plan,
+        feed.config,
+        state.step,
+        switch=switch,
+        switch_flag=switch_flag,
+        skip=skip.steps,
+        skip_at=skip.at,
     )
     feed.adopt(reconciled, state.step)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items
@@ -67,7 +77,7 @@ def restore_state(
     return current_state(feed)
 
 
-def _check_processes_agree(state: DataState, feed: DataFeed, switch: bool, skip: int) -> None:
+def _check_processes_agree(state: DataState, feed: DataFeed, switch: bool, skip: Skip) -> None:
     """Every process must restore the same state under the same data config, and declare the
     same switch and skip: one that skips otherwise serves its rows of another plan step."""
     if jax.process_count() == 1:
@@ -75,7 +85,10 @@ def _check_processes_agree(state: DataState, feed: DataFeed, switch: bool, skip:
     from jax.experimental import multihost_utils
 
     order = feed.plan.ledger.last.order  # the data order this process's config produced
-    mine = {"state": state.to_json(), "config": order, "switch": switch, "skip": skip}
+    mine = {
+        "state": state.to_json(), "config": order, "switch": switch,
+        "skip": [skip.steps, skip.at],
+    }  # fmt: skip
     both = json.dumps(mine, sort_keys=True).encode()
     mine = np.frombuffer(hashlib.sha256(both).digest()[:16], dtype=np.uint32)
     everyone = np.asarray(multihost_utils.process_allgather(mine))

@@ -49,6 +49,7 @@ from pipeline.feed.restore import current_state, restore_state
 from pipeline.maxtext.keys import (
     DATA_CONFIG,
     DATA_SKIP,
+    DATA_SKIP_AT,
     DATA_SWITCH,
     EVAL_SOURCE,
     MaxTextKey,
@@ -94,10 +95,13 @@ class DataStop(SystemExit):
 def _next_or_stop(local: LocalIterator) -> dict[str, jax.Array]:
     try:
         if local.skip_steps and not local.restored:
-            raise ConfigError(
-                f"{DATA_SKIP.name}={local.skip_steps}: no checkpoint was restored, so there is "
-                "no step to skip from; give it only to a run that resumes from a checkpoint"
-            )
+            if local.skip_at is None:
+                raise ConfigError(
+                    f"{DATA_SKIP.name}={local.skip_steps}: no checkpoint was restored, so there "
+                    "is no step to skip from; give it only to a run that resumes from a "
+                    f"checkpoint, or name the step with {DATA_SKIP_AT.name}"
+                )
+            local.set_state(local.get_state())  # no checkpoint yet: the skip is scheduled
         return next(local.feed)
     except PipelineError as error:
         line = f"error: {error}"
@@ -159,10 +163,18 @@ class StateDict(dict):
 class LocalIterator:
     """`train_iterator.local_iterator`: the handle MaxText's `iter` checkpoint item saves."""
 
-    def __init__(self, feed: DataFeed, *, switch: bool = False, skip_steps: int = 0) -> None:
+    def __init__(
+        self,
+        feed: DataFeed,
+        *,
+        switch: bool = False,
+        skip_steps: int = 0,
+        skip_at: int | None = None,
+    ) -> None:
         self.feed = feed
         self.switch = switch
         self.skip_steps = skip_steps  # `pipeline_data_skip`: passed over at the restore
+        self.skip_at = skip_at  # `pipeline_data_skip_at`: ... at that step, once in the run
         self.restored = False  # a skip without a restore would silently skip nothing
 
     def get_state(self) -> StateDict:
@@ -182,6 +194,7 @@ class LocalIterator:
             switch=self.switch,
             switch_flag=SWITCH_FLAG,
             skip_steps=self.skip_steps,
+            skip_at=self.skip_at,
         )
         self.restored = True
 
@@ -220,9 +233,18 @@ _restore_on_any_process_count()
 class TrainIterator:
     """`next()` gives step `feed.step`'s global batch; `local_iterator` carries the state."""
 
-    def __init__(self, feed: DataFeed, *, switch: bool = False, skip_steps: int = 0) -> None:
+    def __init__(
+        self,
+        feed: DataFeed,
+        *,
+        switch: bool = False,
+        skip_steps: int = 0,
+        skip_at: int | None = None,
+    ) -> None:
         self.feed = feed
-        self.local_iterator = LocalIterator(feed, switch=switch, skip_steps=skip_steps)
+        self.local_iterator = LocalIterator(
+            feed, switch=switch, skip_steps=skip_steps, skip_at=skip_at
+        )
 
     @property
     def step(self) -> int:
@@ -248,6 +270,7 @@ class TrainIterator:
             checkpoint_step=checkpoint_step,
             saved_after_step=True,
             skip_steps=self.local_iterator.skip_steps,
+            skip_at=self.local_iterator.skip_at,
         )
         self.local_iterator.restored = True
 
@@ -320,7 +343,13 @@ def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIt
     _check_all_rows_trained(config, mesh, batch)
     switch = bool(setting(config, DATA_SWITCH))
     skip = int(setting(config, DATA_SKIP))
-    train = TrainIterator(DataFeed(data, mesh, axes), switch=switch, skip_steps=skip)
+    skip_at = int(setting(config, DATA_SKIP_AT)) or None  # 0: at the restored step
+    if skip_at is not None and not skip:
+        raise ConfigError(
+            f"{DATA_SKIP_AT.name}={skip_at}: without {DATA_SKIP.name}=N there is nothing to skip"
+        )
+    feed = DataFeed(data, mesh, axes)
+    train = TrainIterator(feed, switch=switch, skip_steps=skip, skip_at=skip_at)
     evaluation = None
     try:
         evaluation = _eval_iterator(config, data, mesh, axes, batch)

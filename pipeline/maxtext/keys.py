@@ -74,6 +74,14 @@ DATA_SKIP = MaxTextKey(
     0,
     "Steps of data to pass over on restore: the restored step s serves the plan's step s + N.",
 )
+DATA_SKIP_AT = MaxTextKey(
+    "pipeline_data_skip_at",
+    "PIPELINE_DATA_SKIP_AT",
+    int,
+    0,
+    "With pipeline_data_skip=N: skip at training step S (> 0), once in the run, however often "
+    "the command is repeated; 0: at the restored step.",
+)
 EVAL_SOURCE = MaxTextKey(
     "pipeline_eval_source",
     "PIPELINE_EVAL_SOURCE",
@@ -81,4 +89,4 @@ EVAL_SOURCE = MaxTextKey(
     "",
     "Eval source of the data config to serve (default: the first by name).",
 )
-KEYS = (DATA_CONFIG, DATA_SWITCH, DATA_SKIP, EVAL_SOURCE)
+KEYS = (DATA_CONFIG, DATA_SWITCH, DATA_SKIP, DATA_SKIP_AT, EVAL_SOURCE)

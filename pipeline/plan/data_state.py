@@ -74,7 +74,8 @@ class DataState:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise LedgerError(f"{origin}: 'step' must be an integer >= 0, got {step!r}")
         ledger = Ledger.from_json(raw.get("ledger"), origin=f"{origin}: ledger")
-        if ledger.last.start_step > step:
+        later = [i for i, s in enumerate(ledger.segments) if s.start_step > step]
+        if not all(ledger.skips_only(i) for i in later):  # only a skip is scheduled ahead
             raise LedgerError(
                 f"{origin}: step {step} is before the ledger's last segment (from step "
                 f"{ledger.last.start_step}); restore an earlier checkpoint"
@@ -162,6 +163,12 @@ def load_ledger(path: str | Path) -> Ledger:
     The last two are what a trainer's Orbax `CheckpointManager` holds, so any checkpoint of a
     run is enough to reproduce every step it trained (the CLI's `--ledger`).
     """
+    return load_run(path)[0]
+
+
+def load_run(path: str | Path) -> tuple[Ledger, int | None]:
+    """`load_ledger`, with the step of a data state (None for a bare ledger): the segments
+    after it are skips scheduled ahead (`pipeline.plan.skips`)."""
     file = state_file(path)
     try:
         raw = json.loads(file.read_bytes())
@@ -170,8 +177,9 @@ def load_ledger(path: str | Path) -> Ledger:
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise LedgerError(f"{file}: the ledger is not JSON ({error})") from None
     if isinstance(raw, dict) and "ledger" in raw and "segments" not in raw:
-        return DataState.from_json(raw, str(file)).ledger
-    return Ledger.from_json(raw, origin=str(file))
+        state = DataState.from_json(raw, str(file))
+        return state.ledger, state.step
+    return Ledger.from_json(raw, origin=str(file)), None
 
 
 def verify(

@@ -236,7 +236,9 @@ class Ledger:
         return Ledger((*self.segments, segment), kept)
 
     def with_mix(self, entry: MixEntry) -> Ledger:
-        """The ledger with `entry` recorded; one at the same step as the last is replaced."""
+        """The ledger with `entry` recorded; one at the same step as the last is replaced.
+        (Before skips scheduled after it: `DrawPlan.with_mix`, which carries their counters
+        anew.)"""
         mixes = self.mixes
         last = int(mixes.steps[-1]) if len(mixes) else -1
         if last == entry.step:
@@ -252,6 +254,25 @@ class Ledger:
                 f"{self.last.start_step})"
             )
         return Ledger(self.segments, mixes.appended(entry))
+
+    def skips_only(self, index: int) -> bool:
+        """Whether segment `index` only skips: the data order and anchoring of the segment
+        before it, N steps later. Only such a segment may start after a data state's step (a
+        skip scheduled there, `skips.resolve`)."""
+        if index == 0:
+            return False
+        segment, before = self.segments[index], self.segments[index - 1]
+        return (
+            segment.skip > 0
+            and segment.stages_from == before.stages_from
+            and fingerprint_of(segment.order) == fingerprint_of(before.order)
+        )
+
+    def until(self, step: int) -> Ledger:
+        """The segments that start at or before `step` (and every mix entry): the ledger
+        without the skips scheduled after `step`."""
+        kept = tuple(segment for segment in self.segments if segment.start_step <= step)
+        return self if len(kept) == len(self.segments) else Ledger(kept, self.mixes)
 
     def mixes_of(self, index: int) -> MixTable:
         """The mix entries inside segment `index` (bisection: O(log entries))."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -383,13 +383,47 @@ class DrawPlan:
         return out
 
     def with_mix(self: P, entry: MixEntry) -> P:
-        """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the last
-        segment's plan is laid out again with it (an entry it cannot take raises, and nothing
-        changes); stores and the other segments' plans are shared."""
-        ledger = self.ledger.with_mix(entry)
-        index = len(ledger.segments) - 1
+        """This plan with `entry` recorded in its ledger (`Ledger.with_mix`): the plan of the
+        segment it falls in is laid out again with it (an entry it cannot take raises, and
+        nothing changes), and the counters of the skips scheduled after it follow it
+        (`rederived`); stores and the earlier segments' plans are shared."""
+        ledger = self.ledger
+        index = ledger.segment_index(entry.step) if entry.step >= 0 else len(ledger.segments) - 1
+        later = ledger.segments[index + 1 :]
+        if not all(map(ledger.skips_only, range(index + 1, len(ledger.segments)))):
+            later = ()  # not skips scheduled after the entry: `Ledger.with_mix` refuses it
+        head = Ledger(ledger.segments[: len(ledger.segments) - len(later)], ledger.mixes)
+        ledger = head.with_mix(entry)
+        ledger = Ledger((*ledger.segments, *later), ledger.mixes)
         steered = self.segment_plan(index).steered(ledger.mixes_of(index))
-        return self._with_ledger(ledger, {**self._segments, index: steered})
+        kept = {i: plan for i, plan in self._segments.items() if i < index}
+        plan = self._with_ledger(ledger, {**kept, index: steered})
+        return plan.rederived(index + 1)
+
+    def rederived(self: P, first: int) -> P:
+        """This plan with the counters of segments `first`.. (skips scheduled after a mix
+        entry) carried anew (`carried_counters`), as a restore that scheduled them after the
+        entry would have."""
+        plan = self
+        for index in range(first, len(self.ledger.segments)):
+            segment = plan.ledger.segments[index]
+            counters = plan.carried_counters(
+                index - 1,
+                segment.start_step + segment.skip,
+                segment.fingerprints,
+                segment.config["sources"],
+            )
+            if counters == segment.counters:
+                continue
+            segments = list(plan.ledger.segments)
+            segments[index] = replace(segment, counters=counters)
+            kept = {i: p for i, p in plan._segments.items() if i < index}
+            plan = plan._with_ledger(Ledger(tuple(segments), plan.ledger.mixes), kept)
+        return plan
+
+    def with_ledger(self: P, ledger: Ledger) -> P:
+        """This plan's stores following `ledger` (segments laid out anew, as needed)."""
+        return self._with_ledger(ledger, {})
 
     def without_mixes_from(self: P, step: int) -> P:
         """This plan with the ledger's mix entries at or after `step` dropped, as a restore at

@@ -24,6 +24,7 @@ import logging
 
 from pipeline.config import DataConfig
 from pipeline.errors import LedgerError
+from pipeline.plan import skips
 from pipeline.plan.ledger import (
     Ledger,
     Segment,
@@ -33,6 +34,7 @@ from pipeline.plan.ledger import (
     fingerprint_of,
 )
 from pipeline.plan.plan import DrawPlan, SegmentPlan
+from pipeline.plan.skips import Skip
 from pipeline.plan.sources import load_metas
 
 log = logging.getLogger("pipeline")
@@ -47,15 +49,41 @@ def reconcile(
     switch: bool = False,
     switch_flag: str = "reconcile(..., switch=True)",
     skip: int = 0,
+    skip_at: int | None = None,
 ) -> Ledger:
     """The ledger to continue with at `step` under `config` (see module docstring).
 
     `switch_flag` is how the caller's user declares a switch (a trainer flag, a MaxText key, a
     library argument): the refusal names it, so the fix it gives is the one that works there.
-    `skip`: steps of data to pass over from `step` on.
+    `skip`: steps of data to pass over, from `step` on, or from `skip_at` on (`skips`: once
+    in the run, however often the request is repeated). The skips the ledger holds scheduled
+    after `step` stay scheduled, laid out again after whatever this restore changes.
     """
-    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-        raise LedgerError(f"skip_steps: expected an integer >= 0, got {skip!r}")
+    request = Skip.of(skip, skip_at)
+    now, future = skips.resolve(plan.ledger, step, request)
+    past = plan.ledger.until(step)
+    ledger = _reconcile(
+        plan.with_ledger(past), config, step, switch, switch_flag, now, request.at is None
+    )
+    if ledger is past and future == skips.scheduled(plan.ledger, step):
+        return plan.ledger  # nothing changed: the ledger as restored
+    for at, steps in sorted(future.items()):
+        ledger = _reconcile(plan.with_ledger(ledger), config, at, False, switch_flag, steps, False)
+    return ledger
+
+
+def _reconcile(
+    plan: DrawPlan,
+    config: DataConfig,
+    step: int,
+    switch: bool,
+    switch_flag: str,
+    skip: int,
+    add_up: bool,
+) -> Ledger:
+    """`reconcile` of a ledger without segments after `step`, skipping `skip` steps there;
+    `add_up`: a skip at a segment's first step adds to that segment's (a bare skip), else
+    replaces it (a skip at a named step: one skip there, whatever was asked before)."""
     metas = load_metas(config)
     fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
     mapping = config_mapping(config)
@@ -90,7 +118,7 @@ def reconcile(
         )
     replaced = step == last.start_step  # a segment's first step: it drew nothing, replace it
     kept = ledger.segments[:-1] if replaced else ledger.segments
-    skip += last.skip if replaced else 0
+    skip += last.skip if replaced and add_up else 0
     if skip and not kept:
         raise LedgerError(
             f"cannot skip data at step {step}: nothing was trained before it; start the run "
