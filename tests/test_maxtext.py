@@ -719,6 +719,65 @@ def test_a_take_down_through_the_switch_key_serves_no_excluded_token(mesh, tmp_p
         switched.close()
 
 
+def test_the_skip_at_key_skips_once_at_its_step_whichever_checkpoint_restores(
+    data_yaml, mesh, tmp_path, monkeypatch
+):
+    """pipeline_data_skip=3 with pipeline_data_skip_at=12, repeated by every restart: from
+    MaxText's checkpoints before step 12 (with and without the skip scheduled), at it and past
+    it (holding the skip), and from none at all (the first launch of a loop), every step is
+    the plan's that skips 3 steps at step 12 once; past it without the skip, one line."""
+    from pipeline.plan.resume import reconcile
+
+    monkeypatch.delenv("PIPELINE_DATA_SKIP", raising=False)
+    monkeypatch.delenv("PIPELINE_DATA_SKIP_AT", raising=False)
+    config = maxtext_config(data_yaml, eval_interval=-1)
+    data = load_config(data_yaml)
+    plan = Plan.from_config(data)
+    skipped = Plan(reconcile(plan, data, 12, skip=3), plan.stores())
+    keys = maxtext_config(
+        data_yaml, eval_interval=-1, pipeline_data_skip=3, pipeline_data_skip_at=12
+    )
+    states: dict[str, dict] = {}
+
+    def run(restore: str | None, first: int, stop: int, cfg=keys) -> None:
+        """Restore `states[restore]` (None: nothing), serve steps first..stop - 1, keeping
+        the state before each step as states[f"{step}"] (MaxText's checkpoint step - 1)."""
+        train, _ = create_data_iterator(cfg, mesh)
+        try:
+            if restore is not None:
+                train.local_iterator.set_state(json.loads(json.dumps(states[restore])))
+            for step in range(first, stop):
+                states[f"{step}"] = dict(train.local_iterator.get_state())
+                reference = skipped if cfg is keys else plan
+                assert_same(next(train), reference.batch(step))
+        finally:
+            train.close()
+
+    run(None, 0, 14, cfg=config)  # a run without the keys: step 13 holds no skip
+    unskipped = {key: states[key] for key in ("8", "12", "13")}
+    run("8", 8, 11)  # before step 12: scheduled; the state of step 10 holds it
+    run("10", 10, 14)  # before it, holding it scheduled
+    run("13", 13, 16)  # past it, holding it: nothing more
+    run("12", 12, 14)  # at it, holding it
+    states["12"] = unskipped["12"]
+    run("12", 12, 15)  # at it, without it: made there
+    run(None, 0, 15)  # no checkpoint (a loop's first launch): scheduled from step 0
+    ledger = Ledger.from_json(states["14"]["ledger"])
+    assert [(s.start_step, s.skip) for s in ledger.segments] == [(0, 0), (12, 3)]
+    train, _ = create_data_iterator(keys, mesh)
+    try:
+        with pytest.raises(LedgerError) as refused:
+            train.local_iterator.set_state(unskipped["13"])
+    finally:
+        train.close()
+    assert str(refused.value).startswith(
+        "skip_at 12: the restored step 13 is past it and the checkpoint's ledger holds no skip "
+        "there"
+    )
+    with pytest.raises(ConfigError, match="pipeline_data_skip_at=12: without pipeline_data_skip"):
+        create_data_iterator(maxtext_config(data_yaml, pipeline_data_skip_at=12), mesh)
+
+
 def test_a_skip_without_a_restored_checkpoint_stops_at_the_first_batch(
     data_yaml, mesh, monkeypatch
 ):

@@ -393,6 +393,19 @@ def test_recover_recreates_a_preempted_slice_and_resumes(env):
     assert "training finished on my-tpu after 1 restart(s)" in result.stderr
 
 
+@pytest.mark.parametrize("skip", [["--skip-data", "5"], ["--skip-data=5", "--steps", "9"]])
+def test_recover_refuses_a_skip_that_every_restart_would_make_again(env, skip):
+    """The loop repeats the trainer's words: a bare --skip-data would skip at every restart."""
+    refused = env.run("recover", *RECOVER, "--dry-run", "--", *skip)
+    assert refused.returncode == 2 and env.calls() == []
+    assert refused.stderr.strip() == (
+        "error: --skip-data without --skip-at: every restart would skip again; add --skip-at "
+        "STEP (docs/steering.md)"
+    )
+    dry = ok(env.run("recover", *RECOVER, "--dry-run", "--", *skip, "--skip-at", "30"))
+    assert "--skip-at 30" in dry.stdout
+
+
 def test_recover_retries_a_stockout_on_re_create_then_succeeds(env):
     env.rules(
         ("tpu-vm create", 0, ""),  # the first create succeeds (rules of one pattern go in order)

@@ -6,8 +6,10 @@ import json
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ import pytest
 from pipeline.commands.cli import main
 from pipeline.config import load_config
 from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.plan import data_state
+from pipeline.plan.resume import reconcile
 from pipeline.read.plan import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,15 +39,37 @@ def run_dir(tmp_path_factory) -> Path:
     return root
 
 
-def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
-          ) -> subprocess.CompletedProcess:  # fmt: skip
-    command = [
+def command(run_dir: Path, config: str, steps: int, *extra: str, name: str) -> list[str]:
+    return [
         sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
         str(run_dir / config), "--checkpoint-dir", str(run_dir / f"{name}-ckpt"), "--steps",
         str(steps), "--save-every", "10", "--width", "32", "--metrics",
         str(run_dir / f"{name}.jsonl"), *extra,
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
+          ) -> subprocess.CompletedProcess:  # fmt: skip
+    argv = command(run_dir, config, steps, *extra, name=name)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def train_until_killed(run_dir: Path, config: str, saved: int, *extra: str, name: str) -> str:
+    """Run train.py and SIGKILL it once its checkpoint `saved` is committed (as a preemption
+    without notice would, a step or two later); its stderr."""
+    log, checkpoint = run_dir / f"{name}.stderr", run_dir / f"{name}-ckpt" / str(saved)
+    argv = command(run_dir, config, saved + 100, *extra, name=name)
+    with (
+        open(log, "w") as err,
+        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err) as run,
+    ):
+        deadline = time.monotonic() + 300
+        while run.poll() is None and time.monotonic() < deadline and not checkpoint.is_dir():
+            time.sleep(0.05)
+        run.kill()
+        run.wait()
+    assert run.returncode == -signal.SIGKILL, log.read_text()
+    return log.read_text()
 
 
 def records(run_dir: Path, name: str = "run") -> list[dict]:
@@ -348,6 +374,10 @@ def in_process(argv: list[str], capsys) -> tuple[int, str]:
          "argument --adaptive-rate: expected a finite number > 0, got nan"),
         (["--adaptive-mix", "-1"], "argument --adaptive-mix: expected an integer >= 0, got -1"),
         (["--skip-data", "x"], "argument --skip-data: expected an integer >= 0, got 'x'"),
+        (["--resume", "--skip-at", "30"], "error: --skip-at S needs --skip-data N (the steps to "
+         "pass over at step S)"),
+        (["--skip-data", "3", "--skip-at", "-2"],
+         "argument --skip-at: expected an integer >= 0, got -2"),
     ],
 )  # fmt: skip
 def test_the_trainers_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, extra, said):
@@ -369,3 +399,40 @@ def test_a_checkpoint_dir_in_an_unreachable_bucket_is_one_line_exit_2(
     assert error.startswith(
         f"error: gs://b/run: cannot connect to Cloud Storage at 127.0.0.1:{port}"
     )
+
+
+def test_a_skip_at_a_step_given_to_every_restart_is_made_once(run_dir, first_run):
+    """A restart loop re-runs `--resume --skip-data 4 --skip-at 30` after every kill -9: from
+    checkpoint 20 (before step 30: scheduled), from 25 (which holds it scheduled), from 35
+    (which holds it made): every step trained is the plan's that skips 4 steps at step 30
+    once, the last checkpoint's ledger holds that one skip, and `verify --ledger` passes. From
+    a checkpoint past step 30 without it the command is refused in one line."""
+    copy_first_run(run_dir, first_run, "late")  # checkpoints 10 and 20, no skip
+    late = train(run_dir, "data.yaml", 30, "--resume", "--skip-data", "4", "--skip-at", "15",
+                 *POSITIONS, name="late")  # fmt: skip
+    assert late.returncode == 2, late.stderr
+    assert late.stderr.strip().splitlines()[-1] == (
+        "error: skip_at 15: the restored step 20 is past it and the checkpoint's ledger holds "
+        "no skip there, so a skip of 4 steps at step 15 cannot be made; restore a checkpoint "
+        "at or before that step, or skip at the restored step (skip_steps without skip_at)"
+    )
+    copy_first_run(run_dir, first_run, "loop")
+    loop = ("--resume", "--skip-data", "4", "--skip-at", "30", "--save-every", "5", *POSITIONS)
+    logs = [train_until_killed(run_dir, "data.yaml", at, *loop, name="loop") for at in (25, 35)]
+    done = train(run_dir, "data.yaml", 40, *loop, name="loop")
+    assert done.returncode == 0, done.stderr
+    assert "skip of 4 steps at step 30 scheduled (restored at step 20)" in logs[0]
+    for log, step in ((logs[1], 25), (done.stderr, 35)):  # checkpoint N holds data step N
+        assert f"skip of 4 steps at step 30: already in the ledger (restored at step {step})" in log
+    config = load_config(run_dir / "data.yaml")
+    plan = Plan.from_config(config)
+    skipped = Plan(reconcile(plan, config, 30, skip=4), plan.stores())
+    trained = records(run_dir, "loop")
+    assert {r["step"] for r in trained} == set(range(40))
+    for record in trained:  # replayed steps too: the same batch every time
+        assert record["checksum"] == checksum(skipped.batch(record["step"])["inputs"]), record
+    ledger = data_state.load_ledger(run_dir / "loop-ckpt" / "40")
+    assert [(s.start_step, s.skip) for s in ledger.segments] == [(0, 0), (30, 4)]
+    verify = ["verify", str(run_dir / "data.yaml"), "--ledger", str(run_dir / "loop-ckpt" / "40"),
+              "--steps", "0:40"]  # fmt: skip
+    assert main(verify) == 0

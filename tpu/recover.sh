@@ -89,6 +89,11 @@ check TPU_POLL_SECONDS '^[0-9]+([.][0-9]+)?$' 'a number of seconds'
 # The words after -- are the trainer's, never gcloud's.
 TRAINER_ARGS=(${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
 EXTRA_ARGS=()
+# Every restart repeats them: a skip must name its step, or each restart skips again.
+case " ${TRAINER_ARGS[*]-} " in
+  *" --skip-at"[\ =]*) ;;
+  *" --skip-data"[\ =]*) die "--skip-data without --skip-at: every restart would skip again; add --skip-at STEP (docs/steering.md)" ;;
+esac
 
 # The children read the parameters from the environment; the env file is already applied
 # (re-reading it would let it override this script's flags).
