@@ -21,7 +21,9 @@
 5. Steering, from a copy of the learning_rate=0 run's checkpoint 10 (so that each loss is its
    batch's fingerprint): a restore with pipeline_data_skip=4 logs at each step s the loss that
    the uninterrupted run logged at step s + 4, bit for bit, and `pipeline stages --ledger` on
-   its checkpoint lists the skip. A restore with pipeline_data_switch=true and seq_len 64 ->
+   its checkpoint lists the skip; two launches with pipeline_data_skip=4 and
+   pipeline_data_skip_at=8 (from checkpoint 5, the first killed with -9 after checkpoint 10)
+   skip once at step 8. A restore with pipeline_data_switch=true and seq_len 64 ->
    128 (max_target_length with it): MaxText's total_weights of each step equals the trained
    targets of the checkpoint ledger's batch, `pipeline verify --ledger` passes across the
    switch (no window served twice in an epoch), and kill -9 after checkpoint 15 and a resume
@@ -74,6 +76,7 @@ XLA_CPU_STUCK = ("Termination timeout for all reduce", "AwaitAndLogIfStuck")
 SEQ_LEN = 64  # the data configs' seq_len, and MaxText's max_target_length with them
 DATA = "seed: 5\nseq_len: %d\nglobal_batch_size: 8\nsources:\n  docs: {path: %s}\n"
 SKIP = 4  # pipeline_data_skip of the restore at checkpoint SWITCH_AT
+SKIP_AT = 8  # pipeline_data_skip_at of the restart loop that restores checkpoint PERIOD
 LONG_SEQ_LEN, LONG_KILL = 128, 15  # the seq_len switch, and the checkpoint its kill -9 follows
 TAKEN = 3  # documents taken down at the switch, of those the uninterrupted run trains after it
 SFT_SEQ_LEN, SFT_STEPS = 256, 6  # docstring pairs fit 256 tokens, several to a row
@@ -456,6 +459,39 @@ def skip_data(say: Transcript, mt: MaxText, python: Path, data: Path) -> None:
     say(f"   $ pipeline stages --ledger {checkpoint.relative_to(work)}: {shown}")
 
 
+def skip_at(say: Transcript, mt: MaxText, data: Path) -> None:
+    """The idempotent skip: pipeline_data_skip=SKIP with pipeline_data_skip_at=SKIP_AT, given to
+    every launch of a restart loop. From the learning_rate=0 run's checkpoint PERIOD (before
+    SKIP_AT: the skip is scheduled), killed with -9 once checkpoint SWITCH_AT exists (past
+    SKIP_AT, holding the skip), then again with the same keys: nothing more is skipped, and
+    step s logs the uninterrupted run's loss of step s (s < SKIP_AT) or s + SKIP, bit for bit."""
+    work = mt.work
+    shutil.copytree(work / "out/frozen/checkpoints" / str(PERIOD),
+                    work / "out/skipat/checkpoints" / str(PERIOD))  # fmt: skip
+    keys = ("learning_rate=0", f"pipeline_data_skip={SKIP}", f"pipeline_data_skip_at={SKIP_AT}")
+    first = mt.train("skipat", data, STEPS, *keys, kill_after=SWITCH_AT)[0]
+    stop = STEPS - SKIP
+    again = mt.train("skipat", data, stop, *keys)[0]
+    for log, said in ((first, f"at step {SKIP_AT} scheduled (restored at step {PERIOD + 1})"),
+                      (again, f"at step {SKIP_AT}: already in the ledger (restored at step "
+                              f"{SWITCH_AT + 1})")):  # fmt: skip
+        line = next((x for x in log.splitlines() if f"skip of {SKIP} steps {said}" in x), None)
+        if line is None:
+            raise Failed(f"skip_at: a launch does not log 'skip of {SKIP} steps {said}'")
+        say(f"   {line.strip()}")
+    got, frozen = mt.losses("skipat"), mt.losses("frozen")
+    if sorted(got) != list(range(PERIOD + 1, stop)):
+        raise Failed(f"skip_at: logged steps {sorted(got)}, expected {PERIOD + 1}..{stop - 1}")
+    for step in got:
+        planned = step + SKIP * (step >= SKIP_AT)
+        if got[step] != frozen[planned]:
+            raise Failed(f"skip_at: step {step} loss {got[step]!r} != the loss of plan step "
+                         f"{planned} {frozen[planned]!r}")  # fmt: skip
+    say(f"   skip_at: two launches with the same keys skipped {SKIP} steps once, at step "
+        f"{SKIP_AT}: steps {SKIP_AT}..{stop - 1} logged the uninterrupted run's losses of steps "
+        f"{SKIP_AT + SKIP}..{stop - 1 + SKIP}, bit for bit")  # fmt: skip
+
+
 def switch_seq_len(say: Transcript, mt: MaxText, python: Path, docs: Path) -> None:
     """Restore the learning_rate=0 run's checkpoint SWITCH_AT with pipeline_data_switch=true and
     seq_len SEQ_LEN -> LONG_SEQ_LEN: MaxText trains the switched plan's batches (its
@@ -656,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   switch: the ledger records the switch: segments start at steps {starts}")
 
         skip_data(say, mt, python, data)
+        skip_at(say, mt, data)
         switch_seq_len(say, mt, python, docs)
         take_down(say, mt, python, data, docs)
 
