@@ -27,8 +27,8 @@ test-multiprocess: setup
 
 # Opt-in, not part of `make test`: MaxText's real trainer in its own Python 3.12 venv
 # (.venv-maxtext), with `pipeline maxtext install`, kill -9 + resume, elastic 2 -> 1, a switch,
-# a skip (bare, and at a step across restarts), a seq_len switch, a take-down (exclude), packed SFT (MaxText's loss weights) and a
-# data error on one of 2 processes stopping both.
+# a skip (bare, and at a step across restarts), a seq_len switch, a take-down (exclude), packed
+# SFT (MaxText's loss weights) and a data error on one of 2 processes stopping both.
 # MAXTEXT=~/maxtext: a GitHub checkout of MaxText instead of the maxtext package.
 test-maxtext:
 	$(PYTHON) scripts/test_maxtext.py $(if $(MAXTEXT),--maxtext $(MAXTEXT))
