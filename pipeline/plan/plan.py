@@ -478,14 +478,19 @@ class DrawPlan:
         """`carried_counters` with where each counter comes from: (counter, the segment it
         is carried from or None, the step that segment's counters are taken at)."""
         segments = self.ledger.segments
+        # laid out even when no source carries: a store of it prepared again in place is
+        # refused here, as the steps it served could not be planned any more
+        before = self.segment_plan(index).counters_at(step)
         out: dict[str, tuple[int, int | None, int]] = {}
         for name, fingerprint in fingerprints.items():
             held = holder(segments, index, name, fingerprint, sources[name])
             if held is None:
                 out[name] = (0, None, step)
-                continue
-            at = step if held == index else segments[held + 1].start_step + segments[held + 1].skip
-            out[name] = (self.segment_plan(held).counters_at(at)[name], held, at)
+            elif held == index:
+                out[name] = (before[name], held, step)
+            else:
+                at = segments[held + 1].start_step + segments[held + 1].skip
+                out[name] = (self.segment_plan(held).counters_at(at)[name], held, at)
         return out
 
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
