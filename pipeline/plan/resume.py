@@ -16,6 +16,9 @@
   (`starts_at: switch` lays it out from the restored step). A restore at the step where the
   ledger's last segment starts replaces that segment (it drew nothing): its skip and the new
   one add up, both passing over the segment before it.
+* A skip at a named step (`skip_at=S`, `pipeline.plan.skips`): made at S once, however often
+  the restore is repeated; restored before S, a segment that skips is scheduled at S (segments
+  after the restored step are such skips: each restore keeps them, laid out after it).
 """
 
 from __future__ import annotations
@@ -62,9 +65,8 @@ def reconcile(
     request = Skip.of(skip, skip_at)
     now, future = skips.resolve(plan.ledger, step, request)
     past = plan.ledger.until(step)
-    ledger = _reconcile(
-        plan.with_ledger(past), config, step, switch, switch_flag, now, request.at is None
-    )
+    base = plan if past is plan.ledger else plan.with_ledger(past)  # its layouts, if it can
+    ledger = _reconcile(base, config, step, switch, switch_flag, now, request.at is None)
     if ledger is past and future == skips.scheduled(plan.ledger, step):
         return plan.ledger  # nothing changed: the ledger as restored
     for at, steps in sorted(future.items()):
