@@ -307,6 +307,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     from pipeline.feed.restore import current_state, restore_state
 
     require("optax", "train", "scripts/train.py")  # tiny_lm's optimizer
+    from heartbeat import Heartbeat
     from tiny_lm import ModelConfig, init_params, loss_and_weights, make_train_step, optimizer
 
     primary = jax.process_index() == 0
@@ -370,6 +371,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             feed.source_names(), every=args.adaptive_mix, rate=args.adaptive_rate, initial=initial
         )
     metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
+    heartbeat = Heartbeat.from_env(args.save_every)
     preempted = False
     try:
         while feed.step < args.steps:
@@ -402,6 +404,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
             done = step + 1
+            heartbeat.beat(done, jax.process_index(), feed)
             preempted = notice.reached(done)  # every process asks at every step
             if preempted or done % args.save_every == 0 or done == args.steps:
                 manager.save(

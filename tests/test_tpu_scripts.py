@@ -89,6 +89,11 @@ def source_repo(tmp_path):
     return repo
 
 
+def git_head(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+
+
 # --- create ---------------------------------------------------------------------------------
 
 
@@ -132,7 +137,7 @@ def test_create_wait_gives_up_on_a_slice_it_cannot_see(env):
 def test_create_refuses_a_preempted_slice(env):
     env.rules(("describe", 0, "PREEMPTED"))
     result = env.run("create", *COMMON, *SLICE)
-    assert result.returncode == 2 and "state PREEMPTED; delete it first" in result.stderr
+    assert result.returncode == 1 and "state PREEMPTED; delete it first" in result.stderr
     assert env.calls() == [DESCRIBE_VM]
 
 
@@ -170,17 +175,25 @@ def test_install_copies_git_archive_then_sets_up_on_all_workers(env, agent, sour
     env.rules(("networkEndpoints", 0, "4"))
     result = ok(env.run("install", *COMMON, "--source", str(source_repo)))
     tarball = str(env.tmp / f"tpu-install-{NAME}.tar.gz")
+    head = git_head(source_repo)
+    remote = f"pipeline-src-{head[:12]}.tar.gz"  # named by its commit
     count, scp, ssh = env.calls()
     assert count == COUNT  # four workers: the ssh key must be in ssh-agent
     # Copying ONTO all workers is what --worker=all supports (never from them).
     assert scp == ["compute", "tpus", "tpu-vm", "scp", "--worker=all", tarball,
-                   f"{NAME}:pipeline-src.tar.gz", *LOC]  # fmt: skip
+                   f"{NAME}:{remote}", *LOC]  # fmt: skip
     assert ssh[: len(SSH)] == SSH
+    # Each step can be redone: gcloud runs the whole command again after a dropped connection.
     assert command_of(ssh) == (
-        "set -e; rm -rf pipeline.new; mkdir -p pipeline pipeline.new; "
-        "tar -xzf pipeline-src.tar.gz -C pipeline.new; rm -f pipeline-src.tar.gz; "
+        "set -e; if [ -d pipeline.new ] && [ ! -d pipeline ]; then mv pipeline.new pipeline; fi; "
+        f"if [ -f {remote} ]; then rm -rf pipeline.new; mkdir -p pipeline pipeline.new; "
+        f"tar -xzf {remote} -C pipeline.new; "
         "for kept in .venv .trainer logs; do if [ -e pipeline/$kept ]; then mv pipeline/$kept "
         "pipeline.new/; fi; done; rm -rf pipeline; mv pipeline.new pipeline; "
+        f"echo {head} >pipeline/.commit; rm -f {remote}; "
+        f'elif [ "$(cat pipeline/.commit 2>/dev/null)" = {head} ]; then '
+        f'echo "commit {head} is unpacked already on $(hostname)"; '
+        f'else echo "error: {remote} is missing on $(hostname)" >&2; exit 1; fi; '
         "cd pipeline && tpu/worker.sh setup --python 3.12 --jax 0.10.2"
     )
     # The tarball is `git archive HEAD`: committed files only; removed afterwards.
@@ -254,7 +267,8 @@ def test_run_checks_every_worker_then_starts_all(env):
         "cd pipeline && . .venv/bin/activate && export JAX_PLATFORMS=tpu TPU_STDERR_LOG_LEVEL=0 "
         "TPU_MIN_LOG_LEVEL=0 TF_CPP_MIN_LOG_LEVEL=0 PYTHONUNBUFFERED=1 "
         "PIPELINE_DATA_DIR=/mnt/bucket/stores LIBTPU_INIT_ARGS='--xla_foo=1 --xla_bar' && "
-        "exec tpu/worker.sh start --log-dir logs --log-uri gs://bucket/logs/r1 --sync-seconds 60 "
+        "exec tpu/worker.sh start --log-dir logs --max-log-bytes 104857600 --log-uri "
+        "gs://bucket/logs/r1 --heartbeat-uri gs://bucket/ckpt.heartbeat --sync-seconds 60 "
         "-- python scripts/train.py --data-config configs/run.yaml --checkpoint-dir "
         "gs://bucket/ckpt --resume --note 'it'\\''s a test'"
     )
@@ -263,7 +277,10 @@ def test_run_checks_every_worker_then_starts_all(env):
 
 def test_run_foreground(env):
     ok(env.run("run", *COMMON, *TRAIN, "--foreground"))
-    assert "start --log-dir logs --foreground -- python" in command_of(env.calls()[1])
+    assert (
+        "start --log-dir logs --max-log-bytes 104857600 --heartbeat-uri gs://bucket/ckpt.heartbeat "
+        "--sync-seconds 60 --foreground -- python" in command_of(env.calls()[1])
+    )
 
 
 @pytest.mark.parametrize("data", ["gs:/bucket/stores", "s3://b/x", "gs://Bad_Bucket/x"])
@@ -417,8 +434,8 @@ def test_recover_retries_a_stockout_on_re_create_then_succeeds(env):
         *UP,  # try 3: created
     )  # fmt: skip
     result = ok(env.run("recover", *RECOVER, extra_env={"TPU_RETRY_SECONDS": "0"}))
-    assert "try 1 of 50): next try in 0s" in result.stderr
-    assert "try 2 of 50): next try in 0s" in result.stderr
+    assert "(exit status 1; try 1): next try in 0s" in result.stderr  # no limit by default
+    assert "(exit status 1; try 2): next try in 0s" in result.stderr
     assert "training finished on my-tpu after 1 restart(s)" in result.stderr
     assert kinds(env).count("tpu-vm create") == 4 and kinds(env).count("start") == 2
 
@@ -473,13 +490,19 @@ def test_stop_or_delete_during_recovery_ends_it(env, script):
     assert kinds(env).count("start") == 1 and kinds(env).count("tpu-vm create") == 1
 
 
-def test_a_new_recover_removes_an_old_stop_marker(env):
-    marker = env.gcs / "bucket" / "ckpt.recover-stop"
-    marker.parent.mkdir(parents=True)
-    marker.write_text("stopped\n")
-    env.rules(*UP)
+def test_a_loop_restarted_after_delete_does_not_recreate_until_told(env):
+    """systemd starts a new loop after one ends (or at boot): it must not undo tpu/delete.sh."""
+    ok(env.run("delete", *COMMON, "--checkpoint-dir", "gs://bucket/ckpt"))
+    env.reset()
     result = ok(env.run("recover", *RECOVER))
-    assert env.calls()[1] == ["storage", "rm", MARKER] and not marker.exists()
+    assert "stop marker gs://bucket/ckpt.recover-stop is there (deleted with tpu/delete.sh by " \
+           in result.stderr and "--clear-stop starts the run again" in result.stderr  # fmt: skip
+    assert kinds(env) == ["storage ls", "storage cat"]  # nothing created, nothing removed
+    env.reset()
+    env.rules(*UP)
+    result = ok(env.run("recover", *RECOVER, "--clear-stop"))
+    assert env.calls()[1] == ["storage", "rm", MARKER]
+    assert not (env.gcs / "bucket" / "ckpt.recover-stop").exists()
     assert "training finished" in result.stderr
 
 
@@ -534,7 +557,7 @@ def test_create_and_ssh_flags_reach_every_gcloud_call(env):
     assert create[-2:] == ["--network=my-net", "--service-account=sa@p.iam.gserviceaccount.com"]
     ssh = [c for c in env.calls() if c[2:4] == ["tpu-vm", "ssh"]]
     assert len(ssh) == 3 and all(c[-1] == "--internal-ip" for c in ssh)
-    assert all(c[8:10] == KEEPALIVE for c in ssh)
+    assert all(c[8:11] == KEEPALIVE for c in ssh)
 
 
 # --- dry run --------------------------------------------------------------------------------
@@ -584,7 +607,7 @@ def test_dry_run_install_prints_git_archive(env, source_repo):
     count, first = (shlex.split(line) for line in dry.stdout.splitlines()[:2])
     assert count == ["gcloud", *COUNT]
     assert first == ["git", "-C", str(source_repo), "archive", "--format=tar.gz", "-o",
-                     str(env.tmp / f"tpu-install-{NAME}.tar.gz"), "HEAD"]  # fmt: skip
+                     str(env.tmp / f"tpu-install-{NAME}.tar.gz"), git_head(source_repo)]  # fmt: skip
 
 
 # --- parameters -----------------------------------------------------------------------------
@@ -778,7 +801,9 @@ def test_no_project_or_zone_is_hard_coded():
         assert not re.search(r"\b[a-z]+-[a-z]+[0-9]-[a-z]\b", code), f"{path}: a zone in the code"
         for var in ("TPU_NAME", "TPU_PROJECT", "TPU_ZONE", "TPU_ACCELERATOR_TYPE",
                     "TPU_RUNTIME_VERSION"):  # fmt: skip
-            assert f"{var}:-" not in code and f"{var}=" not in code, f"{path}: a default for {var}"
+            # ${TPU_ZONE:-} tests for emptiness; TPU_ZONE=$other takes a given value.
+            default = re.search(rf"\b{var}(:-[^}}]|=[^$])", code)
+            assert not default, f"{path}: a default for {var}: {default}"
 
 
 def test_shellcheck_clean():

@@ -40,7 +40,20 @@ if mode == "graceful":
     signal.signal(signal.SIGTERM, saved)
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if mode != "exit":
+if mode == "chatty":  # a line every 0.1 s, or FAKE_LINES lines at once
+    lines = int(os.environ.get("FAKE_LINES", "0"))
+    for i in range(lines or int(float(os.environ["FAKE_SECONDS"]) * 10)):
+        print(f"step {i} " + "x" * 40, flush=True)
+        time.sleep(0 if lines else 0.1)
+elif mode == "beating":  # the real trainer's heartbeat, one step every 0.1 s
+    sys.path.insert(0, os.environ["HEARTBEAT_MODULE"])
+    from heartbeat import Heartbeat
+    beat = Heartbeat.from_env(save_every=10)
+    beat.every_s = 0
+    for step in range(int(float(os.environ["FAKE_SECONDS"]) * 10)):
+        beat.beat(step + 1, 0)
+        time.sleep(0.1)
+elif mode != "exit":
     time.sleep(float(os.environ.get("FAKE_SECONDS", "60")))
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """
@@ -62,6 +75,10 @@ if os.environ.get("FAKE_GCS_FAIL"):
 def local(uri):
     return os.path.join(os.environ["FAKE_GCS_DIR"], uri[len("gs://"):])
 words = [a for a in args if not a.startswith("--")]
+if words[:2] == ["storage", "cat"]:
+    if not os.path.exists(local(words[2])):
+        sys.exit("ERROR: (gcloud.storage.cat) One or more URLs matched no objects.")
+    sys.stdout.write(open(local(words[2])).read())
 if words[:2] == ["storage", "ls"] and not os.path.exists(local(words[2])):
     sys.exit("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.")
 if words[:2] == ["storage", "cp"] and words[3].startswith("gs://"):
@@ -132,6 +149,7 @@ class Worker:
             FAKE_UV_LOG=str(tmp / "uv.jsonl"),
             FAKE_UV_FREEZE="jax==0.10.2\nnumpy==2.1.0",
             PIPELINE_TPU_DEVICES=f"{tmp}/accel*",
+            HEARTBEAT_MODULE=str(TPU.parent / "scripts"),
         )
         self.log = self.project / "logs" / f"train-{socket.gethostname()}.log"
 
@@ -210,11 +228,11 @@ def test_foreground_run_returns_the_trainer_status_and_copies_the_log_at_exit(wo
     assert result.returncode == 75, result.stderr
     assert "scripts/train.py exited with status 75" in result.stdout
     [(uri, text)] = worker.objects().items()
-    assert re.fullmatch(rf"gs://bucket/logs/r1/train-{HOST}-\d{{8}}T\d{{6}}Z[.]log", uri)
+    assert re.fullmatch(rf"gs://bucket/logs/r1/train-{HOST}-\d{{8}}T\d{{6}}Z[.]log[.]000001", uri)
     assert [c[:2] for c in worker.recorded("worker-gcloud.jsonl")] == [["storage", "cp"]]
     assert text == worker.log.read_text()  # the first attempt: the whole log
     assert text.startswith("==== ") and f"attempt started on {HOST}: python scripts/train" in text
-    assert f"this attempt is copied to {uri}\n" in text
+    assert f"this attempt is copied to {uri[: -len('000001')]}NNNNNN\n" in text
     assert "hello from the trainer" in text and text.endswith("exit status 75\n")
 
 
@@ -223,7 +241,7 @@ def test_log_copy_errors_are_reported(worker):
     result = worker.shell(command, FAKE_GCS_FAIL="1")
     assert result.returncode == 0, result.stderr
     assert re.search(
-        rf"warning: could not copy the log to gs://bucket/logs/r1/train-{HOST}-\S+[.]log on "
+        rf"warning: could not copy the log to gs://bucket/logs/r1/train-{HOST}-\S+[.]log.000001 on "
         rf"{HOST}: ERROR: [(]gcloud.storage.cp[)] HTTPError 403: permission denied\n",
         result.stderr,
     ), result.stderr
@@ -281,15 +299,71 @@ def test_a_second_background_start_does_not_start_a_second_trainer(worker):
     assert log_count(worker, "hello from the trainer") == 1
 
 
-def test_the_log_is_copied_periodically_while_the_trainer_runs(worker):
+def test_the_log_is_copied_incrementally_while_the_trainer_runs(worker):
+    """Each sync sends only the lines written since the last one (it used to send the whole
+    attempt every minute: quadratic); the chunks, in order, are the attempt's log."""
     result = worker.shell(
         "cd pipeline && tpu/worker.sh start --log-dir logs --log-uri gs://b/l --sync-seconds 1 "
         "--foreground -- python scripts/train.py",
-        FAKE_TRAINER="sleep", FAKE_SECONDS="3.5",
+        FAKE_TRAINER="chatty", FAKE_SECONDS="3.5",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    copies = worker.recorded("worker-gcloud.jsonl")
-    assert len(copies) >= 3 and all(c[:2] == ["storage", "cp"] for c in copies)  # 3 + at exit
+    objects = worker.objects()
+    assert len(objects) >= 3, objects  # the syncs while it ran, and the rest at exit
+    assert "".join(objects[uri] for uri in sorted(objects)) == worker.log.read_text()
+    sent = sum(len(c) for c in objects.values())
+    assert sent == len(worker.log.read_text())  # every byte sent once
+
+
+def test_the_log_is_rotated_by_size(worker):
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh start --log-dir logs --max-log-bytes 2000 --foreground "
+        "-- python scripts/train.py",
+        FAKE_TRAINER="chatty", FAKE_SECONDS="1", FAKE_LINES="200",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rotated = worker.log.with_name(worker.log.name + ".1")
+    assert rotated.exists() and len(rotated.read_text()) >= 2000
+    assert len(worker.log.read_text()) < 2000 + 100
+    assert worker.log.read_text().endswith("exit status 0\n")
+
+
+def test_a_full_log_disk_does_not_stop_the_trainer(worker):
+    """Every restart used to die writing its log header on a full disk; now the trainer runs,
+    its output is lost until there is room, and the run's status is the trainer's."""
+    worker.log.parent.mkdir(parents=True)
+    worker.log.symlink_to("/dev/full")  # every write: ENOSPC
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh start --log-dir logs --foreground -- python scripts/train.py",
+        FAKE_EXIT="75",
+    )  # fmt: skip
+    assert result.returncode == 75, result.stdout + result.stderr
+    assert "scripts/train.py exited with status 75" in result.stdout
+    assert "disk full?): the trainer runs on" in result.stderr
+    assert json.loads(worker.out.read_text())["argv"][0] == "scripts/train.py"
+
+
+def test_the_heartbeat_is_copied_beside_the_checkpoints(worker):
+    result = worker.shell(
+        "cd pipeline && tpu/worker.sh start --log-dir logs --heartbeat-uri gs://b/ckpt.heartbeat "
+        "--sync-seconds 1 --foreground -- python scripts/train.py",
+        FAKE_TRAINER="beating", FAKE_SECONDS="1.5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    beat = worker.objects()[f"gs://b/ckpt.heartbeat/{HOST}"]
+    assert re.fullmatch(r"step=\d+ time=\d+ host=\S+ process=0 save_seconds=\d+ "
+                        r"slowest_process=-1\n", beat), beat  # fmt: skip
+
+
+def test_status_says_whether_a_trainer_runs(worker):
+    none = worker.shell("cd pipeline && tpu/worker.sh status")
+    assert none.returncode == 3 and "no trainer runs on" in none.stdout
+    command = "cd pipeline && tpu/worker.sh start --log-dir logs -- python scripts/train.py"
+    ok(worker.shell(command, FAKE_TRAINER="sleep", FAKE_SECONDS="2"))
+    wait_for(lambda: log_count(worker, "hello from the trainer") == 1)
+    running = worker.shell("cd pipeline && tpu/worker.sh status")
+    assert running.returncode == 0 and "a trainer runs on" in running.stdout
+    wait_for(lambda: log_count(worker, "exit status 0") == 1)
 
 
 def test_preflight_kills_stale_tpu_holders_and_counts_the_chips(worker):
@@ -444,12 +518,20 @@ def test_a_copy_install_replaces_the_tree_and_keeps_the_venv_state_and_logs(work
         (worker.project / kept).write_text("kept\n")
     worker.env.rules(("networkEndpoints", 0, "1"))  # one host: no ssh-agent needed
     ok(worker.env.run("install", *COMMON, "--source", str(source)))
-    shutil.copy(next(worker.env.scp_dir.iterdir()), worker.home / "pipeline-src.tar.gz")
+    [remote_tarball] = [a.split(":", 1)[1] for a in worker.env.calls()[-2] if a.startswith("my-tpu:")]
+    shutil.copy(next(worker.env.scp_dir.iterdir()), worker.home / remote_tarball)
     unpack = command_of(worker.env.calls()[-1]).split("cd pipeline && tpu/worker.sh setup")[0]
     ok(worker.shell(unpack))
+    # gcloud runs the command again after a dropped connection: the tarball is gone by then.
+    again = ok(worker.shell(unpack))
+    assert "is unpacked already on" in again.stdout
     assert not (worker.project / "deleted-since.py").exists()
     assert (worker.project / "scripts" / "train.py").read_text() == "print('new')\n"
     for kept in (".venv/kept", ".trainer/status", "logs/train-old.log"):
         assert (worker.project / kept).read_text() == "kept\n"
     assert (worker.project / ".venv" / "bin" / "activate").exists()
     assert sorted(p.name for p in worker.home.iterdir()) == ["pipeline"]
+    # A tarball of another commit that never arrived is an error (exit 1: try again).
+    other = unpack.replace(remote_tarball[len("pipeline-src-") : -len(".tar.gz")], "0" * 12)
+    missing = worker.shell(other.replace(f"= {(worker.project / '.commit').read_text().strip()}", "= x"))
+    assert missing.returncode == 1 and "is missing on" in missing.stderr

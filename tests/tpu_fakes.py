@@ -6,7 +6,7 @@ the first rule whose PATTERN occurs in its space-joined arguments, runs the shel
 if there is one (what happens meanwhile, e.g. a tpu/stop.sh from elsewhere), prints STDOUT
 (`\\t` is a tab) and exits with STATUS. Without a rule, `storage ls|cp|rm` act on a local
 directory standing for Cloud Storage (gs://BUCKET/PATH is FAKE_GCS_DIR/BUCKET/PATH); any other
-call prints nothing and succeeds. `scp` of a local file copies it into a directory the test
+call prints nothing and succeeds (`storage cat` prints the objects a glob matches). `scp` of a local file copies it into a directory the test
 can read.
 """
 
@@ -29,7 +29,10 @@ TRAIN = [
     "--config", "configs/run.yaml", "--data", "/mnt/bucket/stores",
     "--checkpoint-dir", "gs://bucket/ckpt",
 ]  # fmt: skip
-KEEPALIVE = ["--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4"]
+KEEPALIVE = [
+    "--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4",
+    "--ssh-flag=-oConnectTimeout=20",
+]  # fmt: skip
 SSH = ["compute", "tpus", "tpu-vm", "ssh", NAME, *LOC, "--worker=all", *KEEPALIVE]
 DESCRIBE_VM = ["compute", "tpus", "tpu-vm", "describe", NAME, *LOC, "--format=value(state)"]
 DESCRIBE_QR = [
@@ -75,6 +78,13 @@ elif args[:2] == ["storage", "cp"]:
     shutil.copy(args[2], local(args[3]))
 elif args[:2] == ["storage", "rm"]:
     os.remove(local(args[2]))
+elif args[:2] == ["storage", "cat"]:
+    import glob
+    found = sorted(glob.glob(local(args[2])))
+    if not found:
+        sys.exit("ERROR: (gcloud.storage.cat) One or more URLs matched no objects.")
+    for path in found:
+        sys.stdout.write(open(path).read())
 """
 
 

@@ -23,7 +23,10 @@ TPU_QUEUED TPU_CAPACITY TPU_SOURCE TPU_REPO TPU_REF TPU_REMOTE_DIR TPU_PYTHON TP
 TPU_CHECKPOINT_DIR TPU_CONFIG TPU_LOG_DIR TPU_WORKER TPU_WAIT TPU_POLL_SECONDS TPU_JAX_VERSION \
 TPU_GCSFUSE_BUCKET TPU_MOUNT_POINT TPU_LOG_URI TPU_SYNC_SECONDS TPU_FOREGROUND TPU_GRACE_SECONDS \
 TPU_MAX_RESTARTS TPU_CREATE_FLAGS TPU_SSH_FLAGS TPU_RETRY_SECONDS TPU_MAX_RETRY_SECONDS \
-TPU_CREATE_TRIES TPU_MAINTENANCE_SECONDS TPU_AUTOCHECKPOINT TPU_NUM_SLICES TPU_LOCK_URI"
+TPU_CREATE_TRIES TPU_MAINTENANCE_SECONDS TPU_AUTOCHECKPOINT TPU_NUM_SLICES TPU_LOCK_URI \
+TPU_CODE_URI TPU_NEW_CODE TPU_HANG_TIMEOUT TPU_WATCH_SECONDS TPU_ZONES TPU_ZONE_SECONDS \
+TPU_ON_GIVE_UP TPU_LOG_MAX_BYTES TPU_CONNECT_TIMEOUT TPU_GKE_IMAGE TPU_GKE_NAMESPACE \
+TPU_GKE_CLUSTER TPU_GKE_TOPOLOGY TPU_GKE_SERVICE_ACCOUNT"
 
 DRY_RUN=0
 EXTRA_ARGS=()   # the words after `--`
@@ -223,6 +226,12 @@ remote_path() {
   fi
 }
 
+# Exit status 2 of a script means a parameter or set-up error of its own (die): permanent,
+# tpu/recover.sh does not retry it. A command's failure says nothing of the kind (uv exits 2
+# when the package index is unreachable once, gcloud on a 503), so `run` and `query` report a
+# command's 2 as 1: transient.
+transient() { if (($1 == 2)); then return 1; else return "$1"; fi; }
+
 run() {
   if ((DRY_RUN)); then
     quote_cmd "$@"
@@ -230,11 +239,12 @@ run() {
     return 0
   fi
   printf '+ %s\n' "$(quote_cmd "$@")" >&2
-  "$@"
+  "$@" || transient $?
 }
 
 # query VAR CMD...: run a read-only command and put its stdout (trimmed) in VAR; its status
 # is the command's. In a dry run it is printed like `run` and answers "" with status 1.
+# QUIET=1: not echoed (the polls beside a long step would fill the log).
 query() {
   local var=$1 out status=0
   shift
@@ -244,8 +254,8 @@ query() {
     printf -v "$var" '%s' ""
     return 1
   fi
-  printf '+ %s\n' "$(quote_cmd "$@")" >&2
-  out=$("$@") || status=$?
+  ((${QUIET:-0})) || printf '+ %s\n' "$(quote_cmd "$@")" >&2
+  out=$("$@") || transient $? || status=$?
   out="${out#"${out%%[![:space:]]*}"}"
   printf -v "$var" '%s' "${out%"${out##*[![:space:]]}"}"
   return "$status"
@@ -300,8 +310,11 @@ words() {
 }
 
 # ssh keepalive: without it a vanished VM leaves the ssh session (and recover.sh) waiting for
-# hours; with it ssh gives up after 4 unanswered probes 30 s apart (exit 255).
-KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4)
+# hours; with it ssh gives up after 4 unanswered probes 30 s apart (exit 255). The connect
+# timeout: gcloud reconnects up to 10 times after an exit 255, and each connect to a vanished
+# VM would wait out TCP's own timeout (minutes) without it.
+KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4
+  "--ssh-flag=-oConnectTimeout=${TPU_CONNECT_TIMEOUT:-20}")
 
 # Multislice: --num-slices N (TPU_NUM_SLICES, gcloud's --node-count) > 1 makes the queued
 # resource NAME create the nodes NAME-0 ... NAME-(N-1), one slice each.
@@ -406,6 +419,24 @@ delete_slice() {
 # The stop marker of a tpu/recover.sh loop: an object (or file) beside the checkpoint directory,
 # so that tpu/stop.sh and tpu/delete.sh, from any machine, end the loop that runs elsewhere.
 stop_marker() { printf '%s.recover-stop' "${TPU_CHECKPOINT_DIR%/}"; }
+
+# storage_ls VAR URI: `gcloud storage ls URI` into VAR (status 1 when nothing matches: that
+# error is expected here and not shown; any other is).
+storage_ls() {
+  query "$1" gcloud storage ls "$2" 2> >(grep -v 'matched no objects' >&2)
+}
+
+# Whether the stop marker of this run is there (a file for a local --checkpoint-dir).
+marker_present() {
+  # shellcheck disable=SC2034  # storage_ls sets it; only its status matters
+  local marker found
+  marker=$(stop_marker)
+  if [[ $marker == gs://* ]]; then
+    storage_ls found "$marker"
+  else
+    [[ -e $marker ]]
+  fi
+}
 
 # leave_stop_marker WHO: written before the trainers are stopped or the slice deleted.
 leave_stop_marker() {

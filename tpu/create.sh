@@ -11,7 +11,8 @@ Create a TPU VM slice, unless it exists already (idempotent):
   gcloud compute tpus tpu-vm describe NAME --zone=ZONE --project=PROJECT --format='value(state)'
     (queued: gcloud compute tpus queued-resources describe ... --format='value(state.state)')
 An existing slice that is usable or on its way (READY, CREATING, ACTIVE, WAITING_FOR_RESOURCES,
-...) is kept; one that is PREEMPTED, SUSPENDED, FAILED, ... is an error (tpu/delete.sh first).
+...) is kept; one that is PREEMPTED, SUSPENDED, FAILED, ... is an error, exit status 1
+(tpu/delete.sh first). Exit status 2 is a parameter error; 1 anything that may pass later.
 
   direct (default):
     gcloud compute tpus tpu-vm create NAME --zone=ZONE --project=PROJECT
@@ -99,7 +100,11 @@ words TPU_CREATE_FLAGS
 create_flags=(${WORDS[@]+"${WORDS[@]}"})
 tpu_state state
 if [[ -n $state ]]; then
-  [[ $state =~ $DEAD_STATES ]] && die "$TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
+  if [[ $state =~ $DEAD_STATES ]]; then
+    # A state, not a parameter error: exit 1, so that tpu/recover.sh deletes it and tries again.
+    note "error: $TPU_NAME exists in state $state; delete it first (tpu/delete.sh)"
+    exit 1
+  fi
   note "$TPU_NAME exists already (state $state); not creating it again"
 elif ((TPU_QUEUED)); then
   run gcloud ${track[@]+"${track[@]}"} compute tpus queued-resources create "$TPU_NAME" "${node[@]}" \

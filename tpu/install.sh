@@ -61,8 +61,8 @@ EOF_USAGE
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 VALUE_FLAGS="name project zone repo ref source remote-dir python jax-version gcsfuse-bucket mount-point ssh-flags num-slices \
-checkpoint-dir lock-uri"
-BOOL_FLAGS=""
+checkpoint-dir lock-uri code-uri"
+BOOL_FLAGS="new-code"
 tpu_parse "$@"
 
 check_common
@@ -82,20 +82,57 @@ if [[ -n ${TPU_REPO:-} && -n ${TPU_SOURCE:-} ]]; then
 fi
 
 dir=$(remote_path "$TPU_REMOTE_DIR")
-remote_tarball=pipeline-src.tar.gz
+bool TPU_NEW_CODE
+# One code version per run: the commit of the first install, recorded beside the run's lock.
+if [[ -z ${TPU_CODE_URI:-} && ${TPU_CHECKPOINT_DIR:-} == gs://* ]]; then
+  TPU_CODE_URI="${TPU_CHECKPOINT_DIR%/}.commit"
+fi
+check TPU_CODE_URI '^(none|gs://[a-z0-9][-a-z0-9_.]*[a-z0-9]/.+)$' 'a gs://bucket/object URI or none'
+[[ ${TPU_CODE_URI:-none} == none ]] && TPU_CODE_URI=""
+record=""
 
 remote="set -e; "
 if [[ -n ${TPU_REPO:-} ]]; then
   ref=$(shquote "${TPU_REF:-HEAD}")
   remote+="if [ ! -d $dir/.git ]; then git clone --quiet $(shquote "$TPU_REPO") $dir; fi; "
-  remote+="git -C $dir fetch --quiet origin $ref; git -C $dir checkout --quiet --detach FETCH_HEAD; "
+  if [[ -n $TPU_CODE_URI ]]; then
+    # The workers read the run's commit; the first install of the run records it.
+    uri=$(shquote "$TPU_CODE_URI")
+    pin="pin=\$(gcloud storage cat $uri 2>/dev/null || true); "
+    match="--if-generation-match=0 "
+    ((TPU_NEW_CODE)) && pin="pin=; " match=""
+    remote+="$pin"
+    remote+="if [ -n \"\$pin\" ]; then echo \"the run's commit \$pin ($TPU_CODE_URI) on \$(hostname)\"; "
+    remote+="git -C $dir fetch --quiet origin \"\$pin\"; else git -C $dir fetch --quiet origin $ref; fi; "
+    remote+="git -C $dir checkout --quiet --detach FETCH_HEAD; "
+    remote+="if [ -z \"\$pin\" ]; then git -C $dir rev-parse HEAD >$dir.commit; "
+    remote+="gcloud storage cp $match$dir.commit $uri >/dev/null 2>&1 || true; rm -f $dir.commit; fi; "
+  else
+    remote+="git -C $dir fetch --quiet origin $ref; git -C $dir checkout --quiet --detach FETCH_HEAD; "
+  fi
 else
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   source_dir=${TPU_SOURCE:-$here}
-  if ! git -C "$source_dir" rev-parse --verify --quiet HEAD >/dev/null 2>&1; then
+  if ! head=$(git -C "$source_dir" rev-parse --verify --quiet HEAD 2>/dev/null); then
     die "--source '$source_dir' is not a git checkout with a commit (copy mode sends 'git archive HEAD'; commit first, or use --repo URL)"
   fi
-  if [[ -n $(git -C "$source_dir" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+  commit=$head
+  if [[ -n $TPU_CODE_URI ]]; then
+    pinned=""
+    query pinned gcloud storage cat "$TPU_CODE_URI" 2>/dev/null || pinned=""
+    if [[ -z $pinned ]]; then
+      record=$head
+    elif [[ $pinned != "$head" ]] && ((TPU_NEW_CODE)); then
+      note "--new-code: the run moves from commit $pinned to HEAD $head ($TPU_CODE_URI)"
+      record=$head
+    elif [[ $pinned != "$head" ]]; then
+      git -C "$source_dir" cat-file -e "$pinned^{commit}" 2>/dev/null ||
+        die "the run is pinned to commit $pinned ($TPU_CODE_URI), which '$source_dir' lacks: fetch it, or ship HEAD $head with --new-code (TPU_NEW_CODE=1)"
+      note "the run is pinned to commit $pinned ($TPU_CODE_URI): shipping it, not HEAD $head (--new-code ships HEAD and pins it)"
+      commit=$pinned
+    fi
+  fi
+  if [[ $commit == "$head" && -n $(git -C "$source_dir" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
     warn "uncommitted changes in $source_dir are not copied (the workers get 'git archive HEAD')"
   fi
   tarball="${TMPDIR:-/tmp}/tpu-install-$TPU_NAME.tar.gz"
@@ -109,10 +146,18 @@ else
   if [[ $TPU_LOG_DIR != /* && $logs_top =~ ^[A-Za-z0-9_][A-Za-z0-9_.+@-]*$ ]]; then
     kept+=" $logs_top"
   fi
+  # gcloud runs the whole command again after a dropped connection: each step can be redone.
+  # The tarball is removed last; a tree that already holds this commit is kept as it is.
   new="$dir.new"
-  remote+="rm -rf $new; mkdir -p $dir $new; tar -xzf $remote_tarball -C $new; rm -f $remote_tarball; "
+  remote_tarball=pipeline-src-${commit:0:12}.tar.gz
+  remote+="if [ -d $new ] && [ ! -d $dir ]; then mv $new $dir; fi; "
+  remote+="if [ -f $remote_tarball ]; then "
+  remote+="rm -rf $new; mkdir -p $dir $new; tar -xzf $remote_tarball -C $new; "
   remote+="for kept in $kept; do if [ -e $dir/\$kept ]; then mv $dir/\$kept $new/; fi; done; "
-  remote+="rm -rf $dir; mv $new $dir; "
+  remote+="rm -rf $dir; mv $new $dir; echo $commit >$dir/.commit; rm -f $remote_tarball; "
+  remote+="elif [ \"\$(cat $dir/.commit 2>/dev/null)\" = $commit ]; then "
+  remote+="echo \"commit $commit is unpacked already on \$(hostname)\"; "
+  remote+="else echo \"error: $remote_tarball is missing on \$(hostname)\" >&2; exit 1; fi; "
 fi
 setup=(setup --python "$TPU_PYTHON" --jax "$TPU_JAX_VERSION")
 # The run's lock of exact dependency versions, beside its gs:// checkpoints unless told.
@@ -138,9 +183,17 @@ if [[ -z ${TPU_REPO:-} ]]; then
   if ((!DRY_RUN)); then
     trap 'rm -f "$tarball"' EXIT
   fi
-  run git -C "$source_dir" archive --format=tar.gz -o "$tarball" HEAD
+  run git -C "$source_dir" archive --format=tar.gz -o "$tarball" "$commit"
   for node in $(nodes); do
     tpu_scp --worker=all "$tarball" "$node:$remote_tarball"
   done
 fi
 tpu_ssh "$remote" all
+if [[ -n $record ]]; then
+  # After the install: a run whose first install failed is not pinned to code it never ran.
+  file="${TMPDIR:-/tmp}/tpu-commit-$TPU_NAME"
+  ((DRY_RUN)) || printf '%s\n' "$record" >"$file"
+  run gcloud storage cp "$file" "$TPU_CODE_URI"
+  ((DRY_RUN)) || rm -f "$file"
+  note "pinned this run to commit $record ($TPU_CODE_URI): every later install ships it"
+fi

@@ -63,28 +63,53 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 VALUE_FLAGS="name project zone accelerator-type runtime-version capacity poll-seconds repo ref \
 source remote-dir python jax-version gcsfuse-bucket mount-point config data checkpoint-dir \
 log-dir log-uri sync-seconds grace-seconds max-restarts retry-seconds max-retry-seconds \
-create-tries maintenance-seconds create-flags ssh-flags num-slices lock-uri env"
-BOOL_FLAGS="queued autocheckpoint"
+create-tries maintenance-seconds create-flags ssh-flags num-slices lock-uri env code-uri \
+hang-timeout watch-seconds zones zone-seconds on-give-up log-max-bytes connect-timeout"
+BOOL_FLAGS="queued autocheckpoint new-code clear-stop"
+unset TPU_CLEAR_STOP # a flag only: an env file that always clears the stop marker would defeat it
 tpu_parse "$@"
 
+# --zones a,b,c: the first is the zone unless --zone says another.
+check TPU_ZONES '^[a-z0-9-]+(,[a-z0-9-]+)*$' 'a comma-separated list of zones'
+[[ -z ${TPU_ZONE:-} && -n ${TPU_ZONES:-} ]] && TPU_ZONE=${TPU_ZONES%%,*}
 check_common
 require TPU_CHECKPOINT_DIR
 remote_layout
 bool TPU_QUEUED
+bool TPU_CLEAR_STOP
 check_slices
 TPU_MAX_RESTARTS=${TPU_MAX_RESTARTS:-10}
 TPU_RETRY_SECONDS=${TPU_RETRY_SECONDS:-60}
 TPU_MAX_RETRY_SECONDS=${TPU_MAX_RETRY_SECONDS:-1800}
-TPU_CREATE_TRIES=${TPU_CREATE_TRIES:-50}
+TPU_CREATE_TRIES=${TPU_CREATE_TRIES:-0}
 TPU_MAINTENANCE_SECONDS=${TPU_MAINTENANCE_SECONDS:-3600}
 TPU_POLL_SECONDS=${TPU_POLL_SECONDS:-30}
 TPU_GRACE_SECONDS=${TPU_GRACE_SECONDS:-300}
+TPU_WATCH_SECONDS=${TPU_WATCH_SECONDS:-60}
+TPU_HANG_TIMEOUT=${TPU_HANG_TIMEOUT:-auto}
+TPU_ZONE_SECONDS=${TPU_ZONE_SECONDS:-3600}
 check TPU_MAX_RESTARTS '^[0-9]+$' 'a number of restarts'
-check TPU_CREATE_TRIES '^[1-9][0-9]*$' 'a number of tries (at least 1)'
-for var in TPU_RETRY_SECONDS TPU_MAX_RETRY_SECONDS TPU_MAINTENANCE_SECONDS TPU_GRACE_SECONDS; do
+check TPU_CREATE_TRIES '^[0-9]+$' 'a number of tries (0: no limit)'
+for var in TPU_RETRY_SECONDS TPU_MAX_RETRY_SECONDS TPU_MAINTENANCE_SECONDS TPU_GRACE_SECONDS \
+  TPU_WATCH_SECONDS TPU_ZONE_SECONDS; do
   check "$var" '^[0-9]+$' 'a number of seconds'
 done
 check TPU_POLL_SECONDS '^[0-9]+([.][0-9]+)?$' 'a number of seconds'
+check TPU_HANG_TIMEOUT '^(auto|[0-9]+)$' 'a number of seconds or auto'
+
+# Zone failover: the zones of --zones, those of the zone's region first (the data and the
+# checkpoints stay in the same bucket; the same region keeps them close).
+ZONE_ORDER=$TPU_ZONE
+if [[ -n ${TPU_ZONES:-} ]]; then
+  region=${TPU_ZONE%-*}
+  for zone in ${TPU_ZONES//,/ }; do
+    [[ $zone =~ ^[a-z]+(-[a-z]+)+[0-9]+-[a-z][a-z0-9]*$ ]] || die "--zones (TPU_ZONES): '$zone' is not a valid zone (e.g. us-west4-a)"
+    [[ $zone == "$TPU_ZONE" || ${zone%-*} != "$region" ]] || ZONE_ORDER+=" $zone"
+  done
+  for zone in ${TPU_ZONES//,/ }; do
+    [[ $zone == "$TPU_ZONE" || ${zone%-*} == "$region" ]] || ZONE_ORDER+=" $zone"
+  done
+fi
 
 # The words after -- are the trainer's, never gcloud's.
 TRAINER_ARGS=(${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
@@ -112,6 +137,17 @@ for kv in ${REMOTE_ENV[@]+"${REMOTE_ENV[@]}"}; do
 done
 MARKER=$(stop_marker)
 
+# give_up STATUS MESSAGE: the end of the loop without success: one line, then --on-give-up.
+give_up() {
+  note "error: $2"
+  if [[ -n ${TPU_ON_GIVE_UP:-} ]]; then
+    note "running --on-give-up (TPU_ON_GIVE_UP)"
+    TPU_GIVE_UP_REASON=$2 TPU_GIVE_UP_STATUS=$1 bash -c "$TPU_ON_GIVE_UP" ||
+      warn "--on-give-up failed (exit status $?)"
+  fi
+  exit "$1"
+}
+
 # Each step's own checks, before anything is created: a bad parameter is exit 2 now, not after
 # an hour in a queue.
 validate() {
@@ -122,22 +158,6 @@ validate() {
       exit 2
     fi
   done
-}
-
-# storage_ls VAR URI: `gcloud storage ls URI` into VAR (status 1 when nothing matches: that
-# error is expected here and not shown; any other is).
-storage_ls() {
-  query "$1" gcloud storage ls "$2" 2> >(grep -v 'matched no objects' >&2)
-}
-
-marker_present() {
-  # shellcheck disable=SC2034  # storage_ls sets it; only its status matters
-  local found
-  if [[ $MARKER == gs://* ]]; then
-    storage_ls found "$MARKER"
-  else
-    [[ -e $MARKER ]]
-  fi
 }
 
 finish_if_stopped() {
@@ -222,39 +242,201 @@ await_slice() {
   done
 }
 
-# Create (unless it exists) and install, retried with backoff; exit when the tries are spent.
+# --- steps in the background, watched ------------------------------------------------------
+#
+# A long step (create --wait, install, the foreground run) runs in the background, in a process
+# group of its own so that ending it ends the gcloud and ssh it started; beside it, every
+# --watch-seconds: the stop marker, and for the run the slice's state (a vanished VM is seen
+# in about a minute, not when ssh gives up) and the trainers' heartbeat.
+STEP_PID=""
+start_step() {
+  (
+    set -m
+    "$@" &
+    child=$!
+    trap 'kill -TERM -- "-$child" 2>/dev/null; exit 143' TERM
+    status=0
+    wait "$child" || status=$?
+    exit "$status"
+  ) &
+  STEP_PID=$!
+}
+end_step() {
+  kill -TERM "$STEP_PID" 2>/dev/null || true
+  wait "$STEP_PID" 2>/dev/null || true
+  STEP_PID=""
+}
+trap '[[ -z $STEP_PID ]] || end_step' EXIT
+
+# The watchdog's memory, per attempt: "HOST STEP SEEN" lines, SEEN being when (this script's
+# clock, so the workers' clocks do not matter) the host's heartbeat first showed that step.
+BEATS="" ATTEMPT_START=0 HANG_NOTE=""
+
+# hung: no host's step moved for the hang timeout (--hang-timeout; auto: twice the measured
+# time between two checkpoints, at least 10 minutes, and an hour before the first heartbeat).
+hung() {
+  local now listing line word host step save seen prev beats="" latest=$ATTEMPT_START
+  local save_max=0 timeout first="" first_seen="" first_step="" straggler=""
+  [[ $TPU_CHECKPOINT_DIR == gs://* ]] || return 1
+  now=$(date +%s)
+  QUIET=1 query listing gcloud storage cat "${TPU_CHECKPOINT_DIR%/}.heartbeat/*" 2>/dev/null ||
+    listing=""
+  while IFS= read -r line; do
+    host="" step="" save=0
+    for word in $line; do
+      case $word in
+        host=*) host=${word#host=} ;;
+        step=*) step=${word#step=} ;;
+        save_seconds=*) save=${word#save_seconds=} ;;
+        slowest_process=*) straggler=${word#slowest_process=} ;;
+      esac
+    done
+    [[ -n $host && $step =~ ^[0-9]+$ && $save =~ ^[0-9]+$ ]] || continue
+    prev=$(printf '%s' "$BEATS" | while read -r h s t; do [[ $h != "$host" ]] || echo "$s $t"; done)
+    seen=$now
+    [[ $prev == "$step "* ]] && seen=${prev#* }
+    beats+="$host $step $seen"$'\n'
+    ((seen > latest)) && latest=$seen
+    ((save > save_max)) && save_max=$save
+    if [[ -z $first ]] || ((seen < first_seen || (seen == first_seen && step < first_step))); then
+      first=$host first_seen=$seen first_step=$step
+    fi
+  done <<<"$listing"
+  BEATS=$beats
+  if [[ $TPU_HANG_TIMEOUT != auto ]]; then
+    timeout=$TPU_HANG_TIMEOUT
+  elif ((save_max > 0)); then
+    timeout=$((2 * save_max > 600 ? 2 * save_max : 600))
+  else
+    timeout=3600
+  fi
+  ((now - latest >= timeout)) || return 1
+  if [[ -n $first ]]; then
+    HANG_NOTE="no step progress for $((now - latest))s (--hang-timeout $timeout): $first stopped progressing first, at step $first_step"
+    [[ $straggler =~ ^[0-9]+$ ]] && HANG_NOTE+=" (the feed's straggler: process $straggler)"
+  else
+    HANG_NOTE="no heartbeat for $((now - latest))s (--hang-timeout $timeout)"
+  fi
+  return 0
+}
+
+# watch_step KIND: wait for the step started by start_step, watching beside it. STATUS: its
+# exit status; WHY: what ended it early (stop, zone, slice, hang), "" when it ended by itself.
+watch_step() {
+  local kind=$1 now next
+  WHY="" STATUS=0
+  next=$(($(date +%s) + TPU_WATCH_SECONDS))
+  ATTEMPT_START=$(date +%s) BEATS=""
+  while kill -0 "$STEP_PID" 2>/dev/null; do
+    sleep 0.1
+    now=$(date +%s)
+    ((now >= next)) || continue
+    next=$((now + TPU_WATCH_SECONDS))
+    if QUIET=1 marker_present; then
+      WHY=stop
+    elif [[ $kind == bring-up ]] && [[ $ZONE_ORDER == *" "* ]] && ((now - ZONE_SINCE >= TPU_ZONE_SECONDS)); then
+      WHY=zone
+    elif [[ $kind == run ]]; then
+      QUIET=1 slice_condition
+      if [[ $CONDITION == dead ]]; then
+        WHY=slice
+      elif hung; then
+        WHY=hang
+      fi
+    fi
+    [[ -z $WHY ]] || break
+  done
+  if [[ -n $WHY ]]; then
+    end_step
+    STATUS=1
+  else
+    wait "$STEP_PID" || STATUS=$?
+    STEP_PID=""
+  fi
+}
+
+# --- zones ----------------------------------------------------------------------------------
+
+ZONE_SINCE=$(date +%s)
+
+# A stockout longer than --zone-seconds: give up the zone's request and move to the next zone.
+next_zone() {
+  local zone pick="" seen=0
+  for zone in $ZONE_ORDER $ZONE_ORDER; do
+    ((seen)) && { pick=$zone; break; }
+    [[ $zone == "$TPU_ZONE" ]] && seen=1
+  done
+  note "no $TPU_NAME in $TPU_ZONE for $(($(date +%s) - ZONE_SINCE))s (--zone-seconds $TPU_ZONE_SECONDS): moving to $pick; the checkpoints stay in $TPU_CHECKPOINT_DIR"
+  delete_slice || true # the request still queued in the old zone
+  TPU_ZONE=$pick
+  export TPU_ZONE
+  ZONE_SINCE=$(date +%s)
+}
+
+# --- bring-up -------------------------------------------------------------------------------
+
+create_and_install() {
+  "$here/create.sh" --wait ${dry[@]+"${dry[@]}"} && "$here/install.sh" ${dry[@]+"${dry[@]}"}
+}
+
+# Create (unless it exists) and install, retried with backoff (without limit unless
+# --create-tries); a parameter or set-up error (exit status 2) ends the loop.
+KNOWN_STATE="" HAVE_STATE=0
 bring_up() {
-  local tries=0 pause=$TPU_RETRY_SECONDS status state
+  local tries=0 pause=$TPU_RETRY_SECONDS state limit=""
+  ((TPU_CREATE_TRIES > 0)) && limit=" of $TPU_CREATE_TRIES"
   while :; do
     # A slice left dead (a preempted one, a queued resource that FAILED) is deleted first.
-    tpu_state state
+    if ((HAVE_STATE)); then
+      state=$KNOWN_STATE HAVE_STATE=0
+    else
+      tpu_state state
+    fi
     if [[ -n $state && $state =~ $DEAD_STATES ]]; then
       note "$TPU_NAME is $state: deleting it before creating it again"
       delete_slice || true
     fi
-    status=0
-    { "$here/create.sh" --wait ${dry[@]+"${dry[@]}"} && "$here/install.sh" ${dry[@]+"${dry[@]}"}; } ||
-      status=$?
-    ((status == 0)) && return 0
-    if ((status == 2)); then
-      note "error: creating or installing $TPU_NAME failed with a parameter or set-up error (above); not retrying"
-      exit 2
+    if ((DRY_RUN)); then
+      create_and_install
+      return 0
     fi
+    start_step create_and_install
+    watch_step bring-up
+    [[ $WHY == stop ]] && finish_if_stopped
+    if [[ $WHY == zone ]]; then
+      next_zone
+      pause=$TPU_RETRY_SECONDS
+      continue
+    fi
+    ((STATUS == 0)) && return 0
+    ((STATUS == 2)) && give_up 2 "creating or installing $TPU_NAME failed with a parameter or set-up error (above); not retrying"
+    finish_if_stopped
     tries=$((tries + 1))
-    if ((tries >= TPU_CREATE_TRIES)); then
-      note "error: creating or installing $TPU_NAME failed $tries times in a row (--create-tries $TPU_CREATE_TRIES)"
-      exit 1
+    if ((TPU_CREATE_TRIES > 0 && tries >= TPU_CREATE_TRIES)); then
+      give_up 1 "creating or installing $TPU_NAME failed $tries times in a row (--create-tries $TPU_CREATE_TRIES)"
     fi
-    note "creating or installing $TPU_NAME failed (exit status $status; try $tries of $TPU_CREATE_TRIES): next try in ${pause}s"
+    if [[ $ZONE_ORDER == *" "* ]] && (($(date +%s) - ZONE_SINCE >= TPU_ZONE_SECONDS)); then
+      next_zone
+      pause=$TPU_RETRY_SECONDS
+      continue
+    fi
+    note "creating or installing $TPU_NAME failed (exit status $STATUS; try $tries$limit): next try in ${pause}s"
     sleep "$pause"
     pause=$((pause * 2 > TPU_MAX_RETRY_SECONDS ? TPU_MAX_RETRY_SECONDS : pause * 2))
     finish_if_stopped
   done
 }
 
+# --- the loop -------------------------------------------------------------------------------
+
 ((DRY_RUN)) || validate
 if marker_present; then
-  note "removing the stop marker $MARKER of an earlier tpu/stop.sh or tpu/delete.sh"
+  if ((!TPU_CLEAR_STOP)); then
+    # A systemd restart after tpu/delete.sh must not re-create the slice.
+    note "the stop marker $MARKER is there ($(QUIET=1 query m gcloud storage cat "$MARKER" 2>/dev/null; printf '%s' "${m:-tpu/stop.sh or tpu/delete.sh}")): ending, nothing started; --clear-stop starts the run again"
+    exit 0
+  fi
+  note "--clear-stop: removing the stop marker $MARKER"
   if [[ $MARKER == gs://* ]]; then
     run gcloud storage rm "$MARKER"
   else
@@ -265,17 +447,46 @@ latest_step
 best=$STEP
 ((DRY_RUN)) || note "latest checkpoint in $TPU_CHECKPOINT_DIR: $(step_name "$best")"
 
-restarts=0 in_a_row=0 fresh=1
+# Restarted mid-run (the machine running this loop rebooted): trainers that run on a ready
+# slice are attached to, not installed under nor restarted.
+restarts=0 in_a_row=0 hangs=0 fresh=1 attach=()
+tpu_state KNOWN_STATE
+HAVE_STATE=1
+if [[ $KNOWN_STATE == READY || $KNOWN_STATE == ACTIVE ]] && ((!DRY_RUN)); then
+  slice_condition
+  if [[ $CONDITION == ready ]] && tpu_ssh "$(worker_cmd status)" all; then
+    note "trainers run on every worker of $TPU_NAME: attaching to them (no install, no restart)"
+    fresh=0 attach=(--attach)
+  fi
+fi
 while :; do
   ((fresh)) && bring_up
-  status=0
-  "$here/run.sh" --foreground ${envs[@]+"${envs[@]}"} ${dry[@]+"${dry[@]}"} \
-    -- --resume ${TRAINER_ARGS[@]+"${TRAINER_ARGS[@]}"} || status=$?
-  ((DRY_RUN)) && exit 0
+  run_cmd=("$here/run.sh" --foreground ${attach[@]+"${attach[@]}"} ${envs[@]+"${envs[@]}"}
+    ${dry[@]+"${dry[@]}"} -- --resume ${TRAINER_ARGS[@]+"${TRAINER_ARGS[@]}"})
+  attach=()
+  if ((DRY_RUN)); then
+    "${run_cmd[@]}"
+    exit 0
+  fi
+  start_step "${run_cmd[@]}"
+  watch_step run
+  status=$STATUS
+  if [[ $WHY == stop ]]; then
+    note "the stop marker $MARKER is there: stopping the trainers, ending"
+    stop_workers "$TPU_GRACE_SECONDS" || true
+    exit 0
+  fi
   if ((status == 0)); then
     note "training finished on $TPU_NAME after $restarts restart(s)"
     exit 0
   fi
+  case $WHY in
+    slice) note "$TPU_NAME is $SEEN while the run's ssh still waits: ending the ssh" ;;
+    hang)
+      hangs=$((hangs + 1))
+      note "hung (hang $hangs): $HANG_NOTE: stopping the job"
+      ;;
+  esac
   finish_if_stopped
   latest_step
   if ((STEP > best)); then
@@ -286,8 +497,7 @@ while :; do
     progress="no new checkpoint ($(step_name "$best")): $in_a_row failure(s) in a row without progress, of --max-restarts $TPU_MAX_RESTARTS"
   fi
   if ((in_a_row > TPU_MAX_RESTARTS)); then
-    note "error: the run failed (exit status $status) $in_a_row times in a row without a new checkpoint (--max-restarts $TPU_MAX_RESTARTS); giving up after $restarts restart(s)"
-    exit 1
+    give_up 1 "the run failed (exit status $status) $in_a_row times in a row without a new checkpoint (--max-restarts $TPU_MAX_RESTARTS); giving up after $restarts restart(s)"
   fi
   restarts=$((restarts + 1))
   await_slice

@@ -15,11 +15,14 @@ Start scripts/train.py on all workers at once (one JAX process per worker), in t
        gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT --worker=all
          --command='cd REMOTE_DIR && tpu/worker.sh preflight'
   2. start, on every worker, in REMOTE_DIR with the venv of tpu/install.sh active:
-       tpu/worker.sh start --log-dir LOG_DIR [--log-uri URI] -- \
+       tpu/worker.sh start --log-dir LOG_DIR --max-log-bytes N [--log-uri URI]
+         [--heartbeat-uri CKPT.heartbeat] [--sync-seconds SYNC] -- \
          python scripts/train.py --data-config CONFIG --checkpoint-dir CKPT [TRAINER_ARGS...]
-     which appends to LOG_DIR/train-$(hostname).log under an attempt header and, with
-     --log-uri, copies this attempt's part to URI/train-$(hostname)-STAMP.log every SYNC
-     seconds and when the trainer exits. In the background (nohup) by default; --foreground
+     which appends to LOG_DIR/train-$(hostname).log under an attempt header (rotated to .1 at
+     N bytes) and, with --log-uri, sends the lines written since the last copy to the next
+     object URI/train-$(hostname)-STAMP.log.NNNNNN every SYNC seconds and when the trainer
+     exits; the trainer's heartbeat (step, time) goes to CKPT.heartbeat/$(hostname) for
+     tpu/recover.sh's watchdog (a gs:// CKPT). In the background (nohup) by default; --foreground
      waits for the trainer on every worker and fails when one fails (what tpu/recover.sh
      uses). The start is idempotent: gcloud's retry after a dropped connection waits for the
      running trainer (or reports the ended attempt) instead of starting another.
@@ -48,7 +51,10 @@ Options (flag / environment or env-file variable):
                                               (default: logs)
   --log-uri URI           TPU_LOG_URI         gs://... to copy each worker's log to, so that it
                                               outlives the slice
-  --sync-seconds N        TPU_SYNC_SECONDS    between two log copies (default: 60)
+  --sync-seconds N        TPU_SYNC_SECONDS    between two log and heartbeat copies (default: 60)
+  --log-max-bytes N       TPU_LOG_MAX_BYTES   rotate the worker's log at this size (default: 100 MiB)
+  --attach                TPU_ATTACH=1        no preflight: wait for the trainers that run
+                                              (tpu/recover.sh restarted mid-run)
   --foreground            TPU_FOREGROUND=1    wait for the trainers; exit 1 if one fails
   --gcsfuse-bucket BUCKET TPU_GCSFUSE_BUCKET  mount it again before the preflight, since a
                                               restarted VM loses its mount (tpu/install.sh)
@@ -69,8 +75,8 @@ EOF
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 VALUE_FLAGS="name project zone config data checkpoint-dir remote-dir log-dir log-uri sync-seconds \
-gcsfuse-bucket mount-point ssh-flags num-slices env"
-BOOL_FLAGS="foreground"
+gcsfuse-bucket mount-point ssh-flags num-slices env log-max-bytes"
+BOOL_FLAGS="foreground attach"
 tpu_parse "$@"
 
 check_common
@@ -81,6 +87,9 @@ check_slices
 bool TPU_FOREGROUND
 TPU_SYNC_SECONDS=${TPU_SYNC_SECONDS:-60}
 check TPU_SYNC_SECONDS '^[0-9]+$' 'a number of seconds'
+TPU_LOG_MAX_BYTES=${TPU_LOG_MAX_BYTES:-104857600}
+check TPU_LOG_MAX_BYTES '^[0-9]+$' 'a number of bytes'
+bool TPU_ATTACH
 check TPU_LOG_URI '^gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](/.*)?$' 'a gs://bucket/path URI'
 if [[ $TPU_DATA =~ ^[A-Za-z][A-Za-z0-9+.-]+:/ && ! $TPU_DATA =~ ^gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](/.*)?$ ]]; then
   die "--data (TPU_DATA) '$TPU_DATA' is a URL other than gs://bucket/path: give gs://BUCKET/stores (read directly) or a directory on every worker (e.g. a gcsfuse mount)"
@@ -108,9 +117,16 @@ for kv in ${REMOTE_ENV[@]+"${REMOTE_ENV[@]}"}; do
   exports+=" ${kv%%=*}=$(shquote "${kv#*=}")"
 done
 
-start=(start --log-dir "$PROJECT_LOG_DIR")
+start=(start --log-dir "$PROJECT_LOG_DIR" --max-log-bytes "$TPU_LOG_MAX_BYTES")
 if [[ -n ${TPU_LOG_URI:-} ]]; then
-  start+=(--log-uri "$TPU_LOG_URI" --sync-seconds "$TPU_SYNC_SECONDS")
+  start+=(--log-uri "$TPU_LOG_URI")
+fi
+if [[ $TPU_CHECKPOINT_DIR == gs://* ]]; then
+  # Each worker's heartbeat beside the checkpoints, for tpu/recover.sh's watchdog.
+  start+=(--heartbeat-uri "${TPU_CHECKPOINT_DIR%/}.heartbeat")
+fi
+if [[ -n ${TPU_LOG_URI:-} || $TPU_CHECKPOINT_DIR == gs://* ]]; then
+  start+=(--sync-seconds "$TPU_SYNC_SECONDS")
 fi
 if ((TPU_FOREGROUND)); then
   start+=(--foreground)
@@ -128,6 +144,8 @@ if [[ -n ${TPU_GCSFUSE_BUCKET:-} ]]; then
   # A VM restarted in place (maintenance, tpu/recover.sh) has lost its gcsfuse mount.
   preflight="cd $(remote_path "$TPU_REMOTE_DIR") && $(mount_cmd) && tpu/worker.sh preflight"
 fi
-tpu_ssh "$preflight" all
+# --attach (tpu/recover.sh restarted mid-run): no preflight, which refuses a running trainer;
+# the start command then waits for the trainer that runs and returns its status.
+((TPU_ATTACH)) || tpu_ssh "$preflight" all
 tpu_ssh "$remote" all
 ((DRY_RUN || TPU_FOREGROUND)) || note "logs: $REMOTE_LOG_DIR/train-<worker hostname>.log on each worker (tpu/logs.sh)"

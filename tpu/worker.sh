@@ -11,14 +11,21 @@
 #   preflight                              refuse while a trainer runs, clear stale TPU holders,
 #                                          fail unless this worker sees its TPU chips; then arm
 #                                          the next start as a new attempt
-#   start --log-dir DIR [--log-uri gs://..] [--sync-seconds N] [--foreground] -- COMMAND...
+#   start --log-dir DIR [--log-uri gs://..] [--heartbeat-uri gs://..] [--sync-seconds N]
+#         [--max-log-bytes N] [--foreground] -- COMMAND...
 #                                          run COMMAND with its output appended to
-#                                          DIR/train-HOST.log under an attempt header; this
-#                                          attempt's part copied to URI/train-HOST-STAMP.log
-#                                          every N s and at exit. Idempotent: a start while a
+#                                          DIR/train-HOST.log under an attempt header, the log
+#                                          rotated to .1 at N bytes; every N s and at exit the
+#                                          lines written since the last copy go to the object
+#                                          URI/train-HOST-STAMP.log.NNNNNN (the chunks, in
+#                                          order, are the attempt's log), and the trainer's
+#                                          heartbeat (PIPELINE_HEARTBEAT) to HEARTBEAT_URI/HOST.
+#                                          Idempotent: a start while a
 #                                          trainer runs waits for it (returns its status), one
 #                                          after the attempt ended returns its status; only a
 #                                          preflight in between starts a new trainer
+#   status                                 exit 0 when a trainer (or its start wrapper) runs
+#                                          here, 3 when none does
 #   stop [GRACE_SECONDS]                   SIGTERM to the trainer (it saves at the preemption
 #                                          sync point and exits), then SIGKILL after the grace
 #
@@ -225,27 +232,66 @@ last_status() {
   return "$rc"
 }
 
-# copy_log OFFSET URI: this attempt's part of the log (from byte OFFSET on) to URI; a failure
-# is one warning line naming the object and gcloud's last error line.
-copy_log() {
-  local part out
-  part=$(mktemp "$STATE/attempt.XXXXXX")
-  tail -c +"$(($1 + 1))" "$log" >"$part"
-  if ! out=$(gcloud storage cp "$part" "$2" 2>&1); then
-    printf 'warning: could not copy the log to %s on %s: %s\n' "$2" "$host" \
-      "$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1)" >&2
+# write_log: the trainer's output (stdin), line by line, appended to $log and rotated to
+# $log.1 when it reaches $max_bytes; with a log URI each line also goes to $STATE/unsent,
+# which the next sync sends. A write that fails (a full disk) loses that line, never the run.
+write_log() {
+  local line size=0 warned=0
+  [[ -f $log ]] && size=$(wc -c <"$log" 2>/dev/null | tr -d ' ')
+  while IFS= read -r line || [[ -n $line ]]; do
+    if printf '%s\n' "$line" >>"$log" 2>/dev/null; then
+      warned=0
+    elif ((!warned)); then
+      echo "warning: cannot write to $log on $host (disk full?): the trainer runs on; its output is lost until there is room" >&2
+      warned=1
+    fi
+    if [[ -n $uri ]]; then
+      { printf '%s\n' "$line" >>"$STATE/unsent"; } 2>/dev/null || true
+    fi
+    size=$((size + ${#line} + 1))
+    if ((max_bytes > 0 && size >= max_bytes)); then
+      mv -f "$log" "$log.1" 2>/dev/null || rm -f "$log"
+      size=0
+    fi
+  done
+}
+
+# sync_out: the lines written since the last sync become the next chunk object (incremental: each
+# byte is sent once), and the heartbeat is copied. A failed copy is one warning line naming
+# the object and gcloud's last error line; its chunk is sent with the next sync.
+sync_out() {
+  local count chunk out
+  if [[ -n $uri && -s $STATE/unsent ]]; then
+    count=$(($(cat "$STATE/chunks" 2>/dev/null || echo 0) + 1))
+    echo "$count" >"$STATE/chunks"
+    mv "$STATE/unsent" "$STATE/chunk.$(printf '%06d' "$count")"
   fi
-  rm -f "$part"
+  for chunk in "$STATE"/chunk.*; do
+    [[ -e $chunk ]] || continue
+    if out=$(gcloud storage cp "$chunk" "$object.${chunk##*.}" 2>&1); then
+      rm -f "$chunk"
+    else
+      printf 'warning: could not copy the log to %s on %s: %s\n' "$object.${chunk##*.}" "$host" \
+        "$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1)" >&2
+    fi
+  done
+  if [[ -n $beat_uri && -f $STATE/heartbeat ]]; then
+    gcloud storage cp "$STATE/heartbeat" "$beat_uri/$host" >/dev/null 2>&1 ||
+      echo "warning: could not copy the heartbeat to $beat_uri/$host on $host" >&2
+  fi
 }
 
 start() {
-  local logdir="" uri="" every=60 foreground=0 child rc syncer="" offset stamp object
+  local logdir="" uri="" beat_uri="" every=60 max_bytes=$((100 * 1024 * 1024)) foreground=0
+  local child rc syncer="" writer stamp object fifo
   local args=("$@")
   while (($#)); do
     case $1 in
       --log-dir) logdir=${2/#\~/$HOME} && shift 2 ;;
       --log-uri) uri=${2%/} && shift 2 ;;
+      --heartbeat-uri) beat_uri=${2%/} && shift 2 ;;
       --sync-seconds) every=$2 && shift 2 ;;
+      --max-log-bytes) max_bytes=$2 && shift 2 ;;
       --foreground) foreground=1 && shift ;;
       --) shift && break ;;
       *) die "start: unknown argument '$1'" ;;
@@ -279,51 +325,75 @@ start() {
     last_status
     return
   fi
-  rm -f "$STATE/armed"
+  rm -f "$STATE/armed" "$STATE/heartbeat" "$STATE/unsent" "$STATE"/chunk.* "$STATE/chunks"
   echo running >"$STATE/status"
   # A dropped ssh connection (recover.sh waits on this one) must not end the run.
   trap '' HUP
-  offset=0
-  [[ -f $log ]] && offset=$(wc -c <"$log" | tr -d ' ')
   stamp=$(date -u +%Y%m%dT%H%M%SZ)
   object="$uri/train-$host-$stamp.log"
+  # Everything written to the fifo (the header, the trainer, the syncer's warnings) reaches the
+  # log through one writer, which rotates it.
+  fifo=$STATE/output
+  rm -f "$fifo"
+  mkfifo "$fifo"
+  write_log <"$fifo" 9>&- &
+  writer=$!
+  exec 8>"$fifo"
   {
     printf '==== %s attempt started on %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$*"
-    [[ -n $uri ]] && printf '==== this attempt is copied to %s\n' "$object"
-  } >>"$log"
-  check_environment | tee -a "$log" || true
-  "$@" >>"$log" 2>&1 </dev/null 9>&- &
+    [[ -n $uri ]] && printf '==== this attempt is copied to %s.NNNNNN\n' "$object"
+  } >&8
+  check_environment | tee /dev/fd/8 || true
+  export PIPELINE_HEARTBEAT=$STATE/heartbeat
+  "$@" >&8 2>&1 </dev/null 9>&- 8>&- &
   child=$!
   printf '%s %s\n' "$child" "$(start_ticks "$child" || true)" >"$STATE/pid"
   echo "started on $host, pid $child"
   trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
-  if [[ -n $uri ]]; then
+  if [[ -n $uri || -n $beat_uri ]]; then
     (
-      exec 9>&-
+      exec 9>&- 8>&-
       nap=""
       trap 'kill "$nap" 2>/dev/null; exit 0' TERM
       while :; do
         sleep "$every" &
         nap=$!
         wait "$nap"
-        copy_log "$offset" "$object"
+        sync_out
       done
-    ) </dev/null >>"$log" 2>&1 &
+    ) </dev/null >&8 2>&1 &
     syncer=$!
   fi
+  exec 8>&-
   rc=0
   while kill -0 "$child" 2>/dev/null; do
     wait "$child" && rc=0 || rc=$?
   done
-  printf '==== %s attempt ended on %s: exit status %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$rc" >>"$log"
   if [[ -n $syncer ]]; then
     kill "$syncer" 2>/dev/null || true
     wait "$syncer" 2>/dev/null || true
-    copy_log "$offset" "$object" 9>&-
+  fi
+  wait "$writer" 2>/dev/null || true # the fifo's last writer is gone: the writer ends
+  rm -f "$fifo"
+  printf '==== %s attempt ended on %s: exit status %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$rc" |
+    write_log
+  if [[ -n $uri || -n $beat_uri ]]; then
+    sync_out 9>&-
   fi
   echo "$rc" >"$STATE/status"
   echo "scripts/train.py exited with status $rc on $host"
   return "$rc"
+}
+
+# Whether a trainer runs here (tpu/recover.sh, restarted mid-run, attaches to it instead of
+# installing under it).
+status() {
+  if { [[ -e $STATE/lock ]] && ! flock -n "$STATE/lock" true; } || pgrep -f "$TRAINER" >/dev/null; then
+    echo "a trainer runs on $host ($(recorded_trainer))"
+    return 0
+  fi
+  echo "no trainer runs on $host"
+  return 3
 }
 
 stop() {
@@ -352,6 +422,7 @@ case $command in
   mount) mount_bucket "$@" ;;
   preflight) preflight ;;
   start) start "$@" ;;
+  status) status ;;
   stop) stop "$@" ;;
-  *) die "usage: tpu/worker.sh setup|mount|preflight|start|stop ... (see the comment at its top)" ;;
+  *) die "usage: tpu/worker.sh setup|mount|preflight|start|status|stop ... (see the comment at its top)" ;;
 esac
