@@ -606,8 +606,9 @@ def test_dry_run_install_prints_git_archive(env, source_repo):
     dry = ok(env.run("install", *COMMON, "--source", str(source_repo), "--dry-run"))
     count, first = (shlex.split(line) for line in dry.stdout.splitlines()[:2])
     assert count == ["gcloud", *COUNT]
-    assert first == ["git", "-C", str(source_repo), "archive", "--format=tar.gz", "-o",
-                     str(env.tmp / f"tpu-install-{NAME}.tar.gz"), git_head(source_repo)]  # fmt: skip
+    tarball = str(env.tmp / f"tpu-install-{NAME}.tar.gz")
+    assert first == ["git", "-C", str(source_repo), "archive", "--format=tar.gz", "-o", tarball,
+                     git_head(source_repo)]  # fmt: skip
 
 
 # --- parameters -----------------------------------------------------------------------------

@@ -518,7 +518,8 @@ def test_a_copy_install_replaces_the_tree_and_keeps_the_venv_state_and_logs(work
         (worker.project / kept).write_text("kept\n")
     worker.env.rules(("networkEndpoints", 0, "1"))  # one host: no ssh-agent needed
     ok(worker.env.run("install", *COMMON, "--source", str(source)))
-    [remote_tarball] = [a.split(":", 1)[1] for a in worker.env.calls()[-2] if a.startswith("my-tpu:")]
+    scp = worker.env.calls()[-2]
+    [remote_tarball] = [a.split(":", 1)[1] for a in scp if a.startswith("my-tpu:")]
     shutil.copy(next(worker.env.scp_dir.iterdir()), worker.home / remote_tarball)
     unpack = command_of(worker.env.calls()[-1]).split("cd pipeline && tpu/worker.sh setup")[0]
     ok(worker.shell(unpack))
@@ -533,5 +534,6 @@ def test_a_copy_install_replaces_the_tree_and_keeps_the_venv_state_and_logs(work
     assert sorted(p.name for p in worker.home.iterdir()) == ["pipeline"]
     # A tarball of another commit that never arrived is an error (exit 1: try again).
     other = unpack.replace(remote_tarball[len("pipeline-src-") : -len(".tar.gz")], "0" * 12)
-    missing = worker.shell(other.replace(f"= {(worker.project / '.commit').read_text().strip()}", "= x"))
+    unpacked = (worker.project / ".commit").read_text().strip()
+    missing = worker.shell(other.replace(f"= {unpacked}", "= x"))
     assert missing.returncode == 1 and "is missing on" in missing.stderr

@@ -2,11 +2,13 @@
 
 The fake appends each argument list, one JSON line per call, to a log. Its answers are
 scripted by rules, `PATTERN<TAB>STATUS<TAB>STDOUT[<TAB>THEN]` lines: a call takes (and removes)
-the first rule whose PATTERN occurs in its space-joined arguments, runs the shell command THEN
+the first rule whose PATTERN occurs in its space-joined arguments (a PATTERN that starts with `*`
+stays for later calls too), runs the shell command THEN
 if there is one (what happens meanwhile, e.g. a tpu/stop.sh from elsewhere), prints STDOUT
 (`\\t` is a tab) and exits with STATUS. Without a rule, `storage ls|cp|rm` act on a local
 directory standing for Cloud Storage (gs://BUCKET/PATH is FAKE_GCS_DIR/BUCKET/PATH); any other
-call prints nothing and succeeds (`storage cat` prints the objects a glob matches). `scp` of a local file copies it into a directory the test
+call prints nothing and succeeds (`storage cat` prints the objects a glob matches). `scp` of
+a local file copies it into a directory the test
 can read.
 """
 
@@ -53,10 +55,12 @@ rules = open(rules_file).read().splitlines() if os.path.exists(rules_file) else 
 joined = " ".join(args)
 for i, rule in enumerate(rules):
     pattern, status, out, then = (rule.split("\\t") + ["", "", ""])[:4]
-    if pattern in joined:
-        del rules[i]
-        with open(rules_file, "w") as f:
-            f.write("".join(r + "\\n" for r in rules))
+    sticky = pattern.startswith("*")
+    if pattern.lstrip("*") in joined:
+        if not sticky:
+            del rules[i]
+            with open(rules_file, "w") as f:
+                f.write("".join(r + "\\n" for r in rules))
         if then:
             subprocess.run(then, shell=True, check=True)
         print(out.replace("\\\\t", "\\t"))

@@ -250,23 +250,19 @@ await_slice() {
 # in about a minute, not when ssh gives up) and the trainers' heartbeat.
 STEP_PID=""
 start_step() {
-  (
-    set -m
-    "$@" &
-    child=$!
-    trap 'kill -TERM -- "-$child" 2>/dev/null; exit 143' TERM
-    status=0
-    wait "$child" || status=$?
-    exit "$status"
-  ) &
+  set -m # the step's own process group (job control on for this fork only)
+  "$@" </dev/null &
   STEP_PID=$!
+  set +m
 }
 end_step() {
-  kill -TERM "$STEP_PID" 2>/dev/null || true
+  kill -TERM -- "-$STEP_PID" 2>/dev/null || true
   wait "$STEP_PID" 2>/dev/null || true
   STEP_PID=""
 }
 trap '[[ -z $STEP_PID ]] || end_step' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The watchdog's memory, per attempt: "HOST STEP SEEN" lines, SEEN being when (this script's
 # clock, so the workers' clocks do not matter) the host's heartbeat first showed that step.
