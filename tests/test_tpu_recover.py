@@ -9,12 +9,13 @@ every --watch-seconds (0 here: every tenth of a second).
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
 
 from tests.test_tpu_scripts import HEALTH, MARKER, RECOVER, START, UP, kinds, saves
-from tests.tpu_fakes import NAME, TPU, Env, command_of, ok
+from tests.tpu_fakes import COMMON, NAME, TPU, Env, command_of, ok
 
 WATCH = {"TPU_WATCH_SECONDS": "0"}
 # The watch describes the slice's health often: rules for the state describe alone.
@@ -155,3 +156,46 @@ def test_only_restarts_without_checkpoint_progress_count(env):
     assert MARKER not in str([c for c in env.calls() if c[:2] == ["storage", "cp"]])
     assert all(START not in command_of(c) for c in env.calls() if "--command=" in " ".join(c)
                if "preflight" in " ".join(c))  # fmt: skip
+
+
+def test_one_code_version_per_run(env, tmp_path):
+    """The first install pins its commit beside the run's checkpoints; a later one (a
+    re-created slice, after the controller's checkout moved on) ships that commit."""
+    repo = tmp_path / "src"
+    (repo / "scripts").mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+
+    def commit(text: str) -> str:
+        (repo / "scripts" / "train.py").write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", text], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    def shipped() -> str:
+        tarball = env.scp_dir / f"tpu-install-{NAME}.tar.gz"
+        return subprocess.run(["tar", "-xzOf", str(tarball), "scripts/train.py"],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+
+    subprocess.run([*git, "init", "-q"], check=True)
+    first = commit("first")
+    pin = env.gcs / "bucket" / "ckpt.commit"
+    install = ["install", *COMMON, "--source", str(repo), "--checkpoint-dir", "gs://bucket/ckpt"]
+    env.rules(("networkEndpoints", 0, "1"))  # one host: no ssh-agent needed
+    result = ok(env.run(*install))
+    assert pin.read_text() == f"{first}\n" and shipped() == "first"
+    assert f"pinned this run to commit {first}" in result.stderr
+    second = commit("second")
+    env.rules(("networkEndpoints", 0, "1"))
+    result = ok(env.run(*install))
+    assert shipped() == "first" and pin.read_text() == f"{first}\n"
+    assert f"the run is pinned to commit {first} (gs://bucket/ckpt.commit): shipping it, not " \
+           f"HEAD {second}" in result.stderr  # fmt: skip
+    env.rules(("networkEndpoints", 0, "1"))
+    ok(env.run(*install, "--new-code"))
+    assert shipped() == "second" and pin.read_text() == f"{second}\n"
+    pin.write_text("0123456789abcdef0123456789abcdef01234567\n")
+    env.rules(("networkEndpoints", 0, "1"))
+    refused = env.run(*install)
+    assert refused.returncode == 2 and refused.stderr.count("error:") == 1
+    assert "pinned to commit 0123456789abcdef0123456789abcdef01234567" in refused.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -51,7 +52,10 @@ def command(run_dir: Path, config: str, steps: int, *extra: str, name: str) -> l
 def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
           ) -> subprocess.CompletedProcess:  # fmt: skip
     argv = command(run_dir, config, steps, *extra, name=name)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    beat = {"PIPELINE_HEARTBEAT": str(run_dir / f"{name}.heartbeat")}  # scripts/heartbeat.py
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, env={**os.environ, **beat}
+    )
 
 
 def train_until_killed(run_dir: Path, config: str, saved: int, *extra: str, name: str) -> str:
@@ -95,6 +99,15 @@ def copy_first_run(run_dir: Path, first: subprocess.CompletedProcess, name: str)
     assert first.returncode == 0, first.stderr
     shutil.copytree(run_dir / "base-ckpt", run_dir / f"{name}-ckpt", dirs_exist_ok=True)
     shutil.copyfile(run_dir / "base.jsonl", run_dir / f"{name}.jsonl")
+
+
+def test_the_trainer_writes_a_heartbeat_for_the_watchdog(run_dir, first_run):
+    """tpu/recover.sh and the GKE liveness probe read it (tpu/gke, scripts/heartbeat.py)."""
+    assert first_run.returncode == 0, first_run.stderr
+    beat = (run_dir / "base.heartbeat").read_text()
+    assert re.fullmatch(
+        r"step=[1-9]\d* time=\d+ host=\S+ process=0 save_seconds=\d+ slowest_process=-?\d+\n", beat
+    ), beat
 
 
 def test_the_trainer_logs_each_sources_loss_and_the_input_wait(run_dir):
