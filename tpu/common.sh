@@ -313,8 +313,8 @@ words() {
 # hours; with it ssh gives up after 4 unanswered probes 30 s apart (exit 255). The connect
 # timeout: gcloud reconnects up to 10 times after an exit 255, and each connect to a vanished
 # VM would wait out TCP's own timeout (minutes) without it.
-KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4
-  "--ssh-flag=-oConnectTimeout=${TPU_CONNECT_TIMEOUT:-20}")
+# (TPU_CONNECT_TIMEOUT, default 20 s).
+KEEPALIVE=(--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4)
 
 # Multislice: --num-slices N (TPU_NUM_SLICES, gcloud's --node-count) > 1 makes the queued
 # resource NAME create the nodes NAME-0 ... NAME-(N-1), one slice each.
@@ -339,10 +339,11 @@ nodes() {
 # the status is the last failure's.
 tpu_ssh() {
   local cmd=$1 worker=${2:-all} node slice=0 status=0 pids=() pid
+  check TPU_CONNECT_TIMEOUT '^[1-9][0-9]*$' 'a number of seconds'
   words TPU_SSH_FLAGS
   for node in $(nodes); do
     set -- gcloud compute tpus tpu-vm ssh "$node" --zone="$TPU_ZONE" --project="$TPU_PROJECT" \
-      --worker="$worker" "${KEEPALIVE[@]}" --command="${cmd//\{slice\}/$slice}" \
+      --worker="$worker" "${KEEPALIVE[@]}" "--ssh-flag=-oConnectTimeout=${TPU_CONNECT_TIMEOUT:-20}" --command="${cmd//\{slice\}/$slice}" \
       ${WORDS[@]+"${WORDS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
     if ((${TPU_NUM_SLICES:-1} > 1 && !DRY_RUN)); then
       run "$@" &

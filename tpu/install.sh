@@ -20,9 +20,9 @@ mounts the bucket read-only (`tpu/worker.sh mount`, MaxText's gcsfuse cache flag
 
   copy (default): the committed tree of the local checkout (uncommitted changes are NOT sent),
     unpacked as a clean tree that replaces REMOTE_DIR (its .venv, .trainer and a log directory
-    inside it are kept)
-    git -C SOURCE archive --format=tar.gz -o TARBALL HEAD
-    gcloud compute tpus tpu-vm scp --worker=all TARBALL NAME:pipeline-src.tar.gz ...
+    inside it are kept); re-running the command (gcloud does after a dropped ssh) is harmless
+    git -C SOURCE archive --format=tar.gz -o TARBALL COMMIT        (HEAD, or the run's pin)
+    gcloud compute tpus tpu-vm scp --worker=all TARBALL NAME:pipeline-src-COMMIT.tar.gz ...
     gcloud compute tpus tpu-vm ssh NAME ... --worker=all --command='...unpack; worker.sh setup'
     (gcloud copies to several workers only with its ssh key in ssh-agent: unless describe
     counts one worker, the key is checked first)
@@ -47,7 +47,12 @@ Options (flag / environment or env-file variable):
                                              gs:// --checkpoint-dir; none: no lock). The first
                                              install resolves and records it, every later one
                                              (a re-created slice) installs exactly it
-  --checkpoint-dir DIR    TPU_CHECKPOINT_DIR the run's checkpoints (for the lock's default)
+  --code-uri URI          TPU_CODE_URI       the run's commit (default: CHECKPOINT_DIR.commit for a
+                                             gs:// --checkpoint-dir; none: not pinned). The
+                                             first install records the commit it ships, every
+                                             later one ships that commit, whatever HEAD is then
+  --new-code              TPU_NEW_CODE=1     ship HEAD (or --ref) and pin the run to it
+  --checkpoint-dir DIR    TPU_CHECKPOINT_DIR the run's checkpoints (for the defaults above)
   --ssh-flags 'FLAGS'     TPU_SSH_FLAGS      extra words for every gcloud ssh and scp, split at
                                              blanks (e.g. '--internal-ip')
   --env-file FILE         TPU_ENV_FILE       KEY=VALUE file (see tpu/example.env)

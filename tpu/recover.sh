@@ -14,9 +14,17 @@ Run the other scripts in a loop, with the same parameters (each accepts every ke
   tpu/run.sh --foreground -- --resume TRAINER_ARGS...
                                  train until the trainers exit; --resume starts from the
                                  latest checkpoint in --checkpoint-dir (from step 0 if none)
+Each step runs in the background; beside it, every --watch-seconds: the stop marker (a
+stop.sh while the queued resource still waits is honoured), and during the run the slice's
+describe (a vanished VM is noticed in about a minute) and the trainers' heartbeat
+(CHECKPOINT_DIR.heartbeat/HOST, scripts/heartbeat.py): when no host's step moves for
+--hang-timeout, the job is stopped and restarted in place, logged with the host that stopped
+progressing first. Started while trainers run on a ready slice (this machine rebooted), it
+attaches to them: no install under a live trainer, no restart of a healthy job.
 When the run ends with success, so does this script (exit 0). Otherwise:
   1. the stop marker CHECKPOINT_DIR.recover-stop, left by tpu/stop.sh and tpu/delete.sh (from
-     any machine), ends the loop: exit 0, nothing restarted;
+     any machine), ends the loop: exit 0, nothing restarted; a new loop (a systemd restart)
+     finds it and ends too, until started with --clear-stop;
   2. the checkpoint directory is listed: a run that saved a newer step made progress; only
      failures in a row without progress count, and more than --max-restarts of them end the
      loop with exit 1;
@@ -29,10 +37,14 @@ When the run ends with success, so does this script (exit 0). Otherwise:
        PREEMPTED, SUSPENDED, FAILED, gone, ...
                                          delete it, then create, install and run again
 A failed create or install (a stockout, a network error) is retried after --retry-seconds,
-doubled after each failure up to --max-retry-seconds, at most --create-tries times in a row;
-a slice left dead by a failed create is deleted first. Parameter errors (exit status 2 of a
-step) are not retried. A preempted trainer saves at the preemption notice (scripts/train.py),
-so a restart loses no step that was saved.
+doubled after each failure up to --max-retry-seconds, without limit (unless --create-tries);
+a slice left dead by a failed create is deleted first. With --zones, a zone that has not
+given a slice for --zone-seconds is left for the next (same region first; the checkpoints
+stay where they are). Only the scripts' own parameter and set-up errors (exit status 2) are
+not retried; a command's failure is (uv and gcloud exit 2 on a network error too). When the
+loop gives up, --on-give-up runs (TPU_GIVE_UP_REASON and TPU_GIVE_UP_STATUS set). A
+preempted trainer saves at the preemption notice (scripts/train.py), so a restart loses no
+step that was saved.
 
 Options: all those of create.sh, install.sh and run.sh (see their --help), and
   --max-restarts N         TPU_MAX_RESTARTS         failures in a row without a new checkpoint
@@ -41,7 +53,20 @@ Options: all those of create.sh, install.sh and run.sh (see their --help), and
                                                     install (default: 60)
   --max-retry-seconds N    TPU_MAX_RETRY_SECONDS    longest such wait (default: 1800)
   --create-tries N         TPU_CREATE_TRIES         failed creates or installs in a row before
-                                                    giving up (default: 50)
+                                                    giving up (default: 0, no limit)
+  --watch-seconds N        TPU_WATCH_SECONDS        between two checks beside a step (default: 60)
+  --hang-timeout N|auto    TPU_HANG_TIMEOUT         no step progress for this long: a hang
+                                                    (default auto: twice the measured time
+                                                    between checkpoints, at least 600; 3600
+                                                    before the first heartbeat)
+  --zones a,b,c            TPU_ZONES                zones to fail over to (the first is --zone
+                                                    unless given)
+  --zone-seconds N         TPU_ZONE_SECONDS         how long one zone may fail to give a slice
+                                                    before the next is tried (default: 3600)
+  --on-give-up 'COMMAND'   TPU_ON_GIVE_UP           run by bash when the loop gives up (e.g. a
+                                                    notification)
+  --clear-stop                                      remove a stop marker and start (flag only)
+  --new-code                                        ship HEAD and pin it (tpu/install.sh)
   --maintenance-seconds N  TPU_MAINTENANCE_SECONDS  how long to wait for a slice under
                                                     maintenance before re-creating it (default: 3600)
   --poll-seconds N         TPU_POLL_SECONDS         between two describes while waiting (default: 30)
