@@ -786,7 +786,7 @@ def test_missing_gcloud_is_a_clear_error(env, tmp_path):
 
 
 def test_scripts_are_executable_bash_with_strict_mode():
-    for script in [*SCRIPTS, "worker"]:
+    for script in [*SCRIPTS, "worker", "gke/launch"]:
         path = TPU / f"{script}.sh"
         assert os.access(path, os.X_OK), f"{path} is not executable"
         text = path.read_text()
@@ -794,7 +794,7 @@ def test_scripts_are_executable_bash_with_strict_mode():
 
 
 def test_no_project_or_zone_is_hard_coded():
-    for path in TPU.glob("*.sh"):
+    for path in [*TPU.glob("*.sh"), *TPU.glob("gke/*.sh")]:
         code = re.sub(r"<<'EOF\w*'\n.*?\nEOF\w*\n", "", path.read_text(), flags=re.S)  # help
         code = "\n".join(
             line for line in code.splitlines() if "e.g." not in line
@@ -816,7 +816,7 @@ def test_shellcheck_clean():
             "shellcheck is not installed; `pip install -e '.[dev]'` (make setup) installs it: "
             "CI requires tpu/*.sh to be shellcheck clean"
         )
-    scripts = sorted(str(p.relative_to(REPO)) for p in TPU.glob("*.sh"))
+    scripts = sorted(str(p.relative_to(REPO)) for p in [*TPU.glob("*.sh"), *TPU.glob("gke/*.sh")])
     result = subprocess.run(
         [shellcheck, "-x", *scripts], cwd=REPO, capture_output=True, text=True, timeout=60
     )
