@@ -830,7 +830,9 @@ DOC = (REPO / "docs" / "tpu.md").read_text()
 
 def test_the_walkthrough_shows_each_command_as_dry_run_prints_it(env):
     """Every `$ tpu/... --dry-run` block of docs/tpu.md, run with its env file, prints exactly
-    the lines shown under it (the checkout's path shown as /path/to/pipeline)."""
+    the lines shown under it (the checkout's path shown as /path/to/pipeline, its commit as
+    COMMIT)."""
+    head = git_head(REPO)
     [env_text] = re.findall(r"```bash\n# tpu/my\.env\n(.*?)```", DOC, re.S)
     env_file = env.tmp / "my.env"
     env_file.write_text(env_text)
@@ -844,7 +846,9 @@ def test_the_walkthrough_shows_each_command_as_dry_run_prints_it(env):
         words = [str(env_file) if w == "tpu/my.env" else w for w in shlex.split(prompt)[1:]]
         script = Path(words[0]).stem
         result = ok(env.run(script, *words[1:], extra_env={"TMPDIR": "/tmp"}))
-        assert result.stdout.replace(str(REPO), "/path/to/pipeline").splitlines() == expected
+        shown = result.stdout.replace(str(REPO), "/path/to/pipeline")
+        shown = shown.replace(head, "COMMIT").replace(head[:12], "COMMIT")
+        assert shown.splitlines() == expected
     assert env.calls() == []
 
 
