@@ -15,7 +15,6 @@ import re
 import shlex
 import subprocess
 import time
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -237,12 +236,14 @@ def test_the_example_env_file_renders(env):
     validate(json.loads(result.stdout))
 
 
-def test_the_guides_gke_manifest_is_what_render_prints(env):
-    """docs/tpu.md shows the v5e-16 JobSet: it must be the current rendering."""
+def test_the_guides_jobset_is_what_render_prints(env):
+    """docs/tpu.md shows the JobSet of its walkthrough's env file: the current rendering."""
     doc = (REPO / "docs" / "tpu.md").read_text()
-    [shown] = [b for b in doc.split("```json\n")[1:] if b.startswith('{\n  "apiVersion": "jobset')]
-    manifest = json.loads(shown.split("```")[0])
-    validate(manifest)
-    assert manifest == render(env, "--accelerator-type", "v5litepod-16", "--capacity", "spot",
-                              "--", "--steps", "10000")  # fmt: skip
-    assert Path(TPU / "gke" / "jobset.py").exists()
+    [env_text] = re.findall(r"```bash\n# tpu/my\.env\n(.*?)```", doc, re.S)
+    (env.tmp / "my.env").write_text(env_text)
+    [(prompt, shown)] = re.findall(r"```console\n(\$ tpu/gke/launch.sh [^\n]*--render[^\n]*)\n```"
+                                   r"\n+```json\n(.*?)```", doc, re.S)  # fmt: skip
+    words = [str(env.tmp / "my.env") if w == "tpu/my.env" else w for w in shlex.split(prompt)]
+    result = ok(launch(env, *words[2:]))
+    assert json.loads(result.stdout) == json.loads(shown)
+    validate(json.loads(shown))

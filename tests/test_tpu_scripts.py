@@ -841,11 +841,11 @@ def test_the_walkthrough_shows_each_command_as_dry_run_prints_it(env):
         if block.startswith("$ tpu/") and "--dry-run" in block.splitlines()[0]
     ]  # fmt: skip
     shown = {shlex.split(lines[0])[1] for lines in runs}
-    assert shown == {f"tpu/{script}.sh" for script in SCRIPTS}
+    assert shown == {f"tpu/{script}.sh" for script in SCRIPTS} | {"tpu/gke/launch.sh"}
     for prompt, *expected in runs:
         words = [str(env_file) if w == "tpu/my.env" else w for w in shlex.split(prompt)[1:]]
-        script = Path(words[0]).stem
-        result = ok(env.run(script, *words[1:], extra_env={"TMPDIR": "/tmp"}))
+        script, where = Path(words[0]).stem, REPO / Path(words[0]).parent
+        result = ok(env.run(script, *words[1:], extra_env={"TMPDIR": "/tmp"}, path=where))
         shown = result.stdout.replace(str(REPO), "/path/to/pipeline")
         shown = shown.replace(head, "COMMIT").replace(head[:12], "COMMIT")
         assert shown.splitlines() == expected
