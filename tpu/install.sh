@@ -103,7 +103,9 @@ if [[ -n ${TPU_REPO:-} ]]; then
   if [[ -n $TPU_CODE_URI ]]; then
     # The workers read the run's commit; the first install of the run records it.
     uri=$(shquote "$TPU_CODE_URI")
-    pin="pin=\$(gcloud storage cat $uri 2>/dev/null || true); "
+    # Only "no such object" means a first install; any other error is one to retry.
+    pin="pin=\$(gcloud storage cat $uri 2>&1) || case \$pin in *'matched no objects'*) pin= ;; "
+    pin+="*) echo \"error: cannot read $TPU_CODE_URI on \$(hostname): \$pin\" >&2; exit 1 ;; esac; "
     match="--if-generation-match=0 "
     ((TPU_NEW_CODE)) && pin="pin=; " match=""
     remote+="$pin"
@@ -123,9 +125,17 @@ else
   fi
   commit=$head
   if [[ -n $TPU_CODE_URI ]]; then
-    pinned=""
-    query pinned gcloud storage cat "$TPU_CODE_URI" 2>/dev/null || pinned=""
-    if [[ -z $pinned ]]; then
+    pinned="" error=""
+    if ! query pinned gcloud storage cat "$TPU_CODE_URI" 2>"${TMPDIR:-/tmp}/tpu-pin-$TPU_NAME"; then
+      error=$(grep -v '^+ ' "${TMPDIR:-/tmp}/tpu-pin-$TPU_NAME" || true)
+      pinned=""
+    fi
+    rm -f "${TMPDIR:-/tmp}/tpu-pin-$TPU_NAME"
+    if [[ -n $error && $error != *"matched no objects"* ]]; then
+      # Not a first install: a transient error must not re-pin the run (exit 1: try again).
+      note "error: cannot read the run's commit $TPU_CODE_URI: ${error//$'\n'/ }"
+      exit 1
+    elif [[ -z $pinned ]]; then
       record=$head
     elif [[ $pinned != "$head" ]] && ((TPU_NEW_CODE)); then
       note "--new-code: the run moves from commit $pinned to HEAD $head ($TPU_CODE_URI)"
