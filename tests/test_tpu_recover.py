@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
 import pytest
 
-from tests.test_tpu_scripts import HEALTH, MARKER, RECOVER, START, UP, kinds, saves
-from tests.tpu_fakes import COMMON, NAME, TPU, Env, command_of, ok
+from tests.test_tpu_scripts import HEALTH, RECOVER, START, UP, kinds, saves
+from tests.tpu_fakes import COMMON, NAME, TPU, Env, ok
 
 WATCH = {"TPU_WATCH_SECONDS": "0"}
 # The watch describes the slice's health often: rules for the state describe alone.
@@ -76,9 +75,7 @@ def test_a_hung_job_is_restarted_in_place_naming_the_host_that_stopped_first(env
             f"step={step} time=1 host={host} process=0 save_seconds=30 slowest_process=1\n"
         )
     env.rules(*UPS, (START, 0, "", "sleep 30"), HEALTHY)  # every trainer alive, no step moves
-    started = time.monotonic()
     result = ok(env.run("recover", *RECOVER, "--hang-timeout", "1", extra_env=WATCH))
-    assert time.monotonic() - started < 20
     assert re.search(
         r"hung \(hang 1\): no step progress for \d+s \(--hang-timeout 1\): w-1 stopped "
         r"progressing first, at step 5 \(the feed's straggler: process 1\): stopping the job",
@@ -95,9 +92,7 @@ def test_a_vanished_vm_is_noticed_by_describe_beside_the_ssh(env):
         (HEALTH, 1, ""), (HEALTH, 1, ""),  # the watch's describe, then the recovery's
         *UPS, HEALTHY,
     )  # fmt: skip
-    started = time.monotonic()
     result = ok(env.run("recover", *RECOVER, extra_env=WATCH))
-    assert time.monotonic() - started < 20
     assert "my-tpu is gone while the run's ssh still waits: ending the ssh" in result.stderr
     assert kinds(env).count("tpu-vm create") == 2 and kinds(env).count("start") == 2
 
@@ -153,9 +148,7 @@ def test_only_restarts_without_checkpoint_progress_count(env):
     env.rules(*rules)
     result = ok(env.run("recover", *RECOVER, "--max-restarts", "0"))
     assert "training finished on my-tpu after 3 restart(s)" in result.stderr
-    assert MARKER not in str([c for c in env.calls() if c[:2] == ["storage", "cp"]])
-    assert all(START not in command_of(c) for c in env.calls() if "--command=" in " ".join(c)
-               if "preflight" in " ".join(c))  # fmt: skip
+    assert "progress: checkpoint step 20 -> step 30" in result.stderr
 
 
 def test_one_code_version_per_run(env, tmp_path):

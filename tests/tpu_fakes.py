@@ -130,7 +130,7 @@ class Env:
             cwd=self.tmp,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,  # a loaded machine: the 12-preemption scenario takes ~20 s alone
         )
 
     def rules(self, *rules: tuple[str, ...]) -> None:

@@ -280,6 +280,14 @@ start_step() {
   STEP_PID=$!
   set +m
 }
+
+# nap: a tenth of a second; bash 4 waits on a pipe nobody writes to (no process per nap).
+if ((BASH_VERSINFO[0] >= 4)); then
+  exec 7<> <(:)
+  nap() { read -r -t 0.1 -u 7 _ || true; }
+else
+  nap() { sleep 0.1; }
+fi
 end_step() {
   kill -TERM -- "-$STEP_PID" 2>/dev/null || true
   wait "$STEP_PID" 2>/dev/null || true
@@ -290,7 +298,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # The watchdog's memory, per attempt: "HOST STEP SEEN" lines, SEEN being when (this script's
-# clock, so the workers' clocks do not matter) the host's heartbeat first showed that step.
+# clock, $SECONDS, so the workers' clocks do not matter) the host's heartbeat first showed that step.
 BEATS="" ATTEMPT_START=0 HANG_NOTE=""
 
 # hung: no host's step moved for the hang timeout (--hang-timeout; auto: twice the measured
@@ -299,7 +307,7 @@ hung() {
   local now listing line word host step save seen prev beats="" latest=$ATTEMPT_START
   local save_max=0 timeout first="" first_seen="" first_step="" straggler=""
   [[ $TPU_CHECKPOINT_DIR == gs://* ]] || return 1
-  now=$(date +%s)
+  now=$SECONDS
   QUIET=1 query listing gcloud storage cat "${TPU_CHECKPOINT_DIR%/}.heartbeat/*" 2>/dev/null ||
     listing=""
   while IFS= read -r line; do
@@ -346,11 +354,11 @@ hung() {
 watch_step() {
   local kind=$1 now next
   WHY="" STATUS=0
-  next=$(($(date +%s) + TPU_WATCH_SECONDS))
-  ATTEMPT_START=$(date +%s) BEATS=""
+  next=$((SECONDS + TPU_WATCH_SECONDS))
+  ATTEMPT_START=$SECONDS BEATS=""
   while kill -0 "$STEP_PID" 2>/dev/null; do
-    sleep 0.1
-    now=$(date +%s)
+    nap
+    now=$SECONDS
     ((now >= next)) || continue
     next=$((now + TPU_WATCH_SECONDS))
     if QUIET=1 marker_present; then
@@ -378,7 +386,7 @@ watch_step() {
 
 # --- zones ----------------------------------------------------------------------------------
 
-ZONE_SINCE=$(date +%s)
+ZONE_SINCE=$SECONDS
 
 # A stockout longer than --zone-seconds: give up the zone's request and move to the next zone.
 next_zone() {
@@ -387,11 +395,11 @@ next_zone() {
     ((seen)) && { pick=$zone; break; }
     [[ $zone == "$TPU_ZONE" ]] && seen=1
   done
-  note "no $TPU_NAME in $TPU_ZONE for $(($(date +%s) - ZONE_SINCE))s (--zone-seconds $TPU_ZONE_SECONDS): moving to $pick; the checkpoints stay in $TPU_CHECKPOINT_DIR"
+  note "no $TPU_NAME in $TPU_ZONE for $((SECONDS - ZONE_SINCE))s (--zone-seconds $TPU_ZONE_SECONDS): moving to $pick; the checkpoints stay in $TPU_CHECKPOINT_DIR"
   delete_slice || true # the request still queued in the old zone
   TPU_ZONE=$pick
   export TPU_ZONE
-  ZONE_SINCE=$(date +%s)
+  ZONE_SINCE=$SECONDS
 }
 
 # --- bring-up -------------------------------------------------------------------------------
@@ -436,7 +444,7 @@ bring_up() {
     if ((TPU_CREATE_TRIES > 0 && tries >= TPU_CREATE_TRIES)); then
       give_up 1 "creating or installing $TPU_NAME failed $tries times in a row (--create-tries $TPU_CREATE_TRIES)"
     fi
-    if [[ $ZONE_ORDER == *" "* ]] && (($(date +%s) - ZONE_SINCE >= TPU_ZONE_SECONDS)); then
+    if [[ $ZONE_ORDER == *" "* ]] && ((SECONDS - ZONE_SINCE >= TPU_ZONE_SECONDS)); then
       next_zone
       pause=$TPU_RETRY_SECONDS
       continue
