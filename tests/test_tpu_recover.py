@@ -74,16 +74,18 @@ def test_a_hung_job_is_restarted_in_place_naming_the_host_that_stopped_first(env
         (beats / host).write_text(
             f"step={step} time=1 host={host} process=0 save_seconds=30 slowest_process=1\n"
         )
-    env.rules(*UPS, (START, 0, "", "sleep 30"), HEALTHY)  # every trainer alive, no step moves
-    result = ok(env.run("recover", *RECOVER, "--hang-timeout", "1", extra_env=WATCH))
+    # Every trainer alive, no step moving; the restarted job finishes (on a loaded machine its
+    # start may itself outlast the timeout once more: counted as a second hang).
+    env.rules(*UPS, (START, 0, "", "sleep 30"), HEALTHY)
+    result = ok(env.run("recover", *RECOVER, "--hang-timeout", "2", extra_env=WATCH))
     assert re.search(
-        r"hung \(hang 1\): no step progress for \d+s \(--hang-timeout 1\): w-1 stopped "
+        r"hung \(hang 1\): no step progress for \d+s \(--hang-timeout 2\): w-1 stopped "
         r"progressing first, at step 5 \(the feed's straggler: process 1\): stopping the job",
         result.stderr,
     ), result.stderr
-    assert "resume in place (restart 1)" in result.stderr
-    assert kinds(env).count("start") == 2 and kinds(env).count("stop") == 1
-    assert kinds(env).count("tpu-vm create") == 1
+    assert "resume in place (restart 1)" in result.stderr and "training finished" in result.stderr
+    assert kinds(env).count("start") == kinds(env).count("stop") + 1 >= 2
+    assert kinds(env).count("tpu-vm create") == 1  # in place: the slice is kept
 
 
 def test_a_vanished_vm_is_noticed_by_describe_beside_the_ssh(env):
