@@ -345,12 +345,12 @@ def test_a_full_log_disk_does_not_stop_the_trainer(worker):
 
 def test_the_heartbeat_is_copied_beside_the_checkpoints(worker):
     result = worker.shell(
-        "cd pipeline && tpu/worker.sh start --log-dir logs --heartbeat-uri gs://b/ckpt.heartbeat "
+        "cd pipeline && tpu/worker.sh start --log-dir logs --heartbeat-uri gs://bkt/ckpt.heartbeat "
         "--sync-seconds 1 --foreground -- python scripts/train.py",
         FAKE_TRAINER="beating", FAKE_SECONDS="1.5",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    beat = worker.objects()[f"gs://b/ckpt.heartbeat/{HOST}"]
+    beat = worker.objects()[f"gs://bkt/ckpt.heartbeat/{HOST}"]
     assert re.fullmatch(r"step=\d+ time=\d+ host=\S+ process=0 save_seconds=\d+ "
                         r"slowest_process=-1\n", beat), beat  # fmt: skip
 
@@ -537,3 +537,32 @@ def test_a_copy_install_replaces_the_tree_and_keeps_the_venv_state_and_logs(work
     unpacked = (worker.project / ".commit").read_text().strip()
     missing = worker.shell(other.replace(f"= {unpacked}", "= x"))
     assert missing.returncode == 1 and "is missing on" in missing.stderr
+
+
+def test_clone_mode_checks_out_the_runs_pinned_commit(worker, tmp_path):
+    """The workers of a --repo install record the commit they checked out beside the
+    checkpoints; a later install (a re-created slice) checks that one out, not the branch."""
+    origin = tmp_path / "origin"
+    (origin / "scripts").mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(origin)]
+
+    def commit(text: str) -> str:
+        (origin / "scripts" / "train.py").write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", text], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    subprocess.run([*git, "init", "-q"], check=True)
+    # fetching a commit by its id, as GitHub allows
+    subprocess.run([*git, "config", "uploadpack.allowReachableSHA1InWant", "true"], check=True)
+    first = commit("first")
+    shutil.rmtree(worker.project)  # a fresh VM: nothing installed yet
+    ok(worker.env.run("install", *COMMON, "--repo", str(origin), "--checkpoint-dir", "gs://bkt/ck"))
+    clone = command_of(worker.env.calls()[-1]).split(" cd pipeline && tpu/worker.sh setup")[0]
+    ok(worker.shell(clone))
+    assert worker.objects()["gs://bkt/ck.commit"] == f"{first}\n"
+    commit("second")  # the branch moves on
+    again = ok(worker.shell(clone))
+    assert f"the run's commit {first} (gs://bkt/ck.commit)" in again.stdout
+    assert (worker.project / "scripts" / "train.py").read_text() == "first"
