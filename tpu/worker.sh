@@ -373,7 +373,14 @@ start() {
     kill "$syncer" 2>/dev/null || true
     wait "$syncer" 2>/dev/null || true
   fi
-  wait "$writer" 2>/dev/null || true # the fifo's last writer is gone: the writer ends
+  # The fifo's last writer is gone with the trainer, so the writer ends; a process the trainer
+  # left behind that still holds the fifo gets 10 s, then its output is no longer logged.
+  for _ in {1..100}; do
+    kill -0 "$writer" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$writer" 2>/dev/null || true
+  wait "$writer" 2>/dev/null || true
   rm -f "$fifo"
   printf '==== %s attempt ended on %s: exit status %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$host" "$rc" |
     write_log
