@@ -89,11 +89,12 @@ def test_a_hung_job_is_restarted_in_place_naming_the_host_that_stopped_first(env
 
 
 def test_a_vanished_vm_is_noticed_by_describe_beside_the_ssh(env):
-    env.rules(
-        *UPS, (START, 0, "", "sleep 30"),  # the VM is gone; ssh would wait for its keepalive
-        (HEALTH, 1, ""), (HEALTH, 1, ""),  # the watch's describe, then the recovery's
-        *UPS, HEALTHY,
-    )  # fmt: skip
+    # Once the trainers run, the VM vanishes: the next two describes (the watch's, then the
+    # recovery's) find nothing, and the ssh would wait for its keepalive.
+    rules = env.rules_file
+    vanish = (f"{{ printf '%s\\t1\\t\\n' '{HEALTH}' '{HEALTH}'; cat {rules}; }} >{rules}.new && "
+              f"mv {rules}.new {rules} && sleep 30")  # fmt: skip
+    env.rules(*UPS, (START, 0, "", vanish), HEALTHY, *UPS)
     result = ok(env.run("recover", *RECOVER, extra_env=WATCH))
     assert "my-tpu is gone while the run's ssh still waits: ending the ssh" in result.stderr
     assert kinds(env).count("tpu-vm create") == 2 and kinds(env).count("start") == 2
