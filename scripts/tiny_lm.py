@@ -85,7 +85,10 @@ def loss_and_weights(params: dict, batch: dict, config: ModelConfig) -> tuple[ja
     weights = (batch["targets_segmentation"] != 0).astype(jnp.float32)
     total = weights.sum()
     rows = {"row_loss": (losses * weights).sum(-1), "row_weights": weights.sum(-1)}
-    return (losses * weights).sum() / jnp.maximum(total, 1.0), {"total_weights": total, **rows}
+    # with an `objective:`, each source's share of the loss; they average 1 over the trained
+    # targets, so the loss keeps its scale (pipeline.read.objective)
+    scaled = batch.get("loss_weights", weights)
+    return (losses * scaled).sum() / jnp.maximum(total, 1.0), {"total_weights": total, **rows}
 
 
 def optimizer(learning_rate: float) -> optax.GradientTransformation:

@@ -107,8 +107,9 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
             feed.seek(step)
             batch = next(feed)
             result[f"checksum_{step}"] = gather(checksum(batch))
-            for field in (*FIELDS, *feed.provenance):
-                result[f"{field}_{step}"] = gather(batch[field])
+            for field in (*FIELDS, *feed.provenance, "loss_weights"):
+                if field in batch:  # loss_weights: with an objective
+                    result[f"{field}_{step}"] = gather(batch[field])
         if task.get("stats"):
             stats = json.dumps(feed.stats().to_json())
             (out / f"{task['name']}-stats-{jax.process_index()}.json").write_text(stats)

@@ -34,6 +34,7 @@ from pipeline.maxtext.adapter import (
     read_iter_state,
 )
 from pipeline.plan.ledger import Ledger, MixEntry
+from pipeline.read import objective
 from pipeline.read.batch import FIELDS
 from pipeline.read.eval_plan import eval_config
 from pipeline.read.plan import Plan
@@ -620,6 +621,24 @@ def test_the_data_configs_feed_section_turns_on_provenance(tmp_path, mesh):
             np.testing.assert_array_equal(np.asarray(batch["source"]), plan.draws(step).source)
             assert batch["source"].sharding == NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
         assert all(set(b) == set(FIELDS) for b in evals)  # eval batches stay six fields
+    finally:
+        close(train, evals)
+
+
+def test_the_train_iterator_passes_the_objectives_loss_weights_on(tmp_path, mesh):
+    """docs/mixtures.md, "Objective weights": the batch MaxText gets carries `loss_weights`,
+    sharded as the fields, the step's weights."""
+    data_yaml = write_data_yaml(tmp_path, objective={"code": 1, "docs": 3})
+    plan = Plan.from_config(load_config(data_yaml))
+    train, evals = create_data_iterator(maxtext_config(data_yaml), mesh)
+    try:
+        for step in range(3):
+            batch = next(train)
+            assert set(batch) == {*FIELDS, "loss_weights"}
+            weights = objective.step_weights(plan, step)
+            np.testing.assert_array_equal(np.asarray(batch["loss_weights"]), weights)
+            assert batch["loss_weights"].sharding == batch["targets"].sharding
+        assert all(set(b) == set(FIELDS) for b in evals)  # held-out batches: no objective
     finally:
         close(train, evals)
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
+from pipeline.read import objective
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_raw
@@ -145,6 +146,8 @@ ONE_MESH = {  # the one-mesh checksums tests: (steps, [(processes, devices each)
     "ramp": (RAMP_STEPS, [(1, 4), (2, 2), (4, 1)]),
     "prov": (STEPS, [(1, 4), (2, 2)]),
     "sft": (STEPS, [(2, 2), (4, 1)]),
+    "objective": (STEPS, [(1, 4), (2, 2)]),
+    "objective-device": (STEPS, [(1, 4), (2, 2)]),
 }
 PROVENANCE = ["source", "epoch", "window"]
 
@@ -159,10 +162,19 @@ def one_mesh_raws(stores: Path) -> dict[str, dict]:
     mixed = json.loads(json.dumps(base))
     mixed["sources"]["sft"] = {"path": str(sft.path), "packing": "best_fit"}
     mixed["stages"][1]["mix"]["sft"] = 2
+    weighted = json.loads(json.dumps(mixed))  # docs/mixtures.md, "Objective weights"
+    weighted["stages"][0]["objective"] = {"code": 1, "docs": 3}
+    weighted["stages"][1]["objective"] = {"code": 1, "docs": 1, "sft": 2}
     return {
         "ramp": {**base, "global_batch_size": {"step": {0: 4, 5: 8, 12: 16}}},
         "prov": {**base, "grad_accum": 2, "feed": {"provenance": PROVENANCE}},
         "sft": mixed,
+        "objective": {**weighted, "grad_accum": 2},
+        "objective-device": {
+            **base,
+            "objective": {"docs": 1, "code": 2},
+            "feed": {"expand": "device"},
+        },
     }
 
 
@@ -217,6 +229,18 @@ def test_provenance_fields_across_processes_equal_the_plans_draws(one_mesh, proc
         expected = plan.batch(step)
         for field in FIELDS:
             np.testing.assert_array_equal(result[f"{field}_{step}"].reshape(8, 8), expected[field])
+
+
+@pytest.mark.parametrize(("processes", "devices"), ONE_MESH["objective"][1])
+@pytest.mark.parametrize("name", ["objective", "objective-device"])
+def test_loss_weights_across_processes_equal_the_plans(one_mesh, name, processes, devices):
+    """Derived on the devices from each process's rows (the host path with micro-batches and
+    best_fit rows; the compact path), bit for bit the weights of the whole step."""
+    plan, result = one_mesh(name, processes, devices)
+    for step in STEPS:
+        expected = objective.step_weights(plan, step)
+        got = result[f"loss_weights_{step}"].reshape(expected.shape)
+        np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")
 
 
 def expected_weights(plan: Plan, steps: int) -> list[float]:

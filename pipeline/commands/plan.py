@@ -25,6 +25,7 @@ from pipeline.plan.plan import Draws, host_rows
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.row_layout import DOCUMENTS
 from pipeline.plan.sources import keyed, open_stores
+from pipeline.read import objective
 from pipeline.read.audit import audit
 from pipeline.read.batch import FIELDS
 from pipeline.read.eval_plan import check_eval
@@ -55,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "dump", help="save one host's rows of a range of steps (.npz)", description=_doc(
             "Write the six batch fields of one host's rows, [steps, rows, seq_len] each, and "
             "each row's provenance: source (index into the file's source_names), epoch and "
-            "window, [steps, rows] each."
+            "window, [steps, rows] each; with an objective: loss_weights, [steps, rows, seq_len]."
         ),
     )  # fmt: skip
     _common(d)
@@ -350,11 +351,17 @@ def run_dump(args: argparse.Namespace) -> int:
             "the steps of each seq_len separately"
         )
     names = sorted({n for i in segments for n in plan.segment_plan(i).config.source_names})
-    stacked: dict[str, list[np.ndarray]] = {name: [] for name in (*FIELDS, *PROVENANCE)}
+    weighted = any(plan.segment_plan(i).objectives is not None for i in segments)
+    extra = ("loss_weights",) if weighted else ()
+    stacked: dict[str, list[np.ndarray]] = {n: [] for n in (*FIELDS, *extra, *PROVENANCE)}
     for step in range(first, stop):
         draws = plan.draws(step, rows)
         batch = {**plan.read(draws), **draws.provenance()}
         batch["source"] = np.searchsorted(names, np.asarray(draws.source_names))[draws.source]
+        if weighted:  # the whole step's weights (their totals span every row), this host's rows
+            whole = objective.step_weights(plan, step)
+            trained = (batch["targets_segmentation"] != 0).astype(np.float32)
+            batch["loss_weights"] = trained if whole is None else whole[rows]
         for name, values in stacked.items():
             values.append(batch[name])
     arrays = {name: np.stack(values) for name, values in stacked.items()}
@@ -368,6 +375,7 @@ def run_dump(args: argparse.Namespace) -> int:
     print(
         f"wrote {out}: steps {first}..{stop - 1}, rows {rows[0]}..{rows[-1]} "
         f"(process {args.process_index} of {args.process_count}), fields {shape} each, "
+        f"{'loss_weights ' + str(shape) + ', ' if weighted else ''}"
         f"provenance source/epoch/window {shape[:2]} each"
     )
     return 0

@@ -11,6 +11,7 @@
       sft: {path: ../data/chat, packing: best_fit, too_long: truncate}  # whole documents
       web: {path: ../data/web, packing: best_fit, exclude: takedown.txt}  # ids left out
     mix: {code: 3, docs: 1}      # one open-ended stage; or `stages:` (docs/mixtures.md)
+    objective: {code: 1, docs: 1}  # optional: each source's share of the loss (loss_weights)
     starts_at: run               # after a --switch-data, lay stages out from step 0 (or `switch`)
     feed: {prefetch: 2, threads: auto, verify: read, expand: auto}  # runtime only: never
                                             # changes the data (+ provenance, metrics_port,
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.exclude import ExcludeSpec, exclude_files, parse_exclude
+from pipeline.config.objective import Objective, objective_json, parse_objective
 from pipeline.config.paths import anchored
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
@@ -43,9 +45,9 @@ from pipeline.urls import is_url, location
 from pipeline.wording import counted
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
-            "stages", "starts_at", "feed", "eval", "shared_vocabulary")  # fmt: skip
+            "objective", "stages", "starts_at", "feed", "eval", "shared_vocabulary")  # fmt: skip
 ANCHORS = ("run", "switch")
-STAGE_KEYS = ("name", "steps", "mix", "epochs")
+STAGE_KEYS = ("name", "steps", "mix", "epochs", "objective")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
              "stats_window", "verify", "ready_timeout_s", "expand")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
@@ -116,6 +118,7 @@ class StageSpec:
     epochs: tuple[tuple[str, int], ...] | None = None
     # where `mix` is in its file (`mix` or `stages[i].mix`), for the errors the plan finds
     mix_key: str = field(default="stages[0].mix", compare=False)
+    objective: Objective | None = None  # each source's share of the loss (config/objective.py)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -128,6 +131,8 @@ class StageSpec:
         else:
             out["steps"] = self.steps
             out["mix"] = {name: schedule.to_json() for name, schedule in self.mix or ()}
+        if self.objective is not None:  # only then: configs without one keep their bytes
+            out["objective"] = objective_json(self.objective)
         return out
 
 
@@ -413,8 +418,12 @@ def _mix(raw: Any, where: _Where, names: set[str], key: str) -> tuple:
 def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
     if ("mix" in raw) == ("stages" in raw):
         raise where.fail("mix", "give exactly one of 'mix' (one open-ended stage) or 'stages'")
+    default = None
+    if "objective" in raw:  # every stage's without its own
+        default = parse_objective(raw["objective"], where.origin, "objective", names)
     if "mix" in raw:
-        return (StageSpec("main", None, _mix(raw["mix"], where, names, "mix"), mix_key="mix"),)
+        mix = _mix(raw["mix"], where, names, "mix")
+        return (StageSpec("main", None, mix, mix_key="mix", objective=default),)
     entries = raw["stages"]
     if not isinstance(entries, list) or not entries:
         raise where.fail("stages", f"expected a non-empty list of stages, got {entries!r}")
@@ -423,6 +432,9 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
         key = f"stages[{index}]"
         where.keys(where.mapping(entry, key), STAGE_KEYS, key)
         name = str(entry.get("name", f"stage{index}"))
+        objective = default
+        if "objective" in entry:
+            objective = parse_objective(entry["objective"], where.origin, f"{key}.objective", names)
         if "epochs" in entry:
             if "mix" in entry or "steps" in entry:
                 raise where.fail(key, "an epochized stage ('epochs') takes no 'mix' or 'steps'")
@@ -431,7 +443,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
                  where.integer(r, f"{key}.epochs.{n}", minimum=1, maximum=MAX_EPOCHS))
                 for n, r in sorted(where.mapping(entry["epochs"], f"{key}.epochs").items())
             )  # fmt: skip
-            stages.append(StageSpec(name, None, None, epochs))
+            stages.append(StageSpec(name, None, None, epochs, objective=objective))
             continue
         if "mix" not in entry:
             raise where.fail(key, "a stage has 'mix' (with optional 'steps') or 'epochs'")
@@ -442,7 +454,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
             where.integer(steps, f"{key}.steps", minimum=1)
         mix = _mix(entry["mix"], where, names, f"{key}.mix")
         _check_step_points_inside(mix, steps, where, f"{key}.mix")
-        stages.append(StageSpec(name, steps, mix, mix_key=f"{key}.mix"))
+        stages.append(StageSpec(name, steps, mix, mix_key=f"{key}.mix", objective=objective))
     if len({s.name for s in stages}) != len(stages):
         raise where.fail("stages", "stage names must be unique")
     return tuple(stages)

@@ -75,6 +75,7 @@ from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import open_stores
+from pipeline.read import objective
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore
 
@@ -118,6 +119,7 @@ def _read_rows(
         if values.size and values.max() > np.iinfo(np.int32).max:
             raise FeedError(f"step {step}: provenance field {name} exceeds int32")
         batch[name] = values.astype(np.int32)
+    batch.update(objective.row_fields(plan, draws))  # loss_weights' inputs, if an objective
     read = StepRead.of(plan, draws, started) if measure else None
     events = None if scheduled is None else (draws.summary(), scheduled(step))
     return _StepRows(batch, read, events)
@@ -436,10 +438,14 @@ class DataFeed:
         if rows.events is not None:
             self._log_events(step, *rows.events)
         self._fill()
+        batch = rows.batch
+        if objective.SOURCE in batch:  # here, in step order: it reduces across processes
+            sources = len(self._plan.segment_plan_at(step).config.source_names)
+            batch = expand.weigh(batch, self._geometry_at(step).sharding, sources)
         if self._stats is not None:
             cpu = time.thread_time() - entered_cpu
             self._stats.served(step, rows.read, entered, time.perf_counter(), ready, cpu)
-        return rows.batch
+        return batch
 
     def __enter__(self) -> DataFeed:
         return self

@@ -16,7 +16,7 @@ the six fields as read (`Geometry.to_global`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from pipeline.feed.geometry import Geometry
+from pipeline.read import objective
 from pipeline.read.batch import FIELDS
 from pipeline.read.compact import DOCUMENTS, NAMES, POSITION_MASK, SEGMENT_SHIFT, UNTRAINED, WINDOWS
 
@@ -61,6 +62,27 @@ def to_global(geometry: Geometry, host: dict[str, np.ndarray]) -> Arrays:
     packed, placed = geometry.place([host[n] for n in names], [host[n] for n in rows])
     fields = expander(form, geometry.sharding)(*packed)
     return {**{name: fields[name] for name in FIELDS}, **dict(zip(rows, placed))}
+
+
+def weigh(arrays: Arrays, sharding: NamedSharding, sources: int) -> Arrays:
+    """`arrays` with `loss_weights` (`objective.weights`, with the sharding of the fields)
+    in place of the per-row `objective.ROW_FIELDS` it is derived from (`sources`: how many
+    sources the rows' source indexes count). Usable on any step's global arrays that hold
+    them (the Grain view's rows, made global by the trainer).
+
+    Unlike the expansion, this reduces over the whole global batch: a computation with
+    collectives across processes, which every process must launch in the same order. So
+    `DataFeed` calls it in `next()`, in step order, never in its reader threads."""
+    out = {name: value for name, value in arrays.items() if name not in objective.ROW_FIELDS}
+    inputs = (arrays["targets_segmentation"], *(arrays[name] for name in objective.ROW_FIELDS))
+    out["loss_weights"] = weigher(sharding, sources)(*inputs)
+    return out
+
+
+@lru_cache(maxsize=64)
+def weigher(sharding: NamedSharding, sources: int) -> Callable[..., jax.Array]:
+    """The jitted `objective.weights` whose output has `sharding` (the fields')."""
+    return jax.jit(partial(objective.weights, jnp, sources=sources), out_shardings=sharding)
 
 
 @lru_cache(maxsize=64)

@@ -6,6 +6,11 @@ serves the host's rows of step `first_step + i` as element `i` instead (one read
 what a `grain.DataLoader` with workers needs to serve whole steps, since its `Batch` operation
 batches each worker's own elements, which mixes steps.
 
+With an `objective:` each row also carries `loss_source` and `loss_objective` (int32): the
+weights need every row of the step, which no host holds, so a trainer makes its rows global
+arrays as for the six fields and derives `loss_weights` there with `pipeline.feed.expand.weigh`
+(what `DataFeed` does on its own).
+
 Grain runs a pipeline's sources in other processes (`mp_prefetch` workers, a `DataLoader`'s
 `worker_count`), so the source pickles: its `Plan` crosses as the ledger, the stores' metadata
 and the segments' configs (`Plan.__getstate__`), and each worker opens the stores on first use
@@ -23,6 +28,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.plan import host_rows
+from pipeline.read import objective
 from pipeline.read.plan import Plan
 
 UNBOUNDED_STEPS = 10**12  # Grain needs a length; runs are far shorter than this.
@@ -55,10 +61,17 @@ class HostRowSource:
                 f"{'step' if self.by_step else 'row'} index {index} outside 0..{len(self) - 1}"
             )
         if self.by_step:
-            return self.plan.batch(self.first_step + int(index), self.rows)
+            return self._rows(self.first_step + int(index), self.rows)
         step, row = divmod(int(index), len(self.rows))
-        batch = self.plan.batch(self.first_step + step, self.rows[row : row + 1])
+        batch = self._rows(self.first_step + step, self.rows[row : row + 1])
         return {field: value[0] for field, value in batch.items()}
+
+    def _rows(self, step: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The six fields of `rows` of `step`, and with an objective the per-row inputs of
+        `loss_weights` (`objective.ROW_FIELDS`), which span the whole step: the trainer derives
+        them on the global arrays (`pipeline.feed.expand.weigh`)."""
+        draws = self.plan.draws(step, rows)
+        return {**self.plan.read(draws), **objective.row_fields(self.plan, draws)}
 
     def __repr__(self) -> str:
         """The same for the same rows in any process: `grain.DataLoader` compares a restored

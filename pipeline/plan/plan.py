@@ -52,6 +52,7 @@ from pipeline.plan import exclusion, row_layout
 from pipeline.plan.clock import StepClock
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
+from pipeline.plan.objective import stage_objectives
 from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
@@ -161,6 +162,9 @@ class SegmentPlan:
         if self.anchor != segment.start_step:  # continue the layout where it places the start
             carried = self._anchor_counters(carried)
         self.table = self._table(carried, mixes)  # laid out once, with the mixes
+        # [stages, sources] each stage's quantized objective weights, None: none has one
+        specs = [stage.spec for stage in self.table.stages]
+        self.objectives = stage_objectives(specs, config.source_names)
 
     def _anchor_counters(self, carried: np.ndarray) -> np.ndarray:
         """The counters at the anchor that make each source's counter at the segment's start
@@ -242,6 +246,10 @@ class SegmentPlan:
         """(lane, lane position) of rows of a step."""
         lane, in_lane = np.divmod(rows, self.rows_per_lane(step))
         return lane, self.position_of(step) + in_lane
+
+    def stage_at(self, step: int) -> int:
+        """The index of the stage that holds the first row of `step`."""
+        return int(self.table.stage_index(np.array([self.position_of(step)]))[0])
 
     def counters_at(self, step: int) -> dict[str, int]:
         """Each source's counter before the first row of `step` (past a last stage that ends:
