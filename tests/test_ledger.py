@@ -142,7 +142,7 @@ def written_before_order_version_2(raw: dict) -> None:
         (lambda raw: raw["segments"].append(dict(raw["segments"][0])), "segments must line up"),
         (lambda raw: raw["segments"][0]["counters"].update(main=-1), "negative counter"),
         (lambda raw: raw["segments"][0]["config"].update(seed=1), "fingerprint does not match"),
-        (lambda raw: raw.update(version=99), "not a ledger of versions 1 to 6 \\(found 99\\)"),
+        (lambda raw: raw.update(version=99), "not a ledger of versions 1 to 7 \\(found 99\\)"),
         (lambda raw: raw.update(order_version=3), "order version 3, but this release"),
         (written_by_pipeline_0_1, "written under order version 1, .* fresh ledger, or .* 0.1"),
         (written_before_order_version_2, "written under order version 1, .* fresh ledger"),

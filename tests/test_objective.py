@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 
 from pipeline import Plan, parse_config
 from pipeline.commands.cli import main as cli
-from pipeline.errors import ConfigError, LedgerError
+from pipeline.errors import ConfigError, FeedError, LedgerError
 from pipeline.feed import expand
+from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.grain_source import host_source
-from pipeline.plan.ledger import config_mapping
+from pipeline.plan.ledger import Ledger, config_mapping
 from pipeline.plan.resume import reconcile
 from pipeline.read import objective
 from tests.feedstores import two_stage_raw
@@ -260,3 +261,30 @@ def test_the_reference_trainers_loss_weighs_each_target_by_its_loss_weight(store
     assert float(plain) == pytest.approx(float((targets * trained).sum() / trained.sum()), 1e-6)
     assert float(weighted) == pytest.approx(float((targets * weights).sum() / trained.sum()), 1e-6)
     assert float(weighted) != pytest.approx(float(plain), 1e-6)
+
+
+def test_set_mix_moves_the_objective_from_its_step_and_the_ledger_replays_it(stores) -> None:
+    """An objective entry holds from its step to the end of its stage (`warmup`, steps 0..9);
+    the ledger (version 7, its entries round-tripped) gives every served step's weights."""
+    raw = two_stage_raw(stores, objective={"code": 1, "docs": 1})
+    mesh = data_mesh()
+    served = {}
+    with DataFeed(parse_config(raw, origin="objective.yaml"), mesh) as feed:
+        for step in range(14):
+            if step == 4:
+                feed.set_mix(None, 4, objective={"docs": 3, "code": 1})
+            if step == 6:  # both at once; the weights change the rows from 6 on
+                feed.set_mix({"code": 1, "docs": 1}, 6, objective={"code": 1, "docs": 4})
+            served[step] = np.asarray(next(feed)["loss_weights"])
+        with pytest.raises(LedgerError, match="no source sft in the data config"):
+            feed.set_mix(None, 20, objective={"sft": 1})
+        with pytest.raises(FeedError, match="give weights, an objective, or both"):
+            feed.set_mix(None, 20)
+        saved = feed.ledger.to_json()
+    assert saved["version"] == 7 and list(Ledger.from_json(saved).objectives.steps) == [4, 6]
+    replay = Plan(Ledger.from_json(json.loads(json.dumps(saved))), feed.plan.stores())
+    for step, weights in served.items():
+        np.testing.assert_array_equal(weights, objective.step_weights(replay, step))
+        docs = shares(replay, step, weights)["docs"]
+        assert docs == pytest.approx(0.5 if step < 4 or step >= 10 else 0.75 if step < 6 else 0.8)
+    assert len(replay.without_mixes_from(5).ledger.objectives) == 1  # a restore at 5 drops 6's

@@ -313,10 +313,18 @@ class DataFeed:
         if self._stats is not None:
             self._stats.restart()
 
-    def set_mix(self, weights: Mapping[str, float], step: int) -> None:
+    def set_mix(
+        self,
+        weights: Mapping[str, float] | None,
+        step: int,
+        *,
+        objective: Mapping[str, float] | None = None,
+    ) -> None:
         """From `step` on (`step >= feed.step`), the stage in force at `step` takes `weights`
         (by source name; absent sources get 0) until the next call, the end of that stage or
-        the next ledger segment (docs/mixtures.md, "Adaptive mixtures").
+        the next ledger segment (docs/mixtures.md, "Adaptive mixtures"); `objective`, likewise,
+        its objective weights (the batch's `loss_weights`, "Objective weights"). Either may be
+        None (not changed), not both.
 
         The weights are quantized (`ledger.quantize`: integers in units of 2^-20 of their
         total) and recorded in the ledger, so the checkpoint's data state carries the call and
@@ -331,9 +339,17 @@ class DataFeed:
                 f"set_mix at step {step}: the feed has already served it; the next step is "
                 f"{self._step}"
             )
-        entry = MixEntry(step, quantize(weights, f"set_mix at step {step}"))
-        plan = self._plan.with_mix(entry)  # a call the plan cannot take raises here
-        check_same_call(entry)
+        if weights is None and objective is None:
+            raise FeedError(f"set_mix at step {step}: give weights, an objective, or both")
+        plan, entries, where = self._plan, [], f"set_mix at step {step}"
+        if weights is not None:  # a call the plan cannot take raises here
+            entries.append(MixEntry(step, quantize(weights, where)))
+            plan = plan.with_mix(entries[-1])
+        if objective is not None:
+            entries.append(MixEntry(step, quantize(objective, f"{where}: objective")))
+            plan = plan.with_objective(entries[-1])
+        for entry in entries:
+            check_same_call(entry)
         if step < self._queued:
             self._drop_pending()  # read ahead under the old weights: read again, in order
         self._plan = plan

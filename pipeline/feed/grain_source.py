@@ -80,6 +80,8 @@ class HostRowSource:
         order = "+".join(segment.fingerprint for segment in ledger.segments)
         if len(ledger.mixes):  # set_mix entries change the rows too
             order += f"+mix:{ledger.mixes.to_json()['digest']}"
+        if len(ledger.objectives):  # and objective entries the loss_objective field
+            order += f"+objective:{ledger.objectives.to_json()['digest']}"
         return (
             f"HostRowSource(order={order}, rows={self.rows.tolist()}, "
             f"first_step={self.first_step}, num_steps={self.num_steps}, by_step={self.by_step})"

@@ -250,10 +250,17 @@ class TrainIterator:
     def step(self) -> int:
         return self.feed.step
 
-    def set_mix(self, weights: Mapping[str, float], step: int) -> None:
-        """`DataFeed.set_mix`: the stage's weights from `step` on, recorded in the state MaxText
-        checkpoints (docs/maxtext.md, "Setting the mixture from the training loop")."""
-        self.feed.set_mix(weights, step)
+    def set_mix(
+        self,
+        weights: Mapping[str, float] | None,
+        step: int,
+        *,
+        objective: Mapping[str, float] | None = None,
+    ) -> None:
+        """`DataFeed.set_mix`: the stage's weights (and/or objective) from `step` on, recorded
+        in the state MaxText checkpoints (docs/maxtext.md, "Setting the mixture from the
+        training loop")."""
+        self.feed.set_mix(weights, step, objective=objective)
 
     def restore_from(self, directory: str | os.PathLike) -> None:
         """Restore from an `iter` item directory saved with any number of processes; its

@@ -47,8 +47,11 @@ from pipeline.plan.mix_table import quantize as quantize  # where callers found 
 from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
 
-LEDGER_VERSION = 6  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`;
-# 6: a geometry change (`GEOMETRY`) or a source's "exclude" (docs/steering.md)
+LEDGER_VERSION = 7  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`;
+# 6: a geometry change (`GEOMETRY`) or a source's "exclude" (docs/steering.md); 7 "objectives"
+RELAID_VERSION = 6
+"""The version a ledger with a geometry change or an exclusion, and no objective entries, is
+written as."""
 MIXES_VERSION = 5
 """The version a ledger with mixes and no geometry change is written as."""
 UNSTEERED_VERSION = 3
@@ -143,10 +146,13 @@ class Segment:
 class Ledger:
     segments: tuple[Segment, ...]
     mixes: MixTable = NO_MIXES  # by step, strictly increasing
+    objectives: MixTable = NO_MIXES  # objective entries, likewise
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mixes, MixTable):  # a sequence of `MixEntry`
-            object.__setattr__(self, "mixes", MixTable.from_entries(tuple(self.mixes)))
+        for name in ("mixes", "objectives"):
+            table = getattr(self, name)
+            if not isinstance(table, MixTable):  # a sequence of `MixEntry`
+                object.__setattr__(self, name, MixTable.from_entries(tuple(table)))
 
     @classmethod
     def start(cls, config: DataConfig, fingerprints: dict[str, str]) -> Ledger:
@@ -232,28 +238,39 @@ class Ledger:
     def append(self, segment: Segment) -> Ledger:
         """The ledger with `segment` appended; mix entries at or after its start are dropped
         (they were set ahead of the restore that appends it)."""
-        kept = self.mixes[: self.mixes.first_at(segment.start_step)]
-        return Ledger((*self.segments, segment), kept)
+        start = segment.start_step
+        mixes, objectives = (table[: table.first_at(start)] for table in self._tables())
+        return Ledger((*self.segments, segment), mixes, objectives)
+
+    def _tables(self) -> tuple[MixTable, MixTable]:
+        return self.mixes, self.objectives
 
     def with_mix(self, entry: MixEntry) -> Ledger:
         """The ledger with `entry` recorded; one at the same step as the last is replaced.
         (Before skips scheduled after it: `DrawPlan.with_mix`, which carries their counters
         anew.)"""
-        mixes = self.mixes
-        last = int(mixes.steps[-1]) if len(mixes) else -1
+        return Ledger(self.segments, self._recorded(self.mixes, entry, "mixes"), self.objectives)
+
+    def with_objective(self, entry: MixEntry) -> Ledger:
+        """The ledger with the objective `entry` recorded, as `with_mix` records a mix."""
+        recorded = self._recorded(self.objectives, entry, "objectives")
+        return Ledger(self.segments, self.mixes, recorded)
+
+    def _recorded(self, table: MixTable, entry: MixEntry, what: str) -> MixTable:
+        last = int(table.steps[-1]) if len(table) else -1
         if last == entry.step:
-            mixes = mixes[:-1]
+            table = table[:-1]
         elif last > entry.step:
             raise LedgerError(
-                f"set_mix at step {entry.step}: a mix was already set from step "
-                f"{last}; set mixes in step order"
+                f"set_mix at step {entry.step}: {what} already set from step {last}; set "
+                f"{what} in step order"
             )
         if entry.step < self.last.start_step:
             raise LedgerError(
                 f"set_mix at step {entry.step}: before the ledger's last segment (from step "
                 f"{self.last.start_step})"
             )
-        return Ledger(self.segments, mixes.appended(entry))
+        return table.appended(entry)
 
     def skips_only(self, index: int) -> bool:
         """Whether segment `index` only skips: the data order and anchoring of the segment
@@ -269,17 +286,21 @@ class Ledger:
         )
 
     def until(self, step: int) -> Ledger:
-        """The segments that start at or before `step` (and every mix entry): the ledger
-        without the skips scheduled after `step`."""
+        """The segments that start at or before `step` (and every mix and objective entry):
+        the ledger without the skips scheduled after `step`."""
         kept = tuple(segment for segment in self.segments if segment.start_step <= step)
-        return self if len(kept) == len(self.segments) else Ledger(kept, self.mixes)
+        if len(kept) == len(self.segments):
+            return self
+        return Ledger(kept, self.mixes, self.objectives)
 
-    def mixes_of(self, index: int) -> MixTable:
-        """The mix entries inside segment `index` (bisection: O(log entries))."""
-        stop = len(self.mixes)
+    def mixes_of(self, index: int, table: MixTable | None = None) -> MixTable:
+        """The mix entries (or those of `table`: `objectives`) inside segment `index`
+        (bisection: O(log entries))."""
+        table = self.mixes if table is None else table
+        stop = len(table)
         if index + 1 < len(self.segments):
-            stop = self.mixes.first_at(self.segments[index + 1].start_step)
-        return self.mixes[self.mixes.first_at(self.segments[index].start_step) : stop]
+            stop = table.first_at(self.segments[index + 1].start_step)
+        return table[table.first_at(self.segments[index].start_step) : stop]
 
     def to_json(self) -> dict[str, Any]:
         version = UNSTEERED_VERSION
@@ -288,6 +309,8 @@ class Ledger:
         if self.mixes:
             version = MIXES_VERSION
         if self.reshaped(len(self.segments) - 1) or any(map(_exclusions, self.segments)):
+            version = RELAID_VERSION
+        if self.objectives:
             version = LEDGER_VERSION
         raw = {
             "version": version,
@@ -296,12 +319,15 @@ class Ledger:
         }
         if self.mixes:
             raw["mixes"] = self.mixes.to_json()
+        if self.objectives:
+            raw["objectives"] = self.objectives.to_json()
         return raw
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
         version = raw.get("version") if isinstance(raw, dict) else None
-        if version not in (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, MIXES_VERSION, LEDGER_VERSION):
+        known = (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, MIXES_VERSION, RELAID_VERSION)
+        if version not in (*known, LEDGER_VERSION):
             raise LedgerError(
                 f"{origin}: not a ledger of versions 1 to {LEDGER_VERSION} (found {version!r}); "
                 "a later release of pipeline wrote it?"
@@ -341,13 +367,19 @@ class Ledger:
                 )
         if version == SKIPPED_VERSION:
             mixes = MixTable.from_entries(_mixes(raw.get("mixes") or [], origin))
-        elif version == MIXES_VERSION or (version == LEDGER_VERSION and "mixes" in raw):
+        elif version == MIXES_VERSION or (version >= RELAID_VERSION and "mixes" in raw):
             mixes = MixTable.from_json(raw.get("mixes"), f"{origin}: mixes")
         else:
+            mixes = NO_MIXES
+        objectives = NO_MIXES
+        if version == LEDGER_VERSION and "objectives" in raw:
+            objectives = MixTable.from_json(raw["objectives"], f"{origin}: objectives")
+        if not (mixes or objectives):
             return cls(tuple(segments))
-        mixes.check(f"{origin}: mixes")  # either form: checked once, vectorised
-        ledger = cls(tuple(segments), mixes)
-        _check_mix_sources(ledger, f"{origin}: mixes")
+        ledger = cls(tuple(segments), mixes, objectives)
+        for name, table in (("mixes", mixes), ("objectives", objectives)):
+            table.check(f"{origin}: {name}")  # either form: checked once, vectorised
+            _check_mix_sources(ledger, table, f"{origin}: {name}")
         return ledger
 
     def save(self, path: str | Path) -> None:
@@ -357,11 +389,12 @@ class Ledger:
         write_atomically(path, text.encode())
 
 
-def _check_mix_sources(ledger: Ledger, where: str) -> None:
-    """Refuse an entry that weights a source its segment does not have (vectorised)."""
+def _check_mix_sources(ledger: Ledger, table: MixTable, where: str) -> None:
+    """Refuse an entry of `table` that weights a source its segment does not have
+    (vectorised)."""
     for index, segment in enumerate(ledger.segments):
         try:
-            ledger.mixes_of(index).columns(tuple(segment.config["sources"]))
+            ledger.mixes_of(index, table).columns(tuple(segment.config["sources"]))
         except LedgerError as error:
             raise LedgerError(f"{where}: {error}, segments[{index}]") from None
 
@@ -425,10 +458,10 @@ def _check_lined_up(segments: list[Segment], origin: str, version: int) -> None:
                 f"segments[{index - 1}] (step {before.start_step}); segments must line up in order"
             )
         changed = [k for k in GEOMETRY if after.config.get(k) != before.config.get(k)]
-        if changed and version < LEDGER_VERSION:
+        if changed and version < RELAID_VERSION:
             raise LedgerError(
                 f"{origin}: segments[{index}] changes {' and '.join(changed)}, which a ledger "
-                f"of version {version} cannot (from version {LEDGER_VERSION} on, a switch may)"
+                f"of version {version} cannot (from version {RELAID_VERSION} on, a switch may)"
             )
     for index, segment in enumerate(segments):
         names = set(segment.config.get("sources", {}))

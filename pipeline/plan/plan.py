@@ -142,6 +142,7 @@ class SegmentPlan:
         shift: int = 0,
         mixes: MixTable = NO_MIXES,
         previous: Mapping[str, RowLayout] | None = None,
+        objectives: MixTable = NO_MIXES,
     ):
         open_store = open_store or StoreSet(check_reads=config.feed.check_reads).open
         self.segment = segment
@@ -165,6 +166,13 @@ class SegmentPlan:
         # [stages, sources] each stage's quantized objective weights, None: none has one
         specs = [stage.spec for stage in self.table.stages]
         self.objectives = stage_objectives(specs, config.source_names)
+        self.set_objectives(objectives)
+
+    def set_objectives(self, entries: MixTable) -> None:
+        """Take the segment's objective entries (`Ledger.objectives`, `plan.objective`); one
+        that weights a source the segment does not have raises (`MixTable.columns`)."""
+        self.objective_weights = entries.columns(self.config.source_names)
+        self.objective_entries = entries
 
     def _anchor_counters(self, carried: np.ndarray) -> np.ndarray:
         """The counters at the anchor that make each source's counter at the segment's start
@@ -369,8 +377,9 @@ class DrawPlan:
             shift, mixes = self.ledger.shift(index), self.ledger.mixes_of(index)
             opener = self.store_set.open
             previous = self._carried_layouts(index)
+            objectives = self.ledger.mixes_of(index, self.ledger.objectives)
             self._segments[index] = SegmentPlan(
-                segment, config, metas, opener, shift, mixes, previous
+                segment, config, metas, opener, shift, mixes, previous, objectives
             )
         return self._segments[index]
 
@@ -433,15 +442,25 @@ class DrawPlan:
         """This plan's stores following `ledger` (segments laid out anew, as needed)."""
         return self._with_ledger(ledger, {})
 
+    def with_objective(self: P, entry: MixEntry) -> P:
+        """This plan with the objective `entry` recorded (`Ledger.with_objective`): the last
+        segment's plan takes it (its rows are unchanged: the objective only weighs them)."""
+        ledger = self.ledger.with_objective(entry)
+        index = len(ledger.segments) - 1
+        plan = copy.copy(self.segment_plan(index))
+        plan.set_objectives(ledger.mixes_of(index, ledger.objectives))
+        return self._with_ledger(ledger, {**self._segments, index: plan})
+
     def without_mixes_from(self: P, step: int) -> P:
         """This plan with the ledger's mix entries at or after `step` dropped, as a restore at
         `step` drops them (`Ledger.append`): what its new segment's counters are counted by,
         and re-derived by (`data_state.verify`). Stores are shared; segments laid out anew."""
-        mixes = self.ledger.mixes
-        cut = mixes.first_at(step)
-        if cut == len(mixes):
+        mixes, objectives = self.ledger.mixes, self.ledger.objectives
+        cut, kept = mixes.first_at(step), objectives.first_at(step)
+        if cut == len(mixes) and kept == len(objectives):
             return self
-        return self._with_ledger(Ledger(self.ledger.segments, mixes[:cut]), {})
+        ledger = Ledger(self.ledger.segments, mixes[:cut], objectives[:kept])
+        return self._with_ledger(ledger, {})
 
     def _with_ledger(self: P, ledger: Ledger, segments: dict[int, SegmentPlan]) -> P:
         """A shallow copy (stores shared; `copy.copy` would pickle, without stores) with

@@ -141,7 +141,8 @@ def _reconcile(
     segment = Segment(step, mapping, fingerprints, counters, anchor, skip)
     # lays the new segment out now: a config error names the file
     SegmentPlan(segment, config, metas, shift=shift)
-    steered = Ledger(kept, ledger.mixes).append(segment)  # mixes set before the step stay
+    # mixes and objectives set before the step stay
+    steered = Ledger(kept, ledger.mixes, ledger.objectives).append(segment)
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
     what = [f"{', '.join(changed)} changed"] if changed else []
     what += [f"skips {skip} steps (serves plan step {step + shift})"] if skip else []
