@@ -19,6 +19,8 @@ table keeps its shape across the switch.
 `--adaptive-mix K` sets the mixture every K steps from the per-source losses
 (`pipeline.feed.adaptive`, docs/mixtures.md "Adaptive mixtures"; `--adaptive-rate R`: its step
 size); with `--resume` it continues from the weights the checkpoint's ledger holds.
+`--adaptive-signal eval` makes it steer on held-out losses instead: at every K-th step, the
+mean loss of each eval set named like a training source (the data config's `eval.sources`).
 
 `--checkpoint-dir` and `--data-config` may be URLs (gs://bucket/run): Orbax writes there
 natively and they are never turned into local paths. SIGTERM (a TPU preemption notice, or
@@ -128,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         metavar="R",
         help="with --adaptive-mix: the controller's step size on the excess losses",
+    )
+    p.add_argument(
+        "--adaptive-signal",
+        choices=("train", "eval"),
+        default="train",
+        help="with --adaptive-mix: steer on each source's training loss (every step) or on "
+        "its held-out loss (the eval set of the same name, every K steps)",
     )
     p.add_argument("--learning-rate", type=float, default=3e-3, help="the optimizer's step size")
     p.add_argument("--width", type=int, default=128, help="the toy model's embedding width")
@@ -358,17 +367,24 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
         log.info("--resume: no checkpoint in %s; starting at step 0", checkpoint_dir)
     step_fn = make_train_step(model, tx, num_sources=len(feed.source_names()))
     eval_fn = jax.jit(lambda p, b: loss_and_weights(p, b, model)[0])
-    evals = eval_feeds(config, mesh) if args.eval_every else []
+    held_out_signal = bool(args.adaptive_mix) and args.adaptive_signal == "eval"
+    evals = eval_feeds(config, mesh) if args.eval_every or held_out_signal else []
     params, opt_state = state["params"], state["opt_state"]
-    controller = None
+    controller, held = None, []
     if args.adaptive_mix:
-        from pipeline.feed.adaptive import ExcessLoss
+        from pipeline.feed.adaptive import HELD_OUT, ExcessLoss, held_out
         from pipeline.plan.report import target_shares
 
         shares = target_shares(feed.plan, np.array([feed.step]))
         initial = {name: float(share[0]) for name, share in shares.items()}
+        settings = HELD_OUT if held_out_signal else {}
+        held = held_out(feed.source_names(), evals) if held_out_signal else []
         controller = ExcessLoss(
-            feed.source_names(), every=args.adaptive_mix, rate=args.adaptive_rate, initial=initial
+            feed.source_names(),
+            every=args.adaptive_mix,
+            rate=args.adaptive_rate,
+            initial=initial,
+            **settings,
         )
     metrics_file = open(args.metrics, "a") if primary and args.metrics else None  # noqa: SIM115
     heartbeat = Heartbeat.from_env(args.save_every)
@@ -384,17 +400,23 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             evaluated = {}
             if args.eval_every and (step + 1) % args.eval_every == 0:  # every process runs it
                 for ev in evals:
-                    losses = [float(eval_fn(params, b)) for b in ev]
-                    evaluated[f"eval_{ev.name}"] = sum(losses) / len(losses)
+                    evaluated[f"eval_{ev.name}"] = mean_loss(eval_fn, params, ev)
             names = feed.source_names(step)
             losses = dict(zip(names, np.asarray(metrics["source_loss"]).tolist()))
-            mix = None
-            if controller is not None:  # every process: the losses are the global batch's
+            mix, held_losses = None, {}
+            if controller is not None and held:  # every process, at steering steps only
+                if controller.due(feed.step):
+                    held_losses = {ev.name: mean_loss(eval_fn, params, ev) for ev in held}
+                    controller.observe(held_losses)
+                mix = controller.steer(feed)
+            elif controller is not None:  # every process: the losses are the global batch's
                 controller.observe(losses)
                 mix = controller.steer(feed)
             if primary:  # only the logging process re-derives the step's stage and epochs
                 record = {**step_record(feed, step, loss, metrics, seconds), **evaluated}
                 record["source_loss"] = {n: v for n, v in losses.items() if v == v}  # not NaN
+                if held_losses:
+                    record["held_out_loss"] = held_losses
                 if mix is not None:
                     record["mix"] = mix
                     log.info("step %d: adaptive mix from step %d: %s", step, feed.step, mix)
@@ -429,6 +451,13 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
             ev.close()
         manager.close()
     return 0
+
+
+def mean_loss(eval_fn, params, feed) -> float:
+    """The mean of `eval_fn`'s loss over an eval feed's batches (the same on every process:
+    each is a global batch's)."""
+    losses = [float(eval_fn(params, batch)) for batch in feed]
+    return sum(losses) / len(losses)
 
 
 def step_record(feed, step: int, loss: float, metrics: dict, seconds: float) -> dict:

@@ -376,6 +376,40 @@ def test_the_reference_controller_favours_the_source_whose_loss_falls_least(tmp_
         ExcessLoss(("a", "b"), initial={"c": 1.0})
 
 
+def test_a_held_out_signal_is_each_training_sources_eval_set(tmp_path):
+    """`held_out` pairs eval sets with training sources by name (or refuses with one line);
+    with `HELD_OUT` the first observation is the reference, so one falling held-out loss
+    moves the weights at the next steering step."""
+    from pipeline.feed.adaptive import HELD_OUT, ExcessLoss, held_out
+    from pipeline.feed.eval_feed import eval_feeds
+
+    stores = tmp_path / "stores"
+    raw = two_stage_raw(stores, stages=[{"name": "m", "mix": {"code": 1, "docs": 1}}])
+    raw["eval"] = {"sources": {"docs": {"path": str(stores / "docs")},
+                               "other": {"path": str(stores / "code")}}}  # fmt: skip
+    config = parse_config(raw, origin="data.yaml")
+    evals = eval_feeds(config, mesh())
+    try:
+        assert [feed.name for feed in held_out(("code", "docs"), evals)] == ["docs"]
+        with pytest.raises(ConfigError, match=r"^a held-out signal needs an eval set named like "
+                           r"a training source \(eval.sources: docs, other; training sources: "
+                           r"a, b\)$"):  # fmt: skip
+            held_out(("a", "b"), evals)
+    finally:
+        for feed in evals:
+            feed.close()
+    controller = ExcessLoss(("code", "docs"), every=4, rate=4.0, **HELD_OUT)
+    with DataFeed(config, mesh()) as feed:
+        for _ in range(8):
+            next(feed)
+            if controller.due(feed.step):
+                controller.observe({"docs": 3.0 if feed.step == 4 else 2.0})
+            controller.steer(feed)
+        first, second = (dict(m.weights) for m in feed.ledger.mixes)
+    assert first == {"code": MIX_UNIT // 2, "docs": MIX_UNIT // 2}  # the reference
+    assert second["code"] > second["docs"]  # docs' held-out loss fell: code gains weight
+
+
 def test_a_controller_started_from_the_restored_weights_continues_them(tmp_path):
     from pipeline.feed.adaptive import ExcessLoss
 

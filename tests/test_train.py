@@ -449,3 +449,68 @@ def test_a_skip_at_a_step_given_to_every_restart_is_made_once(run_dir, first_run
     verify = ["verify", str(run_dir / "data.yaml"), "--ledger", str(run_dir / "loop-ckpt" / "40"),
               "--steps", "0:40"]  # fmt: skip
     assert main(verify) == 0
+
+
+@pytest.fixture(scope="module")
+def held_dir(tmp_path_factory) -> Path:
+    """Two sources, each with its held-out store named like it (`prepare --eval-fraction`)."""
+    root = tmp_path_factory.mktemp("held")
+    for name in ("python-docs", "python-docstrings"):
+        options = PrepareOptions([f"builtin:{name}"], root / name, num_shards=2,
+                                 eval_fraction=0.1, progress=False)  # fmt: skip
+        prepare(options)
+    (root / "held.yaml").write_text(
+        "seed: 3\nseq_len: 64\nglobal_batch_size: 8\nlanes: 2\nsources:\n"
+        "  docs: {path: python-docs}\n  strings: {path: python-docstrings}\n"
+        "mix: {docs: 1, strings: 1}\neval:\n  batches: 2\n  sources:\n"
+        "    docs: {path: python-docs-eval}\n    strings: {path: python-docstrings-eval}\n"
+    )
+    return root
+
+
+def latest_records(path: Path) -> dict[int, dict]:
+    """Each step's record; a step trained again after a kill: the last one."""
+    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.multiprocess
+def test_a_held_out_signal_steers_and_a_kill_resumed_on_one_process_replays(held_dir):
+    """`--adaptive-signal eval`: at steps 4, 8, ... the controller observes each source's
+    held-out loss (its first evaluation the reference) and sets the mix. Killed (SIGKILL,
+    2 processes) after checkpoint 8 and resumed on 1 process, every trained step, before and
+    after the kill, is the batch `pipeline dump --ledger` replays from the last checkpoint."""
+    ckpt, metrics = held_dir / "ckpt", held_dir / "held.jsonl"
+    common = [
+        sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
+        str(held_dir / "held.yaml"), "--checkpoint-dir", str(ckpt), "--save-every", "8",
+        "--width", "16", "--depth", "1", "--metrics", str(metrics), "--adaptive-mix", "4",
+        "--adaptive-rate", "20", "--adaptive-signal", "eval",
+    ]  # fmt: skip
+    two = [*common, "--steps", "1000", "--num-processes", "2", "--devices-per-process", "2"]
+    launcher = subprocess.Popen(two, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 14):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+            time.sleep(0.2)
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and both of its processes
+        launcher.wait(timeout=60)
+    killed = latest_records(metrics)
+    assert sorted(r["step"] for r in killed.values() if "held_out_loss" in r)[:3] == [3, 7, 11]
+    assert set(killed[3]["held_out_loss"]) == {"docs", "strings"}
+    assert killed[3]["mix"] == pytest.approx({"docs": 0.5, "strings": 0.5})  # the reference
+    assert killed[7]["mix"]["docs"] != pytest.approx(0.5, abs=1e-3)  # the held-out losses moved it
+    resumed = subprocess.run([*common, "--steps", "20", "--resume"], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 8" in resumed.stderr
+    seen = latest_records(metrics)
+    assert sorted(seen) == list(range(20)) and "mix" in seen[15]
+    out = held_dir / "replay.npz"
+    dump = ["dump", str(held_dir / "held.yaml"), "--ledger", str(ckpt / "20"), "--steps", "0:20",
+            "--out", str(out)]  # fmt: skip
+    assert main(dump) == 0
+    replayed = [checksum(inputs) for inputs in np.load(out)["inputs"]]
+    assert replayed == [seen[step]["checksum"] for step in range(20)]

@@ -21,6 +21,16 @@ checkpointed (in the ledger): after a restore the smoothed losses and references
 again (`warmup` observations, the weights unchanged meanwhile), while every step before it
 replays exactly from the ledger. It illustrates the mechanism; the Aioli paper found no mixing
 rule that reliably beats a fixed stratified mixture.
+
+Its signal may also be held-out loss (ODM, DoReMi and AC-ODM steer on validation losses): each
+training source's eval set (`EvalFeed`, named like the source: `held_out`) is evaluated at every
+steering step and observed once, `HELD_OUT` (no smoothing, the first evaluation the reference):
+
+    controller = ExcessLoss(feed.source_names(), every=50, **HELD_OUT)
+    ...
+        if controller.due(feed.step):
+            controller.observe({ev.name: mean loss of ev's batches for ev in held})
+        controller.steer(feed)
 """
 
 from __future__ import annotations
@@ -30,6 +40,27 @@ from collections.abc import Mapping, Sequence
 
 from pipeline.errors import ConfigError
 from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.eval_feed import EvalFeed
+
+SIGNALS = ("train", "eval")
+"""What the reference trainer's controller observes (`scripts/train.py --adaptive-signal`): each
+source's training loss of every step, or its held-out loss at every steering step."""
+HELD_OUT = {"smoothing": 0.0, "warmup": 1}
+"""`ExcessLoss` settings for a held-out signal: one observation per steering step, already a
+mean over fixed batches, so no smoothing, and the first one is the reference."""
+
+
+def held_out(sources: Sequence[str], evals: Sequence[EvalFeed]) -> list[EvalFeed]:
+    """The eval feeds named like training `sources` (the held-out signal of each); a
+    `ConfigError` when there are none."""
+    held = [feed for feed in evals if feed.name in sources]
+    if not held:
+        names = ", ".join(feed.name for feed in evals) or "none"
+        raise ConfigError(
+            f"a held-out signal needs an eval set named like a training source (eval.sources: "
+            f"{names}; training sources: {', '.join(sources)})"
+        )
+    return held
 
 
 class ExcessLoss:
@@ -91,11 +122,15 @@ class ExcessLoss:
         uniform = self.floor * len(self.sources)
         return {n: (1 - uniform) * v / total + self.floor for n, v in raw.items()}
 
+    def due(self, step: int) -> bool:
+        """Whether the feed's next step `step` is a steering step (every `every`-th, not 0)."""
+        return step > 0 and step % self.every == 0
+
     def steer(self, feed: DataFeed) -> dict[str, float] | None:
         """At every `every`-th step (feed.step > 0), update the log-weights from the excess
         losses of the sources with a reference, and `set_mix` the weights from the feed's next
         step; returns them (None when it is not a steering step)."""
-        if feed.step == 0 or feed.step % self.every:
+        if not self.due(feed.step):
             return None
         for name, reference in self.reference.items():
             excess = (self.smoothed[name] - reference) / max(abs(reference), 1e-9)
