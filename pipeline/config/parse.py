@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.exclude import ExcludeSpec, exclude_files, parse_exclude
+from pipeline.config.mix_unit import parse_mix_unit
 from pipeline.config.objective import Objective, objective_json, parse_objective
 from pipeline.config.paths import anchored
 from pipeline.config.schedule import WeightSchedule, parse_schedule
@@ -45,9 +46,10 @@ from pipeline.urls import is_url, location
 from pipeline.wording import counted
 
 TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sources", "mix",
-            "objective", "stages", "starts_at", "feed", "eval", "shared_vocabulary")  # fmt: skip
+            "objective", "mix_unit", "stages", "starts_at", "feed", "eval",
+            "shared_vocabulary")  # fmt: skip
 ANCHORS = ("run", "switch")
-STAGE_KEYS = ("name", "steps", "mix", "epochs", "objective")
+STAGE_KEYS = ("name", "steps", "mix", "epochs", "objective", "mix_unit")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
              "stats_window", "verify", "ready_timeout_s", "expand")  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
@@ -119,6 +121,7 @@ class StageSpec:
     # where `mix` is in its file (`mix` or `stages[i].mix`), for the errors the plan finds
     mix_key: str = field(default="stages[0].mix", compare=False)
     objective: Objective | None = None  # each source's share of the loss (config/objective.py)
+    mix_unit: str = "rows"  # what the weights share out: rows or tokens (config/mix_unit.py)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -133,6 +136,8 @@ class StageSpec:
             out["mix"] = {name: schedule.to_json() for name, schedule in self.mix or ()}
         if self.objective is not None:  # only then: configs without one keep their bytes
             out["objective"] = objective_json(self.objective)
+        if self.mix_unit != "rows":  # likewise
+            out["mix_unit"] = self.mix_unit
         return out
 
 
@@ -423,7 +428,8 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
         default = parse_objective(raw["objective"], where.origin, "objective", names)
     if "mix" in raw:
         mix = _mix(raw["mix"], where, names, "mix")
-        return (StageSpec("main", None, mix, mix_key="mix", objective=default),)
+        unit = parse_mix_unit(raw.get("mix_unit", "rows"), mix, where.origin, "mix_unit")
+        return (StageSpec("main", None, mix, mix_key="mix", objective=default, mix_unit=unit),)
     entries = raw["stages"]
     if not isinstance(entries, list) or not entries:
         raise where.fail("stages", f"expected a non-empty list of stages, got {entries!r}")
@@ -443,6 +449,8 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
                  where.integer(r, f"{key}.epochs.{n}", minimum=1, maximum=MAX_EPOCHS))
                 for n, r in sorted(where.mapping(entry["epochs"], f"{key}.epochs").items())
             )  # fmt: skip
+            if "mix_unit" in entry:
+                parse_mix_unit(entry["mix_unit"], None, where.origin, f"{key}.mix_unit")
             stages.append(StageSpec(name, None, None, epochs, objective=objective))
             continue
         if "mix" not in entry:
@@ -454,7 +462,11 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
             where.integer(steps, f"{key}.steps", minimum=1)
         mix = _mix(entry["mix"], where, names, f"{key}.mix")
         _check_step_points_inside(mix, steps, where, f"{key}.mix")
-        stages.append(StageSpec(name, steps, mix, mix_key=f"{key}.mix", objective=objective))
+        unit_key = f"{key}.mix_unit" if "mix_unit" in entry else "mix_unit"
+        unit = entry.get("mix_unit", raw.get("mix_unit", "rows"))
+        unit = parse_mix_unit(unit, mix, where.origin, unit_key)
+        stages.append(StageSpec(name, steps, mix, mix_key=f"{key}.mix", objective=objective,
+                                mix_unit=unit))  # fmt: skip
     if len({s.name for s in stages}) != len(stages):
         raise where.fail("stages", "stage names must be unique")
     return tuple(stages)

@@ -56,6 +56,7 @@ from pipeline.plan.objective import stage_objectives
 from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
+from pipeline.plan.token_mix import TokenClock
 from pipeline.plan.transition import continued
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
@@ -160,9 +161,15 @@ class SegmentPlan:
         for name, before in (previous or {}).items():  # a geometry change: epochs go on
             self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
         carried = np.array([segment.counters[name] for name in config.source_names])
-        if self.anchor != segment.start_step:  # continue the layout where it places the start
+        joined = self.anchor != segment.start_step
+        if joined:  # continue the layout where it places the start
             carried = self._anchor_counters(carried)
+        tokens = any(stage.mix_unit == "tokens" for stage in config.stages)
+        if joined and tokens and (carried < 0).any():
+            self._refuse_late_join(segment)
         self.table = self._table(carried, mixes)  # laid out once, with the mixes
+        if joined and tokens:
+            self._check_tokens_continue(segment)
         # [stages, sources] each stage's quantized objective weights, None: none has one
         specs = [stage.spec for stage in self.table.stages]
         self.objectives = stage_objectives(specs, config.source_names)
@@ -199,11 +206,33 @@ class SegmentPlan:
             )
         return 2 * carried - table.counters(first)
 
+    def _check_tokens_continue(self, segment: Segment) -> None:
+        """A `mix_unit: tokens` stage's rows depend on the counters at its start (token_mix.py),
+        so the layout cannot be continued from the counters the ledger carried into it: a
+        segment that joins one after its first step (a skip, a `starts_at: run` switch) is
+        refused unless its counters come out as carried."""
+        position = self.position_of(segment.start_step)
+        if self.table.end is not None:
+            position = min(position, self.table.end)
+        want = [segment.counters[name] for name in self.config.source_names]
+        if self.table.counters(position).tolist() != want:
+            self._refuse_late_join(segment)
+
+    def _refuse_late_join(self, segment: Segment) -> None:
+        raise ConfigError(
+            f"{self.config.origin}: a stage with mix_unit: tokens cannot be joined after its "
+            f"first step (ledger segment from step {segment.start_step}: a skip or a "
+            "starts_at: run switch); switch with starts_at: switch, or mix by rows there"
+        )
+
     def _table(self, counters: np.ndarray, mixes: MixTable = NO_MIXES) -> StageTable:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
         config = self.config
         windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
         overrides = self._overrides(mixes) if mixes else None
+        clocks = None
+        if any(stage.mix_unit == "tokens" for stage in config.stages):  # token_mix.py
+            clocks = {n: TokenClock(layout, config.origin) for n, layout in self.layouts.items()}
         return StageTable(
             config.stages,
             config.source_names,
@@ -212,6 +241,7 @@ class SegmentPlan:
             counters,
             config.origin,
             overrides,
+            clocks,
         )
 
     def _overrides(self, mixes: MixTable) -> Overrides:

@@ -20,6 +20,7 @@ survive curricula and restarts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -28,7 +29,9 @@ import numpy as np
 from pipeline.config import StageSpec
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.clock import StepClock
+from pipeline.plan.mix_table import quantize
 from pipeline.plan.mixing import Mixture, Steered
+from pipeline.plan.token_mix import TokenClock, TokenMixture
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class StageLayout:
     start: int  # first lane position (segment-local)
     end: int | None  # one past the last, None if open-ended
     sources: tuple[int, ...]  # indices into the segment's source list
-    mixture: Mixture | Steered
+    mixture: Mixture | Steered | TokenMixture
     schedule_start: int  # lane position of the stage's step 0 (start rounded down to a step)
     counters_at_start: np.ndarray  # [num sources of the segment]
     first_step: int  # the step that holds the stage's first row (anchor-relative)
@@ -81,6 +84,7 @@ class StageTable:
         counters: np.ndarray,
         where: str = "<config>",
         overrides: Overrides | None = None,
+        clocks: Mapping[str, TokenClock] | None = None,
     ) -> None:
         self.source_names = source_names
         self.clock = clock
@@ -95,6 +99,10 @@ class StageTable:
                 draws = np.array([reps * windows_per_lane[n] for n, reps in spec.epochs], float)
                 mixture = Mixture(np.zeros((0, len(sources))), draws, 1)
                 end: int | None = start + int(draws.sum())
+            elif spec.mix_unit == "tokens":  # by virtual finish time (token_mix.py)
+                at = counters[list(sources)]
+                mixture = _token_mixture(spec, clocks or {}, at, start - schedule_start, where)
+                end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
             else:
                 mixture = _scheduled_mixture(spec, clock, first_step, f"{where}: {spec.mix_key}")
                 end = None if spec.steps is None else int(clock.position(first_step + spec.steps))
@@ -111,6 +119,11 @@ class StageTable:
             counters = self._counters_in(layout, np.array([end]))[0]
             start = end
         self.starts = np.array([s.start for s in self.stages], dtype=np.int64)
+
+    @property
+    def token_stages(self) -> bool:
+        """Whether a stage mixes by tokens (`mix_unit: tokens`)."""
+        return any(stage.spec.mix_unit == "tokens" for stage in self.stages)
 
     @property
     def end(self) -> int | None:
@@ -168,6 +181,11 @@ def _steered(
     source_names: tuple[str, ...],
 ) -> Steered:
     """The stage's mixture with the weights the run set inside it."""
+    if spec.mix_unit == "tokens":
+        raise LedgerError(
+            f"set_mix at step {int(overrides.steps[0])}: stage '{spec.name}' shares its tokens "
+            "by constant weights (mix_unit: tokens); set weights in a stage that mixes by rows"
+        )
     others = [k for k in range(len(source_names)) if k not in sources]
     outside = overrides.weights[:, others].any(axis=1)
     if spec.epochs is not None or outside.any():
@@ -187,6 +205,21 @@ def _steered(
         overrides.positions - schedule_start,
         overrides.weights[:, list(sources)],
     )
+
+
+def _token_mixture(
+    spec: StageSpec,
+    clocks: Mapping[str, TokenClock],
+    counters: np.ndarray,
+    start: int,
+    where: str,
+) -> TokenMixture:
+    """The stage's `mix_unit: tokens` mixture from its sources' `counters` at its first row,
+    lane position `start` (relative to its schedule start)."""
+    key = f"{where}: {spec.mix_key}"
+    weights = dict(quantize({name: s.points[0][1] for name, s in spec.mix or ()}, key))
+    units = np.array([weights.get(name, 0) for name in spec.source_names])
+    return TokenMixture(units, [clocks[name] for name in spec.source_names], counters, start)
 
 
 def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where: str) -> Mixture:
