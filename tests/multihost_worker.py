@@ -74,7 +74,9 @@ from pipeline.errors import PipelineError
 from pipeline.feed.checkpoint import DataRestore, DataSave
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.restore import current_state, restore_state
+from pipeline.plan.ledger import Ledger
 from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
 from tests.gcs_emulator import ENDPOINTS, point_at
 
 
@@ -99,6 +101,8 @@ def gather(array: jax.Array) -> np.ndarray:
 def checksums(spec: dict, config, task: dict, out: Path) -> None:
     if task.get("config"):  # this task's own config, in place of the spec's
         config = parse_config(task["config"], origin="multihost.yaml")
+    if task.get("ledger"):  # or the plan of a ledger (a DataFeed takes either)
+        config = Plan(Ledger.from_json(task["ledger"]))
     mesh = make_mesh(*task["mesh"])
     checksum = jax.jit(row_checksums)
     result: dict[str, np.ndarray] = {}

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
+from pipeline.plan.ledger import Ledger
 from pipeline.read import objective
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
@@ -148,7 +149,9 @@ ONE_MESH = {  # the one-mesh checksums tests: (steps, [(processes, devices each)
     "sft": (STEPS, [(2, 2), (4, 1)]),
     "objective": (STEPS, [(1, 4), (2, 2)]),
     "objective-device": (STEPS, [(1, 4), (2, 2)]),
+    "objective-switch": (STEPS, [(1, 4), (2, 2)]),
 }
+SWITCH_AT = 8  # "objective-switch": its ledger switches the objective of "objective" here
 PROVENANCE = ["source", "epoch", "window"]
 
 
@@ -165,6 +168,9 @@ def one_mesh_raws(stores: Path) -> dict[str, dict]:
     weighted = json.loads(json.dumps(mixed))  # docs/mixtures.md, "Objective weights"
     weighted["stages"][0]["objective"] = {"code": 1, "docs": 3}
     weighted["stages"][1]["objective"] = {"code": 1, "docs": 1, "sft": 2}
+    switched = json.loads(json.dumps(weighted))  # other objectives, switched to at SWITCH_AT
+    switched["stages"][0]["objective"] = {"code": 4, "docs": 1}
+    switched["stages"][1]["objective"] = {"code": 1, "sft": 5}
     return {
         "ramp": {**base, "global_batch_size": {"step": {0: 4, 5: 8, 12: 16}}},
         "prov": {**base, "grad_accum": 2, "feed": {"provenance": PROVENANCE}},
@@ -175,7 +181,18 @@ def one_mesh_raws(stores: Path) -> dict[str, dict]:
             "objective": {"docs": 1, "code": 2},
             "feed": {"expand": "device"},
         },
+        "objective-switch": {**switched, "grad_accum": 2},
     }
+
+
+def switched_ledger(raws: dict[str, dict]) -> dict:
+    """The ledger of a run of "objective" switched at SWITCH_AT to "objective-switch" (its
+    stages weigh their sources otherwise)."""
+    from pipeline.plan.resume import reconcile
+
+    before = Plan.from_config(parse_config(raws["objective"], origin="multihost.yaml"))
+    after = parse_config(raws["objective-switch"], origin="multihost.yaml")
+    return reconcile(before, after, SWITCH_AT, switch=True).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +202,7 @@ def one_mesh(tmp_path_factory):
     process count serves every one-mesh test of that count (each its own task and config)."""
     root = tmp_path_factory.mktemp("one-mesh")
     raws = one_mesh_raws(root / "stores")
+    ledger = switched_ledger(raws)
     launched: dict[tuple[int, int], Path] = {}
 
     def run(name: str, processes: int, devices: int) -> tuple[Plan, np.lib.npyio.NpzFile]:
@@ -197,10 +215,15 @@ def one_mesh(tmp_path_factory):
                 for task, (steps, shapes) in ONE_MESH.items()
                 if (processes, devices) in shapes
             ]  # fmt: skip
+            for task in tasks:
+                if task["name"] == "objective-switch":  # a feed of that ledger, not a config
+                    task["ledger"] = ledger
             codes = launch(out, raws[name], tasks, processes, devices)
             assert codes == [0] * processes, worker_output(out)
             launched[processes, devices] = out
         plan = Plan.from_config(parse_config(raws[name], origin="multihost.yaml"))
+        if name == "objective-switch":
+            plan = Plan(Ledger.from_json(ledger), plan.stores())
         return plan, np.load(launched[processes, devices] / f"{name}.npz")
 
     return run
@@ -232,11 +255,19 @@ def test_provenance_fields_across_processes_equal_the_plans_draws(one_mesh, proc
 
 
 @pytest.mark.parametrize(("processes", "devices"), ONE_MESH["objective"][1])
-@pytest.mark.parametrize("name", ["objective", "objective-device"])
+@pytest.mark.parametrize("name", ["objective", "objective-device", "objective-switch"])
 def test_loss_weights_across_processes_equal_the_plans(one_mesh, name, processes, devices):
     """Derived on the devices from each process's rows (the host path with micro-batches and
-    best_fit rows; the compact path), bit for bit the weights of the whole step."""
+    best_fit rows; the compact path; a ledger that switched the objective at SWITCH_AT), bit
+    for bit the weights of the whole step."""
     plan, result = one_mesh(name, processes, devices)
+    if name == "objective-switch":  # before the switch the old objective, after it the new
+        unswitched = Plan(Ledger(plan.ledger.segments[:1]), plan.stores())
+        for step in STEPS:
+            same = np.array_equal(
+                objective.step_weights(plan, step), objective.step_weights(unswitched, step)
+            )
+            assert same == (step < SWITCH_AT), step
     for step in STEPS:
         expected = objective.step_weights(plan, step)
         got = result[f"loss_weights_{step}"].reshape(expected.shape)
