@@ -172,3 +172,12 @@ def test_a_switch_into_a_token_stage_carries_the_counters_and_a_late_join_is_ref
     plan = Plan.from_config(parse_config(tokens))
     with pytest.raises(ConfigError, match="mix_unit: tokens cannot be joined after its first"):
         Plan(reconcile(plan, parse_config(tokens), 40, skip=3), plan.stores()).draws(40)
+
+
+def test_pipeline_stages_says_the_weights_share_tokens(root):
+    from pipeline.plan.report import describe_mix
+
+    plan = Plan.from_config(parse_config(raw_of(root, {"code": 1, "sft": 3}, 16, 1, True)))
+    stages = plan.segment_plan(0).table.stages
+    described = [describe_mix(stage) for stage in stages]
+    assert described == ["code x1 epochs", "code 1, sft 3 (of tokens)"]

@@ -121,7 +121,8 @@ def describe_mix(stage: StageLayout) -> str:
         else:
             points = ", ".join(f"{step}: {_num(w)}" for step, w in schedule.points)
             parts.append(f"{name} {schedule.kind}{{{points}}}")
-    return ", ".join(parts)
+    unit = " (of tokens)" if spec.mix_unit == "tokens" else ""  # config/mix_unit.py
+    return ", ".join(parts) + unit
 
 
 def _num(value: float) -> str:
