@@ -15,7 +15,9 @@ q-th smallest finish time (ties: the lower source index first).
   once per epoch touched, cached), and every regular epoch carries the same total. So the
   q-th row is found without history: for each source, bisect its index in the merged order
   (the rank of a row is a sum over sources of one inverse-prefix-sum lookup each, in exact
-  integer arithmetic). O(K^2 log q log R) per lane position, K sources, R rows per epoch.
+  integer arithmetic). O(K^2 log q log R) per lane position, K sources, R rows per epoch;
+  the rows after it are merged on (K lookups each), and a step read right after the one
+  before it starts from where that one ended (a memo, no state: any step computes alone).
 * **Bound.** Let V be the finish time of the q-th row. Every row of s finishing before V is
   among the first q and none after it, so with τ the most tokens one row group carries (at
   most lanes x seq_len) and w_s normalised to sum 1, w_s V - τ <= T_s <= w_s V, and T (all
@@ -123,6 +125,7 @@ class TokenMixture:
         self.start = start
         self.num_sources = len(self.clocks)
         self.drawn = [s for s in range(self.num_sources) if self.weights[s] > 0]
+        self._ended: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
 
     starts = np.zeros(1, dtype=np.int64)  # constant weights: one piece, as `Mixture` has
     horizon = 0
@@ -203,17 +206,31 @@ class TokenMixture:
         return source.reshape(positions.shape), count.reshape(positions.shape)
 
     def _walk(self, q: int, rows: int) -> list[tuple[int, int]]:
-        """(source, index) of stage rows q .. q + rows - 1."""
-        source, index = self._select(q)
-        before = self._before(source, index)
+        """(source, index) of stage rows q .. q + rows - 1. The rows before q are counted by a
+        selection, or taken from the walk that ended at q (a memo of this pure function: the
+        next step's rows, when steps are read in order)."""
+        ended, counted = self._ended
+        if ended == q:
+            before = counted.copy()
+            source, index = self._next(before)
+        else:
+            source, index = self._select(q)
+            before = self._before(source, index)
         out = [(source, index)]
         for _ in range(rows - 1):
             before[source] += 1
-            best = None  # (finish, weight, source) of the least finish time so far
-            for s in self.drawn:
-                finish, weight = self._finish(s, int(before[s])), int(self.weights[s])
-                if best is None or finish * best[1] < best[0] * weight:  # ties: lower s
-                    best = (finish, weight, s)
-            source = best[2]
-            out.append((source, int(before[source])))
+            source, index = self._next(before)
+            out.append((source, index))
+        before[source] += 1
+        self._ended = (q + rows, before)  # one assignment: reader threads may walk at once
         return out
+
+    def _next(self, before: np.ndarray) -> tuple[int, int]:
+        """The row after those `before` counts: the least finish time of each source's next
+        row (ties: the lower source)."""
+        best = None  # (finish, weight, source) of the least finish time so far
+        for s in self.drawn:
+            finish, weight = self._finish(s, int(before[s])), int(self.weights[s])
+            if best is None or finish * best[1] < best[0] * weight:
+                best = (finish, weight, s)
+        return best[2], int(before[best[2]])
