@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import parse_config
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import is_store
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from pipeline.config import parse_config
 from pipeline.feed import host_stop, stragglers
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from pipeline.read.plan import Plan
 from pipeline.store.token_store import TokenStore, is_store
 from pipeline.store.writer import (

@@ -46,7 +46,7 @@ from pipeline.errors import (
 )
 from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import host_rows, micro_batch_rows
+from pipeline.plan.rows import host_rows, micro_batch_rows
 from pipeline.read.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore

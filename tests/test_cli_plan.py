@@ -16,9 +16,9 @@ from pipeline.commands.cli import main
 from pipeline.config import load_config
 from pipeline.plan import data_state
 from pipeline.plan.ledger import Ledger, Segment
-from pipeline.plan.plan import host_rows
 from pipeline.plan.report import first_draw
 from pipeline.plan.resume import reconcile
+from pipeline.plan.rows import host_rows
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store

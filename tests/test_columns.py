@@ -17,7 +17,7 @@ from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
 from pipeline.in_place import default_index_dir
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from pipeline.store.columns import ColumnStore

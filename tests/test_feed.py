@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pipeline.errors import FeedError, StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.readers import Readers
-from pipeline.plan.plan import micro_batch_rows
+from pipeline.plan.rows import micro_batch_rows
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config

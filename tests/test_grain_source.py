@@ -25,8 +25,8 @@ from pipeline.config import parse_config
 from pipeline.errors import ConfigError, PipelineError, StoreError
 from pipeline.feed.grain_source import host_dataset, host_source
 from pipeline.plan.ledger import MixEntry, quantize
-from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
+from pipeline.plan.rows import host_rows
 from pipeline.plan.sources import load_metas
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store

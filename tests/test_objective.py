@@ -28,7 +28,7 @@ from pipeline.errors import ConfigError, FeedError, LedgerError
 from pipeline.feed import expand
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.grain_source import host_source
-from pipeline.plan.ledger import Ledger, config_mapping
+from pipeline.plan.ledger import Ledger, MixEntry, config_mapping, quantize
 from pipeline.plan.resume import reconcile
 from pipeline.read import objective
 from tests.feedstores import two_stage_raw
@@ -288,3 +288,17 @@ def test_set_mix_moves_the_objective_from_its_step_and_the_ledger_replays_it(sto
         docs = shares(replay, step, weights)["docs"]
         assert docs == pytest.approx(0.5 if step < 4 or step >= 10 else 0.75 if step < 6 else 0.8)
     assert len(replay.without_mixes_from(5).ledger.objectives) == 1  # a restore at 5 drops 6's
+
+
+def test_an_objective_set_before_a_scheduled_skip_keeps_the_skip(stores) -> None:
+    """A restore at step 2 that scheduled a skip of 3 at step 8 (`skip_at`), then an objective
+    entry at step 4: the entry goes into the segment it falls in, the skip stays scheduled
+    after it, and the steps before the skip weigh by the entry."""
+    config = parse_config(two_stage_raw(stores, objective={"code": 1, "docs": 1}), origin="o")
+    run = Plan.from_config(config)
+    scheduled = Plan(reconcile(run, config, 2, skip=3, skip_at=8), run.stores())
+    moved = scheduled.with_objective(MixEntry(4, quantize({"docs": 3, "code": 1}, "o")))
+    assert [(s.start_step, s.skip) for s in moved.ledger.segments] == [(0, 0), (8, 3)]
+    assert list(moved.ledger.objectives.steps) == [4]
+    assert shares(moved, 5, objective.step_weights(moved, 5))["docs"] == pytest.approx(0.75)
+    assert shares(moved, 3, objective.step_weights(moved, 3))["docs"] == pytest.approx(0.5)

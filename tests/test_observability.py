@@ -19,7 +19,7 @@ from pipeline.errors import ConfigError, FeedError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.feed.metrics import PREFIX
 from pipeline.feed.stats import Recorder, StepRead
-from pipeline.plan.plan import micro_batch_rows
+from pipeline.plan.rows import micro_batch_rows
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config, two_stage_raw

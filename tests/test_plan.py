@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
-from pipeline.plan.plan import DrawSummary, host_rows
+from pipeline.plan.plan import DrawSummary
 from pipeline.plan.row_layout import DOCUMENTS, WINDOWS
+from pipeline.plan.rows import host_rows
 from pipeline.read.plan import READERS, Plan, _readers
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import host_rows
 from pipeline.plan.report import ScheduledSources, target_shares
 from pipeline.plan.resume import reconcile
+from pipeline.plan.rows import host_rows
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store

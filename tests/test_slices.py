@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import parse_config
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store

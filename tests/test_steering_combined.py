@@ -17,8 +17,8 @@ from pipeline.config import parse_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.data_state import DataState, digest_of, verify, verify_ledger
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
-from pipeline.plan.plan import host_rows
 from pipeline.plan.resume import reconcile
+from pipeline.plan.rows import host_rows
 from pipeline.read.audit import audit
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pipeline import Plan, parse_config
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.ledger import MixEntry, quantize
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from tests.feedstores import two_stage_raw
 from tests.test_packing import write_masked_store
 

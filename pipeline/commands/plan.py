@@ -21,9 +21,10 @@ from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import data_state, skips
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.plan import Draws, host_rows
+from pipeline.plan.plan import Draws
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.row_layout import DOCUMENTS
+from pipeline.plan.rows import host_rows
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.read import objective
 from pipeline.read.audit import audit

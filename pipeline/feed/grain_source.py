@@ -27,7 +27,7 @@ import grain
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.plan.plan import host_rows
+from pipeline.plan.rows import host_rows
 from pipeline.read import objective
 from pipeline.read.plan import Plan
 

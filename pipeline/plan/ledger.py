@@ -239,10 +239,11 @@ class Ledger:
         """The ledger with `segment` appended; mix entries at or after its start are dropped
         (they were set ahead of the restore that appends it)."""
         start = segment.start_step
-        mixes, objectives = (table[: table.first_at(start)] for table in self._tables())
+        mixes, objectives = (table[: table.first_at(start)] for table in self.tables())
         return Ledger((*self.segments, segment), mixes, objectives)
 
-    def _tables(self) -> tuple[MixTable, MixTable]:
+    def tables(self) -> tuple[MixTable, MixTable]:
+        """The mix and objective entries, in the order `Ledger` takes them."""
         return self.mixes, self.objectives
 
     def with_mix(self, entry: MixEntry) -> Ledger:

@@ -38,7 +38,7 @@ Nothing here holds iterator state: resuming is calling `draws(step, rows)` with 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,15 +49,17 @@ from pipeline.config import DataConfig, SourceSpec
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import exclusion, row_layout
+from pipeline.plan.carry import holder
 from pipeline.plan.clock import StepClock
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.objective import stage_objectives
-from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind, order_key
+from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.plan.token_mix import TokenClock
 from pipeline.plan.transition import continued
+from pipeline.plan.vocabulary import check_one_vocabulary
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
@@ -434,18 +436,25 @@ class DrawPlan:
         segment it falls in is laid out again with it (an entry it cannot take raises, and
         nothing changes), and the counters of the skips scheduled after it follow it
         (`rederived`); stores and the earlier segments' plans are shared."""
+        ledger, index = self._recorded(entry, Ledger.with_mix)
+        steered = self.segment_plan(index).steered(ledger.mixes_of(index))
+        kept = {i: plan for i, plan in self._segments.items() if i < index}
+        plan = self._with_ledger(ledger, {**kept, index: steered})
+        return plan.rederived(index + 1)
+
+    def _recorded(
+        self, entry: MixEntry, record: Callable[[Ledger, MixEntry], Ledger]
+    ) -> tuple[Ledger, int]:
+        """The ledger with `entry` recorded by `record` in the segment it falls in, before the
+        skips scheduled after it, and that segment's index."""
         ledger = self.ledger
         index = ledger.segment_index(entry.step) if entry.step >= 0 else len(ledger.segments) - 1
         later = ledger.segments[index + 1 :]
         if not all(map(ledger.skips_only, range(index + 1, len(ledger.segments)))):
             later = ()  # not skips scheduled after the entry: `Ledger.with_mix` refuses it
-        head = Ledger(ledger.segments[: len(ledger.segments) - len(later)], ledger.mixes)
-        ledger = head.with_mix(entry)
-        ledger = Ledger((*ledger.segments, *later), ledger.mixes)
-        steered = self.segment_plan(index).steered(ledger.mixes_of(index))
-        kept = {i: plan for i, plan in self._segments.items() if i < index}
-        plan = self._with_ledger(ledger, {**kept, index: steered})
-        return plan.rederived(index + 1)
+        head = Ledger(ledger.segments[: len(ledger.segments) - len(later)], *ledger.tables())
+        head = record(head, entry)
+        return Ledger((*head.segments, *later), *head.tables()), index
 
     def rederived(self: P, first: int) -> P:
         """This plan with the counters of segments `first`.. (skips scheduled after a mix
@@ -465,7 +474,7 @@ class DrawPlan:
             segments = list(plan.ledger.segments)
             segments[index] = replace(segment, counters=counters)
             kept = {i: p for i, p in plan._segments.items() if i < index}
-            plan = plan._with_ledger(Ledger(tuple(segments), plan.ledger.mixes), kept)
+            plan = plan._with_ledger(Ledger(tuple(segments), *plan.ledger.tables()), kept)
         return plan
 
     def with_ledger(self: P, ledger: Ledger) -> P:
@@ -473,10 +482,10 @@ class DrawPlan:
         return self._with_ledger(ledger, {})
 
     def with_objective(self: P, entry: MixEntry) -> P:
-        """This plan with the objective `entry` recorded (`Ledger.with_objective`): the last
-        segment's plan takes it (its rows are unchanged: the objective only weighs them)."""
-        ledger = self.ledger.with_objective(entry)
-        index = len(ledger.segments) - 1
+        """This plan with the objective `entry` recorded (`Ledger.with_objective`) in the
+        segment it falls in, which takes it (its rows are unchanged: the objective only weighs
+        them)."""
+        ledger, index = self._recorded(entry, Ledger.with_objective)
         plan = copy.copy(self.segment_plan(index))
         plan.set_objectives(ledger.mixes_of(index, ledger.objectives))
         return self._with_ledger(ledger, {**self._segments, index: plan})
@@ -579,51 +588,6 @@ class DrawPlan:
             return self.store_set.meta(path, fingerprint, self.check_reads)
 
 
-def carries(previous: Segment, name: str, fingerprint: str, entry: Mapping[str, str]) -> bool:
-    """Whether source `name` (its store's `fingerprint`, its config `entry`) of a segment
-    draws the rows `previous` drew under that name: same store, same packing. Then its counter
-    carries over, so its epoch goes on."""
-    return previous.fingerprints.get(name) == fingerprint and order_key(
-        previous.config["sources"].get(name, {})
-    ) == order_key(entry)
-
-
-def holder(
-    segments: Sequence[Segment], index: int, name: str, fingerprint: str, entry: Mapping[str, str]
-) -> int | None:
-    """The last of segments 0..`index` that drew source `name` from the store `fingerprint`
-    with `entry`'s packing (`carries`), None if none did: a segment that takes over after
-    `index` continues that segment's counter and epochs for the source (docs/mixtures.md)."""
-    for held in range(index, -1, -1):
-        if carries(segments[held], name, fingerprint, entry):
-            return held
-    return None
-
-
-def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) -> None:
-    """Refuse stores (by config key) whose ids mean different things, unless the config says so.
-
-    Ids of two tokenizers index different vocabularies, and a trainer would size the model by
-    the larger one; `shared_vocabulary: true` declares that they agree on purpose (e.g. one
-    model file saved twice with different bytes). Reads the stores' manifests only.
-    """
-    if config.shared_vocabulary:
-        return
-    first_name, first = next(iter(stores.items()))
-    for name, meta in stores.items():
-        if meta.tokenizer_identity != first.tokenizer_identity:
-            raise ConfigError(
-                f"{config.origin}: {first_name} and {name} were prepared with "
-                f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(meta)}); prepare "
-                "them with one tokenizer, or set shared_vocabulary: true if their ids agree "
-                "on purpose"
-            )
-
-
-def _tokenizer(meta: StoreMeta) -> str:
-    return f"{meta.tokenizer['name']}, vocab {meta.tokenizer['vocab_size']}"
-
-
 def _layout(
     spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
 ) -> RowLayout:
@@ -632,19 +596,3 @@ def _layout(
     if spec.exclude is not None:
         return exclusion.build(spec, meta, config, open_store)
     return layout_kind(spec.packing).build(spec, meta, config, open_store)
-
-
-def host_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:
-    """The contiguous block of rows a process holds when the batch is split evenly."""
-    if global_batch_size % process_count:
-        raise ConfigError(
-            f"global_batch_size {global_batch_size} is not divisible by {process_count} processes"
-        )
-    per = global_batch_size // process_count
-    return np.arange(process_index * per, (process_index + 1) * per)
-
-
-def micro_batch_rows(global_batch_size: int, grad_accum: int, micro_batch: int) -> np.ndarray:
-    """Rows of micro-batch `micro_batch`: consecutive slices of the step's rows, in order."""
-    size = global_batch_size // grad_accum
-    return np.arange(micro_batch * size, (micro_batch + 1) * size)

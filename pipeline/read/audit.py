@@ -31,8 +31,8 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.plan.packing import PackingStats
-from pipeline.plan.plan import host_rows
 from pipeline.plan.row_layout import DOCUMENTS
+from pipeline.plan.rows import host_rows
 from pipeline.progress import progress_bar
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan

@@ -11,8 +11,8 @@ import dataclasses
 from pipeline.config import DataConfig, SourceSpec, StageSpec
 from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError
-from pipeline.plan.plan import check_one_vocabulary
 from pipeline.plan.sources import load_metas
+from pipeline.plan.vocabulary import check_one_vocabulary
 from pipeline.read.plan import Plan
 from pipeline.wording import counted
 
