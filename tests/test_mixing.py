@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.plan.mixing import Mixture
+from pipeline.plan.mixing import Mixture, Steered
 
 weights = st.floats(0.0, 10.0, allow_nan=False)
 
@@ -93,3 +93,44 @@ def test_far_positions_cost_what_near_ones_cost_and_agree_with_the_tail():
     counts = mixture.counts(np.array([far]))[0]
     assert counts.sum() == far
     assert abs(counts[1] - (4 + (far - 8) * 0.75)) <= 0.5 + 1e-6
+
+
+def grown(mixture: Mixture | Steered, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source, its count before) of each position as every source's count defines it: the
+    source whose count grows over the position (what `sources` finds walking one path)."""
+    before, after = mixture.counts(np.stack([positions, positions + 1]))
+    assert ((after - before).sum(axis=-1) == 1).all()
+    source = np.argmax(after - before, axis=-1)
+    return source, before[np.arange(positions.size), source]
+
+
+@settings(max_examples=100, deadline=None)
+@given(mixtures(max_sources=40), st.integers(0, 10**12))
+def test_a_rows_walk_down_the_tree_finds_the_source_whose_count_grows(mix, far):
+    mixture = Mixture(*mix)
+    # every position of the pieces and their boundaries, and far ones (the tail)
+    positions = np.concatenate([np.arange(200), far + np.arange(50)])
+    source, before = mixture.sources(positions)
+    expected = grown(mixture, positions)
+    np.testing.assert_array_equal(source, expected[0])
+    np.testing.assert_array_equal(before, expected[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 40),
+    st.lists(st.tuples(st.integers(1, 12), st.integers(0, 2**31 - 1)), min_size=1, max_size=4),
+    st.integers(1, 4),
+)
+def test_a_steered_rows_walk_finds_the_source_whose_count_grows(sources, sets, rows):
+    base = Mixture(np.zeros((0, sources)), np.arange(1.0, sources + 1), rows)
+    steps = np.cumsum([gap for gap, _ in sets])
+    seeds = [np.random.default_rng(seed) for _, seed in sets]
+    weights = np.array([rng.integers(0, 6, sources) for rng in seeds])  # small: ties round
+    weights[:, 0] += 1  # no piece without weight
+    mixture = Steered(base, steps, steps * rows, weights)
+    positions = np.arange(int(steps[-1] + 5) * rows)
+    source, before = mixture.sources(positions)
+    expected = grown(mixture, positions)
+    np.testing.assert_array_equal(source, expected[0])
+    np.testing.assert_array_equal(before, expected[1])

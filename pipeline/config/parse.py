@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -216,12 +217,18 @@ class DataConfig:
         """The batch the schedule ends at (the batch itself when constant)."""
         return self.batch_sizes[-1][1]
 
-    @property
+    @cached_property
     def source_names(self) -> tuple[str, ...]:
+        """Asked for at every step: built once (a mixture may have hundreds of sources)."""
         return tuple(s.name for s in self.sources)
 
     def source(self, name: str) -> SourceSpec:
-        return next(s for s in self.sources if s.name == name)
+        return self._by_name[name]
+
+    @cached_property
+    def _by_name(self) -> dict[str, SourceSpec]:
+        """The sources by name: a plan asks for each of hundreds once."""
+        return {s.name: s for s in self.sources}
 
 
 def load_config(path: str | Path) -> DataConfig:

@@ -54,11 +54,11 @@ class StepRead:
         cls, segment: SegmentPlan, rows: np.ndarray, started: float, finished: float | None = None
     ) -> StepRead:
         """`rows` [source index of the segment] read from `started` to `finished` (now)."""
-        length = segment.config.seq_len
+        length, names = segment.config.seq_len, segment.config.source_names
+        drawn = np.flatnonzero(rows).tolist()  # the sources read, not every source of the mix
         served = tuple(
             (name, n, n * length, n * (length + 1) * segment.layouts[name].meta.dtype.itemsize)
-            for name, n in zip(segment.config.source_names, rows.tolist())
-            if n
+            for name, n in ((names[k], int(rows[k])) for k in drawn)
         )
         return cls(served, started, time.perf_counter() if finished is None else finished)
 

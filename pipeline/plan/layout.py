@@ -18,6 +18,7 @@ epoch `e` is the same bijection on the shard indices, keyed per (seed, source, e
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import ClassVar
@@ -43,6 +44,8 @@ from pipeline.wording import counted
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
 # (a few ms) and cached, so a draw is a lookup; above, each draw's window is computed on its own.
 SMALL_DOMAIN = 1 << 16
+# What `window_draws` reads of each drawn source's layout, in one array.
+FIGURES = ("windows_per_lane", "first_counter", "first_epoch", "lane_tokens", "seq_len")
 
 
 class SourceLayout(Epochs):
@@ -198,39 +201,51 @@ def window_draws(
     source). The drawn sources must be concat ones (`SourceLayout`); a draw in a transitional
     epoch (`Epochs`) takes its window from the transition's order and stream."""
     which, counter, lane = (np.asarray(a, dtype=np.int64) for a in (which, counter, lane))
-    windows, first, first_epoch = (
-        np.array([getattr(layout, key) for layout in layouts], dtype=np.int64)
-        for key in ("windows_per_lane", "first_counter", "first_epoch")
-    )
-    epoch, k = np.divmod(counter - first[which], windows[which])
-    epoch += first_epoch[which]
-    early = counter < first[which]
+    # the drawn sources' figures only (a mixture may have hundreds, a step draws a few)
+    drawn, own = np.unique(which, return_inverse=True)
+    drawn_layouts = [layouts[k] for k in drawn.tolist()]
+    figures = np.array(
+        [[getattr(layout, key) for key in FIGURES] for layout in drawn_layouts], dtype=np.int64
+    )[own.reshape(-1)]
+    per_lane, first, first_epoch, lane_tokens, seq_len = figures.T
+    epoch, k = np.divmod(counter - first, per_lane)
+    epoch += first_epoch
+    early = counter < first
     if early.any():  # in a transitional epoch (the first counter of a layout without is 0)
         t_epoch, t_counter = (
-            np.array([getattr(layout.transition, key, 0) for layout in layouts], dtype=np.int64)
+            np.array([getattr(layout.transition, key, 0) for layout in drawn_layouts],
+                     dtype=np.int64)[own.reshape(-1)[early]]
             for key in ("epoch", "counter")
-        )
-        epoch[early] = t_epoch[which[early]]
-        k[early] = counter[early] - t_counter[which[early]]
+        )  # fmt: skip
+        epoch[early] = t_epoch
+        k[early] = counter[early] - t_counter
     groups: dict[tuple[int, int, int, bool], list[int]] = {}
-    keys = zip(which.tolist(), epoch.tolist(), lane.tolist(), early.tolist())
-    for row, key in enumerate(keys):
+    row_keys = zip(which.tolist(), epoch.tolist(), lane.tolist(), early.tolist())
+    for row, key in enumerate(row_keys):
         groups.setdefault(key, []).append(row)
-    window, start = np.empty_like(k), np.empty_like(k)
+    # A step's rows fall in up to one group each: per group, plain Python on its rows' ints
+    # (a numpy call per group would cost more than the group's lookups).
+    window, positions = [0] * k.size, k.tolist()
     for (source, e, ln, transitional), rows in groups.items():
         layout = layouts[source]
         if transitional:
-            transition = layout.transition
-            window[rows] = transition.order(layout, ln)[k[rows]]
-            start[rows] = ln * transition.lane_tokens + window[rows] * layout.seq_len
-            continue
-        if layout.windows_per_lane <= SMALL_DOMAIN:
+            order = layout.transition.order(layout, ln)
+        elif layout.windows_per_lane <= SMALL_DOMAIN:
             order = window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
-            window[rows] = order[k[rows]]
         else:  # every draw on its own
-            window[rows] = permute(k[rows], layout.windows_per_lane, layout._window_keys(e, ln))
-        start[rows] = ln * layout.lane_tokens + window[rows] * layout.seq_len
-    return epoch, window, start
+            mine = np.array([positions[r] for r in rows], dtype=np.int64)
+            values = permute(mine, layout.windows_per_lane, layout._window_keys(e, ln))
+            for r, value in zip(rows, values.tolist()):
+                window[r] = value
+            continue
+        for r in rows:
+            window[r] = order.item(positions[r])
+    windows = np.array(window, dtype=np.int64)
+    if early.any():  # a transitional epoch's lanes are its stream's
+        lane_tokens = lane_tokens.copy()
+        transitions = [getattr(layout.transition, "lane_tokens", 0) for layout in drawn_layouts]
+        lane_tokens[early] = np.array(transitions, dtype=np.int64)[own.reshape(-1)[early]]
+    return epoch, windows, lane * lane_tokens + windows * seq_len
 
 
 def window_pieces(
@@ -250,20 +265,22 @@ def window_pieces(
         return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
     count = len(layouts)
     keys, stream = np.unique(epochs * count + which, return_inverse=True)
-    bases, bounds, shards, owners, offsets, base = [], [], [], [], [], 0
-    for key in keys.tolist():
-        epoch, k = divmod(key, count)
-        order, shard_bounds, offset = layouts[k]._shard_starts(epoch)
-        bases.append(base)
-        bounds.append(shard_bounds[:-1] + base)
-        shards.append(order)
-        offsets.append(offset)
-        owners.append(np.full(order.size, k, dtype=np.int64))
-        base += int(shard_bounds[-1])
-    bounds.append(np.array([base], dtype=np.int64))
-    bounds, shards, owners, offsets = (np.concatenate(a) for a in (bounds, shards, owners, offsets))
+    # one shard table a (source, epoch) stream, laid end to end: a few Python calls each, the
+    # numpy work done once over all of them (a step may draw from dozens of sources)
+    tables = [
+        layouts[k]._shard_starts(epoch)
+        for epoch, k in map(divmod, keys.tolist(), itertools.repeat(count))
+    ]
+    sizes = np.array([len(order) for order, _, _ in tables], dtype=np.int64)
+    ends = np.cumsum([int(shard_bounds[-1]) for _, shard_bounds, _ in tables], dtype=np.int64)
+    bases = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    bounds = np.concatenate([shard_bounds[:-1] for _, shard_bounds, _ in tables])
+    bounds = np.append(bounds + np.repeat(bases, sizes), ends[-1])
+    shards = np.concatenate([order for order, _, _ in tables])
+    offsets = np.concatenate([offset for _, _, offset in tables])
+    owners = np.repeat(keys % count, sizes)
     length = layouts[0].seq_len + 1
-    start = starts + np.asarray(bases, dtype=np.int64)[stream.reshape(-1)]
+    start = starts + bases[stream.reshape(-1)]
     first = np.searchsorted(bounds, start, side="right") - 1
     pieces = np.searchsorted(bounds, start + length, side="left") - first
     window = np.repeat(np.arange(start.size), pieces)

@@ -21,14 +21,19 @@ Omega and C are precomputed per node only at piece boundaries (cumulative sums);
 piece is found by bisection. Memory and time grow with the number of pieces, never with the
 step (a schedule point at step 10^12 costs what one at step 10 costs). With one piece per step
 this is exactly the per-step sum.
+
+Drawing a step's rows (`sources`) walks each row down the tree to its source
+(`mix_tree.descend`): ~log2(K) nodes a row, not the K - 1 that counting every source takes, so
+a step costs the same with 256 sources as with 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from pipeline.plan.mix_tree import Tree, descend
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,16 @@ class Mixture:
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._splits: list[_Split] = []
         self._build(0, self.num_sources, self.piece_starts)
+        # the splits as flat [tree nodes x (P + 1)] tables (pass-through nodes: zeros), for
+        # `sources` to gather one node a row
+        self._tree = Tree(self.num_sources)
+        real = np.flatnonzero(self._tree.split >= 0)
+        self._tables = []
+        for key, dtype in (("cum_omega", np.float64), ("omega", np.float64), ("count", np.int64)):
+            table = np.zeros((len(self._tree.split), len(self.piece_starts)), dtype)
+            for node in real.tolist():
+                table[node] = getattr(self._splits[self._tree.split[node]], key)
+            self._tables.append(table.reshape(-1))
 
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at `step`."""
@@ -113,7 +128,25 @@ class Mixture:
         positions = np.asarray(positions, dtype=np.int64)
         if self.num_sources == 1:  # every position is the only source's, its count the position
             return np.zeros_like(positions), positions.copy()
-        return _drawn(self.counts, positions)
+        flat = positions.reshape(-1)
+        before, after = np.searchsorted(self.piece_starts, (flat, flat + 1), side="right") - 1
+        if (before == after).all():  # no row ends a piece: one gather a level
+            after = before
+        source, count = descend(self._tree, self._left_pair, flat, before, after)
+        return source.reshape(positions.shape), count.reshape(positions.shape)
+
+    def _left_pair(
+        self, node: np.ndarray, before: np.ndarray, after: np.ndarray, count: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The left counts of `node`s after `count` rows (in pieces `before`) and after
+        `count + 1` (in pieces `after`): `counts`' formula, on one node a row."""
+        width = len(self.piece_starts)
+        cum, omega, received = (table.take(node * width + before) for table in self._tables)
+        left = np.floor(cum + omega * (count - received) + 0.5).astype(np.int64)
+        if after is not before:
+            cum, omega, received = (table.take(node * width + after) for table in self._tables)
+        left_after = np.floor(cum + omega * (count + 1 - received) + 0.5).astype(np.int64)
+        return left, left_after
 
     def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
         if hi - lo == 1:
@@ -196,6 +229,9 @@ class Steered:
         own = base.starts[base.starts < self.set_steps[0]]
         self.starts = np.concatenate([own, self.set_steps])
         self.horizon = int(self.set_steps[-1])
+        # each piece's weights summed from source 0: a node's weights are two differences
+        self._prefix = np.zeros((len(self.set_weights), self.num_sources + 1), np.int64)
+        np.cumsum(self.set_weights, axis=1, out=self._prefix[:, 1:])
 
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at stage-local `step`."""
@@ -219,15 +255,37 @@ class Steered:
         return out
 
     def sources(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source index, that source's count before the row) for each position."""
-        return _drawn(self.counts, np.asarray(positions, dtype=np.int64))
+        """(source index, that source's count before the row) for each position: a row of
+        piece e is the row `positions - start_e` of `fixed_counts(w_e)`, walked down the tree
+        (`mix_tree.descend`), after the counts at start_e (the next piece's counts at its
+        start are this piece's there, so a piece's last row needs no other)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        flat = positions.reshape(-1)
+        piece = np.searchsorted(self.positions, flat, side="right") - 1
+        source, count = np.empty_like(flat), np.empty_like(flat)
+        early = piece < 0
+        if early.any():
+            source[early], count[early] = self.base.sources(flat[early])
+        late = ~early
+        if late.any():
+            e = piece[late]
+            since = flat[late] - self.positions[e]
+            drawn, before = descend(self.base._tree, self._left_pair, since, e, e)
+            source[late], count[late] = drawn, self.at[e, drawn] + before
+        return source.reshape(positions.shape), count.reshape(positions.shape)
 
+    def _left_pair(
+        self, node: np.ndarray, piece: np.ndarray, same: np.ndarray, count: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The left counts of `node`s after `count` and `count + 1` rows under piece `piece`'s
+        weights (`same`: the piece again): `fixed_counts`' integer formula, one node a row."""
+        tree, prefix = self.base._tree, self._prefix
+        low = prefix[piece, tree.lo[node]]
+        left_weight = prefix[piece, tree.mid[node]] - low
+        total = prefix[piece, tree.hi[node]] - low
 
-def _drawn(
-    counts: Callable[[np.ndarray], np.ndarray], positions: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(source, its count before the row) of each position, from a counting function: the
-    source whose count grows over the position."""
-    before, after = counts(np.stack([positions, positions + 1]))  # one pass for both
-    source = np.argmax(after - before, axis=-1)
-    return source, np.take_along_axis(before, source[..., None], axis=-1)[..., 0]
+        def left(n: np.ndarray) -> np.ndarray:
+            q, r = np.divmod(n, np.maximum(total, 1))
+            return q * left_weight + (2 * r * left_weight + total) // np.maximum(2 * total, 1)
+
+        return left(count), left(count + 1)

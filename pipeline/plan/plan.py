@@ -114,10 +114,12 @@ class Draws:
 
     def summary(self) -> DrawSummary:
         stages = {(self.segment_index, self.stage_names[s]) for s in np.unique(self.stage)}
-        epochs = {
-            self.source_names[s]: int(self.epoch[self.source == s].max())
-            for s in np.unique(self.source).tolist()
-        }
+        # the highest epoch of each drawn source: one sort, not a pass over the rows a source
+        order = np.lexsort((self.epoch, self.source))
+        source, epoch = self.source[order], self.epoch[order]
+        last = np.flatnonzero(np.append(source[1:] != source[:-1], source.size > 0))
+        names = self.source_names
+        epochs = {names[s]: e for s, e in zip(source[last].tolist(), epoch[last].tolist())}
         return DrawSummary(frozenset(stages), epochs)
 
 
@@ -162,6 +164,8 @@ class SegmentPlan:
             raise ConfigError(f"{config.origin}: {error}") from error
         for name, before in (previous or {}).items():  # a geometry change: epochs go on
             self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
+        # in source order, as draws index them (one list for every step, not one a step)
+        self.ordered_layouts = tuple(self.layouts[name] for name in config.source_names)
         carried = np.array([segment.counters[name] for name in config.source_names])
         joined = self.anchor != segment.start_step
         if joined:  # continue the layout where it places the start
@@ -566,9 +570,7 @@ class DrawPlan:
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         names = plan.config.source_names
-        epoch, window, start = row_layout.draw(
-            [plan.layouts[n] for n in names], source, counter, lane
-        )
+        epoch, window, start = row_layout.draw(plan.ordered_layouts, source, counter, lane)
         stages = tuple(stage.spec.name for stage in plan.table.stages)
         return Draws(
             step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start

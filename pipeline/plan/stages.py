@@ -68,6 +68,11 @@ class StageLayout:
     first_step: int  # the step that holds the stage's first row (anchor-relative)
 
     @cached_property
+    def source_indexes(self) -> np.ndarray:
+        """`sources` as an array, to index with a step's draws (built once, not per step)."""
+        return np.array(self.sources, dtype=np.int64)
+
+    @cached_property
     def offsets(self) -> np.ndarray:
         """[stage sources] the mixture's counts before the stage's first row (a draw's
         counter is counted from there); asked for on every step, so computed once."""
@@ -149,7 +154,7 @@ class StageTable:
             layout = self.stages[index]
             mask = stage == index
             local = layout.mixture.sources(positions[mask] - layout.schedule_start)
-            chosen = np.asarray(layout.sources)[local[0]]
+            chosen = layout.source_indexes[local[0]]
             source[mask] = chosen
             counter[mask] = layout.counters_at_start[chosen] + local[1] - layout.offsets[local[0]]
         return stage, source, counter

@@ -66,8 +66,7 @@ class Plan(DrawPlan):
         whole-document source's rows on their own (`document_fields`); into zeros when
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
-        layouts = [plan.layouts[name] for name in draws.source_names]
-        groups = _readers(layouts, self.store_set.open, draws.source, packed)
+        groups = _readers(plan.ordered_layouts, self.store_set.open, draws.source, packed)
         rows = (draws.source, draws.epoch, draws.window, draws.start)
         if len(groups) == 1:  # no fancy-index copies when one reader reads every row
             return groups[0][0](*rows)

@@ -1,0 +1,82 @@
+"""The balanced binary tree of a mixture's sources, and a row's walk down it to its source.
+
+`mixing` splits the sources [0, K) at `mid = (lo + hi) // 2`, recursively; each internal node
+gives its left half `left(count)` of the rows it has received (a rounded running target). The
+source of lane position p is the leaf whose count grows from p to p + 1. Counting every
+source (`Mixture.counts`) evaluates all K - 1 nodes; the one source of a row is found by
+evaluating only the nodes on its path, about log2(K): at a node that has received c rows
+before p (so c + 1 before p + 1), the row goes left when the left half's count grows,
+`left(c + 1) > left(c)`, and the child has received `left(c)` rows before p (`c - left(c)` on
+the right). The numbers are those `counts` computes, node by node, so the sources and counts
+are the same, bit for bit; a step's cost is its rows times the depth, whatever the number of
+sources.
+
+So that every row walks the same number of levels (one vectorised pass a level, nothing to
+set aside), a leaf above the deepest level hangs below a chain of pass-through nodes: both
+children the leaf, and parameters that make `left` 0 (every row goes right and keeps its
+count), which both `mixing` formulas give for all-zero parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# (nodes, the rows' keys before, after, their counts c) -> (left(c), left(c + 1)) of each
+LeftPair = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
+
+
+class Tree:
+    """The tree over `count` sources, every leaf at depth `depth`. Node i (0 the root) splits
+    sources [lo[i], hi[i]) at mid[i]; `split[i]` is its index among the real splits in the
+    order `mixing` builds them (pre-order: a node, its left subtree, its right), -1 for a
+    pass-through node (lo = mid = hi = 0); `children[i]` are its left and right child, a node
+    index, or `-1 - source` for a leaf."""
+
+    def __init__(self, count: int) -> None:
+        self.depth = (count - 1).bit_length()  # of the deepest leaf of the balanced splits
+        nodes: list[tuple[int, int, int, int]] = []  # lo, mid, hi, split
+        children: list[list[int]] = []
+        splits = 0
+
+        def node(lo: int, mid: int, hi: int, split: int) -> int:
+            nodes.append((lo, mid, hi, split))
+            children.append([0, 0])
+            return len(nodes) - 1
+
+        def build(lo: int, hi: int, level: int) -> int:
+            nonlocal splits
+            if hi - lo == 1:
+                if level == self.depth:
+                    return -1 - lo
+                index = node(0, 0, 0, -1)  # pass-through
+                below = build(lo, hi, level + 1)
+                children[index] = [below, below]
+                return index
+            mid = (lo + hi) // 2
+            index = node(lo, mid, hi, splits)
+            splits += 1
+            children[index] = [build(lo, mid, level + 1), build(mid, hi, level + 1)]
+            return index
+
+        build(0, count, 0)
+        table = np.array(nodes, dtype=np.int64).reshape(-1, 4)
+        self.lo, self.mid, self.hi, self.split = table.T
+        self.children = np.array(children, dtype=np.int64).reshape(-1)  # [2 * node + right]
+
+
+def descend(
+    tree: Tree, left_pair: LeftPair, received: np.ndarray, before: np.ndarray, after: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source, that source's count before the row) of rows whose root has received `received`
+    rows before them: `left_pair(nodes, before, after, c)` gives each row's node's left count
+    after c rows (under the row's key `before`) and after c + 1 (under `after`)."""
+    node = np.zeros(received.shape, np.int64)
+    count = received.astype(np.int64)
+    for _ in range(tree.depth):
+        left, left_after = left_pair(node, before, after, count)
+        right = left_after <= left  # the row goes right when the left count does not grow
+        count = np.where(right, count - left, left)
+        node = tree.children[2 * node + right]
+    return -1 - node if tree.depth else node, count
