@@ -2,11 +2,12 @@
 
 A feed that reads every shard of a large corpus over an epoch would otherwise keep a reader (and
 its chunk index), the indexes and the sidecar map of every shard it ever read: host memory would
-grow with the corpus. `ShardReaders` keeps at most `max_open` shards open per store and closes
-the least recently read; it serialises each shard's reader and first use behind the shard's own
-lock, and retries a read that failed transiently on a fresh reader. What a shard's first use
-checks and keeps is the store's (`TokenStore`, `shard_check`); this module opens, bounds, retries
-and closes.
+grow with the corpus. `ShardReaders` keeps at most `max_open` shards open per store, and every
+store's shards count against the process's one bound (`open_shards`, sized from its open-file
+limit), the least recently read closed first beyond either; it serialises each shard's reader
+and first use behind the shard's own lock, and retries a read that failed transiently on a
+fresh reader. What a shard's first use checks and keeps is the store's (`TokenStore`,
+`shard_check`); this module opens, bounds, retries and closes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +22,7 @@ from typing import TypeVar
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
+from pipeline.store import open_shards
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.store.store_files import FileIdentity
 from pipeline.urls import is_url
@@ -94,8 +95,8 @@ class ShardReaders:
         self.retry = retry
         self.locks = [threading.Lock() for _ in range(count)]
         self._readers: list[ArrayRecordReader | None] = [None] * count
-        self._open: OrderedDict[int, None] = OrderedDict()  # open shards, least recent first
-        self._open_lock = threading.Lock()
+        self._pool = open_shards.pool()  # the order and bounds of the open shards
+        self._serial = self._pool.register(self, max_open)
         self._new_reader, self._first_read = new_reader, first_read
         self._on_drop, self._name = on_drop, name
 
@@ -134,27 +135,26 @@ class ShardReaders:
         self._readers[shard] = reader
 
     def touch(self, shard: int) -> None:
-        """Mark the shard most recently read; close the least recent beyond the bound (one
-        that another thread is reading right now is skipped and closed later)."""
-        with self._open_lock:
-            self._open[shard] = None
-            self._open.move_to_end(shard)
-            over = len(self._open) - self.max_open
-            if over <= 0:  # the common case on the read path: nothing to scan
-                return
-            excess = [s for s in self._open if s != shard][:over]
-        for victim in excess:
-            lock = self.locks[victim]
-            if lock.acquire(blocking=False):
-                try:
-                    self._drop(victim)
-                    with self._open_lock:
-                        self._open.pop(victim, None)
-                finally:
-                    lock.release()
+        """Mark the shard most recently read; close the least recently read shards beyond this
+        store's bound and the process's (`open_shards`; one that another thread is reading
+        right now is skipped and closed later)."""
+        self._pool.touch(self._serial, shard)
+
+    def evict(self, shard: int) -> bool:
+        """Close the shard (`open_shards` asks), unless a thread holds its lock; whether it
+        did."""
+        lock = self.locks[shard]
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            self._drop(shard)
+        finally:
+            lock.release()
+        return True
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
+        self._pool.clear(self._serial)
         failures = []
         for shard, lock in enumerate(self.locks):
             with lock:

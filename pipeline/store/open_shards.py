@@ -1,0 +1,196 @@
+"""The process's one bound on open shards, across every store, sized from its open-file limit.
+
+An open shard holds a file descriptor: its ArrayRecord reader's, or its flat sidecar's memory
+map (Python's `mmap` keeps a duplicate of the descriptor until the map is closed), and a
+mapping. Each store bounds its own open shards (`ShardReaders.max_open`), but a mixture of
+hundreds of stores would still open hundreds of times that many: 256 sources of 8 shards hit
+a `ulimit -n` of 1,024 within 40 steps ("Too many open files"). So every store's shards also
+count against one process-wide bound, `OpenShards.limit`, and the least recently used shard of
+any store is closed first beyond it.
+
+The limit is half the soft `RLIMIT_NOFILE` (the rest is left to JAX, checkpoints, sockets and
+the user's own files), at most `MAX_OPEN_FILES`, or $PIPELINE_MAX_OPEN_FILES. Before sizing
+it, the soft limit is raised to the hard limit where the process may (on Linux any process
+may raise its soft limit up to its hard one), and the raise is logged once: an image whose
+default soft limit is 1,024 then keeps more shards open, a process whose hard limit is 1,024
+stays correct (it reopens shards more often).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import resource
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.errors import StoreError
+
+log = logging.getLogger("pipeline")
+
+MAX_OPEN_FILES = 16384  # the default's cap: a quarter of Linux's default vm.max_map_count
+MIN_OPEN_FILES = 8  # the least the bound allows, whatever the limit (a read opens one shard)
+OPEN_FILES_ENV = "PIPELINE_MAX_OPEN_FILES"  # overrides the bound sized from the limit
+
+
+class Owner(Protocol):
+    """What the pool needs of a store's shards (`ShardReaders`)."""
+
+    def evict(self, shard: int) -> bool:
+        """Close the shard if no thread is reading it now; whether it did."""
+        ...
+
+
+@dataclass
+class _Owned:
+    """One owner's place in the pool: the owner (weakly: a store nobody closed is still
+    collected, and its shards leave the pool then), its own bound and its open shards."""
+
+    owner: weakref.ref[Owner]
+    max_open: int
+    shards: OrderedDict[int, None]  # open, least recently used first
+
+
+class OpenShards:
+    """The open shards of every store of the process, least recently used first, bounded by
+    `limit` in all and by each owner's `max_open`. `touch` marks a shard used and closes, via
+    its owner's `evict`, those beyond either bound; a shard its owner cannot close right now
+    (a thread is reading it) stays open and is closed by a later touch."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._open: OrderedDict[tuple[int, int], None] = OrderedDict()  # (owner, shard)
+        self._owners: dict[int, _Owned] = {}
+        self._serials = itertools.count()
+
+    def register(self, owner: Owner, max_open: int) -> int:
+        """A new owner, bounded by `max_open` shards of its own: its number, for `touch`,
+        `forget` and `clear`."""
+        serial = next(self._serials)
+        with self._lock:
+            self._owners[serial] = _Owned(weakref.ref(owner), max_open, OrderedDict())
+        weakref.finalize(owner, self._unregister, serial)
+        return serial
+
+    def touch(self, serial: int, shard: int) -> None:
+        """Mark the owner's shard most recently used; close the least recently used shards
+        beyond the owner's bound, then beyond the process's."""
+        key = (serial, shard)
+        with self._lock:
+            owned = self._owners[serial]
+            if key in self._open:
+                self._open.move_to_end(key)
+                owned.shards.move_to_end(shard)
+            else:
+                self._open[key] = None
+                owned.shards[shard] = None
+            mine = len(owned.shards) - owned.max_open
+            if mine <= 0 and len(self._open) <= self.limit:  # the read path's common case
+                return
+            victims = []
+            if mine > 0:
+                victims = [(serial, s) for s in itertools.islice(owned.shards, mine + 1)]
+                victims = [v for v in victims if v != key][:mine]
+            over = len(self._open) - len(victims) - self.limit
+            if over > 0:
+                chosen = set(victims)
+                others = (k for k in self._open if k != key and k not in chosen)
+                victims += itertools.islice(others, over)
+            closing = [(self._owners[s].owner(), s, victim) for s, victim in victims]
+        for owner, owner_serial, victim in closing:
+            if owner is None or owner.evict(victim):
+                self.forget(owner_serial, victim)
+
+    def forget(self, serial: int, shard: int) -> None:
+        """The owner closed the shard."""
+        with self._lock:
+            self._open.pop((serial, shard), None)
+            owned = self._owners.get(serial)
+            if owned is not None:
+                owned.shards.pop(shard, None)
+
+    def clear(self, serial: int) -> None:
+        """The owner closed every shard."""
+        with self._lock:
+            owned = self._owners.get(serial)
+            for shard in owned.shards if owned is not None else ():
+                self._open.pop((serial, shard), None)
+            if owned is not None:
+                owned.shards.clear()
+
+    def open_count(self) -> int:
+        """Shards open now, in every store."""
+        with self._lock:
+            return len(self._open)
+
+    def _unregister(self, serial: int) -> None:
+        """Forget a collected owner and its shards."""
+        self.clear(serial)
+        with self._lock:
+            self._owners.pop(serial, None)
+
+
+def raise_soft_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit where allowed (logged once, by the
+    caller's first pool); returns (soft before, soft now)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY:
+        target = _nr_open(hard)
+    else:
+        target = hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # not allowed here: keep the soft limit
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+def _nr_open(hard: int) -> int:
+    """The most a process may set its open-file limit to, when the hard limit is unlimited."""
+    try:
+        with open("/proc/sys/fs/nr_open") as file:
+            return int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1 << 20 if hard == resource.RLIM_INFINITY else hard
+
+
+def limit_from(soft: int) -> int:
+    """The bound for a soft open-file limit `soft`, or $PIPELINE_MAX_OPEN_FILES."""
+    text = os.environ.get(OPEN_FILES_ENV, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise StoreError(f"${OPEN_FILES_ENV}: expected a number of files >= 1, got {text!r}")
+        return int(text)
+    return max(MIN_OPEN_FILES, min(MAX_OPEN_FILES, soft // 2))
+
+
+_POOL: OpenShards | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> OpenShards:
+    """The process's pool: made at the first store's open, after raising the soft limit."""
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                before, soft = raise_soft_limit()
+                made = OpenShards(limit_from(soft))
+                said = f"RLIMIT_NOFILE {soft:,}"
+                if soft > before:
+                    said = f"raised the soft RLIMIT_NOFILE from {before:,} to {soft:,} (hard limit)"
+                log.info(
+                    "open files: %s; at most %d shards stay open at once across all stores ($%s)",
+                    said,
+                    made.limit,
+                    OPEN_FILES_ENV,
+                )
+                _POOL = made
+    return _POOL
