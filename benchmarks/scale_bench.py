@@ -14,6 +14,20 @@ the figures until all are in (typically 2 a window; the worst from stragglers' s
 reads), summed over the processes.
 Nothing is timed: the figures are the periods'; benchmarks/rpc_bench.py counts a real job's.
 
+`--mixtures` plans one host of a 64- and a 4,096-host job (2 rows per host, seq_len 2,048) over
+mixtures of 35 and 256 sources (`mixture_bench`'s stores: 8 shards each, 2^24 tokens in all;
+8 lanes),
+a fresh process reads the last host's rows of `--mixture-steps` consecutive steps from a
+restored step and reports its memory (resident, anonymous), the shards it holds open, and the
+requests the same stores in a bucket would get, as a `gs://` store is read from its sidecars'
+64 KiB blocks (docs/big-mixtures.md): one ranged request per block read for the first time
+(counted from the blocks the local store checks on their first read), 3 per shard first used
+(its two indexes and its block checksums) and one per store opened (its manifest). Requests a
+second for the whole job are these times the hosts, at 1 s a step: at a synchronized restart
+every host's store opens and first step at once; in steady state the mean over the steps.
+With a warm cache tier (`feed: {cache: ...}`) a restart asks each store's identity only (one
+request a store a host) and reads the rest from the host's disk.
+
 `--gcs` measures only the start from a `gs://` store: the 10- and 1,000-shard stores are
 uploaded to a local Cloud Storage API server (gcp-storage-emulator, as in the tests) and read
 back from there; each row ends with a new process's time to its first batch (the first open,
@@ -266,6 +280,88 @@ def print_request_rates(bucket_stores: int = 4, feeds: int = 2) -> None:
         )
 
 
+FIRST_USE_REQUESTS = 3  # a shard's first use from gs://: its two indexes, its block checksums
+MIXTURE_HOSTS = (64, 4096)
+MIXTURE_SOURCES = (35, 256)
+MIXTURE_LANES = 8  # 256 stores of 2^16 tokens: 3 windows of 2,049 tokens a lane
+
+
+def measure_host(sources: int, hosts: int, steps: int, directory: str) -> dict:
+    """The last host of `hosts` reading its 2 rows a step of a `sources` mixture."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import mixture_bench
+
+    from pipeline.store import open_shards
+    from pipeline.store.flat_blocks import FlatBlocks
+    from pipeline.store.token_store import TokenStore
+
+    counts = {"blocks": 0, "first_uses": 0}  # blocks: 64 KiB blocks read a first time
+    read_blocks, open_locked = FlatBlocks.read, TokenStore._open_shard_locked
+
+    def read(self, start, stop):
+        counts["blocks"] += self.checked[
+            start >> self.shift : ((stop - 1) >> self.shift) + 1
+        ].count(0)
+        return read_blocks(self, start, stop)
+
+    def first_use(self, shard):
+        counts["first_uses"] += not self._opened[shard]
+        return open_locked(self, shard)
+
+    FlatBlocks.read, TokenStore._open_shard_locked = read, first_use
+    raw = mixture_bench.config_of(mixture_bench.build(Path(directory), sources, 1 << 24))
+    batch = 2 * hosts
+    raw.update(global_batch_size=batch, lanes=MIXTURE_LANES)
+    anon = float(status("RssAnon:"))
+    stores = {name: TokenStore(spec["path"]) for name, spec in raw["sources"].items()}
+    plan = Plan.from_config(parse_config(raw, origin="scale.yaml"), stores)
+    rows = host_rows(batch, hosts - 1, hosts)
+    first = 10**6
+    plan.batch(first, rows)
+    restart = dict(counts)
+    for step in range(first + 1, first + steps):
+        plan.batch(step, rows)
+    first_uses = FIRST_USE_REQUESTS * restart["first_uses"]
+    return {
+        "restart_requests": sources + restart["blocks"] + first_uses,
+        "steady_requests": (
+            counts["blocks"] - restart["blocks"]
+            + FIRST_USE_REQUESTS * (counts["first_uses"] - restart["first_uses"])
+        ) / (steps - 1),
+        "open_shards": open_shards.pool().open_count(),
+        "rss_mb": status("VmRSS:"),
+        "anon_mb": status("RssAnon:") - anon,
+    }  # fmt: skip
+
+
+def status(key: str) -> float:
+    """A /proc/self/status figure in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+    raise OSError(f"no {key} in /proc/self/status")
+
+
+def print_mixture_hosts(directory: Path, steps: int) -> None:
+    print("## One host of a big job over a big mixture (planned; 2 rows a host, seq_len 2,048)")
+    print(
+        "sources | hosts | host RSS MB (anon growth) | shards open | gs:// requests a step, "
+        "steady (job at 1 s a step, /s) | restart: host's first step (job's burst) | "
+        "restart with a warm cache (job)"
+    )
+    print("--- | --- | --- | --- | --- | --- | ---")
+    for sources in MIXTURE_SOURCES:
+        for hosts in MIXTURE_HOSTS:
+            r = child(["host", str(directory), str(sources), str(hosts), str(steps)])
+            print(
+                f"{sources} | {hosts:,} | {r['rss_mb']:.0f} ({r['anon_mb']:.1f}) | "
+                f"{r['open_shards']} | {r['steady_requests']:.1f} "
+                f"({r['steady_requests'] * hosts:,.0f}) | {r['restart_requests']:,} "
+                f"({r['restart_requests'] * hosts:,}) | {sources} ({sources * hosts:,})",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/scale-bench"))
@@ -275,10 +371,19 @@ def main() -> None:
         "--gcs-shards", type=int, nargs="+", default=[10, 1000], help="--gcs: the stores' shards"
     )
     parser.add_argument("--requests", action="store_true", help="only the request rates")
+    parser.add_argument("--mixtures", action="store_true", help="only the big-mixture hosts")
+    parser.add_argument("--mixture-steps", type=int, default=50)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.requests:
         print_request_rates()
+        return
+    if args.mixtures:
+        print_mixture_hosts(args.dir, args.mixture_steps)
+        return
+    if args.child and args.child[0] == "host":
+        sources, hosts, steps = (int(a) for a in args.child[2:])
+        print(json.dumps(measure_host(sources, hosts, steps, args.child[1])))
         return
     if args.child:
         kind, store, *rest = args.child
