@@ -54,6 +54,7 @@ bench: setup
 	$(BIN)/python -m pipeline bench --store python-code --no-sft
 	$(BIN)/python -m pipeline bench --store mixture --no-scale --no-sft
 	$(BIN)/python -m pipeline bench --no-scale
+	$(BIN)/python benchmarks/mixture_bench.py
 
 clean:
 	rm -rf $(VENV) .venv-maxtext .venv-maxtext-checkout data runs .pytest_cache

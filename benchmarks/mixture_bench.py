@@ -1,7 +1,7 @@
 """Big mixtures: DataFeed's per-step cost and resources against the number of sources.
 
-    JAX_PLATFORMS=cpu python benchmarks/mixture_bench.py [--sources 1 64 256 1024]
-        [--rounds 3] [--steps 200] [--dir /tmp/mixture-bench] [--json FILE]
+    python benchmarks/mixture_bench.py [--sources 1 64 256 1024] [--rounds 3] [--steps 200]
+        [--warmup 300] [--dir /tmp/mixture-bench] [--json FILE]
 
 The headline is what a user runs: `DataFeed` to global arrays on 8 simulated CPU devices, 32
 rows of 2,048 tokens a step (the shape of `pipeline bench`). A mixture of K sources is K stores
@@ -12,10 +12,12 @@ warm leaks between them), the mixtures interleaved round by round; medians over 
 
 Per mixture: a restore's first batch in a fresh process (`DataFeed(config, mesh, step=10**6)`
 to its first global batch: the stores' opening included), then `--steps` steps after a
-warm-up: wall and process CPU per step, the threads, open file descriptors and mappings the
-process holds, and its resident memory (RSS, and its anonymous and file-backed parts: the file
-part is the mapped pages of the sidecars read, the page cache of what was served, bounded by
-the open shards; the anonymous part is what the process itself allocates).
+warm-up of `--warmup` steps (long enough for every shard's first use, which a run pays once
+per shard, in its first epoch): wall and process CPU per step, the threads, open file
+descriptors and mappings the process holds, and its resident memory (RSS, and its anonymous
+and file-backed parts: the file part is the mapped pages of the sidecars read, the page cache
+of what was served, bounded by the open shards; the anonymous part is what the process itself
+allocates).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def status(key: str) -> float:
     raise OSError(f"no {key} in /proc/self/status")
 
 
-def measure(raw: dict, steps: int) -> dict:
+def measure(raw: dict, steps: int, warmup: int) -> dict:
     """One mixture in this (fresh) process: a restore's first batch, then the steady steps."""
     import jax
     from jax.sharding import Mesh
@@ -106,7 +108,7 @@ def measure(raw: dict, steps: int) -> dict:
     with DataFeed(config, mesh, step=10**6) as feed:
         jax.block_until_ready(next(feed))
         restore_s = time.perf_counter() - started
-        for _ in range(20):
+        for _ in range(warmup):  # every shard's first use (a fresh run's first epoch) done
             jax.block_until_ready(next(feed))
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(steps):
@@ -126,11 +128,11 @@ def measure(raw: dict, steps: int) -> dict:
         }
 
 
-def child(raw: dict, steps: int) -> dict:
+def child(raw: dict, steps: int, warmup: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(raw), str(steps)],
+        [sys.executable, __file__, "--child", json.dumps(raw), str(steps), str(warmup)],
         check=True,
         capture_output=True,
         text=True,
@@ -167,10 +169,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/mixture-bench"))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=300, help="steps before the measured")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(json.loads(args.child[0]), int(args.child[1]))))
+        raw, steps, warmup = args.child
+        print(json.dumps(measure(json.loads(raw), int(steps), int(warmup))))
         return
     configs = {k: config_of(build(args.dir, k, args.tokens)) for k in sorted(args.sources)}
     if 1 not in configs:
@@ -179,7 +183,7 @@ def main() -> None:
     results: dict[int, list[dict]] = {k: [] for k in configs}
     for _ in range(args.rounds):  # interleaved: the machine's load moves every mixture alike
         for sources, raw in configs.items():
-            results[sources].append(child(raw, args.steps))
+            results[sources].append(child(raw, args.steps, args.warmup))
     print(f"## Mixtures of 1 to {max(configs):,} sources ({args.tokens:,} tokens in all)")
     print(f"load average at the start {load[0]:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(table(results))
