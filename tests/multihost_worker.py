@@ -9,7 +9,9 @@ and a list of tasks:
   reduce each global batch to per-row checksums in a jitted function, gather them and the
   fields (with the config's `feed.provenance` fields); process 0 writes OUT/<name>.npz.
   With `"stats": true`, every process writes its last `FeedStats` to OUT/<name>-stats-<id>.json;
-  with `"config"` (a config mapping), the task feeds that config instead of the spec's.
+  with `"config"` (a config mapping), the task feeds that config instead of the spec's. Steps
+  that follow each other are fed without a seek; every process writes the most file
+  descriptors it held after a step, and its bound on open shards, to OUT/<name>-files-<id>.json.
 * {"kind": "open", "missing_on": P}: process P's config names a store that does not exist;
   every process tries to build a feed and writes the error it got to OUT/open-<id>.txt.
 * {"kind": "disagree", "odd_one": P, "skip": bool, "name"}: every process restores a data
@@ -46,6 +48,8 @@ and a list of tasks:
   shared-state path do (Grain's PyGrainCheckpointHandler: one file per process) at checkpoint
   `steps - 1` (MaxText saves checkpoint s after training step s).
 
+A spec's `"nofile": N` sets the process's open-file limits, soft and hard, to N at its start.
+
 Run with JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count=K.
 """
 
@@ -54,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -77,6 +82,7 @@ from pipeline.feed.restore import current_state, restore_state
 from pipeline.plan.ledger import Ledger
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
+from pipeline.store.open_shards import pool as open_shards_pool
 from tests.gcs_emulator import ENDPOINTS, point_at
 
 
@@ -106,10 +112,13 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
     mesh = make_mesh(*task["mesh"])
     checksum = jax.jit(row_checksums)
     result: dict[str, np.ndarray] = {}
+    most_files = 0
     with DataFeed(config, mesh, tuple(task["batch_axes"]), prefetch=2, threads=2) as feed:
         for step in task["steps"]:
-            feed.seek(step)
+            if step != feed.step:
+                feed.seek(step)
             batch = next(feed)
+            most_files = max(most_files, len(os.listdir("/proc/self/fd")))
             result[f"checksum_{step}"] = gather(checksum(batch))
             for field in (*FIELDS, *feed.provenance, "loss_weights"):
                 if field in batch:  # loss_weights: with an objective
@@ -117,6 +126,8 @@ def checksums(spec: dict, config, task: dict, out: Path) -> None:
         if task.get("stats"):
             stats = json.dumps(feed.stats().to_json())
             (out / f"{task['name']}-stats-{jax.process_index()}.json").write_text(stats)
+    files = {"most": most_files, "bound": open_shards_pool().limit}
+    (out / f"{task['name']}-files-{jax.process_index()}.json").write_text(json.dumps(files))
     if jax.process_index() == 0:
         np.savez(out / f"{task['name']}.npz", **result)
 
@@ -361,6 +372,8 @@ def maxtext(task: dict) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     process_id = int(sys.argv[2])
+    if spec.get("nofile"):  # hard too: the pool's raise of the soft limit cannot undo it
+        resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     if ENDPOINTS in os.environ:  # a Cloud Storage emulator port per process (tests/gcs_emulator.py)
         point_at(os.environ[ENDPOINTS].split(",")[process_id])
     jax.distributed.initialize(

@@ -42,9 +42,11 @@ def free_port() -> int:
 
 
 def launch(tmp: Path, raw: dict, tasks: list[dict], processes: int, devices: int,
-           timeout: float = 120) -> list[int]:  # fmt: skip
-    """Run one job to the end (or its self-kill); returns the exit codes."""
+           timeout: float = 120, nofile: int | None = None) -> list[int]:  # fmt: skip
+    """Run one job to the end (or its self-kill); returns the exit codes. `nofile`: every
+    process's open-file limit, soft and hard."""
     spec = {"port": free_port(), "n": processes, "config": raw, "out": str(tmp), "tasks": tasks}
+    spec["nofile"] = nofile
     path = tmp / f"spec-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))

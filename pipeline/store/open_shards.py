@@ -8,8 +8,10 @@ a `ulimit -n` of 1,024 within 40 steps ("Too many open files"). So every store's
 count against one process-wide bound, `OpenShards.limit`, and the least recently used shard of
 any store is closed first beyond it.
 
-The limit is half the soft `RLIMIT_NOFILE` (the rest is left to JAX, checkpoints, sockets and
-the user's own files), at most `MAX_OPEN_FILES`, or $PIPELINE_MAX_OPEN_FILES. Before sizing
+The limit is a quarter of the soft `RLIMIT_NOFILE`: an open shard holds up to two descriptors
+(a flat shard read through ArrayRecord too, by `read_shard_tokens`, has both), and half the
+limit is left to JAX, checkpoints, sockets and the user's own files; at most `MAX_OPEN_FILES`,
+or $PIPELINE_MAX_OPEN_FILES. Before sizing
 it, the soft limit is raised to the hard limit where the process may (on Linux any process
 may raise its soft limit up to its hard one), and the raise is logged once: an image whose
 default soft limit is 1,024 then keeps more shards open, a process whose hard limit is 1,024
@@ -168,7 +170,7 @@ def limit_from(soft: int) -> int:
         if not text.isdigit() or int(text) < 1:
             raise StoreError(f"${OPEN_FILES_ENV}: expected a number of files >= 1, got {text!r}")
         return int(text)
-    return max(MIN_OPEN_FILES, min(MAX_OPEN_FILES, soft // 2))
+    return max(MIN_OPEN_FILES, min(MAX_OPEN_FILES, soft // 4))
 
 
 _POOL: OpenShards | None = None

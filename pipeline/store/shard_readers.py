@@ -22,7 +22,7 @@ from typing import TypeVar
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
-from pipeline.store import open_shards
+from pipeline.store.open_shards import pool
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.store.store_files import FileIdentity
 from pipeline.urls import is_url
@@ -95,7 +95,7 @@ class ShardReaders:
         self.retry = retry
         self.locks = [threading.Lock() for _ in range(count)]
         self._readers: list[ArrayRecordReader | None] = [None] * count
-        self._pool = open_shards.pool()  # the order and bounds of the open shards
+        self._pool = pool()  # the order and bounds of the open shards (`open_shards`)
         self._serial = self._pool.register(self, max_open)
         self._new_reader, self._first_read = new_reader, first_read
         self._on_drop, self._name = on_drop, name
