@@ -98,6 +98,7 @@ def measure(raw: dict, steps: int, warmup: int) -> dict:
 
     from pipeline.config import parse_config
     from pipeline.feed.data_feed import DataFeed
+    from pipeline.store.open_shards import pool
 
     config = parse_config(raw, origin="mixture-bench")
     mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -119,6 +120,8 @@ def measure(raw: dict, steps: int, warmup: int) -> dict:
             "ms_per_step": wall / steps * 1e3,
             "cpu_ms_per_step": cpu / steps * 1e3,
             "threads": len(os.listdir("/proc/self/task")),
+            "shard_bound": pool().limit,
+            "open_shards": pool().open_count(),
             "open_files": len(os.listdir("/proc/self/fd")),
             "mappings": sum(1 for _ in open("/proc/self/maps")),
             "rss_mb": status("VmRSS:"),
@@ -145,8 +148,8 @@ def table(results: dict[int, list[dict]]) -> str:
     base = {key: statistics.median(r[key] for r in results[min(results)]) for key in results[1][0]}
     lines = [
         "sources | ms per step (x 1 source) | CPU ms per step (x) | restore + first batch, s (x) "
-        "| threads | open files | mappings | RSS MB | anon MB | file MB",
-        "--- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
+        "| threads | open shards (bound) | open files | mappings | RSS MB | anon MB | file MB",
+        "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
     ]
     for sources, runs in results.items():
         m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
@@ -155,7 +158,8 @@ def table(results: dict[int, list[dict]]) -> str:
             f"| {m['cpu_ms_per_step']:.2f} ({m['cpu_ms_per_step'] / base['cpu_ms_per_step']:.2f}) "
             f"| {m['restore_first_batch_s']:.3f} "
             f"({m['restore_first_batch_s'] / base['restore_first_batch_s']:.1f}) "
-            f"| {m['threads']:.0f} | {m['open_files']:,.0f} | {m['mappings']:,.0f} "
+            f"| {m['threads']:.0f} | {m['open_shards']:,.0f} ({m['shard_bound']:,.0f}) "
+            f"| {m['open_files']:,.0f} | {m['mappings']:,.0f} "
             f"| {m['rss_mb']:.0f} | {m['rss_anon_mb']:.0f} | {m['rss_file_mb']:.0f}"
         )
     return "\n".join(lines)
