@@ -19,6 +19,8 @@ epoch `e` is the same bijection on the shard indices, keyed per (seed, source, e
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import ClassVar
@@ -183,12 +185,33 @@ class SourceLayout(Epochs):
         return round_keys(self.seed, "window-order", self.name, epoch, lane)
 
 
-@lru_cache(maxsize=256)
+ORDERS_BYTES = 128 << 20  # the window orders kept: 256 of the largest, 16,384 of 1,024 windows
+_orders: OrderedDict[tuple[int, str, int, int, int], np.ndarray] = OrderedDict()
+_orders_bytes = 0
+_orders_lock = threading.Lock()
+
+
 def window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> np.ndarray:
     """The whole window order of a small (epoch, lane): cached per process, not per plan, so a
-    restored feed's plan (a new plan of the same sources) finds it computed (a few ms each)."""
+    restored feed's plan (a new plan of the same sources) finds it computed (a few ms each).
+    The least recently used are dropped beyond `ORDERS_BYTES`, not beyond a number of orders:
+    a mixture of hundreds of sources keeps every source's current order (a count of 256 would
+    compute one again at nearly every draw)."""
+    global _orders_bytes
+    key = (seed, name, epoch, lane, windows)
+    with _orders_lock:
+        order = _orders.get(key)
+        if order is not None:
+            _orders.move_to_end(key)
+            return order
     order = permutation(windows, round_keys(seed, "window-order", name, epoch, lane))
     order.flags.writeable = False  # shared by every plan of the process
+    with _orders_lock:
+        if key not in _orders:
+            _orders[key] = order
+            _orders_bytes += order.nbytes
+        while _orders_bytes > ORDERS_BYTES and len(_orders) > 1:
+            _orders_bytes -= _orders.popitem(last=False)[1].nbytes
     return order
 
 
