@@ -131,11 +131,11 @@ def measure(raw: dict, steps: int, warmup: int) -> dict:
         }
 
 
-def child(raw: dict, steps: int, warmup: int) -> dict:
+def child(config: Path, steps: int, warmup: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(raw), str(steps), str(warmup)],
+        [sys.executable, __file__, "--child", str(config), str(steps), str(warmup)],
         check=True,
         capture_output=True,
         text=True,
@@ -177,17 +177,20 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        raw, steps, warmup = args.child
-        print(json.dumps(measure(json.loads(raw), int(steps), int(warmup))))
+        config, steps, warmup = args.child
+        print(json.dumps(measure(json.loads(Path(config).read_text()), int(steps), int(warmup))))
         return
-    configs = {k: config_of(build(args.dir, k, args.tokens)) for k in sorted(args.sources)}
+    configs = {}
+    for k in sorted(args.sources):
+        configs[k] = args.dir / f"k{k}.json"
+        configs[k].write_text(json.dumps(config_of(build(args.dir, k, args.tokens))))
     if 1 not in configs:
         parser.error("--sources needs 1: the ratios are against one source")
     load = os.getloadavg()
     results: dict[int, list[dict]] = {k: [] for k in configs}
     for _ in range(args.rounds):  # interleaved: the machine's load moves every mixture alike
-        for sources, raw in configs.items():
-            results[sources].append(child(raw, args.steps, args.warmup))
+        for sources, config in configs.items():
+            results[sources].append(child(config, args.steps, args.warmup))
     print(f"## Mixtures of 1 to {max(configs):,} sources ({args.tokens:,} tokens in all)")
     print(f"load average at the start {load[0]:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(table(results))
