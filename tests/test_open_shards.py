@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +55,7 @@ def test_every_stores_shards_count_against_one_bound(tmp_path, monkeypatch):
 
 CHILD = """
 import logging, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))  # before any store opens
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from pipeline.store import open_shards
 from pipeline.store.token_store import TokenStore
@@ -71,13 +71,10 @@ def test_the_soft_limit_is_raised_to_the_hard_one_and_said_once(tmp_path):
         write_synthetic_store(tmp_path / f"s{k}", [[4, 4]], first=100 * k).close()
         paths.append(str(tmp_path / f"s{k}"))
 
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
-
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop(open_shards.OPEN_FILES_ENV, None)
     done = subprocess.run([sys.executable, "-c", CHILD, *paths], capture_output=True, text=True,
-                          env=env, preexec_fn=limits, timeout=120, check=True)  # fmt: skip
+                          env=env, timeout=120, check=True)  # fmt: skip
     assert done.stdout.split() == ["1024", "256"]
     said = [line for line in done.stderr.splitlines() if line.startswith("open files:")]
     assert said == [
