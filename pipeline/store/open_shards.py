@@ -20,6 +20,7 @@ stays correct (it reopens shards more often).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -52,6 +53,7 @@ class _Owned:
     """One owner's place in the pool: the owner (weakly: a store nobody closed is still
     collected, and its shards leave the pool then), its own bound and its open shards."""
 
+    serial: int
     owner: weakref.ref[Owner]
     max_open: int
     shards: OrderedDict[int, None]  # open, least recently used first
@@ -69,14 +71,20 @@ class OpenShards:
         self._open: OrderedDict[tuple[int, int], None] = OrderedDict()  # (owner, shard)
         self._owners: dict[int, _Owned] = {}
         self._serials = itertools.count()
+        # owners closed, and owners collected, to forget at the next call: a finalizer (of a
+        # store, or of a feed that closes its stores) runs when the garbage collector does,
+        # possibly in a thread that holds `_lock`, which it must not wait for
+        self._closed: collections.deque[int] = collections.deque()
+        self._dead: collections.deque[int] = collections.deque()
 
     def register(self, owner: Owner, max_open: int) -> int:
         """A new owner, bounded by `max_open` shards of its own: its number, for `touch`,
         `forget` and `clear`."""
         serial = next(self._serials)
         with self._lock:
-            self._owners[serial] = _Owned(weakref.ref(owner), max_open, OrderedDict())
-        weakref.finalize(owner, self._unregister, serial)
+            self._reap()
+            self._owners[serial] = _Owned(serial, weakref.ref(owner), max_open, OrderedDict())
+        weakref.finalize(owner, self._dead.append, serial)
         return serial
 
     def touch(self, serial: int, shard: int) -> None:
@@ -84,6 +92,8 @@ class OpenShards:
         beyond the owner's bound, then beyond the process's."""
         key = (serial, shard)
         with self._lock:
+            if self._dead or self._closed:
+                self._reap()
             owned = self._owners[serial]
             if key in self._open:
                 self._open.move_to_end(key)
@@ -117,24 +127,28 @@ class OpenShards:
                 owned.shards.pop(shard, None)
 
     def clear(self, serial: int) -> None:
-        """The owner closed every shard."""
-        with self._lock:
-            owned = self._owners.get(serial)
-            for shard in owned.shards if owned is not None else ():
-                self._open.pop((serial, shard), None)
-            if owned is not None:
-                owned.shards.clear()
+        """The owner closed every shard (forgotten at the next call: no lock taken here)."""
+        self._closed.append(serial)
 
     def open_count(self) -> int:
         """Shards open now, in every store."""
         with self._lock:
+            self._reap()
             return len(self._open)
 
-    def _unregister(self, serial: int) -> None:
-        """Forget a collected owner and its shards."""
-        self.clear(serial)
-        with self._lock:
-            self._owners.pop(serial, None)
+    def _reap(self) -> None:
+        """Forget the shards of the closed owners, and the collected owners (call with `_lock`
+        held)."""
+        while self._closed:
+            owned = self._owners.get(self._closed.popleft())
+            for shard in owned.shards if owned is not None else ():
+                self._open.pop((owned.serial, shard), None)
+            if owned is not None:
+                owned.shards.clear()
+        while self._dead:
+            owned = self._owners.pop(self._dead.popleft(), None)
+            for shard in owned.shards if owned is not None else ():
+                self._open.pop((owned.serial, shard), None)
 
 
 def raise_soft_limit() -> tuple[int, int]:
