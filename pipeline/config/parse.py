@@ -41,6 +41,7 @@ from pipeline.config.objective import Objective, objective_json, parse_objective
 from pipeline.config.paths import anchored
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
+from pipeline.config.where import Where
 from pipeline.errors import ConfigError
 from pipeline.in_place import COLUMN_FORMATS, DEFAULT_COLUMN, IN_PLACE_FORMATS, default_index_dir
 from pipeline.urls import is_url, location
@@ -246,7 +247,7 @@ def parse_config(
 ) -> DataConfig:
     """`base_dir` anchors relative store paths; None (a config read from a URL) refuses them.
     `offered`: where a recorded exclude file that moved may be found (`exclude.relocated`)."""
-    where = _Where(origin)
+    where = Where(origin)
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: a data config is a mapping, got {type(raw).__name__}")
     where.keys(raw, TOP_KEYS, "")
@@ -290,7 +291,7 @@ def batch_schedule_json(batch_sizes: tuple[tuple[int, int], ...]) -> Any:
     return {"step": {str(step): size for step, size in batch_sizes}}
 
 
-def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
+def _batch_sizes(raw: Any, where: Where) -> tuple[tuple[int, int], ...]:
     """`global_batch_size`: rows per optimizer step, or `{step: {STEP: ROWS}}` from step 0."""
     key = "global_batch_size"
     if not isinstance(raw, dict):
@@ -312,44 +313,9 @@ def _batch_sizes(raw: Any, where: _Where) -> tuple[tuple[int, int], ...]:
     return tuple(points)
 
 
-class _Where:
-    """Error helpers that prefix the config file and key."""
-
-    def __init__(self, origin: str) -> None:
-        self.origin = origin
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.origin}: {key}: {message}")
-
-    def keys(self, mapping: dict, allowed: tuple[str, ...], key: str) -> None:
-        for name in mapping:
-            if name not in allowed:
-                place = f"{key}.{name}" if key else str(name)
-                raise self.fail(place, f"unknown key (valid keys: {', '.join(allowed)})")
-
-    def integer(self, value: Any, key: str, minimum: int, maximum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(key, f"expected an integer >= {minimum}, got {value!r}")
-        if maximum is not None and value > maximum:
-            raise self.fail(key, f"{value} is beyond the largest supported value, {maximum:,}")
-        return value
-
-    def mapping(self, value: Any, key: str) -> dict:
-        if not isinstance(value, dict) or not value:
-            raise self.fail(key, f"expected a non-empty mapping, got {value!r}")
-        return value
-
-    def known(self, name: Any, names: set[str], key: str) -> str:
-        if name not in names:
-            raise self.fail(
-                f"{key}.{name}", f"unknown source (sources: {', '.join(sorted(names))})"
-            )
-        return name
-
-
 def _sources(
     raw: Any,
-    where: _Where,
+    where: Where,
     base_dir: Path | None,
     parent: str = "sources",
     offered: tuple[Path, ...] = (),
@@ -419,7 +385,7 @@ def _sources(
     return tuple(sorted(sources, key=lambda s: s.name))
 
 
-def _mix(raw: Any, where: _Where, names: set[str], key: str) -> tuple:
+def _mix(raw: Any, where: Where, names: set[str], key: str) -> tuple:
     mix = where.mapping(raw, key)
     return tuple(
         (where.known(name, names, key), parse_schedule(value, f"{where.origin}: {key}.{name}"))
@@ -427,7 +393,7 @@ def _mix(raw: Any, where: _Where, names: set[str], key: str) -> tuple:
     )
 
 
-def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
+def _stages(raw: dict, where: Where, names: set[str]) -> tuple[StageSpec, ...]:
     if ("mix" in raw) == ("stages" in raw):
         raise where.fail("mix", "give exactly one of 'mix' (one open-ended stage) or 'stages'")
     default = None
@@ -479,7 +445,7 @@ def _stages(raw: dict, where: _Where, names: set[str]) -> tuple[StageSpec, ...]:
     return tuple(stages)
 
 
-def _check_step_points_inside(mix: tuple, steps: int | None, where: _Where, key: str) -> None:
+def _check_step_points_inside(mix: tuple, steps: int | None, where: Where, key: str) -> None:
     """A `step` point at or past its stage's end never takes effect: most likely a step counted
     from the run's start rather than the stage's, so it is refused rather than ignored. (A
     `linear` point past the end still sets the ramp's slope, as in configs/demo-switch.yaml.)"""
@@ -503,7 +469,7 @@ def last_step(batches: tuple[tuple[int, int], ...]) -> int:
 
 
 def _check_steps_fit(
-    stages: tuple[StageSpec, ...], batches: tuple[tuple[int, int], ...], where: _Where, prefix: str
+    stages: tuple[StageSpec, ...], batches: tuple[tuple[int, int], ...], where: Where, prefix: str
 ) -> None:
     """Every step a config names (batch schedule points, stage ends, schedule points) times the
     largest batch fits int64 lane positions."""
@@ -523,7 +489,7 @@ def _check_steps_fit(
             raise where.fail(f"stages[{index}].steps", f"the stages end at step {start}, {beyond}")
 
 
-def _feed(raw: Any, where: _Where) -> FeedOptions:
+def _feed(raw: Any, where: Where) -> FeedOptions:
     if not isinstance(raw, dict):
         raise where.fail("feed", f"expected a mapping, got {raw!r}")
     where.keys(raw, FEED_KEYS, "feed")
@@ -583,7 +549,7 @@ def is_thread_count(value: Any, maximum: int | None = None) -> bool:
     return value == AUTO_THREADS or is_count(value, maximum)
 
 
-def _threads(value: Any, where: _Where) -> int | str:
+def _threads(value: Any, where: Where) -> int | str:
     if not is_thread_count(value):
         raise where.fail("feed.threads", f"expected an integer >= 1 or auto, got {value!r}")
     if value == AUTO_THREADS:
@@ -592,7 +558,7 @@ def _threads(value: Any, where: _Where) -> int | str:
 
 
 def _eval(
-    raw: Any, where: _Where, base_dir: Path | None
+    raw: Any, where: Where, base_dir: Path | None
 ) -> tuple[tuple[SourceSpec, ...], int | None]:
     if raw is None:
         return (), None
