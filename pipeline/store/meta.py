@@ -21,6 +21,7 @@ from pipeline.errors import StoreError
 from pipeline.in_place import hint
 from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
+from pipeline.store import remote_reads
 from pipeline.urls import is_url, location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"
@@ -138,12 +139,19 @@ class StoreFacts:
         return mask
 
 
-def load_manifest(path: Path) -> dict[str, Any]:
+def load_manifest(path: Path, identity: Any = None) -> dict[str, Any]:
     """The manifest, in one read when it exists (one request for a `gs://` store), checked to
-    be one this version reads and to be its own (`identity.check_manifest`)."""
+    be one this version reads and to be its own (`identity.check_manifest`). A cloud store's
+    `identity` (`store_files.store_identity`, taken by the caller) names the generation to
+    read, which a warm restart then finds in the host's cache (`remote_reads`)."""
     manifest_path = path / MANIFEST
     try:
-        manifest = json.loads(read_bytes(str(manifest_path)))
+        if is_url(path) and identity is not None:
+            version = (identity.version[0], identity.size)
+            data = remote_reads.manifest_bytes(str(manifest_path), version)
+        else:
+            data = read_bytes(str(manifest_path))
+        manifest = json.loads(data)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
         if path.exists() and not path.is_dir():
             raise StoreError(

@@ -30,7 +30,9 @@ from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks, block_count
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST
 from pipeline.store.retry import RetryPolicy, is_transient
+from pipeline.store import remote_reads
 from pipeline.store.store_files import RESEALED, FileIdentity, identity_or_none, sha256_of
+from pipeline.urls import is_url
 
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
@@ -62,7 +64,10 @@ def _load_npy(
     checked against its manifest checksum: read once, into memory (8 bytes per record or
     document, less than the reader's own index), so the array served is the bytes hashed."""
     path = root / entry[key]
-    try:  # one read (one download from gs://), both hashed and parsed
+    if is_url(path):  # one download per host, checked (remote_reads)
+        data = remote_reads.checked_file(str(path), entry[checksum_key], checksum_key)
+        return path, _parsed(path, data)
+    try:  # one read, both hashed and parsed
         data = path.read_bytes()
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
@@ -71,8 +76,12 @@ def _load_npy(
             f"{path}: does not match its checksum ({checksum_key}) in the manifest: the "
             "file was altered or truncated; prepare the store again"
         )
+    return path, _parsed(path, data)
+
+
+def _parsed(path: Path, data: bytes) -> np.ndarray:
     try:
-        return path, _npy_array(data)
+        return _npy_array(data)
     except (OSError, ValueError, EOFError) as error:
         raise StoreError(f"{path}: not a readable .npy index: {error}") from None
 
@@ -155,14 +164,7 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
     against the manifest), or the whole sidecar against `flat_sha256` when the store has none."""
     crcs, block_bytes = None, entry.get("flat_block_bytes", BLOCK_BYTES)
     if check and "flat_blocks" in entry:
-        _, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
-        count = block_count(tokens.nbytes, block_bytes) + 1
-        if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
-            raise StoreError(
-                f"{root / MANIFEST}: needs uint32[{count}] block checksums of {entry['flat']} "
-                f"in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
-                f"{crcs.dtype}{list(crcs.shape)}; {RESEALED}"
-            )
+        crcs = _block_crcs(root, entry, tokens.nbytes, block_bytes)
     return FlatBlocks(
         root / entry["flat"],
         tokens,
@@ -171,6 +173,33 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
         whole_sha256=entry["flat_sha256"],
         check=check,
     )
+
+
+def _block_crcs(root: Path, entry: dict[str, Any], size: int, block_bytes: int) -> np.ndarray:
+    """A shard's block checksum file (`flat_blocks`) for a sidecar of `size` bytes, checked
+    against the manifest and refused unless it has the shape prepare writes."""
+    _, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
+    count = block_count(size, block_bytes) + 1
+    if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
+        raise StoreError(
+            f"{root / MANIFEST}: needs uint32[{count}] block checksums of {entry['flat']} "
+            f"in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
+            f"{crcs.dtype}{list(crcs.shape)}; {RESEALED}"
+        )
+    return crcs
+
+
+def remote_flat(root: Path, entry: dict[str, Any], dtype: np.dtype) -> remote_reads.RemoteFlat:
+    """A remote shard's flat sidecar as served (`remote_reads.RemoteFlat`): every block checked
+    against the shard's block checksum file (loaded here, checked against the manifest) when it
+    is downloaded or read from the host's cache, whatever `feed.verify` says, since a cache
+    entry is trusted only once checked. Only stores with block checksums are served so."""
+    block_bytes = entry.get("flat_block_bytes", BLOCK_BYTES)
+    crcs = _block_crcs(root, entry, int(entry["tokens"]) * dtype.itemsize, block_bytes)
+    return remote_reads.RemoteFlat(
+        str(root / entry["flat"]), entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
+        block_bytes,
+    )  # fmt: skip
 
 
 def _discard(reader: ArrayRecordReader) -> None:

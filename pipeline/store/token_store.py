@@ -39,6 +39,7 @@ from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
+from pipeline.store.remote_reads import RemoteFlat
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import (
     check_records,
@@ -46,6 +47,7 @@ from pipeline.store.shard_check import (
     load_index,
     load_mask,
     map_flat,
+    remote_flat,
 )
 from pipeline.store.shard_readers import (
     READER_OPTIONS,
@@ -131,7 +133,7 @@ class TokenStore(StoreFacts):
         self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self._identity = store_identity(self.path)
-        self.manifest = load_manifest(self.path)
+        self.manifest = load_manifest(self.path, self._identity)
         self.meta = StoreMeta.from_manifest(self.path, self.manifest)
         self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
@@ -142,10 +144,15 @@ class TokenStore(StoreFacts):
         self.shard_starts = self.meta.shard_starts
         self.masked = self.meta.masked
         # What a shard's first use loads, per shard: its indexes, loss mask and sidecar map.
-        self._loaded: dict[str, list[np.ndarray | FlatBlocks | None]] = {
+        self._loaded: dict[str, list[np.ndarray | FlatBlocks | RemoteFlat | None]] = {
             key: [None] * len(shards) for key in ("index", "docs", "untrained", "flat")
         }
-        self._use_flat = [flat and "flat" in e and not is_url(self.path) for e in shards]
+        # A cloud store is served from its sidecars' checked blocks (`remote_reads`) when it has
+        # block checksums; ArrayRecord's gs:// reader would download far more than it serves.
+        self.remote = is_url(self.path)
+        self._use_flat = [
+            flat and "flat" in e and (not self.remote or "flat_blocks" in e) for e in shards
+        ]
         self._readers = ShardReaders(
             len(shards),
             max_open_shards,
@@ -286,7 +293,7 @@ class TokenStore(StoreFacts):
         blocks = self.flat_blocks(shard)
         return None if blocks is None else blocks.tokens
 
-    def flat_blocks(self, shard: int) -> FlatBlocks | None:
+    def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None:
         """The shard's flat sidecar as served: `FlatBlocks.read` checks each block on its first
         read (unless the store was opened with `check_reads=False`); None for a shard read
         through ArrayRecord (`read_record_list`)."""
@@ -406,9 +413,12 @@ class TokenStore(StoreFacts):
         file = self.path / entry["file"]
         self.check_unchanged()
         known = self._shard_identity(shard)
-        if known is None:  # a cloud shard, opened first now: its identity is taken now
+        # a cloud shard served from its sidecar's blocks opens no ArrayRecord reader, so needs
+        # no generation: every block is checked against the store's CRCs as it is downloaded
+        served_remotely = self.remote and self._use_flat[shard]
+        if known is None and not served_remotely:  # a cloud shard's identity: taken now
             self._first_use_identities[shard] = shard_identity(self.path, entry)
-        elif identity_or_none(file) != known:
+        elif known is not None and identity_or_none(file) != known:
             raise StoreError(
                 f"{file}: the shard was replaced or changed after the store was opened; "
                 "restart the job, or prepare the store again"
@@ -416,7 +426,9 @@ class TokenStore(StoreFacts):
         offsets = load_index(self.path, entry, "index", "index_sha256", entry["records"])
         docs = load_index(self.path, entry, "docs", "docs_sha256", entry["documents"])
         untrained = load_mask(self.path, entry) if self.masked else None
-        if self._use_flat[shard]:
+        if served_remotely:
+            self._loaded["flat"][shard] = remote_flat(self.path, entry, self.dtype)
+        elif self._use_flat[shard]:
             seen = self._file_identities[shard].get("flat")
             tokens = map_flat(self.path, entry, seen, self.dtype, offsets)
             self._loaded["flat"][shard] = flat_blocks(self.path, entry, tokens, self.check_reads)

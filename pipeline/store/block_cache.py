@@ -1,0 +1,142 @@
+"""A host's local cache of remote store bytes (`feed: {cache: {dir: DIR, max_gb: N}}`).
+
+Hundreds of hosts that restart together would each download again everything they read; the
+cache keeps what was downloaded on the host's local disk, shared by its processes and across
+restarts. Entries are content-addressed (a block of a flat sidecar by the sidecar's SHA-256 and
+the block's number, a small file by its own SHA-256, a manifest by its URL and generation), so
+an entry never goes stale: data that changes has another key.
+
+* **Checked, never trusted.** `get` checks an entry (the caller's `check`: the store's CRC32C
+  of the block, or the file's SHA-256) when it is filled and when a process first reads it; a
+  damaged entry is deleted and fetched again, never served.
+* **One download per entry and host.** A fill holds an advisory lock (`fcntl.flock`, one of
+  `_STRIPES` lock files by key hash) and looks again once it has it: the processes of a host
+  that want the same block wait for the first one's download instead of making their own.
+* **Atomic, safe under kill -9.** A fill writes a uniquely named partial file and renames it
+  over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
+  (never read; removed by a later eviction pass once it is old) and releases its lock with its
+  death.
+* **Bounded.** After a fill takes the cache over `max_bytes`, the least recently used entries
+  (by modification time, which a read refreshes) are deleted down to 90 % of it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.errors import StoreError
+
+_STRIPES = 64  # lock files: fills of different keys rarely wait on each other
+_PARTIAL = ".partial"
+_STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
+
+
+class BlockCache:
+    """Entries under `root`, at most ~`max_bytes` in all (see the module docstring)."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        try:
+            (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreError(
+                f"{self.root}: cannot create the cache directory (feed.cache.dir): "
+                f"{error.strerror or error}"
+            ) from None
+        self._lock = threading.Lock()  # this process's threads: one fill per stripe at a time
+        self._stripe_locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._size = self._scan_size()
+        self.damaged = 0  # entries found damaged and fetched again, by this process
+
+    def get(self, key: str, fetch: Callable[[], bytes], check: Callable[[bytes], bool]) -> bytes:
+        """The entry `key`: read from the cache when whole and `check`ed, else `fetch`ed (by one
+        process of the host at a time), checked and stored. A fetch that fails its check is
+        refused by the caller's `check` raising, or here if it returns False."""
+        path = self.root / key
+        data = self._read_checked(path, check)
+        if data is not None:
+            return data
+        stripe = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % _STRIPES
+        with self._stripe_locks[stripe], open(self.root / ".locks" / f"{stripe}", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            data = self._read_checked(path, check)  # another process filled it meanwhile
+            if data is not None:
+                return data
+            data = fetch()
+            if not check(data):
+                raise StoreError(f"{key}: downloaded bytes do not match their checksum")
+            self._store(path, data)
+        self._evict_if_over()
+        return data
+
+    def _read_checked(self, path: Path, check: Callable[[bytes], bool]) -> bytes | None:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if check(data):
+            try:
+                os.utime(path)  # most recently used
+            except OSError:
+                pass
+            return data
+        self.damaged += 1
+        path.unlink(missing_ok=True)  # damaged: fetched again, never served
+        return None
+
+    def _store(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_PARTIAL}")
+        try:
+            with open(partial, "wb") as file:
+                file.write(data)
+            os.replace(partial, path)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise StoreError(f"{path}: cannot write the cache entry: {error.strerror}") from None
+        with self._lock:
+            self._size += len(data)
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every entry; stale partial files are removed on the way."""
+        found = []
+        now = time.time()
+        for folder, _, names in os.walk(self.root):
+            if folder.endswith(".locks"):
+                continue
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                if name.endswith(_PARTIAL):
+                    if now - stat.st_mtime > _STALE_PARTIAL_S:
+                        path.unlink(missing_ok=True)
+                    continue
+                found.append((stat.st_mtime, stat.st_size, path))
+        return found
+
+    def _scan_size(self) -> int:
+        return sum(size for _, size, _ in self._entries())
+
+    def _evict_if_over(self) -> None:
+        with self._lock:
+            if self._size <= self.max_bytes:
+                return
+            entries = sorted(self._entries())
+            total = sum(size for _, size, _ in entries)
+            for _, size, path in entries:
+                if total <= 0.9 * self.max_bytes:
+                    break
+                path.unlink(missing_ok=True)
+                total -= size
+            self._size = total

@@ -1,0 +1,251 @@
+"""How a process reads a remote (gs://) store's bytes: once, checked, in bounded time.
+
+ArrayRecord's gs:// reader asks for the rest of the object from a record's chunk to the end at
+every read, so a feed reading a small store downloaded it ~50 times over (docs/benchmarks.md,
+"Reading from a bucket"). A remote store with flat sidecars is instead served from its
+sidecars' checksummed blocks (`RemoteFlat`), each block downloaded by one ranged request, and
+its manifest and indexes by one request each; everything goes through this module, which
+
+* fetches through gcsfs (the client etils.epath uses), each request bounded by
+  `feed.read_timeout_s`: an endpoint that does not answer fails with one line naming the file
+  and the endpoint, never hangs;
+* keeps what it fetched: in memory (`MEMORY_BYTES`, least recently used dropped first), and in
+  the host's disk cache when the feed configures one (`feed.cache`, `block_cache`);
+* checks every entry before it is served: a block against the store's CRC32Cs, a file against
+  its SHA-256 in the manifest, a manifest against its own checksum (`identity`);
+* counts the bytes it downloaded (`downloaded`, reported by `feed.stats()`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.store.block_cache import BlockCache
+
+MEMORY_BYTES = 256 << 20  # fetched bytes kept in this process's memory
+DEFAULT_TIMEOUT_S = 60.0
+_PARALLEL = 32  # requests in flight at once, for a prefetch
+
+
+@dataclass
+class _State:
+    cache: BlockCache | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    downloaded: int = 0
+    requests: int = 0
+
+
+_state = _State()
+_lock = threading.Lock()
+_memory: OrderedDict[str, bytes] = OrderedDict()
+_memory_bytes = 0
+_pool: ThreadPoolExecutor | None = None
+
+
+def configure(cache_dir: str | None, max_gb: float, timeout_s: float) -> None:
+    """Set this process's disk cache (None: none) and per-request time limit: the feed's
+    `feed.cache` and `feed.read_timeout_s`. A cache already open on the same directory stays."""
+    with _lock:
+        _state.timeout_s = timeout_s
+        if cache_dir is None:
+            _state.cache = None
+            return
+        root = Path(cache_dir).expanduser().absolute()
+        max_bytes = int(max_gb * (1 << 30))
+        cache = _state.cache
+        if cache is None or cache.root != root or cache.max_bytes != max_bytes:
+            _state.cache = BlockCache(root, max_bytes)
+
+
+def downloaded() -> int:
+    """Bytes this process has downloaded from object storage through this module."""
+    return _state.downloaded
+
+
+def _endpoint() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+
+
+def _fetch(url: str, start: int | None = None, end: int | None = None) -> bytes:
+    """Bytes [start, end) of the object at `url` (all of it without a range): one request,
+    answered within the configured time or refused in one line."""
+    import fsspec.asyn
+
+    from pipeline.urls import _filesystem
+
+    fs, path = _filesystem(url)  # refuses an endpoint that cannot be connected to, in seconds
+    timeout = _state.timeout_s
+    try:
+        data = fsspec.asyn.sync(fs.loop, fs._cat_file, path, start=start, end=end, timeout=timeout)
+    except fsspec.asyn.FSTimeoutError:
+        raise StoreError(
+            f"{url}: no answer from Cloud Storage at {_endpoint()} within {timeout:g} s "
+            "(feed.read_timeout_s); check the network"
+        ) from None
+    except FileNotFoundError:
+        raise StoreError(f"{url}: listed in the store's manifest but missing") from None
+    except Exception as error:  # gcsfs retried what was transient
+        raise StoreError(
+            f"{url}: cannot read from Cloud Storage at {_endpoint()}: {error}"
+        ) from None
+    with _lock:
+        _state.downloaded += len(data)
+        _state.requests += 1
+    return data
+
+
+def _remembered(key: str) -> bytes | None:
+    with _lock:
+        data = _memory.get(key)
+        if data is not None:
+            _memory.move_to_end(key)
+        return data
+
+
+def _remember(key: str, data: bytes) -> None:
+    global _memory_bytes
+    with _lock:
+        if key in _memory:
+            return
+        _memory[key] = data
+        _memory_bytes += len(data)
+        while _memory_bytes > MEMORY_BYTES and len(_memory) > 1:
+            _, dropped = _memory.popitem(last=False)
+            _memory_bytes -= len(dropped)
+
+
+def _get(key: str, fetch: Callable[[], bytes], check: Callable[[bytes], bool]) -> bytes:
+    """Entry `key`: from memory, else the disk cache (checked), else fetched and checked."""
+    data = _remembered(key)
+    if data is not None:
+        return data
+    cache = _state.cache
+    if cache is not None:
+        data = cache.get(key, fetch, check)
+    else:
+        data = fetch()
+        if not check(data):
+            raise StoreError(f"{key}: downloaded bytes do not match their checksum")
+    _remember(key, data)
+    return data
+
+
+def checked_file(url: str, sha256: str, what: str) -> bytes:
+    """The whole object at `url`, which must have SHA-256 `sha256` (a store file the manifest
+    lists): content-addressed, so fetched once per host however many stores or opens read it."""
+    import hashlib
+
+    def check(data: bytes) -> bool:
+        return hashlib.sha256(data).hexdigest() == sha256
+
+    try:
+        return _get(f"files/{sha256}", lambda: _fetch(url), check)
+    except StoreError as error:
+        if "do not match" not in str(error):
+            raise
+        raise StoreError(
+            f"{url}: does not match its checksum ({what}) in the manifest: the file was "
+            "altered or truncated; prepare the store again"
+        ) from None
+
+
+def manifest_bytes(url: str, version: tuple[int, int] | None) -> bytes:
+    """A remote store's manifest; with its (generation, size) `version`, the cached copy of that
+    generation when there is one (a warm restart then downloads only the identity)."""
+    if version is None:
+        return _fetch(url)
+    key = f"manifests/{_digest(url)}-{version[0]}"
+
+    def fetch() -> bytes:
+        data = _fetch(url)
+        if len(data) != version[1]:
+            raise StoreError(f"{url}: the manifest changed while it was read; restart the job")
+        return data
+
+    return _get(key, fetch, lambda data: len(data) == version[1])
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class RemoteFlat:
+    """A remote shard's flat sidecar as served: blocks of `block_bytes` fetched (one ranged
+    request each, in parallel for a prefetch), each checked against the store's running CRC32Cs
+    `crcs` (`flat_blocks.prefix_crcs`) before it is kept or served. Same `read` as
+    `FlatBlocks`."""
+
+    def __init__(
+        self, url: str, sha256: str, dtype: np.dtype, tokens: int, crcs: np.ndarray, block_bytes: int
+    ) -> None:
+        self.url, self.dtype, self.block_bytes = url, dtype, block_bytes
+        self.size = tokens * dtype.itemsize
+        self.shift = (block_bytes // dtype.itemsize).bit_length() - 1
+        self._crcs = crcs.astype(np.uint32).tolist()
+        self._key = f"blocks/{sha256}-{block_bytes}"
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) (a non-empty range)."""
+        first, last = start >> self.shift, ((stop - 1) >> self.shift) + 1
+        data = b"".join(self._block(block) for block in range(first, last))
+        base = first << self.shift
+        return np.frombuffer(data, self.dtype)[start - base : stop - base]
+
+    def blocks_of(self, ranges: Iterable[tuple[int, int]]) -> set[int]:
+        """The blocks token ranges [start, stop) touch."""
+        found: set[int] = set()
+        for start, stop in ranges:
+            found.update(range(start >> self.shift, ((stop - 1) >> self.shift) + 1))
+        return found
+
+    def _block(self, block: int) -> bytes:
+        lo = block * self.block_bytes
+        hi = min(lo + self.block_bytes, self.size)
+        want = self._crcs[block + 1]
+        start = self._crcs[block]
+
+        def check(data: bytes) -> bool:
+            return len(data) == hi - lo and google_crc32c.extend(start, data) == want
+
+        try:
+            return _get(f"{self._key}/{block}", lambda: _fetch(self.url, lo, hi), check)
+        except StoreError as error:
+            if "do not match" not in str(error):
+                raise
+            raise StoreError(
+                f"{self.url}: bytes {lo}..{hi - 1} do not match their block checksums "
+                "(flat_blocks): the sidecar was altered or damaged; prepare the store again"
+            ) from None
+
+
+def in_parallel(calls: list[Callable[[], Any]]) -> None:
+    """Run `calls` at once (a round trip for all of them), re-raising the first failure."""
+    global _pool
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="remote-read")
+        pool = _pool
+    for future in [pool.submit(call) for call in calls]:
+        future.result()
+
+
+def prefetch_blocks(flat: RemoteFlat, ranges: Iterable[tuple[int, int]]) -> None:
+    """Fetch every block token ranges of `flat` touch, in parallel."""
+    in_parallel([lambda b=block: flat._block(b) for block in sorted(flat.blocks_of(ranges))])

@@ -1,0 +1,126 @@
+"""A loopback HTTP proxy in front of the GCS emulator that counts what clients download.
+
+Tests and the bench point every client at it (`proxied`): it forwards each request to the
+emulator, records (start, end, method, path, bytes sent back), and can hold each request
+`latency` seconds before forwarding it (a bucket far away). `Log.rounds()` counts the
+sequential round trips: the longest chain of requests each of which started after the one
+before it ended (requests made in parallel overlap, so they count once).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from tests.gcs_emulator import _variables
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "host"}
+
+
+@dataclass
+class Request:
+    start: float
+    end: float
+    method: str
+    path: str
+    bytes: int
+
+
+@dataclass
+class Log:
+    """What went through the proxy since it started (or since `clear`)."""
+
+    requests: list[Request] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.requests.clear()
+
+    def downloaded(self) -> int:
+        with self.lock:
+            return sum(r.bytes for r in self.requests)
+
+    def rounds(self) -> int:
+        """The longest chain of requests, each started after the previous one ended."""
+        with self.lock:
+            done = sorted(self.requests, key=lambda r: r.end)
+        depth: list[tuple[float, int]] = []  # (end, chain length ending there)
+        best = 0
+        for request in done:
+            before = max((n for end, n in depth if end <= request.start), default=0)
+            depth.append((request.end, before + 1))
+            best = max(best, before + 1)
+        return best
+
+
+def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandler]:
+    host, port = urlsplit(target).hostname, urlsplit(target).port
+
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _forward(self) -> None:
+            start = time.monotonic()
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length) if length else None
+            if latency:
+                time.sleep(latency)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            upstream = http.client.HTTPConnection(host, port, timeout=60)
+            try:
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+            finally:
+                upstream.close()
+            self.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in _HOP | {"content-length"}:
+                    self.send_header(key, value)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            with log.lock:
+                log.requests.append(
+                    Request(start, time.monotonic(), self.command, self.path, len(data))
+                )
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
+
+    return Forward
+
+
+@contextmanager
+def proxied(target: str, latency: float = 0.0) -> Iterator[Log]:
+    """A proxy to the emulator at `target` (http://127.0.0.1:PORT), every client of this
+    process pointed at it while it runs (`gcs_emulator.point_at`'s variables, restored after)."""
+    log = Log()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(target, log, latency))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    variables = _variables(f"http://127.0.0.1:{server.server_address[1]}")
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield log
+    finally:
+        server.shutdown()
+        server.server_close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
