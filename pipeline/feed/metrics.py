@@ -43,6 +43,8 @@ METRICS: tuple[tuple[str, str, str, Callable[[FeedStats], object]], ...] = (
      lambda s: s.slowest_process),
     ("slowest_time_to_batch_seconds", "gauge", "The slowest host's time to batch",
      lambda s: s.slowest_time_to_batch_s),
+    ("downloaded_bytes", "counter", "Bytes this process downloaded from object storage",
+     lambda s: s.downloaded_bytes),
 )  # fmt: skip
 
 

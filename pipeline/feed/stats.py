@@ -28,6 +28,7 @@ from pipeline.feed.stragglers import Peers, Slowest
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Draws, SegmentPlan
 from pipeline.read.plan import Plan
+from pipeline.store import remote_reads
 
 log = logging.getLogger("pipeline")
 
@@ -96,6 +97,10 @@ class FeedStats:
     time_to_batch_s: float  # median reader time per step over the last window (0: none yet)
     slowest_process: int  # the host with the longest latest time to batch (-1: none yet)
     slowest_time_to_batch_s: float  # its time to batch
+    # bytes this process downloaded from object storage (all its feeds and stores), and per
+    # token this feed served (pipeline.store.remote_reads)
+    downloaded_bytes: int = 0
+    downloaded_per_token: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -198,6 +203,8 @@ class Recorder:
             time_to_batch_s=time_to_batch,
             slowest_process=slowest.process,
             slowest_time_to_batch_s=slowest.seconds,
+            downloaded_bytes=remote_reads.downloaded(),
+            downloaded_per_token=remote_reads.downloaded() / max(1, sum(tokens.values())),
         )
 
     def _compare(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, StoreError
+from pipeline.store import remote_reads
 from pipeline.store.formats import check_index, load_meta, open_store
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
@@ -27,12 +28,21 @@ def open_stores(
 ) -> dict[str, TokenStore]:
     """Every source's store, opened (its files checked) by `open_store(path, check_reads=...)`
     as the config's `feed.verify` says, by source name."""
+    configure_remote_reads(config)
     return _each_source(config, partial(open_store, check_reads=config.feed.check_reads))
 
 
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
     """Every source's store metadata (its manifest alone), by source name."""
+    configure_remote_reads(config)
     return _each_source(config, load_meta)
+
+
+def configure_remote_reads(config: DataConfig) -> None:
+    """This process's reads of remote stores as the config's `feed.cache` and
+    `feed.read_timeout_s` say (`remote_reads.configure`)."""
+    directory, max_gb = config.feed.cache or (None, 0.0)
+    remote_reads.configure(directory, max_gb, config.feed.read_timeout_s)
 
 
 def path_key(config: DataConfig, name: str) -> str:

@@ -22,6 +22,7 @@ an entry never goes stale: data that changes has another key.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -83,10 +84,8 @@ class BlockCache:
         except OSError:
             return None
         if check(data):
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(path)  # most recently used
-            except OSError:
-                pass
             return data
         self.damaged += 1
         path.unlink(missing_ok=True)  # damaged: fetched again, never served

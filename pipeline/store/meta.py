@@ -19,9 +19,9 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.in_place import hint
+from pipeline.store import remote_reads
 from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
-from pipeline.store import remote_reads
 from pipeline.urls import is_url, location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"

@@ -189,7 +189,13 @@ class RemoteFlat:
     `FlatBlocks`."""
 
     def __init__(
-        self, url: str, sha256: str, dtype: np.dtype, tokens: int, crcs: np.ndarray, block_bytes: int
+        self,
+        url: str,
+        sha256: str,
+        dtype: np.dtype,
+        tokens: int,
+        crcs: np.ndarray,
+        block_bytes: int,
     ) -> None:
         self.url, self.dtype, self.block_bytes = url, dtype, block_bytes
         self.size = tokens * dtype.itemsize

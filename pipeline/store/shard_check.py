@@ -26,11 +26,11 @@ from array_record.python.array_record_module import ArrayRecordReader
 from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
+from pipeline.store import remote_reads
 from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks, block_count
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.store import remote_reads
 from pipeline.store.store_files import RESEALED, FileIdentity, identity_or_none, sha256_of
 from pipeline.urls import is_url
 
