@@ -118,7 +118,7 @@ def object_version(url: Any) -> tuple[int, int] | None:
     fs, path = _filesystem(url)
     fs.invalidate_cache(path)  # asked of the server, never of a listing this process cached
     try:
-        info = fs.info(path)
+        info = bounded(url, fs._info, path)
     except FileNotFoundError:
         return None
     if not info.get("generation"):
@@ -127,6 +127,33 @@ def object_version(url: Any) -> tuple[int, int] | None:
             "could not be detected; keep stores on local disk or in Cloud Storage (gs://)"
         )
     return int(info["generation"]), int(info["size"])
+
+
+REQUEST_TIMEOUT_S = [60.0]
+"""The limit on one request to object storage (`feed.read_timeout_s`, set by
+`remote_reads.configure`), retries included."""
+
+
+def storage_endpoint() -> str:
+    """The Cloud Storage endpoint gcsfs talks to, for messages."""
+    return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+
+
+def bounded(url: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """`await call(*args, **kwargs)` (a coroutine function of `url`'s fsspec filesystem) on the
+    filesystem's loop, answered within `REQUEST_TIMEOUT_S` or refused with one line naming the
+    URL and the endpoint: a bucket that does not answer never hangs the caller."""
+    import fsspec.asyn
+
+    fs, _ = _filesystem(url)
+    timeout = REQUEST_TIMEOUT_S[0]
+    try:
+        return fsspec.asyn.sync(fs.loop, call, *args, timeout=timeout, **kwargs)
+    except fsspec.asyn.FSTimeoutError:
+        raise StoreError(
+            f"{url}: no answer from Cloud Storage at {storage_endpoint()} within {timeout:g} s "
+            "(feed.read_timeout_s); check the network"
+        ) from None
 
 
 def copy_file(source: Any, destination: Any) -> None:

@@ -90,16 +90,25 @@ def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandl
                     self.send_header(key, value)
             self.send_header("content-length", str(len(data)))
             self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            try:
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                self.close_connection = True
+            path = f"{self.path} {self.headers.get('range', '')}".strip()
             with log.lock:
-                log.requests.append(
-                    Request(start, time.monotonic(), self.command, self.path, len(data))
-                )
+                log.requests.append(Request(start, time.monotonic(), self.command, path, len(data)))
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 
     return Forward
+
+
+def fresh_clients() -> None:
+    """Forget this process's gcsfs clients, so that the next one reads the endpoint anew."""
+    import gcsfs
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 @contextmanager
@@ -114,9 +123,11 @@ def proxied(target: str, latency: float = 0.0) -> Iterator[Log]:
     variables = _variables(f"http://127.0.0.1:{server.server_address[1]}")
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
+    fresh_clients()
     try:
         yield log
     finally:
+        fresh_clients()
         server.shutdown()
         server.server_close()
         for name, value in saved.items():

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
+from pipeline.store.remote_reads import RemoteFlat, prefetch_blocks, together
 
 
 class PieceSource(Protocol):
@@ -32,7 +33,7 @@ class PieceSource(Protocol):
     def num_shards(self) -> int: ...
     def check_shard(self, shard: int) -> int: ...
     def shard_file(self, shard: int) -> Path: ...
-    def flat_blocks(self, shard: int) -> FlatBlocks | None: ...
+    def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None: ...
     def doc_offsets(self, shard: int) -> np.ndarray: ...
     def record_offsets(self, shard: int) -> np.ndarray: ...
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]: ...
@@ -71,9 +72,12 @@ def read_pieces(
     if bad.size:  # a negative shard would silently read another one
         stores[int(which[bad[0]])].check_shard(int(shards[bad[0]]))
     sizes = np.empty_like(lo)
+    remote = []  # stores in buckets, read through remote_reads
     for k in np.unique(which).tolist():
         mask = which == k
         sizes[mask] = stores[k].shard_tokens[shards[mask]]
+        if getattr(stores[k], "remote", False):
+            remote.append(k)
     bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
     if bad.size:
         i = int(bad[0])
@@ -81,6 +85,8 @@ def read_pieces(
             f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
             f"is not a non-empty range inside the shard (0..{sizes[i]})"
         )
+    if remote:
+        _prefetch(stores, remote, which, shards, lo, hi)
     width = out.shape[1]
     views: dict[tuple[int, int], tuple[FlatBlocks | None, np.ndarray]] = {}
     by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
@@ -103,6 +109,31 @@ def read_pieces(
     for (k, shard), group in by_record.items():
         _copy_records(stores[k], shard, *map(list, zip(*group)), out)
     return np.divmod(np.concatenate(found), width)
+
+
+def _prefetch(
+    stores: Sequence[PieceSource],
+    remote: list[int],
+    which: np.ndarray,
+    shards: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> None:
+    """The pieces of stores in buckets (`remote`): the shards they read opened at once, then the
+    blocks they touch downloaded at once; two round trips for a batch, whatever its number of
+    sources, shards and blocks, where reading piece by piece waits for each in turn."""
+    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    picked = np.isin(which, remote)
+    for k, shard, start, stop in zip(
+        *(a[picked].tolist() for a in (which, shards, lo, hi)), strict=True
+    ):
+        ranges.setdefault((k, shard), []).append((start, stop))
+    flats = together(*(lambda k=k, s=s: stores[k].flat_blocks(s) for k, s in ranges))
+    prefetch_blocks(
+        (flat, spans)
+        for flat, spans in zip(flats, ranges.values(), strict=True)
+        if isinstance(flat, RemoteFlat)
+    )
 
 
 def _copy_records(

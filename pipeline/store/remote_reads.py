@@ -18,7 +18,6 @@ its manifest and indexes by one request each; everything goes through this modul
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -34,14 +33,12 @@ from pipeline.errors import StoreError
 from pipeline.store.block_cache import BlockCache
 
 MEMORY_BYTES = 256 << 20  # fetched bytes kept in this process's memory
-DEFAULT_TIMEOUT_S = 60.0
 _PARALLEL = 32  # requests in flight at once, for a prefetch
 
 
 @dataclass
 class _State:
     cache: BlockCache | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
     downloaded: int = 0
     requests: int = 0
 
@@ -50,14 +47,16 @@ _state = _State()
 _lock = threading.Lock()
 _memory: OrderedDict[str, bytes] = OrderedDict()
 _memory_bytes = 0
-_pool: ThreadPoolExecutor | None = None
+_inflight: dict[str, threading.Event] = {}  # keys being loaded, set when done
 
 
 def configure(cache_dir: str | None, max_gb: float, timeout_s: float) -> None:
     """Set this process's disk cache (None: none) and per-request time limit: the feed's
     `feed.cache` and `feed.read_timeout_s`. A cache already open on the same directory stays."""
+    from pipeline import urls
+
     with _lock:
-        _state.timeout_s = timeout_s
+        urls.REQUEST_TIMEOUT_S[0] = timeout_s
         if cache_dir is None:
             _state.cache = None
             return
@@ -73,31 +72,21 @@ def downloaded() -> int:
     return _state.downloaded
 
 
-def _endpoint() -> str:
-    return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
-
-
 def _fetch(url: str, start: int | None = None, end: int | None = None) -> bytes:
     """Bytes [start, end) of the object at `url` (all of it without a range): one request,
-    answered within the configured time or refused in one line."""
-    import fsspec.asyn
-
-    from pipeline.urls import _filesystem
+    answered within the configured time or refused in one line (`urls.bounded`)."""
+    from pipeline.urls import _filesystem, bounded, storage_endpoint
 
     fs, path = _filesystem(url)  # refuses an endpoint that cannot be connected to, in seconds
-    timeout = _state.timeout_s
     try:
-        data = fsspec.asyn.sync(fs.loop, fs._cat_file, path, start=start, end=end, timeout=timeout)
-    except fsspec.asyn.FSTimeoutError:
-        raise StoreError(
-            f"{url}: no answer from Cloud Storage at {_endpoint()} within {timeout:g} s "
-            "(feed.read_timeout_s); check the network"
-        ) from None
+        data = bounded(url, fs._cat_file, path, start=start, end=end)
+    except StoreError:
+        raise
     except FileNotFoundError:
         raise StoreError(f"{url}: listed in the store's manifest but missing") from None
     except Exception as error:  # gcsfs retried what was transient
         raise StoreError(
-            f"{url}: cannot read from Cloud Storage at {_endpoint()}: {error}"
+            f"{url}: cannot read from Cloud Storage at {storage_endpoint()}: {error}"
         ) from None
     with _lock:
         _state.downloaded += len(data)
@@ -126,10 +115,27 @@ def _remember(key: str, data: bytes) -> None:
 
 
 def _get(key: str, fetch: Callable[[], bytes], check: Callable[[bytes], bool]) -> bytes:
-    """Entry `key`: from memory, else the disk cache (checked), else fetched and checked."""
-    data = _remembered(key)
-    if data is not None:
-        return data
+    """Entry `key`: from memory, else the disk cache (checked), else fetched and checked; one
+    thread of the process at a time per key (the others wait for its result)."""
+    while True:
+        data = _remembered(key)
+        if data is not None:
+            return data
+        with _lock:
+            busy = _inflight.get(key)
+            if busy is None:
+                _inflight[key] = threading.Event()
+        if busy is None:
+            break
+        busy.wait()  # then from memory, or (its fetch failed) this thread's turn
+    try:
+        return _load(key, fetch, check)
+    finally:
+        with _lock:
+            _inflight.pop(key).set()
+
+
+def _load(key: str, fetch: Callable[[], bytes], check: Callable[[bytes], bool]) -> bytes:
     cache = _state.cache
     if cache is not None:
         data = cache.get(key, fetch, check)
@@ -206,18 +212,18 @@ class RemoteFlat:
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) (a non-empty range)."""
         first, last = start >> self.shift, ((stop - 1) >> self.shift) + 1
-        data = b"".join(self._block(block) for block in range(first, last))
+        data = b"".join(self.block(block) for block in range(first, last))
         base = first << self.shift
         return np.frombuffer(data, self.dtype)[start - base : stop - base]
 
-    def blocks_of(self, ranges: Iterable[tuple[int, int]]) -> set[int]:
-        """The blocks token ranges [start, stop) touch."""
+    def missing(self, ranges: Iterable[tuple[int, int]]) -> list[int]:
+        """The blocks token ranges [start, stop) touch that this process does not hold yet."""
         found: set[int] = set()
         for start, stop in ranges:
             found.update(range(start >> self.shift, ((stop - 1) >> self.shift) + 1))
-        return found
+        return [block for block in sorted(found) if _remembered(f"{self._key}/{block}") is None]
 
-    def _block(self, block: int) -> bytes:
+    def block(self, block: int) -> bytes:
         lo = block * self.block_bytes
         hi = min(lo + self.block_bytes, self.size)
         want = self._crcs[block + 1]
@@ -237,21 +243,19 @@ class RemoteFlat:
             ) from None
 
 
-def in_parallel(calls: list[Callable[[], Any]]) -> None:
-    """Run `calls` at once (a round trip for all of them), re-raising the first failure."""
-    global _pool
+def together(*calls: Callable[[], Any]) -> list[Any]:
+    """Run `calls` at once (one round trip for all of them), their results in order; the first
+    failure is re-raised once all have ended. A pool per call (at most `_PARALLEL` threads, gone
+    when it returns), so that a call may itself call `together` without waiting on a slot."""
     if len(calls) <= 1:
-        for call in calls:
-            call()
-        return
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="remote-read")
-        pool = _pool
-    for future in [pool.submit(call) for call in calls]:
-        future.result()
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(len(calls), _PARALLEL), thread_name_prefix="remote-read") as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
 
 
-def prefetch_blocks(flat: RemoteFlat, ranges: Iterable[tuple[int, int]]) -> None:
-    """Fetch every block token ranges of `flat` touch, in parallel."""
-    in_parallel([lambda b=block: flat._block(b) for block in sorted(flat.blocks_of(ranges))])
+def prefetch_blocks(flats: Iterable[tuple[RemoteFlat, Iterable[tuple[int, int]]]]) -> None:
+    """Fetch every block that the token ranges of each sidecar touch and this process does not
+    hold yet, all at once."""
+    missing = [(flat, block) for flat, ranges in flats for block in flat.missing(ranges)]
+    together(*(lambda f=flat, b=block: f.block(b) for flat, block in missing))

@@ -39,7 +39,7 @@ from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
-from pipeline.store.remote_reads import RemoteFlat
+from pipeline.store.remote_reads import RemoteFlat, together
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import (
     check_records,
@@ -411,7 +411,8 @@ class TokenStore(StoreFacts):
             return
         entry = self.manifest["shards"][shard]
         file = self.path / entry["file"]
-        self.check_unchanged()
+        if not self.remote:  # a cloud store's: with its files' downloads, below
+            self.check_unchanged()
         known = self._shard_identity(shard)
         # a cloud shard served from its sidecar's blocks opens no ArrayRecord reader, so needs
         # no generation: every block is checked against the store's CRCs as it is downloaded
@@ -423,11 +424,19 @@ class TokenStore(StoreFacts):
                 f"{file}: the shard was replaced or changed after the store was opened; "
                 "restart the job, or prepare the store again"
             )
-        offsets = load_index(self.path, entry, "index", "index_sha256", entry["records"])
-        docs = load_index(self.path, entry, "docs", "docs_sha256", entry["documents"])
-        untrained = load_mask(self.path, entry) if self.masked else None
-        if served_remotely:
-            self._loaded["flat"][shard] = remote_flat(self.path, entry, self.dtype)
+        loads = (
+            lambda: self.check_unchanged() if self.remote else None,
+            lambda: load_index(self.path, entry, "index", "index_sha256", entry["records"]),
+            lambda: load_index(self.path, entry, "docs", "docs_sha256", entry["documents"]),
+            lambda: load_mask(self.path, entry) if self.masked else None,
+            lambda: remote_flat(self.path, entry, self.dtype) if served_remotely else None,
+        )
+        # a cloud shard's files are downloaded at once: one round trip (`remote_reads`)
+        _, offsets, docs, untrained, remote = (
+            together(*loads) if self.remote else [load() for load in loads]
+        )
+        if remote is not None:
+            self._loaded["flat"][shard] = remote
         elif self._use_flat[shard]:
             seen = self._file_identities[shard].get("flat")
             tokens = map_flat(self.path, entry, seen, self.dtype, offsets)
