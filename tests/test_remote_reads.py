@@ -1,0 +1,232 @@
+"""gs:// stores read through `remote_reads` and the host cache, against the GCS emulator behind
+a proxy that counts (and delays) every request (tests/gcs_proxy.py). Nothing here is a mock."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import google_crc32c
+import jax
+import numpy as np
+import pytest
+import yaml
+from jax.sharding import Mesh
+
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError, StoreError
+from pipeline.feed.data_feed import DataFeed
+from pipeline.read.batch import FIELDS
+from pipeline.read.plan import Plan
+from pipeline.store.block_cache import BlockCache
+from pipeline.urls import copy_file, location
+from tests.gcs_proxy import fresh_clients, proxied
+from tests.storegen import write_synthetic_store
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "remote_feed_worker.py"
+_first = itertools.count(1)  # each store's tokens differ: no process holds its blocks yet
+
+
+@pytest.fixture(scope="module")
+def proxy(gcs_bucket):
+    """The proxy in front of the session's emulator, for this module."""
+    with proxied(os.environ["STORAGE_EMULATOR_HOST"]) as log:
+        yield gcs_bucket, log
+
+
+def store(tmp_path: Path, bucket: str, name: str, shards: int = 4) -> tuple[Path, str]:
+    """A 4-shard store of ~1.1 MB of tokens, written locally and uploaded to `bucket`."""
+    rng = np.random.default_rng(0)
+    local = tmp_path / name
+    lengths = [rng.integers(50, 400, 300).tolist() for _ in range(shards)]
+    write_synthetic_store(local, lengths, first=next(_first) * 10**6)
+    url = f"{bucket}/{name}-{os.getpid()}-{time.monotonic_ns()}"
+    for file in local.iterdir():
+        copy_file(file, location(url) / file.name)
+    return local, url
+
+
+def raw_config(path: str, **feed) -> dict:
+    raw = {"seed": 1, "seq_len": 64, "global_batch_size": 8, "mix": {"web": 1}}
+    return {**raw, "sources": {"web": {"path": str(path)}}, **({"feed": feed} if feed else {})}
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:8]), ("data",))
+
+
+def sidecar_bytes(local: Path) -> int:
+    return sum(f.stat().st_size for f in local.glob("*.flat.bin"))
+
+
+def test_a_cold_feed_downloads_each_block_it_serves_once(tmp_path, proxy):
+    bucket, log = proxy
+    local, url = store(tmp_path, bucket, "cold")
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    log.clear()
+    with DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed:
+        for step in range(60):
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), expected.batch(step)[field])
+        stats = feed.stats()
+    blocks = [r.path for r in log.requests if ".flat.bin" in r.path]
+    assert blocks and len(blocks) == len(set(blocks))  # each (object, range) once
+    assert not [r for r in log.requests if ".array_record" in r.path]  # ArrayRecord: ~50x
+    metadata = sum(f.stat().st_size for f in local.iterdir() if not f.name.endswith(".bin"))
+    downloaded = log.downloaded()
+    assert downloaded <= 2 * sidecar_bytes(local) + 2 * metadata  # was ~50x the whole store
+    assert stats.downloaded_per_token > 0 and stats.downloaded_bytes >= downloaded // 2
+
+
+def test_a_cold_start_takes_a_few_round_trips(tmp_path, gcs_bucket):
+    _, url = store(tmp_path, gcs_bucket, "rounds")
+    config = parse_config(raw_config(url), origin="remote.yaml")
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
+        DataFeed(config, mesh()) as feed,
+    ):
+        next(feed)
+        rounds = log.rounds()
+    assert rounds <= 5  # manifest identity, manifest, a second open, shard files, blocks
+
+
+def silent_port() -> tuple[socket.socket, int]:
+    """A loopback port that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    return server, server.getsockname()[1]
+
+
+def test_an_endpoint_that_never_answers_fails_in_one_line_within_the_limit(monkeypatch):
+    server, port = silent_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    fresh_clients()
+    config = parse_config(raw_config("gs://pipeline-test/far", read_timeout_s=1.5), origin="c.yaml")
+    started = time.monotonic()
+    try:
+        with pytest.raises((StoreError, ConfigError)) as raised:
+            DataFeed(config, mesh())
+    finally:
+        server.close()
+        monkeypatch.undo()
+        fresh_clients()
+    assert time.monotonic() - started < 12
+    message = str(raised.value)
+    assert len(message.splitlines()) == 1
+    assert "gs://pipeline-test/far/manifest.json" in message
+    assert f"127.0.0.1:{port} within 1.5 s (feed.read_timeout_s)" in message
+
+
+def run_worker(config: Path, out: Path, steps: int = 30) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(config), str(steps), str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def finish(process: subprocess.Popen, out: Path) -> dict[str, np.ndarray]:
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    with np.load(out) as data:
+        return dict(data)
+
+
+def same_batches(a: dict, b: dict) -> None:
+    for key in a:
+        if key != "downloaded":
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.multiprocess
+def test_a_warm_restart_downloads_little_and_a_damaged_entry_is_fetched_again(tmp_path, proxy):
+    bucket, log = proxy
+    _, url = store(tmp_path, bucket, "warm")
+    cache = tmp_path / "cache"
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump(raw_config(url, cache={"dir": str(cache), "max_gb": 1})))
+    runs = []
+    for name in ("cold", "warm"):
+        log.clear()
+        runs.append(
+            (
+                finish(run_worker(config, tmp_path / f"{name}.npz"), tmp_path / f"{name}.npz"),
+                log.downloaded(),
+            )
+        )
+    (cold, cold_bytes), (warm, warm_bytes) = runs
+    same_batches(cold, warm)
+    assert cold_bytes > 0 and warm_bytes <= 0.05 * cold_bytes
+    assert not [r for r in log.requests if "alt=media" in r.path]  # identities only
+
+    entry = next(p for p in sorted((cache / "blocks").rglob("*")) if p.is_file())
+    damaged = bytearray(entry.read_bytes())
+    damaged[100] ^= 0x01
+    entry.write_bytes(bytes(damaged))
+    log.clear()
+    again = finish(run_worker(config, tmp_path / "again.npz"), tmp_path / "again.npz")
+    same_batches(cold, again)
+    assert len([r for r in log.requests if ".flat.bin" in r.path]) == 1  # that block, again
+    assert entry.read_bytes() != bytes(damaged)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_sharing_a_cache_download_each_block_once(tmp_path, proxy):
+    bucket, log = proxy
+    _, url = store(tmp_path, bucket, "shared")
+    config = tmp_path / "data.yaml"
+    cache = {"dir": str(tmp_path / "cache"), "max_gb": 1}
+    config.write_text(yaml.safe_dump(raw_config(url, cache=cache)))
+    log.clear()
+    workers = [run_worker(config, tmp_path / f"{i}.npz") for i in range(2)]
+    results = [finish(w, tmp_path / f"{i}.npz") for i, w in enumerate(workers)]
+    same_batches(*results)
+    media = [r.path for r in log.requests if "alt=media" in r.path]
+    assert media and len(media) == len(set(media))  # every block and file: one download
+
+
+def _fill_and_die(root: str) -> None:
+    """A process killed (SIGKILL) in the middle of a fill, holding the fill's lock."""
+
+    def fetch() -> bytes:
+        Path(root, "started").touch()
+        time.sleep(60)
+        return b"never"
+
+    BlockCache(Path(root), 1 << 20).get("blocks/k", fetch, lambda data: True)
+
+
+def test_a_fill_killed_midway_leaves_nothing_served_unchecked(tmp_path):
+    good = b"the block" * 100
+    crc = google_crc32c.value(good)
+
+    def check(data: bytes) -> bool:
+        return google_crc32c.value(data) == crc
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    child = multiprocessing.get_context("spawn").Process(target=_fill_and_die, args=(str(root),))
+    child.start()
+    deadline = time.monotonic() + 60
+    while not (root / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(child.pid, 9)
+    child.join()
+    # what a fill killed between its write and its rename would leave: a partial file
+    (root / "blocks").mkdir(exist_ok=True)
+    (root / "blocks" / "k.123-abcd.partial").write_bytes(good[:10])
+    cache = BlockCache(root, 1 << 20)
+    fetched = []
+    assert cache.get("blocks/k", lambda: fetched.append(1) or good, check) == good
+    assert fetched == [1]  # the lock died with the killed process; the partial was not read
+    (root / "blocks" / "k").write_bytes(good[:-1] + b"?")  # damaged on disk
+    assert cache.get("blocks/k", lambda: fetched.append(2) or good, check) == good
+    assert fetched == [1, 2] and cache.damaged == 1
