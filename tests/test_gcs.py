@@ -6,6 +6,7 @@ and gcsfs; nothing here is a mock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -291,35 +292,38 @@ def test_the_bare_emulator_ignores_generation_preconditions():
 def test_an_open_reader_of_a_replaced_bucket_shard_fails_rather_than_read_the_new_one(
     tmp_path: Path, prefix
 ):
-    """Cloud Storage has no open file: an open reader reads the generation it checked, so the
-    same-layout shard of another store is refused by name, never served."""
+    """Cloud Storage has no open file: an open shard's blocks are checked against the CRCs it
+    opened with, so the same-layout shard of another store is refused by name, never served."""
     store = location(f"{prefix}/web")
     old = corpus_of(tmp_path / "old", "alpha", 60)
     prepare(PrepareOptions([str(old)], store, num_shards=2, progress=False))
     opened = TokenStore(str(store))
-    first = opened.read_shard_tokens(0, 0, 40).tokens  # opens shard 0's reader
+    opened.doc_offsets(0)  # opens shard 0: its indexes and block checksums, none of its blocks
+    first = TokenStore(str(store)).read_shard_tokens(1, 0, 40).tokens
     new = corpus_of(tmp_path / "new", "omega", 60)  # the same lengths: the same record layout
     prepare(PrepareOptions([str(new)], store, num_shards=2, overwrite=True, progress=False))
-    assert TokenStore(str(store)).read_shard_tokens(0, 0, 40).tokens.tolist() != first.tolist()
-    shard = store / "shard-00000-of-00002.array_record"
-    with pytest.raises(StoreError, match=rf"{shard}: cannot read records .*404"):
+    assert TokenStore(str(store)).read_shard_tokens(1, 0, 40).tokens.tolist() != first.tolist()
+    sidecar = store / "shard-00000-of-00002.flat.bin"  # served from its checked blocks
+    with pytest.raises(StoreError, match=rf"{sidecar}: bytes .* do not match their block"):
         opened.read_shard_tokens(0, 0, 40)
 
 
 def test_a_bucket_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(
-    tmp_path: Path, prefix
+    tmp_path: Path, prefix, monkeypatch
 ):
-    """Readers of a bucket shard read the generation checked when it was opened: once
-    `--overwrite` replaces the store, every read fails, naming its object, and no batch
-    holds a token of the new store."""
+    """A bucket store is served from blocks checked against the CRCs read when its shards were
+    opened: once `--overwrite` replaces the store, a block not yet held fails its check, naming
+    its object, the periodic identity check stops the feed, and no batch holds a token of the
+    new store (the blocks held are the old store's, checked)."""
+    monkeypatch.setenv("PIPELINE_STOP_STORE_CHECK_S", "0.2")  # the small store is soon all held
     store = location(f"{prefix}/web")
     # 8 lanes: the first step opens a shard per lane, whose readers the next steps read on
     message = feed_across_a_replacement(tmp_path, store, lanes=8, global_batch_size=8)
-    # Which stops the feed depends on timing: a reader opened before the replacement asks for
-    # the generation it opened, now gone (404), within a step; a shard opened after it (or, on
-    # a slow run, the feed's periodic identity check, without the step) finds the new manifest.
+    # Which stops the feed depends on timing: a block of a shard opened before the replacement
+    # fails its check; a shard opened after it (or the feed's periodic identity check, without
+    # the step) finds the new manifest.
     # Either way the source's config key names the store.
-    read = r"shard-0000[0-7]-of-00008\.array_record: cannot read records \d+\.\.\d+: .* 404;"
+    read = r"shard-0000[0-7]-of-00008\.flat\.bin: bytes \d+\.\.\d+ do not match their block"
     replaced = r"manifest\.json: the store was replaced or changed after it was opened "
     step, key = r"step \d+: cannot read the batch: ", r"r\.yaml: sources\.s\.path: "
     where = rf"({step})?{key}{re.escape(str(store))}/"
@@ -333,9 +337,10 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
     shard.write_bytes(shard.read_bytes()[:-7])
     with pytest.raises(StoreError, match=f"{shard}: "):  # its first use finds it, or the pass
         TokenStore(store, verify=True)
-    shard.unlink()
+    sidecar = location(store) / "shard-00001-of-00002.flat.bin"  # what a feed reads of it
+    sidecar.unlink()
     opened = TokenStore(store)  # opening reads the manifest only; the first read finds it
-    with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
+    with pytest.raises(StoreError, match=f"{sidecar}: listed in the store's manifest but miss"):
         opened.read_shard_tokens(1, 0, 1)
 
 
@@ -355,11 +360,13 @@ def test_a_bucket_store_replaced_after_open_is_named(prefix, corpus):
 
 
 def test_a_bucket_shard_rewritten_after_its_first_open_is_named(prefix, corpus):
-    """A shard's generation is taken at its first open and compared when it is opened again
-    (here after the bound on open shards closed it): the same bytes written again are a new
-    object, which is refused rather than trusted."""
+    """A shard read through ArrayRecord (a store without flat sidecars) has its generation
+    taken at its first open and compared when it is opened again (here after the bound on open
+    shards closed it): the same bytes written again are a new object, which is refused rather
+    than trusted. (A shard served from its sidecar's blocks is checked by content instead.)"""
     store = f"{prefix}/web"
-    prepare(PrepareOptions([corpus], location(store), num_shards=2, progress=False))
+    options = PrepareOptions([corpus], location(store), num_shards=2, progress=False)
+    prepare(dataclasses.replace(options, flat_tokens=False))
     opened = TokenStore(store, max_open_shards=1)
     first = opened.read_shard_tokens(0, 0, 5).tokens
     opened.read_shard_tokens(1, 0, 5)  # closes shard 0

@@ -239,6 +239,10 @@ class TokenStore(StoreFacts):
             )
         if start == stop:
             return TokenSpan(np.empty(0, self.dtype), np.empty(0, np.int64))
+        remote = self.flat_blocks(shard) if self.remote else None
+        if remote is not None:  # its checked blocks: ArrayRecord's gs:// reader reads far more
+            starts = self._doc_starts(shard, start, stop) - start
+            return TokenSpan(remote.read(start, stop).copy(), starts)
         offsets = self.record_offsets(shard)
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, stop, side="left"))  # exclusive
@@ -465,6 +469,10 @@ class TokenStore(StoreFacts):
         """The checks before a read through ArrayRecord (`ShardReaders.read` calls it with the
         shard's lock held): the shard's first-use checks and those of its records."""
         self._open_shard_locked(shard)
+        if self._shard_identity(shard) is None:  # served from blocks so far: pin a generation
+            self._first_use_identities[shard] = shard_identity(
+                self.path, self.manifest["shards"][shard]
+            )
         self._check_records(shard, self._loaded["index"][shard])
 
     def _forget(self, shard: int) -> None:
