@@ -61,8 +61,16 @@ class Log:
         return best
 
 
+class _Server(ThreadingHTTPServer):
+    # a client opens many connections at once: with the default backlog of 5, the kernel drops
+    # the rest's SYNs and they connect a second later, a stall no Cloud Storage server makes
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandler]:
     host, port = urlsplit(target).hostname, urlsplit(target).port
+    upstream_slots = threading.Semaphore(4)
 
     class Forward(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -77,13 +85,14 @@ def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandl
             if latency:
                 time.sleep(latency)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            upstream = http.client.HTTPConnection(host, port, timeout=60)
-            try:
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                answer = upstream.getresponse()
-                data = answer.read()
-            finally:
-                upstream.close()
+            with upstream_slots:  # the emulator answers one request at a time, backlog 5
+                upstream = http.client.HTTPConnection(host, port, timeout=60)
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
             self.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
                 if key.lower() not in _HOP | {"content-length"}:
@@ -116,8 +125,7 @@ def proxied(target: str, latency: float = 0.0) -> Iterator[Log]:
     """A proxy to the emulator at `target` (http://127.0.0.1:PORT), every client of this
     process pointed at it while it runs (`gcs_emulator.point_at`'s variables, restored after)."""
     log = Log()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(target, log, latency))
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), _handler(target, log, latency))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     variables = _variables(f"http://127.0.0.1:{server.server_address[1]}")

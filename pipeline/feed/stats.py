@@ -28,7 +28,7 @@ from pipeline.feed.stragglers import Peers, Slowest
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.plan import Draws, SegmentPlan
 from pipeline.read.plan import Plan
-from pipeline.store import remote_reads
+from pipeline.store.remote_reads import downloaded
 
 log = logging.getLogger("pipeline")
 
@@ -203,8 +203,8 @@ class Recorder:
             time_to_batch_s=time_to_batch,
             slowest_process=slowest.process,
             slowest_time_to_batch_s=slowest.seconds,
-            downloaded_bytes=remote_reads.downloaded(),
-            downloaded_per_token=remote_reads.downloaded() / max(1, sum(tokens.values())),
+            downloaded_bytes=downloaded(),
+            downloaded_per_token=downloaded() / max(1, sum(tokens.values())),
         )
 
     def _compare(self, recent: list[tuple[int, bool, float, float, float, int]]) -> None:

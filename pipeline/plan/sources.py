@@ -15,9 +15,9 @@ from typing import TypeVar
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError, StoreError
-from pipeline.store import remote_reads
 from pipeline.store.formats import check_index, load_meta, open_store
 from pipeline.store.meta import StoreMeta
+from pipeline.store.remote_reads import configure, together
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url
 
@@ -41,9 +41,9 @@ def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
 
 def configure_remote_reads(config: DataConfig) -> None:
     """This process's reads of remote stores as the config's `feed.cache` and
-    `feed.read_timeout_s` say (`remote_reads.configure`)."""
+    `feed.read_timeout_s` say (`configure`)."""
     directory, max_gb = config.feed.cache or (None, 0.0)
-    remote_reads.configure(directory, max_gb, config.feed.read_timeout_s)
+    configure(directory, max_gb, config.feed.read_timeout_s)
 
 
 def path_key(config: DataConfig, name: str) -> str:
@@ -63,7 +63,7 @@ def keyed(config: DataConfig, name: str) -> Iterator[None]:
 
 def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
     """`load` of every source's path, by name; sources in buckets all at once (one round trip
-    for any number of them, `remote_reads.together`)."""
+    for any number of them, `together`)."""
 
     def one(spec: SourceSpec) -> T:
         try:
@@ -75,7 +75,7 @@ def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
 
     calls = [partial(one, spec) for spec in config.sources]
     if any(is_url(spec.path) for spec in config.sources):
-        values = remote_reads.together(*calls)
+        values = together(*calls)
     else:
         values = [call() for call in calls]
     return {spec.name: value for spec, value in zip(config.sources, values, strict=True)}

@@ -19,9 +19,9 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.in_place import hint
-from pipeline.store import remote_reads
 from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
+from pipeline.store.remote_reads import manifest_bytes
 from pipeline.urls import is_url, location, read_bytes
 
 FORMAT_NAME = "pipeline-token-store"
@@ -148,7 +148,7 @@ def load_manifest(path: Path, identity: Any = None) -> dict[str, Any]:
     try:
         if is_url(path) and identity is not None:
             version = (identity.version[0], identity.size)
-            data = remote_reads.manifest_bytes(str(manifest_path), version)
+            data = manifest_bytes(str(manifest_path), version)
         else:
             data = read_bytes(str(manifest_path))
         manifest = json.loads(data)

@@ -53,10 +53,10 @@ _inflight: dict[str, threading.Event] = {}  # keys being loaded, set when done
 def configure(cache_dir: str | None, max_gb: float, timeout_s: float) -> None:
     """Set this process's disk cache (None: none) and per-request time limit: the feed's
     `feed.cache` and `feed.read_timeout_s`. A cache already open on the same directory stays."""
-    from pipeline import urls
+    from pipeline.urls import REQUEST_TIMEOUT_S
 
     with _lock:
-        urls.REQUEST_TIMEOUT_S[0] = timeout_s
+        REQUEST_TIMEOUT_S[0] = timeout_s
         if cache_dir is None:
             _state.cache = None
             return

@@ -26,10 +26,10 @@ from array_record.python.array_record_module import ArrayRecordReader
 from numpy.lib import format as npy_format
 
 from pipeline.errors import StoreError
-from pipeline.store import remote_reads
 from pipeline.store.flat_blocks import BLOCK_BYTES, FlatBlocks, block_count
 from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST
+from pipeline.store.remote_reads import RemoteFlat, checked_file
 from pipeline.store.retry import RetryPolicy, is_transient
 from pipeline.store.store_files import RESEALED, FileIdentity, identity_or_none, sha256_of
 from pipeline.urls import is_url
@@ -65,7 +65,7 @@ def _load_npy(
     document, less than the reader's own index), so the array served is the bytes hashed."""
     path = root / entry[key]
     if is_url(path):  # one download per host, checked (remote_reads)
-        data = remote_reads.checked_file(str(path), entry[checksum_key], checksum_key)
+        data = checked_file(str(path), entry[checksum_key], checksum_key)
         return path, _parsed(path, data)
     try:  # one read, both hashed and parsed
         data = path.read_bytes()
@@ -189,14 +189,14 @@ def _block_crcs(root: Path, entry: dict[str, Any], size: int, block_bytes: int) 
     return crcs
 
 
-def remote_flat(root: Path, entry: dict[str, Any], dtype: np.dtype) -> remote_reads.RemoteFlat:
-    """A remote shard's flat sidecar as served (`remote_reads.RemoteFlat`): every block checked
+def remote_flat(root: Path, entry: dict[str, Any], dtype: np.dtype) -> RemoteFlat:
+    """A remote shard's flat sidecar as served (`RemoteFlat`): every block checked
     against the shard's block checksum file (loaded here, checked against the manifest) when it
     is downloaded or read from the host's cache, whatever `feed.verify` says, since a cache
     entry is trusted only once checked. Only stores with block checksums are served so."""
     block_bytes = entry.get("flat_block_bytes", BLOCK_BYTES)
     crcs = _block_crcs(root, entry, int(entry["tokens"]) * dtype.itemsize, block_bytes)
-    return remote_reads.RemoteFlat(
+    return RemoteFlat(
         str(root / entry["flat"]), entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
         block_bytes,
     )  # fmt: skip
