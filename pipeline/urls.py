@@ -118,7 +118,8 @@ def object_version(url: Any) -> tuple[int, int] | None:
     fs, path = _filesystem(url)
     fs.invalidate_cache(path)  # asked of the server, never of a listing this process cached
     try:
-        info = bounded(url, fs._info, path)
+        # one request: `_info` also lists the name as a prefix, a second request to storage
+        info = bounded(url, getattr(fs, "_get_object", fs._info), path)
     except FileNotFoundError:
         return None
     if not info.get("generation"):

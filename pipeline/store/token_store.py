@@ -28,7 +28,9 @@ importable from here too.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +135,8 @@ class TokenStore(StoreFacts):
         self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self._identity = store_identity(self.path)
+        self._identity_lock = threading.Lock()
+        self._identity_check: Future | None = None  # the identity request in flight, shared
         self.manifest = load_manifest(self.path, self._identity)
         self.meta = StoreMeta.from_manifest(self.path, self.manifest)
         self.dtype = self.meta.dtype
@@ -173,8 +177,22 @@ class TokenStore(StoreFacts):
 
     def check_unchanged(self) -> None:
         """Refuse a store that is no longer the one opened (`store_identity` changed): checked
-        at each shard's first use, and by a running feed every few seconds."""
-        if store_identity(self.path) != self._identity:
+        at each shard's first use, and by a running feed every few seconds. Callers at the same
+        moment (a batch's shards of a bucket, opened at once) share one request."""
+        with self._identity_lock:
+            shared = self._identity_check
+            mine = shared is None
+            if mine:
+                shared = self._identity_check = Future()
+        if mine:
+            try:
+                shared.set_result(store_identity(self.path))
+            except BaseException as error:
+                shared.set_exception(error)
+            finally:
+                with self._identity_lock:
+                    self._identity_check = None
+        if shared.result() != self._identity:
             raise StoreError(
                 f"{self.path / MANIFEST}: the store was replaced or changed after it was opened "
                 "(by `prepare --overwrite`?); restart the job to read the new store"
