@@ -3,7 +3,7 @@ of a feed over gs:// stores (the GCS emulator behind tests/gcs_proxy.py, `--late
 request), cold and with a warm host cache (`feed.cache`), for 1 and 64 sources. Each row is a
 fresh process.
 
-    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 1]
+    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60]
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ def child(config: str, steps: int) -> None:
     started = time.monotonic()
     with DataFeed(load_config(config), Mesh(np.array(jax.devices()[:8]), ("data",))) as feed:
         next(feed)
-        first = time.monotonic() - started
+        first, wall = time.monotonic() - started, time.time()
         for _ in range(steps - 1):
             next(feed)
         stats = feed.stats()
-    print(json.dumps({"first_s": first, "per_token": stats.downloaded_per_token}))
+    print(json.dumps({"first_s": first, "at": wall, "per_token": stats.downloaded_per_token}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sources", default="1,64")
     parser.add_argument("--latency", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
@@ -61,8 +61,11 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bucket-bench-"))
     counts = [int(n) for n in args.sources.split(",")]
-    print("| sources | cache | first batch (s) | round trips | requests | MB downloaded |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print(
+        "| sources | cache | DataFeed() to first batch (s) | round trips to it | requests | MB "
+        "| bytes per token |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
     with serving() as bucket:
         rng = np.random.default_rng(0)
         for k in range(max(counts)):  # 4 shards of ~140 k tokens each per source
@@ -89,8 +92,9 @@ def main() -> None:
                     done = subprocess.run(command, capture_output=True, text=True, check=True)
                     row = json.loads(done.stdout.strip().splitlines()[-1])
                     print(
-                        f"| {count} | {label} | {row['first_s']:.2f} | {log.rounds()} | "
-                        f"{len(log.requests)} | {log.downloaded() / 1e6:.2f} |"
+                        f"| {count} | {label} | {row['first_s']:.2f} | "
+                        f"{log.rounds(before=row['at'])} | {len(log.requests)} | "
+                        f"{log.downloaded() / 1e6:.2f} | {row['per_token']:.1f} |"
                     )
 
 

@@ -1,11 +1,11 @@
 """A loopback HTTP proxy in front of the GCS emulator that counts what clients download.
 
 Tests and the bench point every client at it (`proxied`): it forwards each request to the
-emulator, records (start, end, method, path, bytes sent back), and can hold each request
-`latency` seconds before forwarding it (a bucket far away). `Log.rounds()` counts the
-sequential round trips: the longest chain of requests each of which started after the one
-before it ended (requests made in parallel overlap, so they count once).
-"""
+emulator, records its start and end (`time.time()`, comparable across the processes of one
+host), method, path and range, and the bytes sent back, and can hold each request `latency`
+seconds before forwarding it (a bucket far away). `Log.rounds()` counts the sequential round
+trips: the longest chain of requests each of which started after the one before it ended
+(requests made in parallel overlap, so they count once)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,14 @@ class Log:
         with self.lock:
             return sum(r.bytes for r in self.requests)
 
-    def rounds(self) -> int:
-        """The longest chain of requests, each started after the previous one ended."""
+    def rounds(self, before: float | None = None) -> int:
+        """The longest chain of requests, each started after the previous one ended (of those
+        started before `before`, a `time.time()`, if given)."""
         with self.lock:
-            done = sorted(self.requests, key=lambda r: r.end)
+            done = sorted(
+                (r for r in self.requests if before is None or r.start < before),
+                key=lambda r: r.end,
+            )
         depth: list[tuple[float, int]] = []  # (end, chain length ending there)
         best = 0
         for request in done:
@@ -79,7 +83,7 @@ def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandl
             pass
 
         def _forward(self) -> None:
-            start = time.monotonic()
+            start = time.time()
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else None
             if latency:
@@ -106,7 +110,7 @@ def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandl
                 self.close_connection = True
             path = f"{self.path} {self.headers.get('range', '')}".strip()
             with log.lock:
-                log.requests.append(Request(start, time.monotonic(), self.command, path, len(data)))
+                log.requests.append(Request(start, time.time(), self.command, path, len(data)))
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 

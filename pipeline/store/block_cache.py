@@ -9,9 +9,11 @@ an entry never goes stale: data that changes has another key.
 * **Checked, never trusted.** `get` checks an entry (the caller's `check`: the store's CRC32C
   of the block, or the file's SHA-256) when it is filled and when a process first reads it; a
   damaged entry is deleted and fetched again, never served.
-* **One download per entry and host.** A fill holds an advisory lock (`fcntl.flock`, one of
-  `_STRIPES` lock files by key hash) and looks again once it has it: the processes of a host
-  that want the same block wait for the first one's download instead of making their own.
+* **One download per entry and host.** A fill holds an advisory lock (`fcntl.flock` of the
+  entry's lock file) and looks again once it has it: the processes of a host that want the
+  same block wait for the first one's download instead of making their own; fills of other
+  entries do not wait. (An evicted entry's lock file goes with it: a fill racing that eviction
+  may download the block a second time, never serve a part.)
 * **Atomic, safe under kill -9.** A fill writes a uniquely named partial file and renames it
   over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import threading
 import time
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from pipeline.errors import StoreError
 
-_STRIPES = 64  # lock files: fills of different keys rarely wait on each other
+_LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
 _STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
 
@@ -46,14 +47,13 @@ class BlockCache:
         self.root = Path(root)
         self.max_bytes = max_bytes
         try:
-            (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise StoreError(
                 f"{self.root}: cannot create the cache directory (feed.cache.dir): "
                 f"{error.strerror or error}"
             ) from None
-        self._lock = threading.Lock()  # this process's threads: one fill per stripe at a time
-        self._stripe_locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._lock = threading.Lock()  # the size estimate and eviction passes
         self._size = self._scan_size()
         self.damaged = 0  # entries found damaged and fetched again, by this process
 
@@ -65,8 +65,8 @@ class BlockCache:
         data = self._read_checked(path, check)
         if data is not None:
             return data
-        stripe = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % _STRIPES
-        with self._stripe_locks[stripe], open(self.root / ".locks" / f"{stripe}", "a+") as lock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + _LOCK), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
             data = self._read_checked(path, check)  # another process filled it meanwhile
             if data is not None:
@@ -92,7 +92,6 @@ class BlockCache:
         return None
 
     def _store(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_PARTIAL}")
         try:
             with open(partial, "wb") as file:
@@ -109,9 +108,9 @@ class BlockCache:
         found = []
         now = time.time()
         for folder, _, names in os.walk(self.root):
-            if folder.endswith(".locks"):
-                continue
             for name in names:
+                if name.endswith(_LOCK):
+                    continue
                 path = Path(folder) / name
                 try:
                     stat = path.stat()
@@ -137,5 +136,6 @@ class BlockCache:
                 if total <= 0.9 * self.max_bytes:
                     break
                 path.unlink(missing_ok=True)
+                path.with_name(path.name + _LOCK).unlink(missing_ok=True)
                 total -= size
             self._size = total
