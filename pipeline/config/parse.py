@@ -39,6 +39,7 @@ from pipeline.config.exclude import ExcludeSpec, exclude_files, parse_exclude
 from pipeline.config.mix_unit import parse_mix_unit
 from pipeline.config.objective import Objective, objective_json, parse_objective
 from pipeline.config.paths import anchored
+from pipeline.config.remote_section import REMOTE_KEYS, RemoteOptions, remote_options
 from pipeline.config.schedule import WeightSchedule, parse_schedule
 from pipeline.config.strict_yaml import load_yaml
 from pipeline.config.where import Where
@@ -53,9 +54,7 @@ TOP_KEYS = ("seed", "seq_len", "global_batch_size", "grad_accum", "lanes", "sour
 ANCHORS = ("run", "switch")
 STAGE_KEYS = ("name", "steps", "mix", "epochs", "objective", "mix_unit")
 FEED_KEYS = ("prefetch", "threads", "provenance", "metrics_port", "input_bound_share",
-             "stats_window", "verify", "ready_timeout_s", "expand", "cache",
-             "read_timeout_s")  # fmt: skip
-CACHE_KEYS = ("dir", "max_gb")
+             "stats_window", "verify", "ready_timeout_s", "expand", *REMOTE_KEYS)  # fmt: skip
 PROVENANCE = ("source", "epoch", "window")
 """Per-row fields the feed can add to a batch, in this order (docs/observability.md)."""
 VERIFY_POLICIES = ("off", "read", "open", "background")
@@ -160,14 +159,10 @@ class FeedOptions:
     # of a flat sidecar on its first read), or read plus the full pass: open (before step 0),
     # background (while training). docs/token-store.md, "Verification".
     verify: str = "read"
-    # Where the six fields are built: on the devices from the compact form the feed transfers
-    # (device), on the host, transferred as they are (host), or device on accelerators and
-    # host on CPU devices (auto). pipeline.feed.expand.
+    # Where the six fields are built: on the devices from the compact form transferred (device),
+    # on the host, transferred as built (host), or device on accelerators, host on CPUs (auto).
     expand: str = "auto"
-    # A host's disk cache of what remote (gs://) stores serve: (directory, size limit in GB),
-    # or None (pipeline.store.block_cache); and the limit on one request to storage.
-    cache: tuple[str, float] | None = None
-    read_timeout_s: float = 60.0
+    remote: RemoteOptions = field(default_factory=RemoteOptions)  # feed.cache, .read_timeout_s
 
     @property
     def check_reads(self) -> bool:
@@ -521,9 +516,6 @@ def _feed(raw: Any, where: Where) -> FeedOptions:
         raise where.fail(
             "feed.verify", f"expected one of {', '.join(VERIFY_POLICIES)}, got {verify!r}"
         )
-    timeout = raw.get("read_timeout_s", 60.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise where.fail("feed.read_timeout_s", f"expected seconds > 0, got {timeout!r}")
     expand = raw.get("expand", "auto")
     if expand not in EXPAND_MODES:
         raise where.fail(
@@ -541,22 +533,8 @@ def _feed(raw: Any, where: Where) -> FeedOptions:
         input_bound_share=float(share),
         stats_window=where.integer(raw.get("stats_window", 100), "feed.stats_window", minimum=1),
         ready_timeout_s=None if ready is None else float(ready),
-        cache=None if "cache" not in raw else _cache(raw["cache"], where),
-        read_timeout_s=float(timeout),
+        remote=remote_options(raw, where),
     )
-
-
-def _cache(raw: Any, where: _Where) -> tuple[str, float]:
-    """`feed.cache: {dir: DIR, max_gb: N}`: both required."""
-    if not isinstance(raw, dict):
-        raise where.fail("feed.cache", f"expected a mapping with dir and max_gb, got {raw!r}")
-    where.keys(raw, CACHE_KEYS, "feed.cache")
-    directory, size = raw.get("dir"), raw.get("max_gb")
-    if not isinstance(directory, str) or not directory or is_url(directory):
-        raise where.fail("feed.cache.dir", f"expected a local directory, got {directory!r}")
-    if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
-        raise where.fail("feed.cache.max_gb", f"expected a size in GB > 0, got {size!r}")
-    return directory, float(size)
 
 
 def is_count(value: Any, maximum: int | None = None) -> bool:

@@ -42,8 +42,8 @@ def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
 def configure_remote_reads(config: DataConfig) -> None:
     """This process's reads of remote stores as the config's `feed.cache` and
     `feed.read_timeout_s` say (`configure`)."""
-    directory, max_gb = config.feed.cache or (None, 0.0)
-    configure(directory, max_gb, config.feed.read_timeout_s)
+    directory, max_gb = config.feed.remote.cache or (None, 0.0)
+    configure(directory, max_gb, config.feed.remote.read_timeout_s)
 
 
 def path_key(config: DataConfig, name: str) -> str:
