@@ -4,21 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from pipeline.errors import ConfigError
+from pipeline.config.where import Where
 from pipeline.urls import is_url
 
 REMOTE_KEYS = ("cache", "read_timeout_s")  # of `feed`
 CACHE_KEYS = ("dir", "max_gb")
 TIMEOUT_S = 60.0  # feed.read_timeout_s's default
-
-
-class Where(Protocol):
-    """What `parse` tells about the file being read (its `_Where`)."""
-
-    def fail(self, key: str, message: str) -> ConfigError: ...
-    def keys(self, mapping: dict, allowed: tuple[str, ...], key: str) -> None: ...
 
 
 @dataclass(frozen=True)
