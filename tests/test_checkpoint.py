@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -162,6 +163,38 @@ def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
     step_dir = tmp_path / "ckpt" / "6"
     assert data_state.load_ledger(step_dir) == ledger
     assert data_state.load_ledger(step_dir / "data" / "data_state.json") == ledger
+
+
+def test_the_switch_is_logged_once_the_whole_restore_succeeded(tmp_path, caplog):
+    """Orbax restores the data item before the model state ('data' < 'state'): a model state
+    that does not fit fails the restore after the switch was made, and the log must not say
+    the run switched; the restore that succeeds says it once, when the run asks for data."""
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        feed.seek(4)
+        save(mngr, 4, feed)
+    raw = two_stage_raw(tmp_path / "stores", stages=[{"name": "main", "mix": {"docs": 1}}])
+    changed = parse_config(raw, origin="changed.yaml")
+
+    def restore(shape: tuple[int, ...]) -> None:
+        model = ocp.args.StandardRestore({"w": jax.ShapeDtypeStruct(shape, jnp.float32)})
+        data = DataRestore(feed, switch=True)
+        mngr.restore(4, args=ocp.args.Composite(state=model, data=data))
+
+    def switches() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "ledger switch" in r.getMessage()]
+
+    caplog.set_level(logging.INFO, logger="pipeline")
+    with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        with pytest.raises(ValueError):  # the data item was read and reconciled first
+            restore((5,))
+        assert feed.ledger.segments[-1].start_step == 4
+        assert switches() == []
+        restore((4,))
+        assert switches() == []  # the trainer has not taken the restored state yet
+        next(feed), next(feed)
+        (line,) = switches()
+        assert line.startswith("ledger switch at step 4: stages changed; carried counters ")
 
 
 def test_a_checkpoint_without_data_needs_an_explicit_step(tmp_path):

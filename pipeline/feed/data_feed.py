@@ -253,6 +253,7 @@ class DataFeed:
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
+        self._adopted: tuple[str, ...] = ()  # a restore's events, logged by the next next()
         self._opened = time.perf_counter()
         self._awaiting_peers = self.config.feed.ready_timeout_s is not None
         peers = Peers(warn=log_events) if stats else None  # exchanged by the watcher thread
@@ -385,10 +386,14 @@ class DataFeed:
         six fields (`feed.expand` of the config in force, `pipeline.feed.expand`)."""
         return expand.on_device(self.config.feed.expand, self._geometry_at(self._step))
 
-    def adopt(self, ledger: Ledger, step: int) -> None:
+    def adopt(self, ledger: Ledger, step: int, events: Sequence[str] = ()) -> None:
         """Follow `ledger` (a restored, reconciled one) from `step` on; the runtime settings
-        (`feed:`) stay the config in force's, never the ledger's recorded defaults."""
+        (`feed:`) stay the config in force's, never the ledger's recorded defaults. `events`
+        (the switch or skip the restore made) are logged by the next `next()`: by then the
+        trainer has its whole restore (an Orbax item restored after this one may still fail,
+        and a run that did not switch must not say it did)."""
         self._ensure_open()
+        self._adopted = tuple(events)
         self._plan = Plan(
             ledger, self._plan.stores(), check_reads=self.config.feed.check_reads,
             exclude_files=self._plan.exclude_files,
@@ -430,6 +435,9 @@ class DataFeed:
             raise
 
     def _next(self) -> dict[str, jax.Array]:
+        for line in self._adopted:  # `adopt`: the restore succeeded, the run asks for data
+            log.info("%s", line)
+        self._adopted = ()
         self._host_stop.check()  # a peer's stop, or a store replaced under the feed
         if self._verifier is not None:
             self._verifier.check()

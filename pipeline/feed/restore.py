@@ -57,6 +57,7 @@ def restore_state(
         exclude_files=feed.plan.exclude_files,
     )  # fmt: skip
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
+    events: list[str] = []  # the switch or skip: logged by the first next(), not now
     reconciled = reconcile(
         plan,
         feed.config,
@@ -65,8 +66,9 @@ def restore_state(
         switch_flag=switch_flag,
         skip=skip.steps,
         skip_at=skip.at,
+        events=events,
     )
-    feed.adopt(reconciled, state.step)
+    feed.adopt(reconciled, state.step, events)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items
     log.info(
         "restored the data state at step %d (%d ledger segment%s)",

@@ -53,6 +53,7 @@ def reconcile(
     switch_flag: str = "reconcile(..., switch=True)",
     skip: int = 0,
     skip_at: int | None = None,
+    events: list[str] | None = None,
 ) -> Ledger:
     """The ledger to continue with at `step` under `config` (see module docstring).
 
@@ -61,16 +62,28 @@ def reconcile(
     `skip`: steps of data to pass over, from `step` on, or from `skip_at` on (`skips`: once
     in the run, however often the request is repeated). The skips the ledger holds scheduled
     after `step` stay scheduled, laid out again after whatever this restore changes.
+    `events`: where the one-line events go (the switch, a skip made, scheduled or held
+    already), for a caller that logs them once its whole restore succeeded (a model state
+    restored after the data state may still fail: `DataFeed.adopt`); None: logged now.
     """
+    said: list[str] = []
     request = Skip.of(skip, skip_at)
-    now, future = skips.resolve(plan.ledger, step, request)
+    now, future = skips.resolve(plan.ledger, step, request, said)
     past = plan.ledger.until(step)
     base = plan if past is plan.ledger else plan.with_ledger(past)  # its layouts, if it can
-    ledger = _reconcile(base, config, step, switch, switch_flag, now, request.at is None)
+    ledger = _reconcile(base, config, step, switch, switch_flag, now, request.at is None, said)
     if ledger is past and future == skips.scheduled(plan.ledger, step):
-        return plan.ledger  # nothing changed: the ledger as restored
-    for at, steps in sorted(future.items()):
-        ledger = _reconcile(plan.with_ledger(ledger), config, at, False, switch_flag, steps, False)
+        ledger = plan.ledger  # nothing changed: the ledger as restored
+    else:
+        for at, steps in sorted(future.items()):
+            ledger = _reconcile(
+                plan.with_ledger(ledger), config, at, False, switch_flag, steps, False, said
+            )
+    if events is None:
+        for line in said:
+            log.info("%s", line)
+    else:
+        events.extend(said)
     return ledger
 
 
@@ -82,10 +95,12 @@ def _reconcile(
     switch_flag: str,
     skip: int,
     add_up: bool,
+    events: list[str],
 ) -> Ledger:
     """`reconcile` of a ledger without segments after `step`, skipping `skip` steps there;
     `add_up`: a skip at a segment's first step adds to that segment's (a bare skip), else
-    replaces it (a skip at a named step: one skip there, whatever was asked before)."""
+    replaces it (a skip at a named step: one skip there, whatever was asked before). The
+    switch or skip it makes is one line of `events`."""
     metas = load_metas(config)
     fingerprints = {name: meta.fingerprint for name, meta in metas.items()}
     mapping = config_mapping(config)
@@ -146,14 +161,9 @@ def _reconcile(
     changed = sorted({line.split(":")[0].split(".")[0].split("[")[0] for line in diff})
     what = [f"{', '.join(changed)} changed"] if changed else []
     what += [f"skips {skip} steps (serves plan step {step + shift})"] if skip else []
-    log.info(
-        "ledger %s at step %d: %s; carried counters %s; stages laid out from plan step %d "
-        "(starts_at: %s)",
-        "switch" if changed else "skip",
-        step,
-        "; ".join(what),
-        counters,
-        anchor,
-        config.starts_at,
+    events.append(
+        f"ledger {'switch' if changed else 'skip'} at step {step}: {'; '.join(what)}; carried "
+        f"counters {counters}; stages laid out from plan step {anchor} (starts_at: "
+        f"{config.starts_at})"
     )
     return steered

@@ -21,14 +21,11 @@ passes over N steps of whatever the run follows at S).
 
 from __future__ import annotations
 
-import logging
 import numbers
 from dataclasses import dataclass
 
 from pipeline.errors import LedgerError
 from pipeline.plan.ledger import Ledger
-
-log = logging.getLogger("pipeline")
 
 MAX_STEPS = 2**53
 """The largest skip or skip step taken: any larger is a typo (and could overflow int64 lane
@@ -67,20 +64,20 @@ def scheduled(ledger: Ledger, step: int) -> dict[int, int]:
     return {s.start_step: s.skip for s in ledger.segments if s.start_step > step}
 
 
-def resolve(ledger: Ledger, step: int, skip: Skip) -> tuple[int, dict[int, int]]:
+def resolve(ledger: Ledger, step: int, skip: Skip, events: list[str]) -> tuple[int, dict[int, int]]:
     """(steps to skip at the restored `step`, the skips to schedule after it) for a restore of
     `ledger` at `step` asking for `skip` (module docstring). The skips `ledger` holds after
-    `step` stay scheduled; a request at a later step replaces one held there."""
+    `step` stay scheduled; a request at a later step replaces one held there. What the restore
+    will have done (held already, scheduled) goes to `events`, a line each."""
     future = scheduled(ledger, step)
     if skip.at is None or skip.steps == 0:
         return skip.steps, future
     at, steps = skip.at, skip.steps
     held = next((s.skip for s in ledger.segments if s.start_step == at and s.skip), None)
     if held == steps:
-        log.info(
-            "%s: already in the ledger (restored at step %d); nothing more is skipped",
-            skip.describe(),
-            step,
+        events.append(
+            f"{skip.describe()}: already in the ledger (restored at step {step}); nothing more "
+            "is skipped"
         )
         return 0, future
     if at < step:
@@ -92,13 +89,8 @@ def resolve(ledger: Ledger, step: int, skip: Skip) -> tuple[int, dict[int, int]]
         )
     if at == step:
         return steps, future
-    log.info(
-        "%s scheduled (restored at step %d): steps %d..%d are served as planned, then %d "
-        "steps of data are passed over",
-        skip.describe(),
-        step,
-        step,
-        at - 1,
-        steps,
+    events.append(
+        f"{skip.describe()} scheduled (restored at step {step}): steps {step}..{at - 1} are "
+        f"served as planned, then {steps} steps of data are passed over"
     )
     return 0, {**future, at: steps}
