@@ -19,7 +19,7 @@ checks it, and that there is no import circle)::
     config/    YAML -> a validated DataConfig (schedules included)
     store/     token stores: the format, its reader and writer, their metadata, the set of
        |       stores a plan opens
-    errors, keys, urls, extras, progress, wording
+    errors, keys, urls, extras, progress, wording, version
                what every layer shares: typed exceptions, the keyed hash, gs:// URLs kept
                apart from local paths (before a Path mangles them) and read through
                etils.epath, optional imports that name the extra to install, progress bars
@@ -50,6 +50,7 @@ from pipeline.plan.rows import host_rows, micro_batch_rows
 from pipeline.read.plan import Plan
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
+from pipeline.version import __version__ as __version__  # `pipeline.__version__`
 
 _LAZY = {
     "DataFeed": "pipeline.feed.data_feed",

@@ -11,13 +11,20 @@ is not part of the order).
 from __future__ import annotations
 
 import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pipeline.config import parse_config
 from pipeline.plan import layout as layout_module
+from pipeline.plan.ledger import Ledger, MixEntry, quantize
+from pipeline.plan.resume import reconcile
 from pipeline.read.plan import Plan
+from pipeline.version import VERSION_KEY
 from tests.storegen import write_synthetic_store
 
 SHARDS = {  # document lengths per shard
@@ -101,3 +108,112 @@ def test_the_pinned_steps_cover_rollovers_and_both_lanes(plan):
     assert step6.lane.tolist() == [0, 0, 1, 1]
     assert step6.source.tolist() == [0, 0, 0, 0] and step6.epoch.tolist() == [0, 1, 0, 1]
     assert (1, 1) in set(zip(step15.source.tolist(), step15.epoch.tolist()))
+
+
+# Golden vectors (docs/compatibility.md): the first steps' batches of one config + ledger per
+# kind of data order, and each ledger as pipeline 0.2.0 wrote it. Both are in
+# tests/fixtures/golden_orders.json; `python -m tests.test_data_order_golden` re-pins them, which
+# is a decision (a new order version, a line in CHANGELOG.md), never a fix for a failing test.
+VECTORS = Path(__file__).parent / "fixtures" / "golden_orders.json"
+VECTOR_STEPS = 8
+CHAT = [[3, 9, 5, 2, 7], [8, 4, 6], [2, 2, 9, 5, 3, 6]]  # best_fit: whole documents, <= 9 tokens
+ROOT = "<stores>"  # the stores' directory in the fixture's ledgers
+KINDS = ("concat", "best_fit", "mixture", "switch", "skip", "set_mix", "seq_len")
+
+
+def _raw(directory: Path, **overrides: Any) -> dict[str, Any]:
+    sources = {name: {"path": str(directory / name)} for name in SHARDS}
+    return {**CONFIG, "sources": sources, **overrides}
+
+
+def _chat_raw(directory: Path) -> dict[str, Any]:
+    chat = {"path": str(directory / "c"), "packing": "best_fit"}
+    return _raw(directory, sources={"a": {"path": str(directory / "a")}, "c": chat},
+                mix={"a": 1, "c": 1})  # fmt: skip
+
+
+def _switched(directory: Path, plan: Plan, step: int, skip: int = 0, **overrides: Any) -> Plan:
+    config = parse_config(_raw(directory, **overrides), origin="switched.yaml")
+    return Plan(reconcile(plan, config, step, switch=bool(overrides), skip=skip), plan.stores())
+
+
+def _golden_plans(directory: Path) -> dict[str, Plan]:
+    """Each kind of data order the suite pins: a config, and a ledger steered at step 3."""
+    concat = Plan.from_config(parse_config(_raw(directory), origin="golden.yaml"))
+    staged = {key: value for key, value in _raw(directory).items() if key != "mix"}
+    ramp = {"linear": {"0": 0, "4": 2}}
+    mixture = [{"name": "warm", "steps": 4, "mix": {"a": 1, "b": ramp}},
+               {"name": "main", "mix": {"a": 1, "b": {"step": {"0": 1, "6": 3}}}}]  # fmt: skip
+    return {
+        "concat": concat,
+        "best_fit": Plan.from_config(parse_config(_chat_raw(directory), origin="chat.yaml")),
+        "mixture": Plan.from_config(parse_config({**staged, "stages": mixture}, origin="mix.yaml")),
+        "switch": _switched(directory, concat, 3, mix={"a": 1, "b": 3}),
+        "skip": _switched(directory, concat, 3, skip=2),
+        "set_mix": Plan(concat.ledger.with_mix(MixEntry(3, quantize({"a": 1, "b": 2})))),
+        "seq_len": _switched(directory, concat, 3, seq_len=12),
+    }
+
+
+def _vectors(plans: dict[str, Plan], directory: Path) -> dict[str, Any]:
+    def ledger(plan: Plan) -> dict[str, Any]:
+        raw = plan.ledger.to_json()
+        raw.pop(VERSION_KEY)  # as 0.2.0 wrote it: the version key is the one thing 0.3.0 added
+        return json.loads(json.dumps(raw).replace(str(directory), ROOT))
+
+    return {
+        name: {
+            "batches": [digest(plan.batch(step)) for step in range(VECTOR_STEPS)],
+            "ledger": ledger(plan),
+        }
+        for name, plan in plans.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory) -> tuple[Path, dict[str, Plan]]:
+    directory = tmp_path_factory.mktemp("vectors")
+    for name, shards in {**SHARDS, "c": CHAT}.items():
+        write_synthetic_store(directory / name, shards)
+    return directory, _golden_plans(directory)
+
+
+def test_the_golden_vectors_cover_every_kind_of_order(golden):
+    _, plans = golden
+    assert set(json.loads(VECTORS.read_text())) == set(plans) == set(KINDS)
+    assert plans["best_fit"].segment_plan(0).config.sources[1].packing == "best_fit"
+    assert [len(plan.ledger.segments) for plan in plans.values()] == [1, 1, 1, 2, 2, 1, 2]
+    assert len(plans["set_mix"].ledger.mixes) == 1
+    seq_lens = {plans["seq_len"].batch(step)["inputs"].shape[1] for step in range(3, 8)}
+    assert seq_lens == {12}  # the context extension took effect
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batches_match_the_golden_vectors(golden, kind):
+    directory, plans = golden
+    got = _vectors({kind: plans[kind]}, directory)[kind]
+    assert got == json.loads(VECTORS.read_text())[kind]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_ledger_written_by_0_2_reads_back_to_the_same_batches(golden, kind):
+    """The fixture's ledger, as pipeline 0.2.0 wrote it (no `pipeline_version`), read by this
+    release over the same stores: the same segments, and the golden batches."""
+    directory, plans = golden
+    vector = json.loads(VECTORS.read_text())[kind]
+    raw = json.loads(json.dumps(vector["ledger"]).replace(ROOT, str(directory)))
+    assert VERSION_KEY not in raw
+    ledger = Ledger.from_json(raw, origin=f"{kind}.json")
+    assert ledger.segments == plans[kind].ledger.segments
+    plan = Plan(ledger, plans[kind].stores())
+    assert [digest(plan.batch(step)) for step in range(VECTOR_STEPS)] == vector["batches"]
+
+
+if __name__ == "__main__":  # re-pin: a change of data order is a decision (see above)
+    with tempfile.TemporaryDirectory() as temporary:
+        stores = Path(temporary)
+        for source, shards in {**SHARDS, "c": CHAT}.items():
+            write_synthetic_store(stores / source, shards)
+        vectors = _vectors(_golden_plans(stores), stores)
+        VECTORS.write_text(json.dumps(vectors, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {VECTORS}")

@@ -16,6 +16,7 @@ from pipeline.commands import bench, plan, store
 from pipeline.commands.help_format import state_defaults
 from pipeline.errors import PipelineError
 from pipeline.maxtext import cli as maxtext
+from pipeline.version import __version__
 
 COMMAND_MODULES = (store, plan, bench, maxtext)
 
@@ -24,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipeline",
         description="Deterministic, padding-free, exactly resumable input pipeline for JAX.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"pipeline {__version__}",
+        help="print the release (the one stores, indexes and ledgers record) and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:

@@ -46,6 +46,7 @@ from pipeline.plan.mix_table import MIX_UNIT, NO_MIXES, MixEntry, MixTable
 from pipeline.plan.mix_table import quantize as quantize  # where callers found it first
 from pipeline.plan.row_layout import order_key
 from pipeline.urls import write_atomically
+from pipeline.version import VERSION_KEY, __version__
 
 LEDGER_VERSION = 7  # 2 "stages_from", 3 "order_version", 4 "skip", "mixes"; 5 `MixTable`;
 # 6: a geometry change (`GEOMETRY`) or a source's "exclude" (docs/steering.md); 7 "objectives"
@@ -317,6 +318,7 @@ class Ledger:
             "version": version,
             "order_version": ORDER_VERSION,
             "segments": [s.to_json() for s in self.segments],
+            VERSION_KEY: __version__,  # who wrote it; reading ignores it (older ledgers lack it)
         }
         if self.mixes:
             raw["mixes"] = self.mixes.to_json()

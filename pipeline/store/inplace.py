@@ -30,6 +30,7 @@ from pipeline.store.meta import StoreFacts, StoreMeta
 from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import FileIdentity, identity_or_none, sha256_of
 from pipeline.store.token_store import TokenSpan
+from pipeline.version import VERSION_KEY, __version__
 
 REINDEX = "the dataset changed after `pipeline index`: run it again (a new fingerprint)"
 SAMPLE_BYTES = 1 << 16
@@ -100,6 +101,7 @@ def write_record(target: Path, name: str, record: dict[str, Any], content: dict)
     index."""
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
     record["fingerprint"] = digest
+    record[VERSION_KEY] = __version__  # the release that wrote it, outside the fingerprint
     record[MANIFEST_CHECKSUM] = manifest_digest(record)
     temporary = target / f"{name}.tmp"
     temporary.write_text(json.dumps(record, indent=1, sort_keys=True))

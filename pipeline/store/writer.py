@@ -38,6 +38,7 @@ from pipeline.store.meta import FORMAT_NAME, FORMAT_VERSION, MANIFEST, MASKED_FO
 from pipeline.store.shard_readers import READER_OPTIONS
 from pipeline.store.store_files import FLAT_SUFFIX, file_sha256
 from pipeline.urls import check_reachable, clear_prefix, copy_file, is_url, remove_tree
+from pipeline.version import VERSION_KEY, __version__
 
 # One record per chunk: reading a record never decompresses its neighbours.
 WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -214,6 +215,8 @@ def write_manifest(
 ) -> None:
     """Write the manifest last: its presence is what makes the directory a store.
 
+    The manifest records the release that wrote it (`pipeline_version`); the store's
+    fingerprint leaves it out, so a store prepared again by a later release is the same data.
     A store with a loss mask is format version 4, which older readers refuse rather than
     train on every token; a store without one stays version 3, byte for byte as before.
     """
@@ -228,6 +231,7 @@ def write_manifest(
         "num_tokens": sum(s.tokens for s in shards),
         "shards": [_entry(s) for s in shards],
         "created": created,
+        VERSION_KEY: __version__,  # the release that wrote it; not part of the fingerprint
     }
     manifest[MANIFEST_CHECKSUM] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
