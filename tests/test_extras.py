@@ -162,18 +162,18 @@ def extra_packages() -> dict[str, set[str]]:
     return extras
 
 
-def test_the_readme_says_which_extras_the_core_already_brings():
-    readme = (ROOT / "README.md").read_text()
+def test_the_install_guide_says_which_extras_the_core_already_brings():
+    guide = (ROOT / "docs" / "install.md").read_text()  # the extras table
     core = core_distributions()
     assert {"tensorflow-datasets", "orbax-checkpoint", "numpy"} <= core  # the walk works
     for extra, packages in extra_packages().items():
-        [row] = re.findall(rf"^\| `{extra}` \|.*$", readme, re.M) or [f"no row for {extra}"]
+        [row] = re.findall(rf"^\| `{extra}` \|.*$", guide, re.M) or [f"no row for {extra}"]
         assert ("already in the core install" in row) == (packages <= core), (extra, row)
 
 
-def test_the_readmes_missing_extra_example_can_happen_after_a_plain_install(data):
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    example = re.search(r"stops with one line naming it, e\.g\. `(error: [^`]+)`", readme)[1]
+def test_the_install_guides_missing_extra_example_can_happen_after_a_plain_install(data):
+    guide = " ".join((ROOT / "docs" / "install.md").read_text().split())
+    example = re.search(r"stops with one line naming it, e\.g\. `(error: [^`]+)`", guide)[1]
     package, extra = re.search(
         r"needs (\S+), which is not installed: pip install 'pipeline\[(\w+)\]'", example
     ).groups()
