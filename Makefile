@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # every extra of pyproject.toml but tpu (TPU VM workers only): the tests, the demo, every command
-EXTRAS := dev,tokenizers,parquet,chat,plot,train,beam,dask,metrics,gcs
+EXTRAS := dev,docs,tokenizers,parquet,chat,plot,train,beam,dask,metrics,gcs
 
-.PHONY: setup test test-fast test-multiprocess test-maxtext demo megatron-example lint format bench clean
+.PHONY: setup test test-fast test-multiprocess test-maxtext demo megatron-example docs lint format bench clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ demo: setup
 megatron-example: setup
 	$(BIN)/python scripts/megatron_example.py
 
+# the site of docs/ (mkdocs.yml) into site/, strictly: a broken link or anchor, a missing
+# reference or a public name without a docstring or an API entry fails (tests/test_docs.py)
+docs: setup
+	$(BIN)/python -m mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -57,4 +62,4 @@ bench: setup
 	$(BIN)/python benchmarks/mixture_bench.py
 
 clean:
-	rm -rf $(VENV) .venv-maxtext .venv-maxtext-checkout data runs .pytest_cache
+	rm -rf $(VENV) .venv-maxtext .venv-maxtext-checkout data runs site .pytest_cache

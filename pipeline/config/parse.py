@@ -197,6 +197,7 @@ class DataConfig:
 
     @property
     def batch_is_scheduled(self) -> bool:
+        """Whether `global_batch_size` changes with the step (a batch ramp)."""
         return len(self.batch_sizes) > 1
 
     @property
@@ -225,6 +226,7 @@ class DataConfig:
         return tuple(s.name for s in self.sources)
 
     def source(self, name: str) -> SourceSpec:
+        """The source called `name` (one of `source_names`)."""
         return self._by_name[name]
 
     @cached_property

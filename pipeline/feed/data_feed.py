@@ -281,10 +281,12 @@ class DataFeed:
 
     @property
     def plan(self) -> Plan:
+        """The data plan the feed serves (its ledger, stores and draws)."""
         return self._plan
 
     @property
     def ledger(self) -> Ledger:
+        """The ledger in force: what a checkpoint saves with the step (`DataSave`)."""
         return self._plan.ledger
 
     def source_names(self, step: int | None = None) -> tuple[str, ...]:

@@ -36,9 +36,11 @@ class EvalFeed:
 
     @property
     def plan(self) -> Plan:
+        """The eval sources' plan (a fresh ledger of their own)."""
         return self._feed.plan
 
     def reset(self) -> None:
+        """Serve the first batch next: every eval sees the same batches."""
         self._feed.seek(0)
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
@@ -47,6 +49,7 @@ class EvalFeed:
             yield next(self._feed)
 
     def close(self) -> None:
+        """Stop the feed's reader threads and close its stores."""
         self._feed.close()
 
 

@@ -60,6 +60,17 @@ from pipeline.plan import data_state
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
 
+__all__ = [
+    "DataStop",
+    "EvalIterator",
+    "LocalIterator",
+    "TrainIterator",
+    "create_data_iterator",
+    "is_enabled",
+    "read_iter_state",
+]
+"""The MaxText iterator's public names (its API reference page, docs/api.md, lists each)."""
+
 CONFIG_KEY = DATA_CONFIG.name
 CONFIG_ENV = DATA_CONFIG.env
 EVAL_SOURCE_KEY = EVAL_SOURCE.name
@@ -248,6 +259,7 @@ class TrainIterator:
 
     @property
     def step(self) -> int:
+        """The step whose batch `next()` gives (the feed's)."""
         return self.feed.step
 
     def set_mix(
@@ -282,6 +294,7 @@ class TrainIterator:
         self.local_iterator.restored = True
 
     def close(self) -> None:
+        """Stop the feed's reader threads and close its stores."""
         self.feed.close()
 
     def __iter__(self) -> TrainIterator:
@@ -304,16 +317,20 @@ class EvalIterator:
 
     @property
     def name(self) -> str:
+        """The eval source's name (`pipeline_eval_source`)."""
         return self.feed.name
 
     @property
     def batches(self) -> int:
+        """How many batches one eval serves."""
         return self.feed.batches
 
     def reset(self) -> None:
+        """Serve the first batch again next."""
         self._batches = None
 
     def close(self) -> None:
+        """Stop the eval feed's reader threads and close its stores."""
         self.feed.close()
 
     def __iter__(self) -> EvalIterator:

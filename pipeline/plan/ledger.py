@@ -157,11 +157,13 @@ class Ledger:
 
     @classmethod
     def start(cls, config: DataConfig, fingerprints: dict[str, str]) -> Ledger:
+        """A new run's ledger: one segment from step 0, every counter at 0."""
         counters = dict.fromkeys(config.source_names, 0)
         return cls((Segment(0, config_mapping(config), dict(fingerprints), counters),))
 
     @property
     def last(self) -> Segment:
+        """The segment in force from its start step on."""
         return self.segments[-1]
 
     def parsed(self, index: int, offered: tuple[Path, ...] = ()) -> DataConfig:
@@ -172,6 +174,7 @@ class Ledger:
         return segment.parsed(where, offered)
 
     def segment_index(self, step: int) -> int:
+        """The index of the segment that decides `step`."""
         if step < 0:
             raise LedgerError(f"step {step} is negative")
         return max(i for i, s in enumerate(self.segments) if s.start_step <= step)
@@ -305,6 +308,8 @@ class Ledger:
         return table[table.first_at(self.segments[index].start_step) : stop]
 
     def to_json(self) -> dict[str, Any]:
+        """The JSON a checkpoint saves: the lowest ledger version that holds it, the order
+        version, the segments, set mixes, and the release that wrote it."""
         version = UNSTEERED_VERSION
         if any(segment.skip for segment in self.segments):
             version = SKIPPED_VERSION
@@ -328,6 +333,8 @@ class Ledger:
 
     @classmethod
     def from_json(cls, raw: Any, origin: str = "<ledger>") -> Ledger:
+        """A ledger from its JSON, checked: version, order version, each segment's
+        fingerprint and start; a bad one is one `LedgerError` naming `origin`."""
         version = raw.get("version") if isinstance(raw, dict) else None
         known = (1, 2, UNSTEERED_VERSION, SKIPPED_VERSION, MIXES_VERSION, RELAID_VERSION)
         if version not in (*known, LEDGER_VERSION):

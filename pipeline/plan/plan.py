@@ -564,6 +564,8 @@ class DrawPlan:
         return out
 
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
+        """What rows `rows` (default: all) of `step` hold: segment, lane, source, epoch and
+        window or packed row of each, a pure function of the ledger and the step."""
         index = self.ledger.segment_index(step)
         plan = self.segment_plan(index)
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)

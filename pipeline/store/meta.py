@@ -46,6 +46,7 @@ class StoreMeta:
 
     @classmethod
     def from_manifest(cls, path: Path, manifest: dict[str, Any]) -> StoreMeta:
+        """The metadata of the store at `path` whose (checked) manifest is `manifest`."""
         shards = manifest["shards"]
         content = {
             "tokenizer": manifest["tokenizer"]["name"],
@@ -74,10 +75,12 @@ class StoreMeta:
 
     @property
     def num_shards(self) -> int:
+        """How many shards the store has."""
         return len(self.shard_tokens)
 
     @property
     def num_tokens(self) -> int:
+        """Tokens in the store, end-of-document tokens included."""
         return int(self.shard_tokens.sum())
 
     @cached_property
@@ -95,14 +98,17 @@ class StoreFacts:
 
     @property
     def num_shards(self) -> int:
+        """How many shards the store has."""
         return self.meta.num_shards
 
     @property
     def num_tokens(self) -> int:
+        """Tokens in the store, end-of-document tokens included."""
         return self.meta.num_tokens
 
     @property
     def num_documents(self) -> int:
+        """Documents in the store (a long one split into several records counts once)."""
         return int(self.manifest["num_documents"])
 
     @property

@@ -214,6 +214,7 @@ class TokenStore(StoreFacts):
         )
 
     def shard_file(self, shard: int) -> Path:
+        """The ArrayRecord file of shard `shard`."""
         return self.path / self.manifest["shards"][self.check_shard(shard)]["file"]
 
     def check_shard(self, shard: int) -> int:
