@@ -16,14 +16,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# the tests on every core (at most 4 workers), a file per worker at a time: its module
+# fixtures are set up once (tests/conftest.py starts the files with multi-process tests first)
+PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not multiprocess"
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not multiprocess"
 
 test-multiprocess: setup
-	$(BIN)/python -m pytest -q -m multiprocess
+	$(BIN)/python -m pytest -q $(PARALLEL) -m multiprocess
 
 # Opt-in, not part of `make test`: MaxText's real trainer in its own Python 3.12 venv
 # (.venv-maxtext), with `pipeline maxtext install`, kill -9 + resume, elastic 2 -> 1, a switch,

@@ -19,6 +19,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with multi-process tests first, each file's tests kept together and in order.
+
+    `make test` runs the files on every core (pytest-xdist, `--dist loadfile`: a file's module
+    fixtures, the expensive launches they share, are set up once). Starting the long files
+    first keeps one of them from running alone at the end while the other workers idle."""
+    slow = {item.path for item in items if item.get_closest_marker("multiprocess")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within stays
+
+
 @pytest.fixture(autouse=True, scope="session")
 def packing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """best_fit packings are kept in a session directory, not the user's cache (workers started

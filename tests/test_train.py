@@ -24,6 +24,7 @@ from pipeline.plan.resume import reconcile
 from pipeline.read.plan import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.multiprocess  # every test here starts trainer processes
 
 
 @pytest.fixture(scope="module")
