@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # the tests on every core (at most 4 workers), a file per worker at a time: its module
-# fixtures are set up once (tests/conftest.py starts the files with multi-process tests first)
-PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+# fixtures are set up once; in collection order, where tests/conftest.py puts the files with
+# multi-process tests first (xdist would otherwise start the files with the most tests first)
+PARALLEL := -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 test: setup
 	$(BIN)/python -m pytest -q $(PARALLEL)

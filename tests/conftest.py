@@ -9,8 +9,14 @@ from pathlib import Path
 from pydoc_data.topics import topics
 
 import pytest
+from hypothesis import settings
 
 from tests.gcs_emulator import serving
+
+# No per-example time limit: the suite runs its files in parallel on a shared machine, where a
+# deadline is a timed assert that the load decides (a property's example took 390 ms once).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 # Every test process simulates 8 CPU devices; this runs before any test imports JAX's backend.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
