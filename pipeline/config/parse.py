@@ -79,8 +79,7 @@ MAX_POSITION = 1 << 62  # lane positions: steps x rows, with room for sums
 # here (docs/architecture.md).
 PACKINGS = {"concat": "pipeline.plan.layout", "best_fit": "pipeline.plan.packing"}
 TOO_LONG = ("truncate", "drop")
-# a prepared store; corpora read in place (docs/in-place-corpora.md): Megatron .bin/.idx,
-# Parquet/Arrow token columns
+# a prepared store, or a corpus read in place (Megatron, Parquet/Arrow: in-place-corpora.md)
 FORMATS = ("store", *IN_PLACE_FORMATS)
 
 
