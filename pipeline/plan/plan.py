@@ -548,8 +548,7 @@ class DrawPlan:
         """`carried_counters` with where each counter comes from: (counter, the segment it
         is carried from or None, the step that segment's counters are taken at)."""
         segments = self.ledger.segments
-        # laid out even when no source carries: a store of it prepared again in place is
-        # refused here, as the steps it served could not be planned any more
+        # laid out even if no source carries: a store of it prepared again in place is refused
         before = self.segment_plan(index).counters_at(step)
         out: dict[str, tuple[int, int | None, int]] = {}
         for name, fingerprint in fingerprints.items():
@@ -564,8 +563,7 @@ class DrawPlan:
         return out
 
     def draws(self, step: int, rows: Iterable[int] | None = None) -> Draws:
-        """What rows `rows` (default: all) of `step` hold: segment, lane, source, epoch and
-        window or packed row of each, a pure function of the ledger and the step."""
+        """What rows `rows` (default: all) of `step` hold, a pure function of (ledger, step)."""
         index = self.ledger.segment_index(step)
         plan = self.segment_plan(index)
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
