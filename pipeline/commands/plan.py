@@ -18,6 +18,7 @@ from pipeline.commands.summary import decode_preview
 from pipeline.config import DataConfig, load_config
 from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
+from pipeline.extras import require
 from pipeline.plan import data_state, skips
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
@@ -500,6 +501,7 @@ def describe_batch(config: DataConfig) -> str:
 def run_plot(args: argparse.Namespace) -> int:
     from pipeline.commands.plot import plot_mixture  # matplotlib only when plotting
 
+    require("matplotlib", "plot", "pipeline plot")  # a missing extra before any store opens
     plan = load_plan(args.config, args.ledger)
     first, stop = args.steps
     plot_mixture(plan, first, stop, args.out, title=args.title or _plot_title(args, plan))

@@ -202,7 +202,9 @@ def pool() -> OpenShards:
                 said = f"RLIMIT_NOFILE {soft:,}"
                 if soft > before:
                     said = f"raised the soft RLIMIT_NOFILE from {before:,} to {soft:,} (hard limit)"
-                log.info(
+                # a line where the process's limit changed; where it did not, nothing to tell
+                log.log(
+                    logging.INFO if soft > before else logging.DEBUG,
                     "open files: %s; at most %d shards stay open at once across all stores ($%s)",
                     said,
                     made.limit,
