@@ -405,7 +405,7 @@ def _tokenize_and_spill(
     empty = dict.fromkeys(stagings, 0)
     bad = 0
     tokens_total = 0
-    batches = _batches(_all_documents(validated.specs))
+    batches = document_batches(_all_documents(validated.specs))
     bar = progress_bar(desc="prepare", unit=" doc", enabled=options.progress)
     try:
         for spilled in imap(batches):
@@ -444,7 +444,9 @@ about 2x its text's bytes in tokens and spill records) stay a few MB."""
 BATCH_DOCUMENTS = 4096  # the bound for documents without text (rows, rendered when encoded)
 
 
-def _batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
+def document_batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
+    """The documents in batches of at most BATCH_CHARACTERS of text or BATCH_DOCUMENTS
+    documents: one `encode_batch` each (the local runner's tasks, Beam's bundles)."""
     batch: list[Document] = []
     characters = 0
     for document in documents:

@@ -4,8 +4,8 @@ The graph, one box per step; every box calls the function the local runner calls
 
     Create(units of work)            one element per input file (per whole TFDS split / docs corpus)
       | Reshuffle                    spread the units over the workers
-      | FlatMap(iter_documents)      corpora.iter_documents on a one-file InputSpec
-      | BatchElements                batches of documents, bounded as the local runner's tasks
+      | FlatMap(read batches)        corpora.iter_documents on a one-file InputSpec, in the
+                                     local runner's batches (prepare.document_batches)
       | ParDo(tokenize and place)    prepare.DocumentEncoder.many (one encode_batch), place
       + Create(every (split, shard)) so a shard without documents is still written
       | GroupByKey((split, shard))
@@ -47,10 +47,9 @@ from pipeline.extras import require
 from pipeline.ingest.corpora import Document, InputSpec, iter_documents
 from pipeline.ingest.doc_order import place
 from pipeline.ingest.prepare import (
-    BATCH_CHARACTERS,
-    BATCH_DOCUMENTS,
     PrepareOptions,
     Validated,
+    document_batches,
     finish,
     sort_shard,
     validate,
@@ -255,11 +254,7 @@ def _build(
         pipeline
         | "Units" >> beam.Create(units_of_work(validated.specs), reshuffle=False)
         | "Spread" >> beam.Reshuffle()
-        | "Read" >> beam.FlatMap(iter_documents)
-        | "Batch"
-        >> beam.BatchElements(
-            max_batch_size=BATCH_CHARACTERS, element_size_fn=_batch_weight, record_metrics=False
-        )
+        | "Read" >> beam.FlatMap(_read_batches)
         | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, validated))
     )
     placeholders = pipeline | "EveryShard" >> beam.Create(every_shard, reshuffle=False)
@@ -273,11 +268,11 @@ def _build(
     )
 
 
-def _batch_weight(document: Document) -> int:
-    """A document's weight in a batch of at most BATCH_CHARACTERS: its text's characters, and
-    at least a BATCH_DOCUMENTS-th of a batch (a row's text is rendered when encoded), so a batch
-    is bounded as the local runner's tasks are (`prepare._batches`)."""
-    return max(len(document.text), BATCH_CHARACTERS // BATCH_DOCUMENTS)
+def _read_batches(unit: InputSpec) -> Iterator[list[Document]]:
+    """A unit of work's documents in the local runner's batches (`prepare.document_batches`),
+    made while reading: with batching across elements (`beam.BatchElements`, whose last batch
+    comes from `finish_bundle`) Beam's DaskRunner wrote a store other than the local runner's."""
+    return document_batches(iter_documents(unit))
 
 
 class _TokenizeAndPlace(beam.DoFn):
