@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import fsspec.asyn
 import pytest
 
 from pipeline import urls
@@ -41,14 +42,12 @@ def test_threads_writing_one_path_at_once_each_write_it_whole(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left
 
 
-class _NoGenerations:
-    """An fsspec filesystem whose objects have a size and an etag but no generation number
-    (the Cloud Storage emulator always gives one, so it cannot serve this case)."""
+class _NoGenerations(fsspec.asyn.AsyncFileSystem):
+    """An asynchronous fsspec filesystem (as s3fs and gcsfs are) whose objects have a size and
+    an etag but no generation number (the Cloud Storage emulator always gives one, so it cannot
+    serve this case)."""
 
-    def invalidate_cache(self, path: str) -> None:
-        pass
-
-    def info(self, path: str) -> dict[str, Any]:
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return {"name": path, "size": 10, "etag": "abc"}
 
 
