@@ -192,17 +192,13 @@ def test_a_skip_past_the_end_of_the_stages_is_refused(stores):
     np.testing.assert_array_equal(last.draws(20).counter, run.draws(29).counter)
 
 
-def test_a_restore_with_skip_steps_serves_the_plans_later_steps_and_dump_replays_them(
-    tmp_path, capsys
-):
-    """Restored at step 20 with skip_steps=10 from a real Orbax checkpoint, steps 20.. serve
-    the plan's steps 30..; `pipeline dump --ledger` of a later checkpoint gives them again,
-    `pipeline stages --ledger` lists the skip, and `verify --ledger` passes across it."""
+def checkpoint_at_20(tmp_path: Path) -> tuple[Path, DataConfig, Plan, Path]:
+    """The two-stage config written as a file, its config and plan, and a real Orbax checkpoint
+    directory holding the feed's data state at step 20."""
     import orbax.checkpoint as ocp
     import yaml
 
-    from pipeline.commands.cli import main
-    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.checkpoint import DataSave
     from pipeline.feed.data_feed import DataFeed
     from tests.feedstores import two_stage_raw
     from tests.test_checkpoint import manager, mesh
@@ -211,11 +207,27 @@ def test_a_restore_with_skip_steps_serves_the_plans_later_steps_and_dump_replays
     config_file = tmp_path / "data.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     data = parse_config(raw, origin="data.yaml")
-    plan = Plan.from_config(data)
     directory = tmp_path / "ckpt"
     with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
         feed.seek(20)
         mngr.save(20, args=ocp.args.Composite(data=DataSave(feed)))
+    return config_file, data, Plan.from_config(data), directory
+
+
+def test_a_restore_with_skip_steps_serves_the_plans_later_steps_and_dump_replays_them(
+    tmp_path, capsys
+):
+    """Restored at step 20 with skip_steps=10 from a real Orbax checkpoint, steps 20.. serve
+    the plan's steps 30..; `pipeline dump --ledger` of a later checkpoint gives them again,
+    `pipeline stages --ledger` lists the skip, and `verify --ledger` passes across it."""
+    import orbax.checkpoint as ocp
+
+    from pipeline.commands.cli import main
+    from pipeline.feed.checkpoint import DataRestore, DataSave
+    from pipeline.feed.data_feed import DataFeed
+    from tests.test_checkpoint import manager, mesh
+
+    config_file, data, plan, directory = checkpoint_at_20(tmp_path)
     served = []
     with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
         mngr.restore(20, args=ocp.args.Composite(data=DataRestore(feed, skip_steps=10)))
@@ -341,23 +353,13 @@ def test_a_skip_scheduled_at_a_restore_replays_restores_again_and_is_listed(tmp_
     it scheduled: `pipeline stages/dump/verify --ledger` of it say so and replay it, and a
     restore of it with the same arguments skips nothing more."""
     import orbax.checkpoint as ocp
-    import yaml
 
     from pipeline.commands.cli import main
     from pipeline.feed.checkpoint import DataRestore, DataSave
     from pipeline.feed.data_feed import DataFeed
-    from tests.feedstores import two_stage_raw
     from tests.test_checkpoint import manager, mesh
 
-    raw = two_stage_raw(tmp_path / "stores")
-    config_file = tmp_path / "data.yaml"
-    config_file.write_text(yaml.safe_dump(raw))
-    data = parse_config(raw, origin="data.yaml")
-    plan = Plan.from_config(data)
-    directory = tmp_path / "ckpt"
-    with DataFeed(data, mesh()) as feed, manager(directory, async_save=False) as mngr:
-        feed.seek(20)
-        mngr.save(20, args=ocp.args.Composite(data=DataSave(feed)))
+    config_file, data, plan, directory = checkpoint_at_20(tmp_path)
 
     def restored(step: int, first: int, stop: int, save: int | None = None) -> list[np.ndarray]:
         served = []
