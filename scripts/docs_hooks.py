@@ -11,7 +11,6 @@ every public name is documented.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import os
 import re
@@ -74,6 +73,7 @@ def check_api(api_page: str) -> None:
 def cli_page() -> str:
     """Every command's --help, in the parser's order, each under its own heading."""
     from pipeline.commands.cli import build_parser
+    from pipeline.commands.help_format import commands
 
     lines = [
         "# Command line",
@@ -81,19 +81,9 @@ def cli_page() -> str:
         "Generated from the CLI's parser when the site is built: each command's `--help`.",
         "",
     ]
-    for name, parser in _commands(build_parser(), "pipeline"):
+    for name, parser in commands(build_parser(), "pipeline"):
         lines += [f"## `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
     return "\n".join(lines)
-
-
-def _commands(
-    parser: argparse.ArgumentParser, name: str
-) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    yield name, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for command, subparser in action.choices.items():
-                yield from _commands(subparser, f"{name} {command}")
 
 
 def _relative_to_docs(text: str) -> str:

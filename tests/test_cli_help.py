@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Iterator
 
 from pipeline.commands.cli import build_parser
-from pipeline.commands.help_format import silent_default
+from pipeline.commands.help_format import commands, silent_default
 
 
 def undocumented(parser: argparse.ArgumentParser, name: str) -> Iterator[str]:
@@ -24,20 +24,9 @@ def undocumented(parser: argparse.ArgumentParser, name: str) -> Iterator[str]:
 
 def test_every_command_and_option_has_a_help_text():
     parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert {"prepare", "inspect", "bench", "maxtext"} <= set(commands.choices)  # the walk works
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"prepare", "inspect", "bench", "maxtext"} <= set(subcommands.choices)  # the walk works
     assert list(undocumented(parser, "pipeline")) == []
-
-
-def parsers(
-    parser: argparse.ArgumentParser, name: str
-) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    """(name, parser) of `parser` and of every subcommand under it."""
-    yield name, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for command, sub in action.choices.items():
-                yield from parsers(sub, f"{name} {command}")
 
 
 def unstated_defaults(parser: argparse.ArgumentParser, name: str) -> Iterator[str]:
@@ -51,7 +40,7 @@ def unstated_defaults(parser: argparse.ArgumentParser, name: str) -> Iterator[st
 
 
 def test_every_command_says_what_it_does_names_positionals_alike_and_states_defaults():
-    found = list(parsers(build_parser(), "pipeline"))
+    found = list(commands(build_parser(), "pipeline"))
     assert {"pipeline verify-store", "pipeline plot", "pipeline maxtext install"} <= dict(
         found
     ).keys()

@@ -6,6 +6,7 @@ does not mention one."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -42,3 +43,15 @@ def state_defaults(parser: argparse.ArgumentParser) -> None:
 
 class RawDefaultsFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
     """`DefaultsFormatter` with the description as written (a script's docstring, examples)."""
+
+
+def commands(
+    parser: argparse.ArgumentParser, name: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(name, parser) of `parser` and of every subcommand under it, depth first (the docs
+    site's CLI page and the help tests walk the same commands)."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                yield from commands(sub, f"{name} {command}")
