@@ -861,6 +861,7 @@ def test_a_missing_or_too_small_eval_store_is_refused_by_every_command(tmp_path,
         config = write_yaml(tmp_path / "data.yaml", raw)
         code, err = cli(capsys, command, config, *extra)
         assert code == 2 and "eval.sources.held" in err and expected in err
+        assert err.count("sources.held") == 1, err  # the key once, not the eval's and the plan's
 
 
 def test_leftovers_of_killed_prepares_are_cleaned_by_the_next_one(tmp_path):

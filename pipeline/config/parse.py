@@ -188,6 +188,7 @@ class DataConfig:
     starts_at: str = "run"  # where a switched-to config's stages count from: "run" or "switch"
     shared_vocabulary: bool = False  # stores of different tokenizers may mix, on purpose
     home: Path | None = field(default=None, compare=False)  # its directory (None: a URL's)
+    sources_key: str = field(default="sources", compare=False)  # "eval.sources" for an eval set
 
     @property
     def exclude_files(self) -> tuple[Path, ...]:

@@ -47,8 +47,9 @@ def configure_remote_reads(config: DataConfig) -> None:
 
 
 def path_key(config: DataConfig, name: str) -> str:
-    """The config key of source `name`'s store, for messages: `FILE: sources.NAME.path`."""
-    return f"{config.origin}: sources.{name}.path"
+    """The config key of source `name`'s store, for messages: `FILE: sources.NAME.path` (or
+    `eval.sources.NAME.path`)."""
+    return f"{config.origin}: {config.sources_key}.{name}.path"
 
 
 @contextmanager

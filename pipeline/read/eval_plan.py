@@ -30,7 +30,8 @@ def eval_config(config: DataConfig, source: SourceSpec) -> DataConfig:
         sources=(source,),
         stages=(StageSpec("eval", None, ((source.name, ALWAYS),)),),
         feed=dataclasses.replace(config.feed, provenance=(), metrics_port=None),  # train only
-        origin=f"{config.origin}: eval.sources.{source.name}",
+        origin=config.origin,
+        sources_key="eval.sources",
     )
 
 
