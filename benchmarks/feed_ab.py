@@ -116,11 +116,12 @@ def restore(config, mesh, options: dict, step: int, directory: Path) -> dict[str
     return {"restore_ms": took * 1e3}
 
 
-def run_child(root: Path, spec: dict, devices: int) -> dict[str, float]:
+def run_child(root: Path, spec: dict, devices: int, script: str = __file__) -> dict[str, float]:
+    """`script --child spec` in a fresh process over the checkout `root`: its last line."""
     env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     out = subprocess.run(
-        [sys.executable, __file__, CHILD, json.dumps(spec)],
+        [sys.executable, script, CHILD, json.dumps(spec)],
         env=env,
         cwd=root,
         capture_output=True,

@@ -32,7 +32,13 @@ FIELDS = (
 def fields(tokens: np.ndarray, doc_rows: np.ndarray, doc_cols: np.ndarray) -> dict[str, np.ndarray]:
     """The six fields of int32 windows `tokens` [rows, seq_len + 1] whose documents start at
     (doc_rows[i], doc_cols[i]); every row also starts a segment at column 0."""
-    segments, positions = boundaries(tokens.shape, doc_rows, doc_cols)
+    return window_fields(tokens, *boundaries(tokens.shape, doc_rows, doc_cols))
+
+
+def window_fields(
+    tokens: np.ndarray, segments: np.ndarray, positions: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The six fields of windows `tokens` with their `boundaries` (views, no copies)."""
     return {
         "inputs": tokens[:, :-1],
         "targets": tokens[:, 1:],

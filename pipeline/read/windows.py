@@ -2,8 +2,10 @@
 
 The shard pieces of every drawn window, of all such sources of a step, are found in one pass
 (`layout.window_pieces`) and copied in one pass (`read_pieces`) straight into one
-[rows, seq_len + 1] buffer, which `batch.fields` turns into the six fields, or (`packed`)
-`compact.pack` into the windows' compact form.
+[rows, seq_len + 1] buffer, with the segment numbers and positions of its document starts
+(`batch.boundaries`), which `batch.window_fields` turns into the six fields, or (`packed`)
+`compact.pack` into the windows' compact form. The copy and the boundaries are one seam
+(`_assemble`), where benchmarks/native_ab.py measures a compiled assembly.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import numpy as np
 from pipeline.plan.layout import window_pieces
 from pipeline.plan.row_layout import OpenStore, RowLayout
 from pipeline.read import compact
-from pipeline.read.batch import boundaries, fields, mask_untrained, untrained_ranges
-from pipeline.store.token_store import read_pieces
+from pipeline.read.batch import boundaries, mask_untrained, untrained_ranges, window_fields
+from pipeline.store.token_store import TokenStore, read_pieces
 
 
 def read_windows(
@@ -38,20 +40,16 @@ def read_windows(
     stores = [open_store(layouts[s].meta) for s in sources]
     pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
     owner, shard, lo, hi, row, col = pieces
-    doc_rows, doc_cols = read_pieces(stores, owner, shard, lo, hi, tokens, row, col)
-    # A piece after a window's first begins a document: at a shard's start it does anyway, and
-    # in a transitional epoch's stream (`transition`) it joins stretches apart in the store.
-    joined = col > 0
-    starts = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
+    segments, positions = _assemble(stores, pieces, tokens, packed)
     masked = any(store.masked for store in stores)
     if packed:
-        bounds = compact.pack(*boundaries(tokens.shape, *starts))
+        bounds = segments  # the compact form's, segment numbers and positions in one
         if masked:  # the target at token column c is target c - 1 of its row
             first = row * (seq_len + 1) + 1
             ranges = untrained_ranges(stores, owner, shard, lo, hi, first + col, first)
             compact.mark_untrained(bounds, ranges)
         return {"tokens": tokens, "bounds": bounds}
-    batch = fields(tokens, *starts)
+    batch = window_fields(tokens, segments, positions)
     if masked:
         # its own array: the segment fields are views of one buffer
         batch["targets_segmentation"] = batch["targets_segmentation"].copy()
@@ -59,3 +57,19 @@ def read_windows(
         targets = batch["targets_segmentation"].reshape(-1)
         mask_untrained(targets, untrained_ranges(stores, owner, shard, lo, hi, first + col, first))
     return batch
+
+
+def _assemble(
+    stores: Sequence[TokenStore], pieces: tuple[np.ndarray, ...], tokens: np.ndarray, packed: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Copy the `pieces` into `tokens` and return (segments, positions), or with `packed`
+    (bounds, None): the step's assembly, one seam (benchmarks/native_ab.py swaps in a
+    compiled one)."""
+    owner, shard, lo, hi, row, col = pieces
+    doc_rows, doc_cols = read_pieces(stores, owner, shard, lo, hi, tokens, row, col)
+    # A piece after a window's first begins a document: at a shard's start it does anyway, and
+    # in a transitional epoch's stream (`transition`) it joins stretches apart in the store.
+    joined = col > 0
+    starts = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
+    segments, positions = boundaries(tokens.shape, *starts)
+    return (compact.pack(segments, positions), None) if packed else (segments, positions)
