@@ -25,8 +25,9 @@ from tests.storegen import write_synthetic_store
 from tests.test_checked_reads import flip, masked_store, middle_offsets
 from tests.test_packing import write_masked_store
 
+# as benchmarks/native_ab.py imports it: numba's compile cache is of one module name
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import native_read  # noqa: E402  (benchmarks/ is no package)
+import native_read
 
 PYTHON = windows._assemble
 
