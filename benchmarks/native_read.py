@@ -1,6 +1,6 @@
 """A step's windows assembled in compiled code that releases the interpreter lock (numba):
 the prototype `benchmarks/native_ab.py` measures against the Python path (not adopted:
-docs/benchmarks-history.md, "Compiled assembly of a step's windows").
+docs/benchmarks-history.md, "A step's assembly in compiled code").
 
 The pure-Python read of a step's windows (`read_pieces`, then `batch.boundaries`) is ~60 small
 numpy calls and a Python loop over the pieces, each holding the interpreter lock. Here, for
@@ -12,28 +12,24 @@ checked are found by one compiled call too (`_unchecked`) and checked by `FlatBl
 before anything is copied, so a damaged byte is refused exactly as on the Python path.
 
 The compiled code sees each (store, shard) as raw addresses of its arrays (a per-step table),
-which the step's `FlatBlocks` and document indexes keep alive while it runs. Where numba is not
-installed, `available()` is False. `use()` swaps it into the read path of this process
-(`pipeline.read.windows._assemble`), the Python path kept for the pieces it does not serve.
+which the step's `FlatBlocks` and document indexes keep alive while it runs. `use()` swaps it
+into the read path of this process (`pipeline.read.windows._assemble`), the Python path kept
+for the pieces it does not serve.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba  # the dev extra's
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
-try:
-    import numba
-    from numba import types
-    from numba.extending import intrinsic
-except ImportError:  # the `native` extra is not installed: the Python path reads
-    numba = None
-
+from pipeline.read.compact import SEGMENT_SHIFT
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.piece_reads import PieceSource
 
-SEGMENT_SHIFT = 16  # pipeline.read.compact's layout of `bounds`, restated for the kernel
 _KINDS = {np.dtype(np.uint16): 0, np.dtype(np.uint32): 1, np.dtype(np.int32): 2}
 
 
@@ -67,11 +63,6 @@ def _entry(store: PieceSource, shard: int) -> _Entry | None:
         _ENTRIES.clear()
     entry = _ENTRIES[id(flat)] = (flat, row, docs, checked)
     return entry
-
-
-def available() -> bool:
-    """Whether the compiled path can run (numba importable)."""
-    return numba is not None
 
 
 def use() -> None:
@@ -108,7 +99,7 @@ def assemble(
     slots: dict[tuple[int, int], int] = {}
     slot = [slots.setdefault(key, len(slots)) for key in zip(which.tolist(), shards.tolist())]
     entries = [_entry(stores[k], shard) for k, shard in slots]
-    if None in entries:
+    if not entries or None in entries:
         return None
     table = np.array([entry[1] for entry in entries], np.int64)
     slot = np.array(slot, np.int64)
@@ -125,95 +116,96 @@ def assemble(
     return segments, positions
 
 
-if numba is not None:
+@intrinsic
+def _pointer(typingctx, address):
+    """The int64 `address` as a void pointer, for `numba.carray`."""
+    signature = types.voidptr(address)
 
-    @intrinsic
-    def _pointer(typingctx, address):
-        """The int64 `address` as a void pointer, for `numba.carray`."""
-        signature = types.voidptr(address)
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
 
-        def codegen(context, builder, sig, args):
-            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+    return signature, codegen
 
-        return signature, codegen
 
-    @numba.njit(nogil=True, cache=True)
-    def _unchecked(table, slot, lo, hi):
-        """Pieces that touch a block whose checked byte is still 0."""
-        found = np.empty(slot.size, np.int64)
-        count = 0
-        for i in range(slot.size):
-            s = slot[i]
-            checked = numba.carray(_pointer(table[s, 5]), (table[s, 6],), np.uint8)
-            shift = table[s, 7]
-            for block in range(lo[i] >> shift, ((hi[i] - 1) >> shift) + 1):
-                if checked[block] == 0:
-                    found[count] = i
-                    count += 1
-                    break
-        return found[:count]
+@numba.njit(nogil=True, cache=True)
+def _unchecked(table, slot, lo, hi):
+    """Pieces that touch a block whose checked byte is still 0."""
+    found = np.empty(slot.size, np.int64)
+    count = 0
+    for i in range(slot.size):
+        s = slot[i]
+        checked = numba.carray(_pointer(table[s, 5]), (table[s, 6],), np.uint8)
+        shift = table[s, 7]
+        for block in range(lo[i] >> shift, ((hi[i] - 1) >> shift) + 1):
+            if checked[block] == 0:
+                found[count] = i
+                count += 1
+                break
+    return found[:count]
 
-    @numba.njit(nogil=True, cache=True)
-    def _copy(table, s, lo, hi, target, at):
-        kind = table[s, 2]
-        n = hi - lo
-        if kind == 0:
-            source16 = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.uint16)
-            for t in range(n):
-                target[at + t] = source16[lo + t]
-        elif kind == 1:
-            source32 = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.uint32)
-            for t in range(n):
-                target[at + t] = np.int32(source32[lo + t])
+
+@numba.njit(nogil=True, cache=True)
+def _copy(table, s, lo, hi, target, at):
+    kind = table[s, 2]
+    n = hi - lo
+    if kind == 0:
+        source16 = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.uint16)
+        for t in range(n):
+            target[at + t] = source16[lo + t]
+    elif kind == 1:
+        source32 = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.uint32)
+        for t in range(n):
+            target[at + t] = np.int32(source32[lo + t])
+    else:
+        source = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.int32)
+        for t in range(n):
+            target[at + t] = source[lo + t]
+
+
+@numba.njit(nogil=True, cache=True)
+def _assemble(table, slot, lo, hi, rows, cols, out, segments, positions, packed):
+    """The copies and the document starts in one pass over the pieces, then the segment
+    and position fields run by run (each run one segment: constant, and a ramp)."""
+    height, width = out.shape
+    flat = out.reshape(-1)
+    found = np.empty(slot.size, np.int64)
+    total = height + slot.size
+    for i in range(slot.size):  # document starts per piece: an upper bound of the starts
+        s = slot[i]
+        docs = numba.carray(_pointer(table[s, 3]), (table[s, 4],), np.int64)
+        found[i] = np.searchsorted(docs, lo[i])
+        total += np.searchsorted(docs, hi[i]) - found[i]
+    starts = np.empty(total, np.int64)  # flat indices in `out`
+    for r in range(height):
+        starts[r] = r * width
+    count = height
+    for i in range(slot.size):
+        s = slot[i]
+        at = rows[i] * width + cols[i]
+        _copy(table, s, lo[i], hi[i], flat, at)
+        if cols[i] > 0:
+            starts[count] = at
+            count += 1
+        docs = numba.carray(_pointer(table[s, 3]), (table[s, 4],), np.int64)
+        d = found[i]
+        while d < docs.size and docs[d] < hi[i]:
+            starts[count] = at + docs[d] - lo[i]
+            count += 1
+            d += 1
+    starts = np.sort(starts[:count])
+    seg = segments.reshape(-1)
+    pos = positions.reshape(-1)
+    number = 0
+    for k in range(count):
+        a = starts[k]
+        if k + 1 < count and starts[k + 1] == a:
+            continue  # the same start twice (a piece's column and its first document)
+        b = starts[k + 1] if k + 1 < count else height * width
+        number = 1 if a % width == 0 else number + 1
+        if packed:
+            for t in range(b - a):
+                seg[a + t] = (number << SEGMENT_SHIFT) | t
         else:
-            source = numba.carray(_pointer(table[s, 0]), (table[s, 1],), np.int32)
-            for t in range(n):
-                target[at + t] = source[lo + t]
-
-    @numba.njit(nogil=True, cache=True)
-    def _assemble(table, slot, lo, hi, rows, cols, out, segments, positions, packed):
-        """The copies and the document starts in one pass over the pieces, then the segment
-        and position fields run by run (each run one segment: constant, and a ramp)."""
-        height, width = out.shape
-        flat = out.reshape(-1)
-        found = np.empty(slot.size, np.int64)
-        total = height + slot.size
-        for i in range(slot.size):  # document starts per piece: an upper bound of the starts
-            s = slot[i]
-            docs = numba.carray(_pointer(table[s, 3]), (table[s, 4],), np.int64)
-            found[i] = np.searchsorted(docs, lo[i])
-            total += np.searchsorted(docs, hi[i]) - found[i]
-        starts = np.empty(total, np.int64)  # flat indices in `out`
-        for r in range(height):
-            starts[r] = r * width
-        count = height
-        for i in range(slot.size):
-            s = slot[i]
-            at = rows[i] * width + cols[i]
-            _copy(table, s, lo[i], hi[i], flat, at)
-            if cols[i] > 0:
-                starts[count] = at
-                count += 1
-            docs = numba.carray(_pointer(table[s, 3]), (table[s, 4],), np.int64)
-            d = found[i]
-            while d < docs.size and docs[d] < hi[i]:
-                starts[count] = at + docs[d] - lo[i]
-                count += 1
-                d += 1
-        starts = np.sort(starts[:count])
-        seg = segments.reshape(-1)
-        pos = positions.reshape(-1)
-        number = 0
-        for k in range(count):
-            a = starts[k]
-            if k + 1 < count and starts[k + 1] == a:
-                continue  # the same start twice (a piece's column and its first document)
-            b = starts[k + 1] if k + 1 < count else height * width
-            number = 1 if a % width == 0 else number + 1
-            if packed:
-                for t in range(b - a):
-                    seg[a + t] = (number << SEGMENT_SHIFT) | t
-            else:
-                for t in range(b - a):
-                    seg[a + t] = number
-                    pos[a + t] = t
+            for t in range(b - a):
+                seg[a + t] = number
+                pos[a + t] = t
