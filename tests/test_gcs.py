@@ -359,22 +359,25 @@ def test_a_bucket_store_replaced_after_open_is_named(prefix, corpus):
         opened.check_unchanged()
 
 
-def test_a_bucket_shard_rewritten_after_its_first_open_is_named(prefix, corpus):
-    """A shard read through ArrayRecord (a store without flat sidecars) has its generation
-    taken at its first open and compared when it is opened again (here after the bound on open
-    shards closed it): the same bytes written again are a new object, which is refused rather
-    than trusted. (A shard served from its sidecar's blocks is checked by content instead.)"""
+def test_a_bucket_shard_without_sidecars_is_checked_by_content(tmp_path: Path, prefix, corpus):
+    """A shard of a store without flat sidecars is downloaded whole and checked against its
+    SHA-256 in the manifest before ArrayRecord reads it (`remote_shards`): an altered shard is
+    refused by name, never read; the same bytes written again (a new generation) are served."""
     store = f"{prefix}/web"
     options = PrepareOptions([corpus], location(store), num_shards=2, progress=False)
     prepare(dataclasses.replace(options, flat_tokens=False))
-    opened = TokenStore(store, max_open_shards=1)
-    first = opened.read_shard_tokens(0, 0, 5).tokens
-    opened.read_shard_tokens(1, 0, 5)  # closes shard 0
-    shard = location(store) / "shard-00000-of-00002.array_record"
-    shard.write_bytes(shard.read_bytes())
-    with pytest.raises(StoreError, match=f"{shard}: the shard was replaced or changed"):
-        opened.read_shard_tokens(0, 0, 5)
-    np.testing.assert_array_equal(TokenStore(store).read_shard_tokens(0, 0, 5).tokens, first)
+    local = tmp_path / "local"
+    prepare(dataclasses.replace(options, out=local, flat_tokens=False))
+    shard = location(store) / "shard-00001-of-00002.array_record"
+    good = shard.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) // 2] ^= 0x01
+    shard.write_bytes(bytes(damaged))
+    opened = TokenStore(store)
+    with pytest.raises(StoreError, match=rf"{shard}: does not match its checksum \(sha256\)"):
+        opened.read_shard_tokens(1, 0, 5)
+    shard.write_bytes(good)
+    np.testing.assert_array_equal(opened.document(1, 0), TokenStore(local).document(1, 0))
 
 
 def test_a_bucket_store_that_has_read_a_shard_is_still_shared(prefix, corpus):

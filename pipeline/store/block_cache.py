@@ -3,8 +3,9 @@
 Hundreds of hosts that restart together would each download again everything they read; the
 cache keeps what was downloaded on the host's local disk, shared by its processes and across
 restarts. Entries are content-addressed (a block of a flat sidecar by the sidecar's SHA-256 and
-the block's number, a small file by its own SHA-256, a manifest by its URL and generation), so
-an entry never goes stale: data that changes has another key.
+the block's number, a small file or a whole shard by its own SHA-256, a manifest by its URL and
+generation), so an entry never goes stale: data that changes has another key. Small entries are
+bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (`get_file`).
 
 * **Checked, never trusted.** `get` checks an entry (the caller's `check`: the store's CRC32C
   of the block, or the file's SHA-256) when it is filled and when a process first reads it; a
@@ -32,12 +33,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline.errors import StoreError
 
 _LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
 _STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
+T = TypeVar("T")
 
 
 class BlockCache:
@@ -62,46 +65,84 @@ class BlockCache:
         process of the host at a time), checked and stored. A fetch that fails its check is
         refused by the caller's `check` raising, or here if it returns False."""
         path = self.root / key
-        data = self._read_checked(path, check)
-        if data is not None:
-            return data
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + _LOCK), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
-            data = self._read_checked(path, check)  # another process filled it meanwhile
-            if data is not None:
-                return data
+
+        def fill(partial: Path) -> bytes:
             data = fetch()
             if not check(data):
                 raise StoreError(f"{key}: downloaded bytes do not match their checksum")
-            self._store(path, data)
-        self._evict_if_over()
-        return data
+            partial.write_bytes(data)
+            return data
+
+        data = self._read_checked(path, check)
+        if data is not None:
+            return data
+        return self._filled(path, lambda: self._read_checked(path, check), fill)
+
+    def get_file(
+        self, key: str, fill: Callable[[Path], None], check: Callable[[Path], bool]
+    ) -> Path:
+        """The path of the entry `key`, a file too large to hold in memory (a whole shard):
+        there when whole and `check`ed, else filled by `fill(partial)` (by one process of the
+        host at a time), which writes the file and raises unless it passes its checks. The
+        path stays the entry until an eviction pass deletes it (least recently used first,
+        never the entry a fill just made); a reader that opened it keeps reading it then."""
+        path = self.root / key
+
+        def checked() -> Path | None:
+            return path if self._file_checked(path, check) else None
+
+        def filled(partial: Path) -> Path:
+            fill(partial)
+            return path
+
+        return checked() or self._filled(path, checked, filled)
+
+    def _filled(self, path: Path, found: Callable[[], T | None], fill: Callable[[Path], T]) -> T:
+        """Fill the entry at `path` under its lock, unless `found()` finds it filled by another
+        process meanwhile: `fill(partial)` writes (and checks) a partial file, renamed over the
+        entry once whole; then evict if the cache is over its bound."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + _LOCK), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            result = found()  # another process filled it meanwhile
+            if result is not None:
+                return result
+            partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_PARTIAL}")
+            try:
+                result = fill(partial)
+                os.replace(partial, path)
+            except OSError as error:
+                raise StoreError(
+                    f"{path}: cannot write the cache entry: {error.strerror or error}"
+                ) from None
+            finally:
+                partial.unlink(missing_ok=True)
+            with self._lock:
+                self._size += path.stat().st_size
+        self._evict_if_over(path)
+        return result
 
     def _read_checked(self, path: Path, check: Callable[[bytes], bool]) -> bytes | None:
         try:
             data = path.read_bytes()
         except OSError:
             return None
-        if check(data):
-            with contextlib.suppress(OSError):
-                os.utime(path)  # most recently used
-            return data
-        self.damaged += 1
-        path.unlink(missing_ok=True)  # damaged: fetched again, never served
-        return None
+        return data if self._passes(path, check(data)) else None
 
-    def _store(self, path: Path, data: bytes) -> None:
-        partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_PARTIAL}")
-        try:
-            with open(partial, "wb") as file:
-                file.write(data)
-            os.replace(partial, path)
-        except OSError as error:
-            partial.unlink(missing_ok=True)
-            raise StoreError(f"{path}: cannot write the cache entry: {error.strerror}") from None
-        with self._lock:
-            self._size += len(data)
+    def _file_checked(self, path: Path, check: Callable[[Path], bool]) -> bool:
+        """Whether the file entry at `path` is there and passes `check`."""
+        return path.is_file() and self._passes(path, check(path))
+
+    def _passes(self, path: Path, good: bool) -> bool:
+        """`good`, for an entry just checked: a good one becomes the most recently used, a
+        damaged one is deleted (fetched again, never served)."""
+        if good:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return True
+        self.damaged += 1
+        path.unlink(missing_ok=True)
+        return False
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         """(mtime, size, path) of every entry; stale partial files are removed on the way."""
@@ -126,7 +167,9 @@ class BlockCache:
     def _scan_size(self) -> int:
         return sum(size for _, size, _ in self._entries())
 
-    def _evict_if_over(self) -> None:
+    def _evict_if_over(self, keep: Path) -> None:
+        """Delete least recently used entries down to 90 % of the bound, except `keep` (the
+        entry just filled, which its caller is about to read, however large it is)."""
         with self._lock:
             if self._size <= self.max_bytes:
                 return
@@ -135,6 +178,8 @@ class BlockCache:
             for _, size, path in entries:
                 if total <= 0.9 * self.max_bytes:
                     break
+                if path == keep:
+                    continue
                 path.unlink(missing_ok=True)
                 path.with_name(path.name + _LOCK).unlink(missing_ok=True)
                 total -= size

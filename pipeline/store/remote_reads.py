@@ -67,6 +67,11 @@ def configure(cache_dir: str | None, max_gb: float, timeout_s: float) -> None:
             _state.cache = BlockCache(root, max_bytes)
 
 
+def host_cache() -> BlockCache | None:
+    """This process's disk cache (`feed.cache`), None without one."""
+    return _state.cache
+
+
 def downloaded() -> int:
     """Bytes this process has downloaded from object storage through this module."""
     return _state.downloaded

@@ -24,8 +24,6 @@ from array_record.python.array_record_module import ArrayRecordReader
 from pipeline.errors import StoreError
 from pipeline.store.open_shards import pool
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.store.store_files import FileIdentity
-from pipeline.urls import is_url
 
 # Random access: no readahead, no reader-side parallelism (the feed parallelises itself). The
 # chunk index stays in memory (~12 B per record, read with the footer in one request): an
@@ -48,23 +46,17 @@ def default_max_open() -> int:
     return int(text)
 
 
-def open_reader(path: Path, identity: FileIdentity | None) -> ArrayRecordReader:
-    """A reader of the shard at `path`. A cloud shard's reader reads the generation of
-    `identity`, the one checked at its first open (ArrayRecord's `gs://b/o#GENERATION`): once
-    the object is replaced, its reads fail (the generation no longer exists) rather than return
-    the new object's bytes. A local file that cannot be opened (permission denied) is refused
-    by its OS error: ArrayRecord's reader would read it as a shard of no records."""
-    source = str(path)
-    if is_url(source) and identity is not None:
-        source = f"{source}#{identity.version[0]}"
-    elif not is_url(source):  # ArrayRecord reads a file it cannot open as one of 0 records
-        try:
-            with open(source, "rb"):
-                pass
-        except OSError as error:
-            raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
+def open_reader(path: Path) -> ArrayRecordReader:
+    """A reader of the shard file at `path` (on local disk: a cloud shard is read from its
+    checked local copy, `remote_shards`). A file that cannot be opened (permission denied) is
+    refused by its OS error: ArrayRecord's reader would read it as a shard of no records."""
     try:
-        return ArrayRecordReader(source, READER_OPTIONS)
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
+    try:
+        return ArrayRecordReader(str(path), READER_OPTIONS)
     except Exception as error:  # ArrayRecord raises plain RuntimeErrors
         raise StoreError(f"{path}: not a readable ArrayRecord shard: {error}") from None
 

@@ -42,6 +42,7 @@ from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.remote_reads import RemoteFlat, together
+from pipeline.store.remote_shards import local_shard
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import (
     check_records,
@@ -60,12 +61,10 @@ from pipeline.store.shard_readers import (
 from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import (
     CHECKSUMS,
-    FileIdentity,
     check_files,
     file_sha256,
     identity_or_none,
     sha256_of,
-    shard_identity,
     store_identity,
 )
 from pipeline.urls import is_url, location
@@ -105,15 +104,17 @@ class TokenStore(StoreFacts):
 
     `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
     request per shard file would make a 10,000-shard start cost minutes); its shard files are
-    checked as they are first read. At most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS,
-    else `shard_readers.MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least
-    recently read closed first; `ShardReaders`), so host memory does not grow with the corpus;
-    reads that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars
-    and reads every token through ArrayRecord (so does a cloud store: sidecars are
-    memory-mapped local files). `check_reads` (the default) checks each block of a sidecar
-    against its checksum on its first read (`flat_blocks`); False serves them as mapped (the
-    feed's `verify: off`). Indexes and loss masks are checked whole at a shard's first use, and
-    ArrayRecord checks each record's chunk as it reads it, either way.
+    checked as they are first read: a shard with a flat sidecar and block checksums is served
+    from the sidecar's checked blocks (`remote_reads`), any other is downloaded whole, checked
+    against its SHA-256 and read from local disk (`remote_shards`). At most `max_open_shards`
+    (default $PIPELINE_MAX_OPEN_SHARDS, else `shard_readers.MAX_OPEN_SHARDS`) shards keep an
+    open reader and their indexes (least recently read closed first; `ShardReaders`), so host
+    memory does not grow with the corpus; reads that fail transiently are retried by `retry`.
+    `flat=False` ignores the flat sidecars and reads every token through ArrayRecord.
+    `check_reads` (the default) checks each block of a sidecar against its checksum on its first
+    read (`flat_blocks`); False serves them as mapped (the feed's `verify: off`). Indexes and
+    loss masks are checked whole at a shard's first use, and ArrayRecord checks each record's
+    chunk as it reads it, either way.
     """
 
     def __init__(
@@ -152,7 +153,8 @@ class TokenStore(StoreFacts):
             key: [None] * len(shards) for key in ("index", "docs", "untrained", "flat")
         }
         # A cloud store is served from its sidecars' checked blocks (`remote_reads`) when it has
-        # block checksums; ArrayRecord's gs:// reader would download far more than it serves.
+        # block checksums, else from whole shards downloaded (`remote_shards`): never through
+        # ArrayRecord's gs:// reader, which would download far more than it serves.
         self.remote = is_url(self.path)
         self._use_flat = [
             flat and "flat" in e and (not self.remote or "flat_blocks" in e) for e in shards
@@ -168,10 +170,9 @@ class TokenStore(StoreFacts):
         )
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
         self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
-        # The identities taken at open (what `same_as` compares), and those of cloud shards,
-        # taken at their first use (a later open of the unchanged store has none: still equal).
+        # The identities of a local store's files taken at open (what `same_as` compares); a
+        # cloud store has none: its shards are checked by content.
         self._file_identities = check_files(self.path, self.manifest, self.dtype)
-        self._first_use_identities: list[FileIdentity | None] = [None] * len(shards)
         if verify:
             self.verify()
 
@@ -436,26 +437,26 @@ class TokenStore(StoreFacts):
         file = self.path / entry["file"]
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
-        known = self._shard_identity(shard)
-        # a cloud shard served from its sidecar's blocks opens no ArrayRecord reader, so needs
-        # no generation: every block is checked against the store's CRCs as it is downloaded
+            if identity_or_none(file) != self._file_identities[shard]["file"]:
+                raise StoreError(
+                    f"{file}: the shard was replaced or changed after the store was opened; "
+                    "restart the job, or prepare the store again"
+                )
+        # A cloud shard is checked by content, not by generation: served from its sidecar's
+        # blocks (each checked against the store's CRCs), else downloaded whole and checked
+        # against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local disk.
         served_remotely = self.remote and self._use_flat[shard]
-        if known is None and not served_remotely:  # a cloud shard's identity: taken now
-            self._first_use_identities[shard] = shard_identity(self.path, entry)
-        elif known is not None and identity_or_none(file) != known:
-            raise StoreError(
-                f"{file}: the shard was replaced or changed after the store was opened; "
-                "restart the job, or prepare the store again"
-            )
+        downloaded = self.remote and not self._use_flat[shard]
         loads = (
             lambda: self.check_unchanged() if self.remote else None,
             lambda: load_index(self.path, entry, "index", "index_sha256", entry["records"]),
             lambda: load_index(self.path, entry, "docs", "docs_sha256", entry["documents"]),
             lambda: load_mask(self.path, entry) if self.masked else None,
             lambda: remote_flat(self.path, entry, self.dtype) if served_remotely else None,
+            lambda: self._local_copy(shard) if downloaded else None,
         )
         # a cloud shard's files are downloaded at once: one round trip (`remote_reads`)
-        _, offsets, docs, untrained, remote = (
+        _, offsets, docs, untrained, remote, _ = (
             together(*loads) if self.remote else [load() for load in loads]
         )
         if remote is not None:
@@ -488,10 +489,6 @@ class TokenStore(StoreFacts):
         """The checks before a read through ArrayRecord (`ShardReaders.read` calls it with the
         shard's lock held): the shard's first-use checks and those of its records."""
         self._open_shard_locked(shard)
-        if self._shard_identity(shard) is None:  # served from blocks so far: pin a generation
-            self._first_use_identities[shard] = shard_identity(
-                self.path, self.manifest["shards"][shard]
-            )
         self._check_records(shard, self._loaded["index"][shard])
 
     def _forget(self, shard: int) -> None:
@@ -502,14 +499,17 @@ class TokenStore(StoreFacts):
         for loaded in self._loaded.values():  # a thread copying from a map keeps its reference
             loaded[shard] = None
 
-    def _shard_identity(self, shard: int) -> FileIdentity | None:
-        """The identity of the shard's data file: taken at open, or (a cloud shard) at its
-        first use; None for a cloud shard not used yet."""
-        return self._file_identities[shard].get("file") or self._first_use_identities[shard]
+    def _local_copy(self, shard: int) -> Path:
+        """A cloud shard's local copy, checked against its SHA-256 (`remote_shards`)."""
+        entry = self.manifest["shards"][shard]
+        return local_shard(str(self.shard_file(shard)), entry["sha256"], entry["bytes"])
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
-        """A reader of the shard, of the generation checked at its first open."""
-        return open_reader(self.shard_file(shard), self._shard_identity(shard))
+        """A reader of the shard's file, or (a cloud shard) of its local copy, downloaded
+        again if the cache evicted it since."""
+        if self.remote:
+            return open_reader(self._local_copy(shard))
+        return open_reader(self.shard_file(shard))
 
 
 def is_store(path: str | Path) -> bool:
