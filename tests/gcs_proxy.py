@@ -3,14 +3,16 @@
 Tests and the bench point every client at it (`proxied`): it forwards each request to the
 emulator, records its start and end (`time.time()`, comparable across the processes of one
 host), method, path and range, and the bytes sent back, and can hold each request `latency`
-seconds before forwarding it (a bucket far away). `Log.rounds()` counts the sequential round
-trips: the longest chain of requests each of which started after the one before it ended
-(requests made in parallel overlap, so they count once)."""
+seconds before forwarding it (a bucket far away), and never answer the requests whose path
+`silent` matches (a regular expression: a network that drops them). `Log.rounds()` counts the
+sequential round trips: the longest chain of requests each of which started after the one
+before it ended (requests made in parallel overlap, so they count once)."""
 
 from __future__ import annotations
 
 import http.client
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -72,7 +74,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandler]:
+SILENT_S = 60.0  # how long a silenced request is held before its connection is dropped
+
+
+def _handler(
+    target: str, log: Log, latency: float, silent: str | None
+) -> type[BaseHTTPRequestHandler]:
     host, port = urlsplit(target).hostname, urlsplit(target).port
     upstream_slots = threading.Semaphore(4)
 
@@ -88,6 +95,10 @@ def _handler(target: str, log: Log, latency: float) -> type[BaseHTTPRequestHandl
             body = self.rfile.read(length) if length else None
             if latency:
                 time.sleep(latency)
+            if silent is not None and re.search(silent, self.path):
+                time.sleep(SILENT_S)  # no answer; then the connection drops
+                self.close_connection = True
+                return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
             with upstream_slots:  # the emulator answers one request at a time, backlog 5
                 upstream = http.client.HTTPConnection(host, port, timeout=60)
@@ -125,11 +136,12 @@ def fresh_clients() -> None:
 
 
 @contextmanager
-def proxied(target: str, latency: float = 0.0) -> Iterator[Log]:
+def proxied(target: str, latency: float = 0.0, silent: str | None = None) -> Iterator[Log]:
     """A proxy to the emulator at `target` (http://127.0.0.1:PORT), every client of this
-    process pointed at it while it runs (`gcs_emulator.point_at`'s variables, restored after)."""
+    process pointed at it while it runs (`gcs_emulator.point_at`'s variables, restored after);
+    requests whose path `silent` matches are never answered."""
     log = Log()
-    server = _Server(("127.0.0.1", 0), _handler(target, log, latency))
+    server = _Server(("127.0.0.1", 0), _handler(target, log, latency, silent))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     variables = _variables(f"http://127.0.0.1:{server.server_address[1]}")

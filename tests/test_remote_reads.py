@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import yaml
 from jax.sharding import Mesh
 
 from pipeline.config import parse_config
-from pipeline.errors import ConfigError, StoreError
+from pipeline.errors import ConfigError, PipelineError, StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
@@ -41,12 +42,15 @@ def proxy(gcs_bucket):
         yield gcs_bucket, log
 
 
-def store(tmp_path: Path, bucket: str, name: str, shards: int = 4) -> tuple[Path, str]:
-    """A 4-shard store of ~1.1 MB of tokens, written locally and uploaded to `bucket`."""
+def store(
+    tmp_path: Path, bucket: str, name: str, shards: int = 4, flat: bool = True
+) -> tuple[Path, str]:
+    """A 4-shard store of ~1.1 MB of tokens, written locally and uploaded to `bucket`; without
+    flat token sidecars unless `flat` (as `prepare --no-flat-tokens` writes it)."""
     rng = np.random.default_rng(0)
     local = tmp_path / name
     lengths = [rng.integers(50, 400, 300).tolist() for _ in range(shards)]
-    write_synthetic_store(local, lengths, first=next(_first) * 10**6)
+    write_synthetic_store(local, lengths, first=next(_first) * 10**6, flat=flat)
     url = f"{bucket}/{name}-{os.getpid()}-{time.monotonic_ns()}"
     for file in local.iterdir():
         copy_file(file, location(url) / file.name)
@@ -238,3 +242,80 @@ def test_a_fill_killed_midway_leaves_nothing_served_unchecked(tmp_path):
     (root / "blocks" / "k").write_bytes(good[:-1] + b"?")  # damaged on disk
     assert cache.get("blocks/k", lambda: fetched.append(2) or good, check) == good
     assert fetched == [1, 2] and cache.damaged == 1
+
+
+def test_a_store_without_sidecars_is_served_from_whole_shards_downloaded_once(tmp_path, proxy):
+    """A store without flat sidecars is read from its shards downloaded whole, once each, and
+    checked (`remote_shards`), never through ArrayRecord's gs:// reader (~50x the store)."""
+    bucket, log = proxy
+    local, url = store(tmp_path, bucket, "whole", flat=False)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    log.clear()
+    with DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed:
+        for step in range(60):
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), expected.batch(step)[field])
+        stats = feed.stats()
+    sizes = {f.name: f.stat().st_size for f in local.iterdir()}
+    fetched = {}
+    for request in log.requests:
+        for name in sizes:
+            if name.endswith(".array_record") and name in request.path:
+                fetched[name] = fetched.get(name, 0) + request.bytes
+    assert fetched and all(fetched[name] == sizes[name] for name in fetched)  # each one, once
+    metadata = sum(size for name, size in sizes.items() if not name.endswith(".array_record"))
+    assert log.downloaded() <= sum(fetched.values()) + 2 * metadata
+    assert stats.downloaded_bytes >= sum(fetched.values())
+
+
+@pytest.mark.multiprocess
+def test_shards_without_sidecars_are_cached_once_per_host_and_a_damaged_one_fetched_again(
+    tmp_path, proxy
+):
+    """Two processes sharing a cache download each shard once; a fresh process with the cache
+    warm downloads nothing but the store's identity and the one shard found damaged."""
+    bucket, log = proxy
+    local, url = store(tmp_path, bucket, "cached", flat=False)
+    cache = tmp_path / "cache"
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump(raw_config(url, cache={"dir": str(cache), "max_gb": 1})))
+    log.clear()
+    workers = [run_worker(config, tmp_path / f"cold{i}.npz") for i in range(2)]
+    cold = [finish(w, tmp_path / f"cold{i}.npz") for i, w in enumerate(workers)]
+    same_batches(*cold)
+    media = [r.path for r in log.requests if "alt=media" in r.path]
+    assert media and len(media) == len(set(media))  # every shard and file: one download
+    assert any(".array_record" in path for path in media)
+
+    entry = next(p for p in sorted((cache / "shards").iterdir()) if p.suffix != ".lock")
+    good = entry.read_bytes()
+    entry.write_bytes(good[:1000] + bytes([good[1000] ^ 0x01]) + good[1001:])
+    shard = next(f for f in local.glob("*.array_record") if f.read_bytes() == good).name
+    log.clear()
+    warm = finish(run_worker(config, tmp_path / "warm.npz"), tmp_path / "warm.npz")
+    same_batches(cold[0], warm)
+    media = [r.path for r in log.requests if "alt=media" in r.path]
+    assert len(media) == 1 and shard in media[0]  # that shard again; the rest from the cache
+    assert entry.read_bytes() == good
+
+
+def test_a_shard_download_that_gets_no_answer_fails_in_one_line_within_the_limit(
+    tmp_path, gcs_bucket
+):
+    """Bucket metadata answers, shard downloads never do (a network that drops them)."""
+    _, url = store(tmp_path, gcs_bucket, "silent", flat=False)
+    config = parse_config(raw_config(url, read_timeout_s=1.5), origin="c.yaml")
+    started = time.monotonic()
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], silent=r"\.array_record\?.*alt=media"),
+        pytest.raises(PipelineError) as raised,
+        DataFeed(config, mesh()) as feed,
+    ):
+        endpoint = os.environ["STORAGE_EMULATOR_HOST"]  # the proxy's
+        next(feed)
+    assert time.monotonic() - started < 12
+    message = str(raised.value)
+    assert len(message.splitlines()) == 1
+    assert re.search(rf"{url}/shard-\d+-of-00004\.array_record: no answer", message), message
+    assert f"{endpoint} within 1.5 s (feed.read_timeout_s)" in message
