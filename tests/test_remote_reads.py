@@ -26,6 +26,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.block_cache import BlockCache
+from pipeline.store.meta import load_manifest
 from pipeline.urls import copy_file, location
 from tests.gcs_proxy import fresh_clients, proxied
 from tests.storegen import write_synthetic_store
@@ -319,3 +320,38 @@ def test_a_shard_download_that_gets_no_answer_fails_in_one_line_within_the_limit
     assert len(message.splitlines()) == 1
     assert re.search(rf"{url}/shard-\d+-of-00004\.array_record: no answer", message), message
     assert f"{endpoint} within 1.5 s (feed.read_timeout_s)" in message
+
+
+def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exit(tmp_path, proxy):
+    bucket, _ = proxy
+    local, url = store(tmp_path, bucket, "private", shards=1, flat=False)
+    entry = load_manifest(local)["shards"][0]
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    code = (
+        "import sys; from pipeline.store.remote_shards import local_shard; "
+        "print(local_shard(*sys.argv[1:3], int(sys.argv[3])))"
+    )
+    shard = f"{url}/{entry['file']}"
+    done = subprocess.run(
+        [sys.executable, "-c", code, shard, entry["sha256"], str(entry["bytes"])],
+        cwd=ROOT, env={**os.environ, "TMPDIR": str(temporary)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).is_relative_to(temporary)
+    assert not list(temporary.iterdir())
+
+
+def test_a_file_entry_larger_than_the_cache_is_kept_until_the_next_fill(tmp_path):
+    """A whole shard may be larger than `max_gb`: the entry a fill just made is never the one
+    its eviction pass deletes (its caller is about to open it)."""
+    cache = BlockCache(tmp_path / "cache", 1000)
+
+    def fill(data: bytes):
+        return lambda partial: partial.write_bytes(data)
+
+    first = cache.get_file("shards/a", fill(b"a" * 2000), lambda path: True)
+    assert first.read_bytes() == b"a" * 2000
+    second = cache.get_file("shards/b", fill(b"b" * 2000), lambda path: True)
+    assert second.read_bytes() == b"b" * 2000 and not first.exists()
