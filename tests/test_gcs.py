@@ -364,7 +364,11 @@ def test_a_bucket_shard_without_sidecars_is_checked_by_content(tmp_path: Path, p
     SHA-256 in the manifest before ArrayRecord reads it (`remote_shards`): an altered shard is
     refused by name, never read; the same bytes written again (a new generation) are served."""
     store = f"{prefix}/web"
-    options = PrepareOptions([corpus], location(store), num_shards=2, progress=False)
+    own = tmp_path / "corpus"  # shards no other test's: copies are kept by their content
+    own.mkdir()
+    for text in sorted(Path(corpus).iterdir()):
+        (own / text.name).write_text(f"{text.read_text(encoding='utf-8')} {prefix}", "utf-8")
+    options = PrepareOptions([str(own)], location(store), num_shards=2, progress=False)
     prepare(dataclasses.replace(options, flat_tokens=False))
     local = tmp_path / "local"
     prepare(dataclasses.replace(options, out=local, flat_tokens=False))

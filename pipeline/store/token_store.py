@@ -320,9 +320,10 @@ class TokenStore(StoreFacts):
     def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None:
         """The shard's flat sidecar as served: `FlatBlocks.read` checks each block on its first
         read (unless the store was opened with `check_reads=False`); None for a shard read
-        through ArrayRecord (`read_record_list`)."""
+        through ArrayRecord (`read_record_list`). A cloud shard of that kind is opened here,
+        so downloaded, as `piece_reads` asks for a batch's sidecars: all at once."""
         if not self._use_flat[shard]:
-            return None
+            return self._open_shard(shard, "flat") if self.remote else None
         blocks = self._loaded["flat"][shard]
         if blocks is None:
             return self._open_shard(shard, "flat")
