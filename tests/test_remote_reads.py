@@ -111,6 +111,25 @@ def test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources(tmp_
         assert rounds <= 4, (count, rounds)
 
 
+def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_once(
+    tmp_path, gcs_bucket
+):
+    """Stores without sidecars: the stores' identities, their manifests, then every shard the
+    first batch reads (whole, with its indexes) at once: 3 round trips for 4 sources, where
+    downloading shard by shard would wait for each in turn."""
+    urls = [store(tmp_path, gcs_bucket, f"whole{k}", shards=1, flat=False)[1] for k in range(4)]
+    raw = raw_config(urls[0])
+    raw["sources"] = {f"s{k}": {"path": url} for k, url in enumerate(urls)}
+    raw["mix"] = {f"s{k}": 1 for k in range(len(urls))}
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.25) as log,
+        DataFeed(parse_config(raw, origin="r.yaml"), mesh(), prefetch=1, threads=1) as feed,
+    ):
+        next(feed)
+        rounds = log.rounds()
+    assert rounds <= 3, rounds
+
+
 def silent_port() -> tuple[socket.socket, int]:
     """A loopback port that accepts connections and never answers."""
     server = socket.socket()
