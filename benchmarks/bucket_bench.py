@@ -1,9 +1,10 @@
 """Reading from a bucket: time to the first batch, sequential round trips, requests and bytes
 of a feed over gs:// stores (the GCS emulator behind tests/gcs_proxy.py, `--latency` s per
 request), cold and with a warm host cache (`feed.cache`), for 1 and 64 sources. Each row is a
-fresh process.
+fresh process. `--no-flat` writes the stores without flat sidecars (`prepare --no-flat-tokens`),
+served from whole shards (`remote_shards`).
 
-    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60]
+    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60] [--no-flat]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--sources", default="1,64")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--no-flat", action="store_true")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
@@ -70,9 +72,8 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for k in range(max(counts)):  # 4 shards of ~140 k tokens each per source
             local = work / f"s{k}"
-            write_synthetic_store(
-                local, [rng.integers(50, 400, 600).tolist() for _ in range(4)], first=k << 24
-            )
+            lengths = [rng.integers(50, 400, 600).tolist() for _ in range(4)]
+            write_synthetic_store(local, lengths, first=k << 24, flat=not args.no_flat)
             for file in local.iterdir():
                 copy_file(file, location(f"{bucket}/s{k}") / file.name)
         with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=args.latency) as log:

@@ -100,6 +100,13 @@ def _private_cache() -> BlockCache:
         cache = _private.get(os.getpid())
         if cache is None:
             root = Path(tempfile.mkdtemp(prefix="pipeline-shards-"))
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            atexit.register(_remove, root, os.getpid())
             cache = _private[os.getpid()] = BlockCache(root, PRIVATE_BYTES)
         return cache
+
+
+def _remove(root: Path, owner: int) -> None:
+    """Remove the temporary cache `root` at the exit of the process that made it (a forked
+    child inherits the exit handler, not the directory)."""
+    if os.getpid() == owner:
+        shutil.rmtree(root, ignore_errors=True)
