@@ -39,10 +39,11 @@ def test_a_second_feed_reads_through_the_first_feeds_open_stores(tmp_path):
     assert_batch(first, plan)
     opened = {path: list(store._opened) for path, store in by_path(first).items()}
     second = DataFeed(config, mesh(), step=5)
+    assert_batch(second, plan)  # opens the stores it draws (at their first draw): the first's
     shared = by_path(second)
-    assert all(shared[path] is store for path, store in by_path(first).items())
+    assert shared and all(store is by_path(first)[path] for path, store in shared.items())
     # the shards the first feed checked stay checked: the second opens none of them again
-    assert all(list(shared[path]._opened) >= flags for path, flags in opened.items())
+    assert all(list(store._opened) >= opened[path] for path, store in shared.items())
     first.close()  # the second feed still holds the stores: they stay open
     assert all(shared_stores.holds(store) for store in shared.values())
     assert_batch(second, plan)
@@ -64,6 +65,7 @@ def test_a_store_whose_files_changed_is_opened_anew(tmp_path):
         stat = shard.stat()
         os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place
         with DataFeed(config, mesh()) as second:
+            assert_batch(second, plan)  # the stores it draws opened: its first batch's
             fresh = by_path(second)[store.path]
             assert fresh is not store
             others = [s for s in second.plan.stores() if s.path != store.path]

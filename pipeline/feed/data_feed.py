@@ -20,7 +20,7 @@ work, including meshes where devices also replicate the batch over a model axis.
 Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
 `pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
-when every store open at the start is local, 4 when one is remote: `reader_count`). A task reads
+when every store planned at the start is local, 4 when one is remote: `reader_count`). A task reads
 the step's local rows with one `Plan.read` and transfers every field with one
 `jax.make_array_from_process_local_data` call (`feed: {expand: device}`: the rows' compact form,
 expanded to the six fields on the devices, `pipeline.feed.expand`), so `next()` in the training
@@ -74,10 +74,11 @@ from pipeline.feed.watcher import HostStop
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
-from pipeline.plan.sources import open_stores
+from pipeline.plan.sources import plan_stores
 from pipeline.read import objective
 from pipeline.read.plan import Plan
-from pipeline.store.token_store import TokenStore
+from pipeline.store.meta import StoreMeta
+from pipeline.store.store_set import StoreSet
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -142,9 +143,10 @@ def _read_step(
     return rows
 
 
-def _release_stores(stores: list[TokenStore]) -> None:
-    """Hand a feed's shared stores back (`shared_stores.release`): the last user closes one."""
-    for store in stores:
+def _release_stores(stores: StoreSet) -> None:
+    """Hand the stores a feed's plans opened back (`shared_stores.release`): the last user
+    closes one."""
+    for store in stores.stores():
         try:
             shared_stores.release(store)
         except StoreError as error:  # a reader of a damaged file may fail to close
@@ -152,18 +154,21 @@ def _release_stores(stores: list[TokenStore]) -> None:
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
-    """Open the config's stores (shared with the process's other feeds: `shared_stores`); if
-    any process cannot, every process raises (none hangs)."""
+    """Plan from the config's stores' metadata (`plan_stores`: a local store is opened at its
+    first draw, shared with the process's other feeds: `shared_stores`); if any process cannot,
+    every process raises (none hangs)."""
     plan, error, stores = None, None, {}
     try:
-        stores = open_stores(config, shared_stores.acquire)
-        plan = Plan.from_config(config, stores)
+        stores = plan_stores(config, shared_stores.acquire)
+        plan = Plan.from_config(config, stores, shared_stores.acquire)
         if config.feed.verify == "open":
             verify_share(plan)
     except PipelineError as failure:
         error = failure
-        for store in stores.values():
-            shared_stores.release(store)
+        held = stores.values() if plan is None else plan.stores()
+        for store in held:
+            if not isinstance(store, StoreMeta):
+                shared_stores.release(store)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -230,17 +235,16 @@ class DataFeed:
             raise FeedError(f"provenance: expected names from {PROVENANCE}, got {provenance!r}")
         # epoch rollovers and stage changes, one line each; input-bound warnings
         self.log_events = log_events
-        self._shared: list[TokenStore] = []
-        if isinstance(config_or_plan, Plan):
-            self._plan = config_or_plan
-        else:
-            self._plan = _plan_on_every_process(self.config)
-            self._shared = self._plan.stores()  # released, not closed, by close()
+        # a plan of the config opens its stores shared: released, not closed, by close()
+        self._shared = not isinstance(config_or_plan, Plan)
+        self._plan = _plan_on_every_process(self.config) if self._shared else config_or_plan
         self._scheduled = ScheduledSources(self._plan)  # for the event log, in the readers
         # close() hands the shared stores back; so does collecting a feed never closed
-        self._release = weakref.finalize(self, _release_stores, self._shared)
-        # decided once, from the stores open now: a later switch to a remote store keeps it
-        self.reader_threads = reader_count(self.threads, self.prefetch, self._plan.stores())
+        shared = self._plan.store_set if self._shared else StoreSet()
+        self._release = weakref.finalize(self, _release_stores, shared)
+        # decided once, from the stores planned now: a later switch to a remote store keeps it
+        paths = [meta.path for meta in self._plan.store_set.metas()]
+        self.reader_threads = reader_count(self.threads, self.prefetch, paths)
         self._geometries: dict[tuple[int, int], Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)
@@ -396,10 +400,7 @@ class DataFeed:
         and a run that did not switch must not say it did)."""
         self._ensure_open()
         self._adopted = tuple(events)
-        self._plan = Plan(
-            ledger, self._plan.stores(), check_reads=self.config.feed.check_reads,
-            exclude_files=self._plan.exclude_files,
-        )  # fmt: skip
+        self._plan = Plan(ledger, self._plan.store_set, exclude_files=self._plan.exclude_files)
         self._scheduled = ScheduledSources(self._plan)
         self.seek(step)
 
@@ -417,9 +418,7 @@ class DataFeed:
         if self._readers is not None:
             self._readers.close(wait=True)
         self._release()
-        for store in self._plan.stores():
-            if any(store is mine for mine in self._shared):
-                continue
+        for store in [] if self._shared else self._plan.stores():
             try:
                 store.close()
             except StoreError as error:  # a reader of a damaged file may fail to close

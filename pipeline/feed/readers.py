@@ -18,17 +18,15 @@ other readers overlap.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from pipeline.config.parse import AUTO_THREADS
 from pipeline.urls import is_url
-
-if TYPE_CHECKING:
-    from pipeline.store import TokenStore
 
 REMOTE_THREADS = 4
 """`feed.threads: auto`'s count when a store is remote (capped by the prefetch depth)."""
@@ -43,11 +41,11 @@ def _join_all() -> None:
         readers.close(wait=True)
 
 
-def reader_count(threads: int | str, prefetch: int, stores: list[TokenStore]) -> int:
+def reader_count(threads: int | str, prefetch: int, paths: Iterable[str | os.PathLike]) -> int:
     """The feed's reader threads: no more than steps in flight (`prefetch`); `auto` is one
-    thread when every store in `stores` is local, `REMOTE_THREADS` when any is a URL."""
+    thread when every store path in `paths` is local, `REMOTE_THREADS` when any is a URL."""
     if threads == AUTO_THREADS:
-        threads = REMOTE_THREADS if any(is_url(store.path) for store in stores) else 1
+        threads = REMOTE_THREADS if any(is_url(path) for path in paths) else 1
     return min(int(threads), prefetch)
 
 

@@ -52,10 +52,7 @@ def restore_state(
     """
     skip = Skip.of(skip_steps, skip_at)  # a bad value is one line before anything is compared
     _check_processes_agree(state, feed, switch, skip)
-    plan = Plan(
-        state.ledger, feed.plan.stores(), check_reads=feed.config.feed.check_reads,
-        exclude_files=feed.plan.exclude_files,
-    )  # fmt: skip
+    plan = Plan(state.ledger, feed.plan.store_set, exclude_files=feed.plan.exclude_files)
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
     events: list[str] = []  # the switch or skip: logged by the first next(), not now
     reconciled = reconcile(

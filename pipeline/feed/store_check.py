@@ -26,16 +26,18 @@ log = logging.getLogger("pipeline")
 
 def verify_share(plan: Plan, stop: threading.Event | None = None) -> None:
     """Checksum and record-check this process's share of every shard of the plan's stores; a
-    failure names the store's source by its config key (`Plan.store_message`)."""
+    failure names the store's source by its config key (`Plan.store_message`). A store not
+    opened yet (a feed opens a store at its first draw) is opened here."""
     index, count = jax.process_index(), jax.process_count()
-    for store in plan.stores():
-        for shard in range(index, store.num_shards, count):
-            if stop is not None and stop.is_set():
-                return
-            try:
+    for meta in plan.store_set.metas():
+        try:
+            store = plan.store(meta)
+            for shard in range(index, store.num_shards, count):
+                if stop is not None and stop.is_set():
+                    return
                 store.verify([shard])
-            except StoreError as error:
-                raise StoreError(plan.store_message(store, error)) from error
+        except StoreError as error:
+            raise StoreError(plan.store_message(meta, error)) from error
 
 
 class BackgroundVerify:

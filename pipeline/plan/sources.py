@@ -33,6 +33,24 @@ def open_stores(
     return _each_source(config, partial(open_store, check_reads=config.feed.check_reads))
 
 
+def plan_stores(
+    config: DataConfig, open_store: Callable[..., TokenStore] = open_store
+) -> dict[str, TokenStore | StoreMeta]:
+    """What a feed plans from, by source name: a local store's metadata alone (its manifest,
+    checked), the store itself opened at its first draw (`StoreSet.open`), so a restore's work
+    follows the sources its first steps draw, not the mixture; a bucket's store opened now by
+    `open_store`, all at once with the others (one round trip for any number of them: opened
+    at their first draws they would add round trips to the first batch)."""
+    configure_remote_reads(config)
+
+    def load(path: Path) -> TokenStore | StoreMeta:
+        if is_url(path):
+            return open_store(path, check_reads=config.feed.check_reads)
+        return load_meta(path)
+
+    return _each_source(config, load)
+
+
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
     """Every source's store metadata (its manifest alone), by source name."""
     configure_remote_reads(config)

@@ -103,7 +103,7 @@ class Plan(DrawPlan):
         root = max((roots[name] for name in named), key=len)
         return path_key(plan.config, _reader_at(plan, [n for n in named if roots[n] == root], root))
 
-    def store_message(self, store: TokenStore, error: StoreError) -> str:
+    def store_message(self, store: TokenStore | StoreMeta, error: StoreError) -> str:
         """`error` (found in `store` outside a read: a verification, an identity re-check)
         after the config key (`sources.path_key`) of a source that reads `store` in the latest
         segment planned that does (`_reader_at`: the one whose path `store` was opened at, else

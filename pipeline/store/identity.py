@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,39 +81,56 @@ def check_manifest(manifest: Any, path: Path, masked: bool = False) -> None:
     )
     shards = manifest.get("shards")
     _require(isinstance(shards, list) and shards, path, "shards", "a non-empty list")
+    ids = any(name in shards[0] for name in ID_KEYS)  # then in every shard: all or none
     for index, entry in enumerate(shards):
-        key = f"shards[{index}]"
-        _require(isinstance(entry, dict), path, key, "an object")
-        for name in SHARD_INTS:
-            _require(_count(entry.get(name)), path, f"{key}.{name}", "an integer >= 0")
-        for name in SHARD_STRS:
-            _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-        for name in MASK_KEYS:  # a loss mask: in every shard of a masked store, else in none
-            if masked:
-                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-            else:
-                _require(name not in entry, path, f"{key}.{name}", "absent (format 3 has no mask)")
-        for name in ("file", "index", "docs", "untrained")[: 4 if masked else 3]:
-            _require(_file_name(entry[name]), path, f"{key}.{name}", "a file name")
-        if "flat" in entry or "flat_sha256" in entry:  # the optional flat token sidecar
-            for name in ("flat", "flat_sha256"):
-                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-            _require(_file_name(entry["flat"]), path, f"{key}.flat", "a file name")
-        if any(name in entry for name in BLOCK_KEYS):  # its block checksums (flat_blocks.py)
-            _require("flat" in entry, path, f"{key}.flat", "present with flat_blocks")
-            for name in BLOCK_KEYS[:2]:
-                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-            _require(_file_name(entry["flat_blocks"]), path, f"{key}.flat_blocks", "a file name")
-            size = entry.get("flat_block_bytes")
-            power = _count(size) and size >= 4 and size & (size - 1) == 0
-            _require(power, path, f"{key}.flat_block_bytes", "a power of two >= 4")
-        if any(name in shards[0] for name in ID_KEYS) or any(name in entry for name in ID_KEYS):
-            for name in ID_KEYS:  # as shards[0]: a store records ids for all or none
-                _require(isinstance(entry.get(name), str), path, f"{key}.{name}", "a string")
-            _require(_file_name(entry["ids"]), path, f"{key}.ids", "a file name")
+        if not isinstance(entry, dict):
+            _require(False, path, f"shards[{index}]", "an object")
+        bad = _shard_field(entry, masked, ids)  # no message built for a good one: 1,000s a mix
+        if bad is not None:
+            _require(False, path, f"shards[{index}].{bad[0]}", bad[1])
     for total, field in TOTALS:
         expected = sum(entry[field] for entry in shards)
         _require(manifest.get(total) == expected, path, total, f"the shards' sum {expected}")
+
+
+def _shard_field(entry: dict[str, Any], masked: bool, ids: bool) -> tuple[str, str] | None:
+    """The first field of a manifest's shard entry that is wrong, and what it must be; None
+    when all are right (`check_manifest`)."""
+    for name in SHARD_INTS:
+        if not _count(entry.get(name)):
+            return name, "an integer >= 0"
+    for name in SHARD_STRS + (MASK_KEYS if masked else ()):
+        if not isinstance(entry.get(name), str):
+            return name, "a string"
+    if not masked and any(name in entry for name in MASK_KEYS):
+        return next(n for n in MASK_KEYS if n in entry), "absent (format 3 has no mask)"
+    for name in ("file", "index", "docs", "untrained")[: 4 if masked else 3]:
+        if not _file_name(entry[name]):
+            return name, "a file name"
+    if "flat" in entry or "flat_sha256" in entry:  # the optional flat token sidecar
+        for name in ("flat", "flat_sha256"):
+            if not isinstance(entry.get(name), str):
+                return name, "a string"
+        if not _file_name(entry["flat"]):
+            return "flat", "a file name"
+    if any(name in entry for name in BLOCK_KEYS):  # its block checksums (flat_blocks.py)
+        if "flat" not in entry:
+            return "flat", "present with flat_blocks"
+        for name in BLOCK_KEYS[:2]:
+            if not isinstance(entry.get(name), str):
+                return name, "a string"
+        if not _file_name(entry["flat_blocks"]):
+            return "flat_blocks", "a file name"
+        size = entry.get("flat_block_bytes")
+        if not (_count(size) and size >= 4 and size & (size - 1) == 0):
+            return "flat_block_bytes", "a power of two >= 4"
+    if ids or any(name in entry for name in ID_KEYS):  # as shards[0]: ids for all or none
+        for name in ID_KEYS:
+            if not isinstance(entry.get(name), str):
+                return name, "a string"
+        if not _file_name(entry["ids"]):
+            return "ids", "a file name"
+    return None
 
 
 def tokenizer_identity(tokenizer: dict[str, Any]) -> tuple[str, str, int, int]:
@@ -131,11 +147,11 @@ def tokenizer_identity(tokenizer: dict[str, Any]) -> tuple[str, str, int, int]:
 def _file_name(name: str) -> bool:
     """A bare name in the store's directory (what `Path(name).name == name` says, without
     building a Path per file: an open checks thousands)."""
-    return posixpath.basename(name) == name and name not in ("", ".", "..")
+    return "/" not in name and name not in ("", ".", "..")
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0  # a JSON integer: not a bool
 
 
 def _require(ok: bool, path: Path, key: str, what: str) -> None:

@@ -5,14 +5,17 @@ when a row layout needs them (a best-fit packing reads the document index) or a 
 `StoreSet` keeps both by content fingerprint, opens each store once (reader threads of one step
 may ask at once) at the path its metadata was read from, and refuses a store whose content
 changed since (`open_at`). The plan layer reaches stores only through it, as an injected
-opener (`StoreSet.open`).
+opener (`StoreSet.open`). A feed's set opens through `shared_stores.acquire` (`opener`), so a
+big mixture's restore opens only the stores its steps draw, each at its first draw, shared with
+the process's other feeds.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import StoreError
 from pipeline.store.formats import AnyStore, open_store
@@ -24,9 +27,14 @@ class StoreSet:
     """Stores by content fingerprint: metadata of each, and those opened so far."""
 
     def __init__(
-        self, stores: Iterable[AnyStore | StoreMeta] = (), *, check_reads: bool = True
+        self,
+        stores: Iterable[AnyStore | StoreMeta] = (),
+        *,
+        check_reads: bool = True,
+        opener: Callable[..., AnyStore] = open_store,
     ) -> None:
         self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
+        self.opener = opener  # `open_store`'s signature: (path, check_reads=...)
         self._metas: dict[str, StoreMeta] = {}
         self._stores: dict[str, AnyStore] = {}
         self._opening = threading.Lock()
@@ -38,7 +46,7 @@ class StoreSet:
         `path` (files checked, reads checked if `check_reads`; `open_at`'s error names
         `path`)."""
         if fingerprint not in self._metas:
-            self._add(open_at(path, fingerprint, check_reads))
+            self._add(open_at(path, fingerprint, check_reads, self.opener))
         return self._metas[fingerprint]
 
     def open(self, meta: StoreMeta) -> AnyStore:
@@ -49,7 +57,7 @@ class StoreSet:
             with self._opening:  # reader threads of one step may ask at once: open it once
                 store = self._stores.get(meta.fingerprint)
                 if store is None:
-                    store = open_at(meta.path, meta.fingerprint, self.check_reads)
+                    store = open_at(meta.path, meta.fingerprint, self.check_reads, self.opener)
                     self._stores[meta.fingerprint] = store
         return store
 
@@ -76,12 +84,15 @@ def meta_of(store: AnyStore | StoreMeta) -> StoreMeta:
     return store if isinstance(store, StoreMeta) else store.meta
 
 
-def open_at(path: Path, fingerprint: str, check_reads: bool) -> AnyStore:
-    """The store at `path`, which must hold the content the ledger recorded: one replaced
-    since (read from its manifest when the plan was made, or by the run a checkpoint resumes)
-    would serve other rows under the same steps. A `StoreError` naming `path` first, as every
-    store error does, so the caller prefixes the source's key (`keyed`, `Plan.read`)."""
-    store = open_store(path, check_reads=check_reads)
+def open_at(
+    path: Path, fingerprint: str, check_reads: bool, opener: Callable[..., Any] = open_store
+) -> AnyStore:
+    """The store at `path` (opened by `opener`), which must hold the content the ledger
+    recorded: one replaced since (read from its manifest when the plan was made, or by the run
+    a checkpoint resumes) would serve other rows under the same steps. A `StoreError` naming
+    `path` first, as every store error does, so the caller prefixes the source's key (`keyed`,
+    `Plan.read`)."""
+    store = opener(path, check_reads=check_reads)
     if store.fingerprint != fingerprint:
         raise StoreError(
             f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
