@@ -467,7 +467,7 @@ def test_the_mask_is_checked_at_open_first_use_and_verify(tmp_path: Path) -> Non
     with pytest.raises(
         StoreError, match=r"untrained\.npy: loss mask listed in the manifest is missing"
     ):
-        TokenStore(tmp_path / "s")
+        TokenStore(tmp_path / "s").trained(0, 0, 10)
 
 
 @pytest.mark.parametrize(

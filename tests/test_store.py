@@ -220,12 +220,14 @@ def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
     for key, kind in (("docs", "document index"), ("index", "record index")):
         index = path / entry[key]
         index.unlink()
+        store = TokenStore(path)  # the open reads the manifest alone; the shard's first use:
         with pytest.raises(StoreError, match=f"{index}: {kind} listed in the manifest is missing"):
-            TokenStore(path)
+            store.read_shard_tokens(1, 0, 1)
+        store.read_shard_tokens(0, 0, 1)  # the other shard is whole
     shard = path / "shard-00000-of-00002.array_record"
     shard.unlink()
     with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):
-        TokenStore(path)
+        TokenStore(path).read_shard_tokens(0, 0, 1)
 
 
 def test_document_placement_is_pinned() -> None:
@@ -252,7 +254,7 @@ def test_store_metadata_reads_the_manifest_alone(tmp_path):
         shard.unlink()  # planning needs none of them; reading does
     assert StoreMeta.load(out).fingerprint == meta.fingerprint
     with pytest.raises(StoreError, match="missing"):
-        TokenStore(out)
+        TokenStore(out).read_tokens(0, 1)
     with pytest.raises(StoreError, match="not a token store"):
         StoreMeta.load(tmp_path)
 
@@ -311,12 +313,12 @@ def test_a_stale_missing_or_altered_sidecar_is_refused_by_name(tmp_path: Path) -
     data = sidecar.read_bytes()
     out = np.empty((1, 4), np.int32)
 
-    sidecar.write_bytes(data[:-2])
+    sidecar.write_bytes(data[:-2])  # found by the shard's first use (an open reads no shard)
     with pytest.raises(StoreError, match=f"{sidecar}: flat token sidecar .* missing or not"):
-        TokenStore(path)
+        read_pieces([TokenStore(path)], [0], [0], [0], [4], out, [0], [0])
     sidecar.unlink()
     with pytest.raises(StoreError, match=f"{sidecar}: flat token sidecar .* missing or not"):
-        TokenStore(path)
+        read_pieces([TokenStore(path)], [0], [0], [0], [4], out, [0], [0])
 
     # Same size, other tokens (another store's or an older prepare's): the shard's first use
     # hashes the sidecar's sampled records against the manifest's sample_sha256.

@@ -38,6 +38,8 @@ class WeightSchedule:
 
     def at(self, steps: np.ndarray) -> np.ndarray:
         steps = np.asarray(steps)
+        if self.kind == "constant":  # a mixture of hundreds of sources asks each: no search
+            return np.full(steps.shape, self.points[0][1], dtype=np.float64)
         xs = np.array([p[0] for p in self.points], dtype=np.float64)
         ys = np.array([p[1] for p in self.points], dtype=np.float64)
         if self.kind == "linear":
@@ -47,6 +49,8 @@ class WeightSchedule:
 
     def piece_starts(self) -> np.ndarray:
         """The steps at which the weight the mixture uses may change (always includes 0)."""
+        if self.kind == "constant":
+            return np.zeros(1, dtype=np.int64)
         steps = [0, *(step for step, _ in self.points)]
         if self.kind == "linear":
             for (a, _), (b, _) in zip(self.points, self.points[1:]):

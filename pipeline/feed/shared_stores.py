@@ -5,9 +5,9 @@ beside a running one, a train and an eval feed, the benchmark's restore) takes t
 `TokenStore`, with the shards it has already opened and checked, their memory maps and readers,
 instead of opening and checking them again: the first batch of the new feed waits for no shard
 open. A store is shared only while every file is as the holder found it: `acquire` opens the
-store afresh (the manifest and every file's size and identity, as any open does) and compares
-(`TokenStore.same_as`); a replaced store is opened anew. The last feed to `release` a store
-closes it.
+store afresh (its manifest, as any open does) and compares (`TokenStore.same_as`: the manifest,
+and the identities of the files of the shards the holder has used); a replaced store is opened
+anew. The last feed to `release` a store closes it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from pipeline.store.formats import open_store
+from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 
 _lock = threading.Lock()
@@ -23,10 +24,13 @@ _latest: dict[object, TokenStore] = {}  # path -> the store a new feed may share
 _users: dict[int, int] = {}  # id(store) -> feeds holding it
 
 
-def acquire(path: str | Path, check_reads: bool = True) -> TokenStore:
+def acquire(
+    path: str | Path, check_reads: bool = True, known: StoreMeta | None = None
+) -> TokenStore:
     """The open store at `path`: the one another feed holds if its files are unchanged (and it
-    checks its reads as `check_reads` says)."""
-    fresh = open_store(path, check_reads=check_reads)
+    checks its reads as `check_reads` says); `known`: its metadata as the plan read it
+    (`TokenStore`)."""
+    fresh = open_store(path, check_reads=check_reads, known=known)
     with _lock:
         held = _latest.get(fresh.path)
         if held is not None and held.same_as(fresh):

@@ -76,6 +76,7 @@ class Mixture:
         rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._splits: list[_Split] = []
+        self._pieces = np.vstack([self.weights, self.tail])  # [P + 1, K]: what `_build` splits
         self._build(0, self.num_sources, self.piece_starts)
         # the splits as flat [tree nodes x (P + 1)] tables (pass-through nodes: zeros), for
         # `sources` to gather one node a row
@@ -152,7 +153,7 @@ class Mixture:
         if hi - lo == 1:
             return
         mid = (lo + hi) // 2
-        omega = _left_share(np.vstack([self.weights, self.tail]), lo, mid, hi)
+        omega = _left_share(self._pieces, lo, mid, hi)
         cum_omega = np.zeros(len(self.piece_starts))
         np.cumsum(omega[:-1] * np.diff(count), out=cum_omega[1:])
         split = _Split(lo, mid, hi, omega, cum_omega, count)

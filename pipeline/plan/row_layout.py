@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib import import_module
 from typing import Any, ClassVar, Protocol
 
@@ -92,6 +93,7 @@ class RowLayout(Protocol):
         ...
 
 
+@cache  # a mixture of hundreds of sources asks once per source
 def layout_kind(packing: str) -> type[RowLayout]:
     """The layout class registered under `packing` (a name the config has checked)."""
     return import_module(PACKINGS[packing]).LAYOUT

@@ -10,6 +10,7 @@ builds its index (`build_index`), so `pipeline index` picks the class by format 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ from pipeline.store.columns import ColumnStore
 from pipeline.store.inplace import InPlaceStore, load_record, record_meta
 from pipeline.store.megatron import MegatronStore
 from pipeline.store.meta import StoreMeta
+from pipeline.store.store_files import store_identity
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import is_url
+from pipeline.urls import is_url, location
 
 AnyStore = TokenStore | InPlaceStore
 IN_PLACE: dict[str, type[InPlaceStore]] = {"megatron": MegatronStore, "parquet": ColumnStore}
@@ -29,7 +31,8 @@ def _in_place(path: str | Path) -> type[InPlaceStore] | None:
     """The in-place store class whose index is at `path`; None for a prepared store."""
     if is_url(path):
         return None
-    return next((c for c in IN_PLACE.values() if (Path(path) / c.RECORD).is_file()), None)
+    found = (c for c in IN_PLACE.values() if os.path.isfile(os.path.join(path, c.RECORD)))
+    return next(found, None)
 
 
 def _record(cls: type[InPlaceStore], path: Path) -> dict[str, Any]:
@@ -48,9 +51,10 @@ def open_store(path: str | Path, **options: Any) -> AnyStore:
 def load_meta(path: str | Path) -> StoreMeta:
     """The plan's metadata of the store at `path`, reading its manifest or index record only."""
     cls = _in_place(path)
-    return (
-        StoreMeta.load(path) if cls is None else record_meta(Path(path), _record(cls, Path(path)))
-    )
+    if cls is not None:
+        return record_meta(Path(path), _record(cls, Path(path)))
+    # a local manifest's identity: its store, opened at its first draw, takes the manifest read
+    return StoreMeta.load(path, None if is_url(path) else store_identity(location(path)))
 
 
 def check_index(kind: str, path: Path, column: str | None = None, data: Path | None = None) -> None:

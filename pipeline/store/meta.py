@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -62,11 +63,29 @@ class StoreMeta:
         return cls(path, digest, tokens, np.dtype(manifest["dtype"]), tokenizer, masked)
 
     @classmethod
-    def load(cls, path: str | Path) -> StoreMeta:
+    def load(cls, path: str | Path, identity: Hashable | None = None) -> StoreMeta:
         """The metadata of the store at `path` (a directory or a `gs://` URL), reading its
-        manifest only."""
+        manifest only. With the manifest file's `identity` (`store_files.store_identity`, taken
+        before the read), the checked manifest stays with the metadata, so that opening the
+        unchanged store at its first draw does not read and check it again (`manifest_if`)."""
         path = location(path)
-        return cls.from_manifest(path, load_manifest(path))
+        manifest = load_manifest(path)
+        meta = cls.from_manifest(path, manifest)
+        if identity is not None:  # not a field: a plan pickles its metadata without manifests
+            object.__setattr__(meta, "_read", (identity, manifest))
+        return meta
+
+    def manifest_if(self, path: Path, identity: Hashable | None) -> dict[str, Any] | None:
+        """The manifest `load` read, if it was read at `path` from the file of `identity` (the
+        manifest's now); None if it was not kept, or the store was replaced since."""
+        read = self.__dict__.get("_read")
+        if read is None or identity is None or path != self.path or read[0] != identity:
+            return None
+        return read[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields (another process opens its stores afresh), not the manifest `load` kept."""
+        return {key: value for key, value in self.__dict__.items() if key != "_read"}
 
     @property
     def tokenizer_identity(self) -> tuple[str, str, int, int]:

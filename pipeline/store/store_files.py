@@ -1,9 +1,10 @@
 """A store's files as files: their names, their identities and their checksums.
 
 A store is read by long-running jobs while `prepare --overwrite` may replace it, and a job
-must never mix two stores' bytes. So opening a store takes the identity of each file it will
-serve from (`check_files`: existence and sizes against the manifest, once), a shard's first use
-compares it again, and a running feed compares the manifest's (`store_identity`). The content
+must never mix two stores' bytes. So a shard's first use takes the identity of each file it will
+serve from (`shard_files`: existence and sizes against the manifest), its later uses (after
+the bound on open shards closed it) compare them again, and a running feed compares the
+manifest's (`store_identity`). The content
 checks of a shard's files (indexes, mask, sidecar, records) are `shard_check`'s.
 """
 
@@ -146,29 +147,30 @@ def _wrong_flat_size(
     )
 
 
-def check_files(
-    root: Path, manifest: dict[str, Any], dtype: np.dtype
-) -> list[dict[str, FileIdentity]]:
-    """Every file the manifest of the store at `root` lists exists, every shard and flat
-    sidecar has the manifest's size; the identities of each shard's data file and sidecar, by
-    manifest key (none for a cloud store, whose open reads the manifest only: a shard's identity
-    is taken, and its size checked, when it is first opened; see `TokenStore`)."""
-    if is_url(root):
-        return [{} for _ in manifest["shards"]]
-    listed = set(os.listdir(root))  # the indexes' existence: one listing, no stats
-    identities = []
-    for number, entry in enumerate(manifest["shards"]):
-        identity = {"file": shard_identity(root, entry)}
-        for key, kind in LISTED_ARRAYS.items():
-            if key not in entry:
-                continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
-            if entry[key] not in listed:
-                raise StoreError(f"{root / entry[key]}: {kind} listed in the manifest is missing")
-        if "flat" in entry:
-            flat = root / entry["flat"]
-            size = entry["tokens"] * dtype.itemsize
-            identity["flat"] = identity_or_none(flat)
-            if identity["flat"] is None or identity["flat"].size != size:
-                raise StoreError(_wrong_flat_size(root, number, entry, identity["flat"], dtype))
-        identities.append(identity)
-    return identities
+def shard_files(
+    root: Path, number: int, entry: dict[str, Any], dtype: np.dtype
+) -> dict[str, FileIdentity]:
+    """Shard `number`'s files (its manifest entry `entry`) in the local store at `root`: every
+    file the entry lists exists, its data file and flat sidecar have the manifest's sizes;
+    their identities, by manifest key. Taken at the shard's first use (`TokenStore`), so an
+    open costs the same whatever the number of shards, as a cloud store's always did."""
+    identity = {"file": shard_identity(root, entry)}
+    for key, kind in LISTED_ARRAYS.items():
+        if key not in entry:
+            continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
+        if not os.path.exists(os.path.join(root, entry[key])):
+            raise StoreError(f"{root / entry[key]}: {kind} listed in the manifest is missing")
+    if "flat" in entry:
+        flat = root / entry["flat"]
+        size = entry["tokens"] * dtype.itemsize
+        identity["flat"] = identity_or_none(flat)
+        if identity["flat"] is None or identity["flat"].size != size:
+            raise StoreError(_wrong_flat_size(root, number, entry, identity["flat"], dtype))
+    return identity
+
+
+def files_unchanged(
+    root: Path, entry: dict[str, Any], identities: dict[str, FileIdentity | None]
+) -> bool:
+    """Whether a shard's files whose identities `shard_files` took are still those files."""
+    return all(identity_or_none(root / entry[key]) == known for key, known in identities.items())

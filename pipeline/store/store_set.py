@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ class StoreSet:
         opener: Callable[..., AnyStore] = open_store,
     ) -> None:
         self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
-        self.opener = opener  # `open_store`'s signature: (path, check_reads=...)
+        self.opener = opener  # `open_store`'s signature: (path, check_reads=..., known=...)
         self._metas: dict[str, StoreMeta] = {}
         self._stores: dict[str, AnyStore] = {}
         self._opening = threading.Lock()
@@ -57,7 +58,8 @@ class StoreSet:
             with self._opening:  # reader threads of one step may ask at once: open it once
                 store = self._stores.get(meta.fingerprint)
                 if store is None:
-                    store = open_at(meta.path, meta.fingerprint, self.check_reads, self.opener)
+                    opener = partial(self.opener, known=meta)  # its manifest, as read
+                    store = open_at(meta.path, meta.fingerprint, self.check_reads, opener)
                     self._stores[meta.fingerprint] = store
         return store
 

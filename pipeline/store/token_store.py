@@ -61,10 +61,12 @@ from pipeline.store.shard_readers import (
 from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import (
     CHECKSUMS,
-    check_files,
+    FileIdentity,
     file_sha256,
+    files_unchanged,
     identity_or_none,
     sha256_of,
+    shard_files,
     store_identity,
 )
 from pipeline.urls import is_url, location
@@ -93,28 +95,31 @@ class TokenSpan:
 class TokenStore(StoreFacts):
     """A verified, read-only view of a token store. Cheap to open; shards open on first read.
 
-    Opening checks the manifest (its checksum and fields) and every shard's size
-    (`store_files.check_files`). A shard's first use (`_open_shard`) checks that neither the
-    manifest nor the shard was replaced since, the record and document indexes (checksums,
-    lengths, totals), a masked store's loss mask (checksum, shape, ranges) and the
-    sampled-record identity of what the shard is served from: its flat sidecar when it has one,
-    else its ArrayRecord records, whose count and sample are checked by the first read through
-    its reader (`_check_records`); the checks are `shard_check`'s. `verify()` is the full pass:
-    every byte and every record.
+    Opening checks the manifest (its checksum and fields) and reads no shard file, so an open
+    costs the same whatever the number of shards (a mixture's restore opens the stores its
+    first steps draw). A shard's first use (`_open_shard`) checks that its files exist and have
+    the manifest's sizes (`store_files.shard_files`, whose identities its later uses and
+    `same_as` compare), that the manifest was not replaced since the open, the record and
+    document indexes (checksums, lengths, totals), a masked store's loss mask (checksum, shape,
+    ranges) and the sampled-record identity of what the shard is served from: its flat sidecar
+    when it has one, else its ArrayRecord records, whose count and sample are checked by the
+    first read through its reader (`_check_records`); the checks are `shard_check`'s.
+    `verify()` is the full pass: every byte and every record.
 
-    `path` is a directory or a `gs://` URL. A cloud store's open reads the manifest alone (a
-    request per shard file would make a 10,000-shard start cost minutes); its shard files are
-    checked as they are first read: a shard with a flat sidecar and block checksums is served
-    from the sidecar's checked blocks (`remote_reads`), any other is downloaded whole, checked
-    against its SHA-256 and read from local disk (`remote_shards`). At most `max_open_shards`
-    (default $PIPELINE_MAX_OPEN_SHARDS, else `shard_readers.MAX_OPEN_SHARDS`) shards keep an
-    open reader and their indexes (least recently read closed first; `ShardReaders`), so host
-    memory does not grow with the corpus; reads that fail transiently are retried by `retry`.
-    `flat=False` ignores the flat sidecars and reads every token through ArrayRecord.
-    `check_reads` (the default) checks each block of a sidecar against its checksum on its first
-    read (`flat_blocks`); False serves them as mapped (the feed's `verify: off`). Indexes and
-    loss masks are checked whole at a shard's first use, and ArrayRecord checks each record's
-    chunk as it reads it, either way.
+    `path` is a directory or a `gs://` URL. `known`: the store's metadata as a plan read it
+    (`StoreMeta.load`), whose manifest the open takes instead of reading and checking it again
+    while the manifest file is the one it was read from (`StoreMeta.manifest_if`). A cloud
+    store's shard files are checked as they are first read: a shard with a flat sidecar and
+    block checksums is served from the sidecar's checked blocks (`remote_reads`), any other is
+    downloaded whole, checked against its SHA-256 and read from local disk (`remote_shards`). At
+    most `max_open_shards` (default $PIPELINE_MAX_OPEN_SHARDS, else
+    `shard_readers.MAX_OPEN_SHARDS`) shards keep an open reader and their indexes (least
+    recently read closed first; `ShardReaders`), so host memory does not grow with the corpus;
+    reads that fail transiently are retried by `retry`. `flat=False` ignores the flat sidecars
+    and reads every token through ArrayRecord. `check_reads` (the default) checks each block of
+    a sidecar against its checksum on its first read (`flat_blocks`); False serves them as
+    mapped (the feed's `verify: off`). Indexes and loss masks are checked whole at a shard's
+    first use, and ArrayRecord checks each record's chunk as it reads it, either way.
     """
 
     def __init__(
@@ -126,6 +131,7 @@ class TokenStore(StoreFacts):
         retry: RetryPolicy = DEFAULT_RETRY,
         flat: bool = True,
         check_reads: bool = True,
+        known: StoreMeta | None = None,
     ) -> None:
         if max_open_shards is None:
             max_open_shards = default_max_open()
@@ -138,8 +144,9 @@ class TokenStore(StoreFacts):
         self._identity = store_identity(self.path)
         self._identity_lock = threading.Lock()
         self._identity_check: Future | None = None  # the identity request in flight, shared
-        self.manifest = load_manifest(self.path, self._identity)
-        self.meta = StoreMeta.from_manifest(self.path, self.manifest)
+        manifest = None if known is None else known.manifest_if(self.path, self._identity)
+        self.manifest = load_manifest(self.path, self._identity) if manifest is None else manifest
+        self.meta = StoreMeta.from_manifest(self.path, self.manifest) if manifest is None else known
         self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
@@ -170,9 +177,10 @@ class TokenStore(StoreFacts):
         )
         self._opened = [False] * len(shards)  # the shard's first-use checks passed
         self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
-        # The identities of a local store's files taken at open (what `same_as` compares); a
-        # cloud store has none: its shards are checked by content.
-        self._file_identities = check_files(self.path, self.manifest, self.dtype)
+        # The identities of a local shard's files (`shard_files`), taken at its first use: its
+        # later uses and `same_as` compare them. A cloud store has none: its shards are checked
+        # by content.
+        self._file_identities: list[dict[str, FileIdentity | None]] = [{} for _ in shards]
         if verify:
             self.verify()
 
@@ -200,18 +208,22 @@ class TokenStore(StoreFacts):
             )
 
     def same_as(self, other: TokenStore) -> bool:
-        """Whether `other`, opened later with the same options, found this store's path,
-        manifest and files unchanged (sizes, inodes, modification times), so that this one,
-        with the shards it has already opened and checked, may stand in for it."""
+        """Whether `other`, opened later with the same options, found this store's path and
+        manifest unchanged, and the files of the shards this one has used are unchanged too
+        (sizes, inodes, modification times), so that this one, with the shards it has already
+        opened and checked, may stand in for it."""
         return (
             self.path == other.path
             and self.manifest == other.manifest
             and self._identity == other._identity
-            and self._file_identities == other._file_identities
             and self._use_flat == other._use_flat
             and self._readers.max_open == other._readers.max_open
             and self.retry == other.retry
             and self.check_reads == other.check_reads
+            and all(
+                files_unchanged(self.path, entry, identities)
+                for entry, identities in zip(self.manifest["shards"], self._file_identities)
+            )
         )
 
     def shard_file(self, shard: int) -> Path:
@@ -438,7 +450,9 @@ class TokenStore(StoreFacts):
         file = self.path / entry["file"]
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
-            if identity_or_none(file) != self._file_identities[shard]["file"]:
+            if not self._file_identities[shard]:  # the shard's first use: its files' sizes
+                self._file_identities[shard] = shard_files(self.path, shard, entry, self.dtype)
+            elif identity_or_none(file) != self._file_identities[shard]["file"]:
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
