@@ -429,13 +429,15 @@ def test_a_store_replaced_under_a_running_feed_stops_it_and_serves_nothing_new(t
     assert f"{out / MANIFEST}: the store was replaced or changed after it was opened" in message
 
 
-def test_a_flat_sidecar_replaced_after_open_is_refused_at_its_first_use(tmp_path):
-    store = TokenStore(synthetic(tmp_path))
+def test_a_flat_sidecar_replaced_after_its_first_use_is_refused_at_its_next(tmp_path):
+    store = TokenStore(synthetic(tmp_path), max_open_shards=1)
     flat = store.path / store.manifest["shards"][0]["flat"]
+    out = np.zeros((1, 5), np.uint32)
+    read_pieces([store], [0], [0], [0], [5], out, [0], [0])  # its identity taken
+    read_pieces([store], [0], [1], [0], [5], out, [0], [0])  # shard 0 closed (the bound)
     content = flat.read_bytes()
     flat.unlink()
-    flat.write_bytes(content)  # the same bytes in another file: still not the one opened
-    out = np.zeros((1, 5), np.uint32)
+    flat.write_bytes(content)  # the same bytes in another file: still not the one read
     with pytest.raises(StoreError) as info:
         read_pieces([store], [0], [0], [0], [5], out, [0], [0])
     assert one_line(info.value).startswith(f"{flat}: the flat token sidecar was replaced")

@@ -310,11 +310,12 @@ def test_a_reader_failure_surfaces_in_next_with_its_cause(config, damage):
     try:
         store = feed.plan.store(feed.plan.segment_plan(0).layouts["docs"].meta)
         for shard in range(store.num_shards):
-            path = store.shard_file(shard)
-            if damage == "delete":
-                path.unlink()
-            else:
-                path.write_bytes(b"\x5a" * path.stat().st_size)
+            for name in ("file", "flat"):  # what the shard is read from too: its sidecar
+                path = store.path / store.manifest["shards"][shard][name]
+                if damage == "delete":
+                    path.unlink()
+                else:
+                    path.write_bytes(b"\x5a" * path.stat().st_size)
         with pytest.raises(FeedError, match="step 0: cannot read the batch") as info:
             next(feed)
         assert isinstance(info.value.__cause__, StoreError)

@@ -57,7 +57,7 @@ from pipeline.maxtext.keys import (
     parse_count,
 )
 from pipeline.plan import data_state
-from pipeline.store.token_store import TokenStore
+from pipeline.store.meta import StoreMeta
 from pipeline.urls import location
 
 __all__ = [
@@ -377,8 +377,8 @@ def create_data_iterator(config: Any, mesh: Mesh) -> tuple[TrainIterator, EvalIt
     evaluation = None
     try:
         evaluation = _eval_iterator(config, data, mesh, axes, batch)
-        stores = train.feed.plan.stores() + (evaluation.feed.plan.stores() if evaluation else [])
-        check_vocab_size(config, stores)
+        feeds = [train.feed] + ([evaluation.feed] if evaluation else [])
+        check_vocab_size(config, [meta for feed in feeds for meta in feed.plan.store_set.metas()])
         return train, evaluation
     except BaseException:
         close_all(train, evaluation)
@@ -500,8 +500,9 @@ def check_data_config(config: Any, data: DataConfig, batch: int) -> None:
         )
 
 
-def check_vocab_size(config: Any, stores: list[TokenStore]) -> None:
-    """MaxText's `vocab_size` must hold every token id of every store it is fed.
+def check_vocab_size(config: Any, stores: list[StoreMeta]) -> None:
+    """MaxText's `vocab_size` must hold every token id of every store it is fed (`stores`: their
+    metadata, as a feed plans from it before it opens them).
 
     An embedding lookup of an id past the table does not fail under JAX (it clamps or returns
     garbage), so a small `vocab_size` would train silently on wrong tokens.

@@ -98,6 +98,11 @@ class StoreMeta:
         return len(self.shard_tokens)
 
     @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary size: every token id of the store is below it."""
+        return int(self.tokenizer["vocab_size"])
+
+    @property
     def num_tokens(self) -> int:
         """Tokens in the store, end-of-document tokens included."""
         return int(self.shard_tokens.sum())
