@@ -26,7 +26,9 @@ def usable(path: Path, flat: bool = True) -> bool:
     from pipeline.store.token_store import TokenStore
 
     try:
-        store = TokenStore(path)
+        with TokenStore(path) as store:  # every shard's first-use checks: its files are there
+            for shard in range(store.num_shards):
+                store.record_offsets(shard)
     except StoreError:
         return False
     blocks = {shard.get("flat_block_bytes") for shard in store.manifest["shards"]}
