@@ -29,8 +29,8 @@ import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
-from pipeline.plan.epochs import Epochs
-from pipeline.plan.permutation import permutation, permute, round_keys
+from pipeline.plan.epochs import Epochs, Transition
+from pipeline.plan.permutation import permutations, permute, round_keys
 from pipeline.plan.row_layout import (
     NO_DOCUMENTS,
     NO_EXCLUSION,
@@ -92,6 +92,14 @@ class SourceLayout(Epochs):
             )
         self._stream_shards = lru_cache(maxsize=64)(self._epoch_shard_starts)
         self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
+        self._piece_tables = lru_cache(maxsize=64)(self._piece_table)
+        self.figures = tuple(getattr(self, key) for key in FIGURES)
+
+    def continue_epochs(self, counter: int, epoch: int, transition: Transition | None) -> None:
+        """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""
+        super().continue_epochs(counter, epoch, transition)
+        self.figures = tuple(getattr(self, key) for key in FIGURES)
+        self._piece_tables.cache_clear()
 
     @classmethod
     def build(
@@ -176,43 +184,66 @@ class SourceLayout(Epochs):
         return self._stream_shards(epoch)
 
     def _epoch_shard_starts(self, epoch: int) -> tuple[np.ndarray, ...]:
-        keys = round_keys(self.seed, "shard-order", self.name, epoch)
-        order = permutation(self.meta.num_shards, keys)
+        order = keyed_order(self.seed, "shard-order", self.name, epoch, (), self.meta.num_shards)
         starts = np.concatenate([[0], np.cumsum(self.meta.shard_tokens[order])])
         return order, starts, np.zeros_like(order)
 
     def _lane_keys(self, epoch: int, lane: int) -> np.ndarray:
         return round_keys(self.seed, "window-order", self.name, epoch, lane)
 
+    def _piece_table(self, epoch: int) -> tuple[np.ndarray, int]:
+        """`_shard_starts(epoch)` as `window_pieces` lays it end to end with other streams':
+        one [3, pieces] array (stream start, shard, first token in the shard), and the
+        stream's end (cached: one concatenation a step, not three of a few arrays each)."""
+        order, starts, offsets = self._shard_starts(epoch)
+        return np.stack([starts[:-1], order, offsets]).astype(np.int64), int(starts[-1])
 
-ORDERS_BYTES = 128 << 20  # the window orders kept: 256 of the largest, 16,384 of 1,024 windows
-_orders: OrderedDict[tuple[int, str, int, int, int], np.ndarray] = OrderedDict()
+
+ORDERS_BYTES = 128 << 20  # the orders kept: 256 window orders of the largest, 16,384 of 1,024
+# A small order costs its numpy calls, not its values: a miss computes the orders of the
+# epochs after it too, as many as make up to `AHEAD_VALUES` values (16 of a 64-value table).
+AHEAD_VALUES, AHEAD_MAX = 1 << 10, 16
+_orders: OrderedDict[tuple[int, str, str, int, tuple[int, ...], int], np.ndarray] = OrderedDict()
 _orders_bytes = 0
 _orders_lock = threading.Lock()
 
 
 def window_order(seed: int, name: str, epoch: int, lane: int, windows: int) -> np.ndarray:
-    """The whole window order of a small (epoch, lane): cached per process, not per plan, so a
-    restored feed's plan (a new plan of the same sources) finds it computed (a few ms each).
-    The least recently used are dropped beyond `ORDERS_BYTES`, not beyond a number of orders:
-    a mixture of hundreds of sources keeps every source's current order (a count of 256 would
-    compute one again at nearly every draw)."""
+    """The whole window order of a small (epoch, lane) (`keyed_order`)."""
+    return keyed_order(seed, "window-order", name, epoch, (lane,), windows)
+
+
+def keyed_order(
+    seed: int, purpose: str, name: str, epoch: int, lane: tuple[int, ...], n: int
+) -> np.ndarray:
+    """`permutation(n, round_keys(seed, purpose, name, epoch, *lane))`, read-only: cached per
+    process, not per plan, so a restored feed's plan (a new plan of the same sources) finds it
+    computed (a few ms each). The least recently used are dropped beyond `ORDERS_BYTES`, not
+    beyond a number of orders: a mixture of hundreds of sources keeps every source's current
+    order (a count of 256 would compute one again at nearly every draw).
+
+    A small order is computed with the next epochs' (`AHEAD_VALUES`, one `permutations` pass):
+    a source of a few windows a lane begins a new epoch every few of its draws, and a mixture
+    of hundreds of them one nearly every step, each a shard order and a window order."""
     global _orders_bytes
-    key = (seed, name, epoch, lane, windows)
+    key = (seed, purpose, name, epoch, lane, n)
     with _orders_lock:
         order = _orders.get(key)
         if order is not None:
             _orders.move_to_end(key)
             return order
-    order = permutation(windows, round_keys(seed, "window-order", name, epoch, lane))
-    order.flags.writeable = False  # shared by every plan of the process
+    ahead = max(1, min(AHEAD_MAX, AHEAD_VALUES // max(64, 1 << (n - 1).bit_length())))
+    epochs = range(epoch, epoch + ahead)
+    orders = permutations(n, np.stack([round_keys(seed, purpose, name, e, *lane) for e in epochs]))
+    orders.flags.writeable = False  # shared by every plan of the process
     with _orders_lock:
-        if key not in _orders:
-            _orders[key] = order
-            _orders_bytes += order.nbytes
+        for e, computed in zip(epochs, orders):
+            if (seed, purpose, name, e, lane, n) not in _orders:
+                _orders[seed, purpose, name, e, lane, n] = computed
+                _orders_bytes += computed.nbytes
         while _orders_bytes > ORDERS_BYTES and len(_orders) > 1:
             _orders_bytes -= _orders.popitem(last=False)[1].nbytes
-    return order
+    return orders[0]
 
 
 def window_draws(
@@ -227,9 +258,8 @@ def window_draws(
     # the drawn sources' figures only (a mixture may have hundreds, a step draws a few)
     drawn, own = np.unique(which, return_inverse=True)
     drawn_layouts = [layouts[k] for k in drawn.tolist()]
-    figures = np.array(
-        [[getattr(layout, key) for key in FIGURES] for layout in drawn_layouts], dtype=np.int64
-    )[own.reshape(-1)]
+    figures = np.array([layout.figures for layout in drawn_layouts], dtype=np.int64)
+    figures = figures[own.reshape(-1)]
     per_lane, first, first_epoch, lane_tokens, seq_len = figures.T
     epoch, k = np.divmod(counter - first, per_lane)
     epoch += first_epoch
@@ -288,19 +318,20 @@ def window_pieces(
         return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
     count = len(layouts)
     keys, stream = np.unique(epochs * count + which, return_inverse=True)
-    # one shard table a (source, epoch) stream, laid end to end: a few Python calls each, the
-    # numpy work done once over all of them (a step may draw from dozens of sources)
-    tables = [
-        layouts[k]._shard_starts(epoch)
-        for epoch, k in map(divmod, keys.tolist(), itertools.repeat(count))
-    ]
-    sizes = np.array([len(order) for order, _, _ in tables], dtype=np.int64)
-    ends = np.cumsum([int(shard_bounds[-1]) for _, shard_bounds, _ in tables], dtype=np.int64)
-    bases = np.concatenate([[0], ends[:-1]]).astype(np.int64)
-    bounds = np.concatenate([shard_bounds[:-1] for _, shard_bounds, _ in tables])
+    # one shard table a (source, epoch) stream (`_piece_table`, cached), laid end to end: a
+    # Python call each, the numpy work done once over all of them (a step may draw from
+    # dozens of sources)
+    tables, ends = zip(
+        *(
+            layouts[k]._piece_tables(epoch)
+            for epoch, k in map(divmod, keys.tolist(), itertools.repeat(count))
+        )
+    )
+    sizes = np.array([table.shape[1] for table in tables], dtype=np.int64)
+    ends = np.cumsum(ends, dtype=np.int64)
+    bases = np.concatenate([[0], ends[:-1]])
+    bounds, shards, offsets = np.concatenate(tables, axis=1)
     bounds = np.append(bounds + np.repeat(bases, sizes), ends[-1])
-    shards = np.concatenate([order for order, _, _ in tables])
-    offsets = np.concatenate([offset for _, _, offset in tables])
     owners = np.repeat(keys % count, sizes)
     length = layouts[0].seq_len + 1
     start = starts + bases[stream.reshape(-1)]

@@ -141,13 +141,24 @@ class Mixture:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The left counts of `node`s after `count` rows (in pieces `before`) and after
         `count + 1` (in pieces `after`): `counts`' formula, on one node a row."""
-        width = len(self.piece_starts)
-        cum, omega, received = (table.take(node * width + before) for table in self._tables)
-        left = np.floor(cum + omega * (count - received) + 0.5).astype(np.int64)
+        width, (cum_table, omega_table, received_table) = len(self.piece_starts), self._tables
+        # one piece (constant weights): the node is the index; in place: a step walks its rows
+        # down the tree one level at a time, and each level is these few numpy calls
+        at = node if width == 1 else node * width + before
+        cum, omega, since = cum_table.take(at), omega_table.take(at), received_table.take(at)
+        since = count - since
+        left = omega * since
+        left += cum  # cum + omega * since, the same sum
+        left += 0.5
         if after is not before:
-            cum, omega, received = (table.take(node * width + after) for table in self._tables)
-        left_after = np.floor(cum + omega * (count + 1 - received) + 0.5).astype(np.int64)
-        return left, left_after
+            at = node * width + after
+            cum, omega, since = cum_table.take(at), omega_table.take(at), received_table.take(at)
+            since = count - since
+        left_after = omega * (since + 1)
+        left_after += cum
+        left_after += 0.5
+        # left's floor as integers (the counts go on from it); left_after's is compared only
+        return np.floor(left, out=left).astype(np.int64), np.floor(left_after, out=left_after)
 
     def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
         if hi - lo == 1:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.keys import keyed_hash
+from pipeline.keys import keyed_hashes
 
 ROUNDS = 6  # Luby-Rackoff: 4 rounds of a pseudorandom F make a strong pseudorandom permutation
 MIN_BITS = 6
@@ -50,7 +50,7 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 def round_keys(seed: int, purpose: str, *parts: object) -> np.ndarray:
     """The `ROUNDS` 64-bit round keys of the permutation named by (seed, purpose, parts)."""
-    return np.array([keyed_hash(seed, purpose, *parts, r) for r in range(ROUNDS)], dtype=np.uint64)
+    return np.array(keyed_hashes(seed, purpose, *parts, count=ROUNDS), dtype=np.uint64)
 
 
 def permute(index: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
@@ -86,17 +86,38 @@ def permutation(n: int, keys: np.ndarray) -> np.ndarray:
     small order costs one pass of E instead of one per step of its longest walk.
     """
     keys = np.asarray(keys, dtype=np.uint64)
-    bits = _bits(n)
     if keys.shape != (ROUNDS,):
         raise ValueError(f"keys must have shape ({ROUNDS},)")
+    return permutations(n, keys[None])[0]
+
+
+def permutations(n: int, keys: np.ndarray) -> np.ndarray:
+    """[G, n]: `permutation(n, keys[g])` of each of G sets of round keys ([G, ROUNDS]), in one
+    pass of E over G tables: a small order's cost is its ~100 numpy calls, not its values, so
+    G small orders together cost about what one does (`layout.keyed_order` computes the next
+    epochs' orders with the one it needs)."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    bits = _bits(n)
+    if keys.ndim != 2 or keys.shape[1] != ROUNDS:
+        raise ValueError(f"keys must have shape (G, {ROUNDS})")
     if n == 1:
-        return np.zeros(1, np.int64)
-    table = _encrypt(np.arange(1 << bits, dtype=np.uint64), keys, bits).astype(np.int64)
-    order = table[:n]
-    todo = np.flatnonzero(order >= n)
+        return np.zeros((len(keys), 1), np.int64)
+    size, count = 1 << bits, len(keys)
+    values = np.arange(size, dtype=np.uint64)
+    if count == 1:  # one order: 1-D arrays (broadcasting costs a little in every call)
+        table = _encrypt(values, keys[0], bits).astype(np.int64)
+    else:
+        table = _encrypt(np.broadcast_to(values, (count, size)), keys[:, None, :], bits)
+        table = table.astype(np.int64).reshape(-1)
+    order = table.reshape(count, size)[:, :n].copy()
+    # the walks, of all G tables at once: a value's successor is in its own table
+    walked = order.reshape(-1)
+    todo = np.flatnonzero(walked >= n)
+    base = todo // n * size  # where each walk's table begins in `table`
     while todo.size:
-        order[todo] = table[order[todo]]
-        todo = todo[order[todo] >= n]
+        walked[todo] = table[walked[todo] + base if count > 1 else walked[todo]]
+        on = walked[todo] >= n
+        todo, base = todo[on], base[on] if count > 1 else base
     return order
 
 

@@ -104,23 +104,18 @@ def order_key(entry: Mapping[str, str]) -> list[str] | None:
     return layout_kind(entry.get("packing", "concat")).order_key(entry)
 
 
-def by_kind(layouts: Sequence[RowLayout], which: np.ndarray) -> list[tuple[type, np.ndarray]]:
-    """The layout kinds of the drawn sources (`which` indexes `layouts`), each with its rows."""
-    kinds: dict[type, list[int]] = {}
-    for k in np.unique(which).tolist():
-        kinds.setdefault(type(layouts[k]), []).append(k)
-    return [(kind, np.flatnonzero(np.isin(which, mine))) for kind, mine in kinds.items()]
-
-
 def draw(
     layouts: Sequence[RowLayout], which: np.ndarray, counter: np.ndarray, lane: np.ndarray
 ) -> Arrays:
     """`RowLayout.draw` of draws of any sources: each kind's rows in one call."""
-    groups = by_kind(layouts, which)
-    if len(groups) == 1:
-        return groups[0][0].draw(layouts, which, counter, lane)
+    kinds: dict[type, list[int]] = {}
+    for k in np.unique(which).tolist():
+        kinds.setdefault(type(layouts[k]), []).append(k)
+    if len(kinds) == 1:  # the common step: one kind draws every row, no selection of rows
+        return next(iter(kinds)).draw(layouts, which, counter, lane)
     out = tuple(np.empty_like(counter) for _ in range(3))
-    for kind, rows in groups:
+    for kind, mine in kinds.items():
+        rows = np.flatnonzero(np.isin(which, mine))
         for part, values in zip(out, kind.draw(layouts, which[rows], counter[rows], lane[rows])):
             part[rows] = values
     return out

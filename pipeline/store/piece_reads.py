@@ -67,17 +67,16 @@ def read_pieces(
         np.asarray(a, dtype=np.int64).reshape(-1)
         for a in (which, shards, lo, hi, out_rows, out_cols)
     )
-    counts = np.array([store.num_shards for store in stores], dtype=np.int64)
-    bad = np.flatnonzero((shards < 0) | (shards >= counts[which]))
+    # every store's shard sizes laid end to end: one gather checks the pieces of all sources
+    # (a step may read dozens of stores: no numpy call per store)
+    counts = [store.num_shards for store in stores]
+    bases = np.cumsum([0, *counts[:-1]], dtype=np.int64)
+    bad = np.flatnonzero((shards < 0) | (shards >= np.array(counts, dtype=np.int64)[which]))
     if bad.size:  # a negative shard would silently read another one
         stores[int(which[bad[0]])].check_shard(int(shards[bad[0]]))
-    sizes = np.empty_like(lo)
-    remote = []  # stores in buckets, read through remote_reads
-    for k in np.unique(which).tolist():
-        mask = which == k
-        sizes[mask] = stores[k].shard_tokens[shards[mask]]
-        if getattr(stores[k], "remote", False):
-            remote.append(k)
+    sizes = np.concatenate([store.shard_tokens for store in stores])[bases[which] + shards]
+    # stores in buckets, read through remote_reads
+    remote = [k for k, store in enumerate(stores) if getattr(store, "remote", False)]
     bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
     if bad.size:
         i = int(bad[0])
