@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-# (nodes, the rows' keys before, after, their counts c) -> (left(c), left(c + 1)) of each
+# (nodes, the rows' keys before, after, their counts c) -> (left(c), left(c + 1)) of each, new
+# arrays (`descend` reuses the first)
 LeftPair = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
 
 
@@ -77,6 +78,6 @@ def descend(
     for _ in range(tree.depth):
         left, left_after = left_pair(node, before, after, count)
         right = left_after <= left  # the row goes right when the left count does not grow
-        count = np.where(right, count - left, left)
+        count = np.subtract(count, left, out=left, where=right)  # left's own count stays
         node = tree.children[2 * node + right]
     return -1 - node if tree.depth else node, count

@@ -141,24 +141,22 @@ class Mixture:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The left counts of `node`s after `count` rows (in pieces `before`) and after
         `count + 1` (in pieces `after`): `counts`' formula, on one node a row."""
+        # A step walks its rows down the tree one level at a time, each level these few numpy
+        # calls: in place, and with one piece (constant weights) only omega's, as every node's
+        # Omega and count at the first piece's start are 0 (0 + x is x, bit for bit).
         width, (cum_table, omega_table, received_table) = len(self.piece_starts), self._tables
-        # one piece (constant weights): the node is the index; in place: a step walks its rows
-        # down the tree one level at a time, and each level is these few numpy calls
-        at = node if width == 1 else node * width + before
-        cum, omega, since = cum_table.take(at), omega_table.take(at), received_table.take(at)
-        since = count - since
-        left = omega * since
-        left += cum  # cum + omega * since, the same sum
-        left += 0.5
+        if width == 1:
+            cum, omega, since = None, omega_table.take(node), count
+        else:
+            at = node * width + before
+            cum, omega, since = cum_table.take(at), omega_table.take(at), received_table.take(at)
+            since = count - since
+        left = _rounded(omega * since, cum).astype(np.int64)
         if after is not before:
             at = node * width + after
             cum, omega, since = cum_table.take(at), omega_table.take(at), received_table.take(at)
             since = count - since
-        left_after = omega * (since + 1)
-        left_after += cum
-        left_after += 0.5
-        # left's floor as integers (the counts go on from it); left_after's is compared only
-        return np.floor(left, out=left).astype(np.int64), np.floor(left_after, out=left_after)
+        return left, _rounded(omega * (since + 1), cum)
 
     def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
         if hi - lo == 1:
@@ -172,6 +170,14 @@ class Mixture:
         left = np.floor(cum_omega + 0.5).astype(np.int64)
         self._build(lo, mid, left)
         self._build(mid, hi, count - left)
+
+
+def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
+    """floor(cum + share + 1/2), in `share`'s buffer (no cum: 0)."""
+    if cum is not None:
+        share += cum
+    share += 0.5
+    return np.floor(share, out=share)
 
 
 def _left_share(weights: np.ndarray, lo: int, mid: int, hi: int) -> np.ndarray:

@@ -283,6 +283,11 @@ class InPlaceStore(StoreFacts):
         """The shard's reader: `read_pieces` copies from it (checked reads)."""
         return self._readers[self.check_shard(shard)]
 
+    def shard_view(self, shard: int) -> tuple[ShardReader, np.ndarray]:
+        """(`flat_blocks`, `doc_offsets`) in one call, as `read_pieces` reads a shard."""
+        shard = self.check_shard(shard)
+        return self._readers[shard], self._docs[shard]
+
     def untrained_spans(
         self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

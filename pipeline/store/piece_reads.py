@@ -34,7 +34,7 @@ class PieceSource(Protocol):
     def check_shard(self, shard: int) -> int: ...
     def shard_file(self, shard: int) -> Path: ...
     def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None: ...
-    def doc_offsets(self, shard: int) -> np.ndarray: ...
+    def shard_view(self, shard: int) -> tuple[FlatBlocks | RemoteFlat | None, np.ndarray]: ...
     def record_offsets(self, shard: int) -> np.ndarray: ...
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]: ...
 
@@ -69,7 +69,7 @@ def read_pieces(
     )
     # every store's shard sizes laid end to end: one gather checks the pieces of all sources
     # (a step may read dozens of stores: no numpy call per store)
-    counts = [store.num_shards for store in stores]
+    counts = [len(store.shard_tokens) for store in stores]
     bases = np.cumsum([0, *counts[:-1]], dtype=np.int64)
     bad = np.flatnonzero((shards < 0) | (shards >= np.array(counts, dtype=np.int64)[which]))
     if bad.size:  # a negative shard would silently read another one
@@ -94,7 +94,7 @@ def read_pieces(
     for k, shard, start, stop, row, col in pieces:
         view = views.get((k, shard))
         if view is None:
-            view = views[k, shard] = (stores[k].flat_blocks(shard), stores[k].doc_offsets(shard))
+            view = views[k, shard] = stores[k].shard_view(shard)
         flat, docs = view
         if flat is None:
             by_record.setdefault((k, shard), []).append((start, stop, row, col))
