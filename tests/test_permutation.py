@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.plan.permutation import FEW, MAX_N, ROUNDS, permutation, permute, round_keys
+from pipeline.keys import keyed_hash, keyed_hashes
+from pipeline.plan.layout import keyed_order
+from pipeline.plan.permutation import (
+    FEW,
+    MAX_N,
+    ROUNDS,
+    permutation,
+    permutations,
+    permute,
+    round_keys,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -70,6 +80,38 @@ def test_per_index_keys_equal_one_call_per_key(n, key_list, data):
     per_index = np.array(key_list, dtype=np.uint64)[which.astype(np.int64)].reshape(-1, ROUNDS)
     expected = [permutation(n, key_list[w])[i] for w, i in zip(which.tolist(), index.tolist())]
     np.testing.assert_array_equal(permute(index, n, per_index), np.array(expected, np.int64))
+
+
+@SETTINGS
+@given(sizes, st.lists(keys, min_size=1, max_size=5))
+def test_orders_of_several_keys_at_once_equal_each_key_alone(n, key_list):
+    together = permutations(n, np.array(key_list, dtype=np.uint64))
+    assert together.dtype == np.int64 and together.shape == (len(key_list), n)
+    for key, order in zip(key_list, together):
+        np.testing.assert_array_equal(order, permute(np.arange(n), n, key))
+
+
+def test_cached_orders_computed_ahead_are_each_their_own_keys_order():
+    """`keyed_order` computes a small order with the next epochs' in one pass: each later
+    epoch's (found computed) is still the permutation of its own round keys, read-only."""
+    for n, lane in ((1, ()), (8, ()), (31, (0,)), (500, (3,)), (5000, (1,))):
+        for epoch in range(20):
+            order = keyed_order(5, "window-order", f"ahead-{n}", epoch, lane, n)
+            keys = round_keys(5, "window-order", f"ahead-{n}", epoch, *lane)
+            np.testing.assert_array_equal(order, permute(np.arange(n), n, keys))
+            assert not order.flags.writeable
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**63),
+    st.text(max_size=10),
+    st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=4),
+    st.integers(0, 8),
+)
+def test_keys_hashed_from_a_common_prefix_equal_whole_hashes(seed, purpose, parts, count):
+    expected = [keyed_hash(seed, purpose, *parts, i) for i in range(count)]
+    assert keyed_hashes(seed, purpose, *parts, count=count) == expected
 
 
 @SETTINGS

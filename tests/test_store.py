@@ -288,6 +288,33 @@ def test_flat_sidecar_reads_equal_arrayrecord_reads(tmp_path: Path) -> None:
             )
 
 
+def test_pieces_of_several_stores_read_and_are_checked_in_one_call(tmp_path: Path) -> None:
+    """A step of a mixture reads pieces of many stores in one `read_pieces` call: each piece
+    from its own store's shard, and a piece outside its own store's shards or tokens refused
+    by that store's name (not another store's with more shards or tokens)."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    big = TokenStore(_prepare_jsonl(tmp_path / "a", [f"a {i} " + "y" * i for i in range(60)], 4, 0))
+    small = TokenStore(_prepare_jsonl(tmp_path / "b", [f"b {i}" for i in range(9)], 2, 1))
+    stores = [big, small]
+    which, shards, lo, hi = [1, 0, 1, 0], [1, 3, 0, 0], [0, 2, 1, 5], [3, 9, 4, 6]
+    out = np.full((4, 10), -1, np.int32)
+    rows, cols = np.arange(4), [0, 1, 2, 3]
+    doc_rows, doc_cols = read_pieces(stores, which, shards, lo, hi, out, rows, cols)
+    for i in range(4):
+        span = stores[which[i]].read_shard_tokens(shards[i], lo[i], hi[i])
+        np.testing.assert_array_equal(out[i, cols[i] : cols[i] + hi[i] - lo[i]], span.tokens)
+        np.testing.assert_array_equal(doc_cols[doc_rows == i], span.doc_starts + cols[i])
+    beyond_shards = small.num_shards  # a shard the big store has and the small one does not
+    with pytest.raises(StoreError, match=f"{small.path}: shard {beyond_shards} does not exist"):
+        read_pieces(
+            stores, [0, 1], [beyond_shards, beyond_shards], [0, 0], [1, 1], out, [0, 1], [0, 0]
+        )
+    size = int(small.shard_tokens[1])  # inside the big store's shard 1, past the small one's
+    assert size + 1 <= big.shard_tokens[1]
+    with pytest.raises(StoreError, match=f"{small.shard_file(1)}: token range \\[0, {size + 1}\\)"):
+        read_pieces(stores, [0, 1], [1, 1], [0, 0], [size + 1, size + 1], out, [0, 1], [0, 0])
+
+
 def test_a_store_without_sidecars_reads_through_arrayrecord(tmp_path: Path) -> None:
     texts = ["alpha beta", "gamma", "delta epsilon zeta"]
     corpus = tmp_path / "corpus.jsonl"

@@ -562,10 +562,11 @@ class DataFeed:
             log.info("step %d: source %s joins the mixture", step, name)
         for name in sorted(previous - mixed):
             log.info("step %d: source %s leaves the mixture", step, name)
-        for name, epoch in sorted(summary.epochs.items()):
-            if epoch > self._epochs.get(name, epoch):
-                log.info("step %d: source %s starts epoch %d", step, name, epoch)
-            self._epochs[name] = max(epoch, self._epochs.get(name, epoch))
+        known = self._epochs  # a step of a big mixture draws dozens: sort only the rollovers
+        rolled = sorted((n, e) for n, e in summary.epochs.items() if e > known.get(n, e))
+        for name, epoch in rolled:
+            log.info("step %d: source %s starts epoch %d", step, name, epoch)
+        known.update([(n, e) for n, e in summary.epochs.items() if n not in known] + rolled)
 
     def _serve_metrics(self, port: int) -> None:
         from pipeline.feed.metrics import serve

@@ -56,10 +56,11 @@ class StepRead:
     ) -> StepRead:
         """`rows` [source index of the segment] read from `started` to `finished` (now)."""
         length, names = segment.config.seq_len, segment.config.source_names
-        drawn = np.flatnonzero(rows).tolist()  # the sources read, not every source of the mix
+        drawn = np.flatnonzero(rows)  # the sources read, not every source of the mix
+        layouts = segment.ordered_layouts
         served = tuple(
-            (name, n, n * length, n * (length + 1) * segment.layouts[name].meta.dtype.itemsize)
-            for name, n in ((names[k], int(rows[k])) for k in drawn)
+            (names[k], n, n * length, n * (length + 1) * layouts[k].meta.dtype.itemsize)
+            for k, n in zip(drawn.tolist(), rows[drawn].tolist())
         )
         return cls(served, started, time.perf_counter() if finished is None else finished)
 
