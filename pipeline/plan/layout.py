@@ -284,7 +284,8 @@ def window_draws(
         if transitional:
             order = layout.transition.order(layout, ln)
         elif layout.windows_per_lane <= SMALL_DOMAIN:
-            order = window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
+            windows = layout.windows_per_lane
+            order = keyed_order(layout.seed, "window-order", layout.name, e, (ln,), windows)
         else:  # every draw on its own
             mine = np.array([positions[r] for r in rows], dtype=np.int64)
             values = permute(mine, layout.windows_per_lane, layout._window_keys(e, ln))
