@@ -222,9 +222,11 @@ def keyed_order(
     beyond a number of orders: a mixture of hundreds of sources keeps every source's current
     order (a count of 256 would compute one again at nearly every draw).
 
-    A small order is computed with the next epochs' (`AHEAD_VALUES`, one `permutations` pass):
-    a source of a few windows a lane begins a new epoch every few of its draws, and a mixture
-    of hundreds of them one nearly every step, each a shard order and a window order."""
+    A small order is computed with the next epochs' (`AHEAD_VALUES`, one `permutations` pass)
+    when the epoch before it was drawn: a source of a few windows a lane begins a new epoch
+    every few of its draws, and a mixture of hundreds of them one nearly every step, each a
+    shard order and a window order (a restore, whose first draws find no epoch before them,
+    computes only the orders it reads)."""
     global _orders_bytes
     key = (seed, purpose, name, epoch, lane, n)
     with _orders_lock:
@@ -233,6 +235,8 @@ def keyed_order(
             _orders.move_to_end(key)
             return order
     ahead = max(1, min(AHEAD_MAX, AHEAD_VALUES // max(64, 1 << (n - 1).bit_length())))
+    if (seed, purpose, name, epoch - 1, lane, n) not in _orders:
+        ahead = 1  # a restore's first draw: only its own (the next ones if it rolls over)
     epochs = range(epoch, epoch + ahead)
     orders = permutations(n, np.stack([round_keys(seed, purpose, name, e, *lane) for e in epochs]))
     orders.flags.writeable = False  # shared by every plan of the process
