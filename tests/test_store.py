@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pipeline.errors import PrepareError, StoreError
 from pipeline.ingest.doc_order import Placement, place
 from pipeline.ingest.prepare import PrepareOptions, prepare
+from pipeline.store import piece_reads
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, is_store, read_pieces
 
@@ -313,6 +314,35 @@ def test_pieces_of_several_stores_read_and_are_checked_in_one_call(tmp_path: Pat
     assert size + 1 <= big.shard_tokens[1]
     with pytest.raises(StoreError, match=f"{small.shard_file(1)}: token range \\[0, {size + 1}\\)"):
         read_pieces(stores, [0, 1], [1, 1], [0, 0], [size + 1, size + 1], out, [0, 1], [0, 0])
+
+
+@pytest.mark.parametrize("table", [piece_reads.DOC_TABLE, 0])
+def test_document_starts_of_a_batch_in_one_table_or_piece_by_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: int
+) -> None:
+    """`read_pieces` finds the document starts of a batch's pieces in one table of the offsets
+    of every shard read (beyond `DOC_TABLE` offsets, piece by piece): each piece's are its
+    shard's own, whole shards, their first token and shards read twice included."""
+    monkeypatch.setattr(piece_reads, "DOC_TABLE", table)
+    texts = [f"doc {i} " + "z" * (i * 11 % 70) for i in range(90)]
+    store = TokenStore(_prepare_jsonl(tmp_path, texts, 3, seed=4, record_tokens=7))
+    sizes = store.shard_tokens.tolist()
+    rng = np.random.default_rng(1)
+    shards, lo, hi = [0, 2], [0, 0], [sizes[0], sizes[2]]  # whole shards
+    for shard in [1, 0, 2, 1, 0, 2]:  # out of order, more than once
+        start = int(rng.integers(0, sizes[shard] - 1))
+        (
+            shards.append(shard),
+            lo.append(start),
+            hi.append(int(rng.integers(start + 1, sizes[shard] + 1))),
+        )
+    count, cols = len(shards), [i % 3 for i in range(len(shards))]
+    out = np.full((count, max(sizes) + 3), -1, np.int32)
+    rows, columns = read_pieces([store], [0] * count, shards, lo, hi, out, range(count), cols)
+    for i in range(count):
+        span = store.read_shard_tokens(shards[i], lo[i], hi[i])
+        np.testing.assert_array_equal(columns[rows == i], span.doc_starts + cols[i])
+        np.testing.assert_array_equal(out[i, cols[i] : cols[i] + hi[i] - lo[i]], span.tokens)
 
 
 def test_a_store_without_sidecars_reads_through_arrayrecord(tmp_path: Path) -> None:

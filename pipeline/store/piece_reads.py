@@ -21,6 +21,8 @@ from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.remote_reads import RemoteFlat, prefetch_blocks, together
 
+DOC_TABLE = 1 << 16  # document offsets laid end to end per batch (`_doc_starts`): 512 KiB
+
 
 class PieceSource(Protocol):
     """What `read_pieces` needs of a store: `TokenStore`'s methods, declared here rather than
@@ -86,28 +88,55 @@ def read_pieces(
         )
     if remote:
         _prefetch(stores, remote, which, shards, lo, hi)
-    width = out.shape[1]
-    views: dict[tuple[int, int], tuple[FlatBlocks | None, np.ndarray]] = {}
+    views: dict[tuple[int, int], tuple[FlatBlocks | None, np.ndarray, int]] = {}
     by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    found = [np.empty(0, np.int64)]  # flat indices in `out` of document starts
+    slot = []  # each piece's shard, numbered in the order they are first read
     pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
     for k, shard, start, stop, row, col in pieces:
         view = views.get((k, shard))
         if view is None:
-            view = views[k, shard] = stores[k].shard_view(shard)
-        flat, docs = view
+            view = views[k, shard] = (*stores[k].shard_view(shard), len(views))
+        flat, _, number = view
+        slot.append(number)
         if flat is None:
             by_record.setdefault((k, shard), []).append((start, stop, row, col))
         else:
             out[row, col : col + stop - start] = flat.read(start, stop)
-        if not doc_starts:
-            continue
-        first, last = docs.searchsorted((start, stop)).tolist()
-        if last > first:
-            found.append(docs[first:last] + (row * width + col - start))
     for (k, shard), group in by_record.items():
         _copy_records(stores[k], shard, *map(list, zip(*group)), out)
-    return np.divmod(np.concatenate(found), width)
+    width = out.shape[1]
+    if not doc_starts:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    docs = [view[1] for view in views.values()]
+    found = _doc_starts(docs, np.array(slot, np.int64), lo, hi, rows * width + cols - lo)
+    return np.divmod(found, width)
+
+
+def _doc_starts(
+    docs: list[np.ndarray], slot: np.ndarray, lo: np.ndarray, hi: np.ndarray, at: np.ndarray
+) -> np.ndarray:
+    """The document offsets in [lo[i], hi[i]) of each piece's shard (docs[slot[i]]), each at
+    at[i] + offset: every shard's offsets but its end laid end to end, shifted past the tokens
+    of the shards before it, so that one `searchsorted` finds the starts of all the pieces (a
+    big mixture's step reads dozens of shards once each: not a call a piece). Shards of more
+    than `DOC_TABLE` offsets in all are searched piece by piece instead: their indexes are not
+    copied every step."""
+    counts = [len(offsets) - 1 for offsets in docs]
+    if sum(counts) > DOC_TABLE:
+        found = [np.empty(0, np.int64)]
+        for offsets, start, stop, base in zip(
+            map(docs.__getitem__, slot.tolist()), lo.tolist(), hi.tolist(), at.tolist()
+        ):
+            first, last = offsets.searchsorted((start, stop)).tolist()
+            found.append(offsets[first:last] + base)
+        return np.concatenate(found)
+    shift = np.cumsum([0, *(int(offsets[-1]) for offsets in docs[:-1])], dtype=np.int64)
+    table = np.concatenate([offsets[:-1] for offsets in docs]) + np.repeat(shift, counts)
+    first = np.searchsorted(table, lo + shift[slot])
+    count = np.searchsorted(table, hi + shift[slot]) - first
+    piece = np.repeat(np.arange(slot.size), count)
+    index = np.arange(piece.size) + np.repeat(first - (np.cumsum(count) - count), count)
+    return table[index] + (at - shift[slot])[piece]
 
 
 def _prefetch(
