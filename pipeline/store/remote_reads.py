@@ -33,7 +33,10 @@ from pipeline.errors import StoreError
 from pipeline.store.block_cache import BlockCache
 
 MEMORY_BYTES = 256 << 20  # fetched bytes kept in this process's memory
-_PARALLEL = 32  # requests in flight at once, for a prefetch
+# Requests in flight at once from one `together`: every request of a stage, so that a stage of
+# 64 sources is one round trip, not two (it was 32); past aiohttp's pool of 100 connections per
+# client more threads would only queue for a connection.
+_PARALLEL = 128
 
 
 @dataclass
@@ -70,6 +73,15 @@ def configure(cache_dir: str | None, max_gb: float, timeout_s: float) -> None:
 def host_cache() -> BlockCache | None:
     """This process's disk cache (`feed.cache`), None without one."""
     return _state.cache
+
+
+def forget() -> None:
+    """Drop what this process keeps in memory: its next reads find entries in the disk cache
+    or the bucket, as a fresh process does (a benchmark's or a test's cold start)."""
+    global _memory_bytes
+    with _lock:
+        _memory.clear()
+        _memory_bytes = 0
 
 
 def downloaded() -> int:
@@ -248,13 +260,14 @@ class RemoteFlat:
             ) from None
 
 
-def together(*calls: Callable[[], Any]) -> list[Any]:
-    """Run `calls` at once (one round trip for all of them), their results in order; the first
-    failure is re-raised once all have ended. A pool per call (at most `_PARALLEL` threads, gone
-    when it returns), so that a call may itself call `together` without waiting on a slot."""
+def together(*calls: Callable[[], Any], parallel: int = _PARALLEL) -> list[Any]:
+    """Run `calls` at once (one round trip for all of them, up to `parallel` of them), their
+    results in order; the first failure is re-raised once all have ended. A pool per call
+    (gone when it returns), so that a call may itself call `together` without waiting on a
+    slot."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(min(len(calls), _PARALLEL), thread_name_prefix="remote-read") as pool:
+    with ThreadPoolExecutor(min(len(calls), parallel), thread_name_prefix="remote-read") as pool:
         futures = [pool.submit(call) for call in calls]
     return [future.result() for future in futures]
 
