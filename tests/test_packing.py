@@ -99,6 +99,25 @@ def _row_documents(batch: dict[str, np.ndarray], row: int) -> list[tuple[int, sl
     return docs
 
 
+def _pieces_are_the_documents(plan, draws, batch, store: TokenStore) -> None:
+    """`Plan.pieces` (what a feed fetches ahead of its reads) names the documents the rows
+    hold, in order, each as long as read."""
+    [(piece_store, shards, lo, hi)] = plan.pieces(draws)
+    firsts = [first for row in range(len(draws.rows)) for first, _ in _row_documents(batch, row)]
+    read = [
+        int(piece_store.read_shard_tokens(shard, start, start + 1).tokens[0])
+        for shard, start in zip(shards.tolist(), lo.tolist(), strict=True)
+    ]
+    assert piece_store.path == store.path
+    assert read == firsts
+    sizes = [
+        cols.stop - cols.start + 1
+        for row in range(len(draws.rows))
+        for _, cols in _row_documents(batch, row)
+    ]
+    assert (hi - lo).tolist() == sizes
+
+
 lengths = st.lists(
     st.lists(
         st.tuples(st.integers(2, 40), st.integers(0, 6), st.integers(0, 3)), min_size=0, max_size=12
@@ -131,6 +150,7 @@ def test_rows_hold_whole_documents_once_per_epoch_with_the_mask(
     for step in range(steps):
         draws = plan.draws(step)
         batch = plan.read(draws)
+        _pieces_are_the_documents(plan, draws, batch, store)
         for row in range(len(draws.rows)):
             epoch = int(draws.epoch[row])
             for first, cols in _row_documents(batch, row):

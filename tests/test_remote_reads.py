@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import yaml
 from jax.sharding import Mesh
 
 from pipeline.config import parse_config
-from pipeline.errors import ConfigError, PipelineError, StoreError
+from pipeline.errors import ConfigError, FeedError, PipelineError, StoreError
 from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
@@ -157,6 +158,86 @@ def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_
         next(feed)
         rounds = log.rounds()
     assert rounds <= 3, rounds
+
+
+def first_needed(plan: Plan, steps: int, block_bytes: int = 1 << 16) -> dict[tuple[str, int], int]:
+    """(sidecar file name, first byte of a block) -> the first step of `plan` that reads it."""
+    first: dict[tuple[str, int], int] = {}
+    for step in range(steps):
+        for store, shards, lo, hi in plan.pieces(plan.draws(step)):
+            size = store.dtype.itemsize
+            for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist()):
+                name = store.manifest["shards"][shard]["flat"]
+                for block in range(
+                    start * size // block_bytes, (stop * size - 1) // block_bytes + 1
+                ):
+                    first.setdefault((name, block * block_bytes), step)
+    return first
+
+
+def block_requests(log) -> dict[tuple[str, int], float]:
+    """(sidecar file name, first byte) -> when the first request for that block started."""
+    found: dict[tuple[str, int], float] = {}
+    for request in sorted(log.requests, key=lambda r: r.start):
+        match = re.search(r"%2F([^/?]+\.flat\.bin)\?.* bytes=(\d+)-", request.path)
+        if match:
+            found.setdefault((match[1], int(match[2])), request.start)
+    return found
+
+
+STEPS = 12  # served one every 0.25 s (a training step) after the first, 50 ms per request
+
+
+def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, gcs_bucket):
+    """Every block a step s >= 3 reads first is requested before step s - 2 is asked for: the
+    readers (2 steps ahead) cannot have asked for it yet, the fetch ahead (4 steps after
+    them, `feed.fetch_ahead`) has. The batches are the plan's; the thread stops with the feed."""
+    local, url = store(tmp_path, gcs_bucket, "ahead", documents=1500, records=False)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    asked = []
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
+        DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed,
+    ):
+        for step in range(STEPS):
+            asked.append(time.time())
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), expected.batch(step)[field])
+            time.sleep(0.25)
+    requested = block_requests(log)
+    ahead = [(block, step) for block, step in first_needed(expected, STEPS).items() if step >= 3]
+    assert len(ahead) >= 10  # the store is large enough for later steps to read new blocks
+    late = [(block, step) for block, step in ahead if not requested[block] < asked[step - 2]]
+    assert not late
+    assert "pipeline-fetch-ahead" not in {thread.name for thread in threading.enumerate()}
+
+
+def test_a_damaged_block_fetched_ahead_stops_the_step_that_reads_it(tmp_path, gcs_bucket):
+    """A block that fails its checksum when fetched ahead is not lost: the step that reads it
+    stops with the block's line, the steps before it are served, and the thread stops."""
+    local, url = store(tmp_path, gcs_bucket, "damaged", documents=1500, records=False)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    (name, start), step = next(
+        (block, step) for block, step in first_needed(expected, STEPS).items() if step >= 6
+    )
+    damaged = bytearray((local / name).read_bytes())
+    damaged[start + 10] ^= 0x01
+    (tmp_path / name).write_bytes(bytes(damaged))
+    copy_file(tmp_path / name, location(url) / name)
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
+        DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed,
+    ):
+        for served in range(step):
+            next(feed)
+            if served == step - 3:  # the fetch ahead has met the block; the readers have not
+                fetched = block_requests(log).get((name, start))
+            time.sleep(0.25)
+        with pytest.raises(FeedError, match=f"step {step}: .*do not match their block checksums"):
+            next(feed)
+    assert fetched is not None
+    assert "pipeline-fetch-ahead" not in {thread.name for thread in threading.enumerate()}
 
 
 def silent_port() -> tuple[socket.socket, int]:

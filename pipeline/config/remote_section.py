@@ -1,5 +1,5 @@
-"""The feed's keys for reading stores in buckets: `feed.cache` and `feed.read_timeout_s`
-(docs/big-mixtures.md), checked with messages that name the file and key."""
+"""The feed's keys for reading stores in buckets: `feed.cache`, `feed.read_timeout_s` and
+`feed.fetch_ahead` (docs/big-mixtures.md), checked with messages that name the file and key."""
 
 from __future__ import annotations
 
@@ -8,23 +8,31 @@ from dataclasses import dataclass
 from pipeline.config.where import Where
 from pipeline.urls import is_url
 
-REMOTE_KEYS = ("cache", "read_timeout_s")  # of `feed`
+REMOTE_KEYS = ("cache", "read_timeout_s", "fetch_ahead")  # of `feed`
 CACHE_KEYS = ("dir", "max_gb")
 TIMEOUT_S = 60.0  # feed.read_timeout_s's default
+FETCH_AHEAD = 4  # feed.fetch_ahead's default
+MAX_FETCH_AHEAD = 256  # steps: a bound on what one pass holds in memory
 
 
 @dataclass(frozen=True)
 class RemoteOptions:
     """`FeedOptions.remote`: a host cache (directory, size limit in GB) or None, and the time a
-    request to storage may take."""
+    request to storage may take, and the steps ahead of those read whose blocks are fetched.
+    """
 
     cache: tuple[str, float] | None = None
     read_timeout_s: float = TIMEOUT_S
+    fetch_ahead: int = FETCH_AHEAD
 
 
 def remote_options(feed: dict, where: Where) -> RemoteOptions:
     """The options these keys of `feed` set, checked."""
-    return RemoteOptions(cache_section(feed, where), read_timeout(feed, where))
+    return RemoteOptions(
+        cache_section(feed, where),
+        read_timeout(feed, where),
+        where.integer(feed.get("fetch_ahead", FETCH_AHEAD), "feed.fetch_ahead", 0, MAX_FETCH_AHEAD),
+    )
 
 
 def read_timeout(feed: dict, where: Where) -> float:

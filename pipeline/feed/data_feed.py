@@ -19,19 +19,18 @@ work, including meshes where devices also replicate the batch over a model axis.
 
 Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
-`pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
-when every store planned at the start is local, 4 when one is remote: `reader_count`). A task reads
-the step's local rows with one `Plan.read` and transfers every field with one
-`jax.make_array_from_process_local_data` call (`feed: {expand: device}`: the rows' compact form,
-expanded to the six fields on the devices, `pipeline.feed.expand`), so `next()` in the training
-thread only hands over arrays that are already on the devices (prefetched batches occupy device
-memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
-row), so the result never depends on depth, threads, timing or restart history; `seek` only
-moves the step.
-An error `next()` raises stops every other process too, with the same line
-(`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
-for the peers' stops, re-checks that each store is still the one opened and exchanges the
-stragglers' figures, for all the process's feeds, so `next()` makes no RPC at steady state.
+`pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread when
+every store planned at the start is local, 4 when one is remote: `reader_count`; over stores in
+buckets one more fetches the next steps' blocks, `fetch_ahead`). A task reads the step's local rows
+with one `Plan.read` and transfers every field with one `jax.make_array_from_process_local_data`
+call (`feed: {expand: device}`: the compact form, expanded on the devices, `pipeline.feed.expand`),
+so `next()` only hands over arrays already on the devices (prefetched batches occupy device
+memory). The rows of a step are a pure function of (ledger, step, row), so the result never depends
+on depth, threads, timing or restart history; `seek` only moves the step. An error `next()` raises
+stops every other process too, with the same line (`pipeline.feed.host_stop`); the process's one
+watcher thread (`pipeline.feed.watcher`) polls for the peers' stops, re-checks that each store is
+still the one opened and exchanges the stragglers' figures, for all the process's feeds, so
+`next()` makes no RPC at steady state.
 
 Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
 128}}`, or a ledger switch to another batch), the feed builds the step's arrays with the new
@@ -62,7 +61,7 @@ from jax.sharding import Mesh, NamedSharding
 from pipeline.config import DataConfig
 from pipeline.config.parse import MAX_THREADS, PROVENANCE, is_count, is_thread_count, last_step
 from pipeline.errors import FeedError, PipelineError, StoreError
-from pipeline.feed import expand, shared_stores
+from pipeline.feed import expand, fetch_ahead, shared_stores
 from pipeline.feed.geometry import Geometry, geometry
 from pipeline.feed.host_stop import stop_periods
 from pipeline.feed.mix_agreement import check_same_call
@@ -245,6 +244,7 @@ class DataFeed:
         # decided once, from the stores planned now: a later switch to a remote store keeps it
         paths = [meta.path for meta in self._plan.store_set.metas()]
         self.reader_threads = reader_count(self.threads, self.prefetch, paths)
+        self._ahead = fetch_ahead.FetchAhead.of(self, paths, self.config.feed.remote.fetch_ahead)
         self._geometries: dict[tuple[int, int], Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)
@@ -417,6 +417,7 @@ class DataFeed:
         self._drop_pending()
         if self._readers is not None:
             self._readers.close(wait=True)
+        self._ahead.close()
         self._release()
         for store in [] if self._shared else self._plan.stores():
             try:
@@ -463,6 +464,7 @@ class DataFeed:
         if rows.events is not None:
             self._log_events(step, *rows.events)
         self._fill()
+        self._ahead.follow(self._plan, self._queued, lambda s: self._geometry_at(s).rows)
         batch = rows.batch
         if objective.SOURCE in batch:  # here, in step order: it reduces across processes
             sources = len(self._plan.segment_plan_at(step).config.source_names)

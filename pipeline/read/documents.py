@@ -16,6 +16,30 @@ from pipeline.read.batch import FIELDS, mask_untrained, untrained_ranges
 from pipeline.store.token_store import TokenStore, read_pieces
 
 
+def row_documents(
+    layout: PackedLayout, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents of packed rows `rows` one after another, each row's count of them, and
+    the running total of those counts."""
+    first = layout.row_offsets[rows]
+    counts = layout.row_offsets[rows + 1] - first
+    ends = np.cumsum(counts)
+    return (
+        layout.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])],
+        counts,
+        ends,
+    )
+
+
+def document_pieces(
+    layout: PackedLayout, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shard pieces (shard, lo, hi) of the documents of packed rows `rows`."""
+    docs, _, _ = row_documents(layout, np.asarray(rows, dtype=np.int64))
+    start = layout.doc_start[docs]
+    return layout.doc_shard[docs], start, start + layout.doc_tokens[docs]
+
+
 def document_fields(
     layout: PackedLayout, store: TokenStore, rows: np.ndarray, *, packed: bool = False
 ) -> dict[str, np.ndarray]:
@@ -28,10 +52,7 @@ def document_fields(
     `at` has input token at + j and target token at + j + 1 (a document's inputs are its
     tokens but the last, its targets its tokens but the first)."""
     rows = np.asarray(rows, dtype=np.int64)
-    first = layout.row_offsets[rows]
-    counts = layout.row_offsets[rows + 1] - first
-    ends = np.cumsum(counts)
-    docs = layout.row_docs[np.repeat(first - ends + counts, counts) + np.arange(ends[-1])]
+    docs, counts, ends = row_documents(layout, rows)
     tokens = layout.doc_tokens[docs]
     at = np.concatenate([[0], np.cumsum(tokens)])
     size = int(at[-1])

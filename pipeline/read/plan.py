@@ -20,8 +20,8 @@ from pipeline.plan.plan import DrawPlan, Draws, SegmentPlan
 from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout
 from pipeline.plan.sources import path_key
 from pipeline.read import compact
-from pipeline.read.documents import document_fields
-from pipeline.read.windows import read_windows
+from pipeline.read.documents import document_fields, document_pieces
+from pipeline.read.windows import read_windows, window_reads
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import location
@@ -77,6 +77,20 @@ class Plan(DrawPlan):
                     out[name] = np.zeros((len(draws.rows), *values.shape[1:]), values.dtype)
                 out[name][mine] = values
         return out
+
+    def pieces(self, draws: Draws) -> list[Pieces]:
+        """What reading `draws` copies, without reading it: per store of the drawn sources, the
+        shard pieces (store, shards, lo, hi) of its rows (`PIECES`). A feed fetches the blocks
+        of the steps ahead of those it reads with it (`piece_reads.fetch_blocks`)."""
+        layouts = self.segment_plan(draws.segment_index).ordered_layouts
+        rows = (draws.source, draws.epoch, draws.window, draws.start)
+        found: list[Pieces] = []
+        for kind, pieces in PIECES.items():
+            mine = np.array([layouts[k].row_kind == kind for k in range(len(layouts))])
+            picked = mine[draws.source]
+            if picked.any():
+                found += pieces(layouts, self.store_set.open, *(a[picked] for a in rows))
+        return found
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
         """The six fields of `rows` (default: all) of `step`, [len(rows), seq_len] each."""
@@ -150,6 +164,47 @@ READERS: dict[str, Callable[[Sequence[RowLayout], OpenStore, list[int], bool], G
 }
 """The readers of each kind of rows (`RowLayout.row_kind`), in the order their fields are
 laid out; a layout with a new kind of rows adds its reader here (docs/architecture.md)."""
+
+
+Pieces = tuple[TokenStore, np.ndarray, np.ndarray, np.ndarray]  # store, shards, lo, hi
+
+
+def _window_pieces(
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    window: np.ndarray,
+    start: np.ndarray,
+) -> list[Pieces]:
+    """The shard pieces of drawn windows, by store (`window_reads`)."""
+    stores, (owner, shard, lo, hi, _, _) = window_reads(layouts, open_store, which, epoch, start)
+    return [
+        (store, shard[owner == k], lo[owner == k], hi[owner == k]) for k, store in enumerate(stores)
+    ]
+
+
+def _document_pieces(
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    window: np.ndarray,
+    start: np.ndarray,
+) -> list[Pieces]:
+    """The shard pieces of the documents of drawn packed rows (`window`), by store."""
+    return [
+        (open_store(layouts[k].meta), *document_pieces(layouts[k], window[which == k]))
+        for k in np.unique(which).tolist()
+    ]
+
+
+PIECES: dict[str, Callable[..., list[Pieces]]] = {
+    WINDOWS: _window_pieces,
+    DOCUMENTS: _document_pieces,
+}
+"""What each kind of rows (`RowLayout.row_kind`) reads, without reading it (`Plan.pieces`);
+a layout with a new kind of rows adds its reader to `READERS` and its pieces here."""
 
 
 def _readers(

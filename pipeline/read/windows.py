@@ -33,12 +33,9 @@ def read_windows(
 ) -> dict[str, np.ndarray]:
     """The six fields of drawn windows (`packed`: their compact form, `pipeline.read.compact`):
     row i is the window at token start[i] of epoch epoch[i] of source layouts[which[i]]."""
-    sources = np.unique(which).tolist()
-    seq_len = layouts[sources[0]].seq_len
+    seq_len = layouts[int(which[0])].seq_len
     tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
-    owner = np.searchsorted(sources, which)
-    stores = [open_store(layouts[s].meta) for s in sources]
-    pieces = window_pieces([layouts[s] for s in sources], owner, epoch, start)
+    stores, pieces = window_reads(layouts, open_store, which, epoch, start)
     owner, shard, lo, hi, row, col = pieces
     segments, positions = _assemble(stores, pieces, tokens, packed)
     masked = any(store.masked for store in stores)
@@ -57,6 +54,21 @@ def read_windows(
         targets = batch["targets_segmentation"].reshape(-1)
         mask_untrained(targets, untrained_ranges(stores, owner, shard, lo, hi, first + col, first))
     return batch
+
+
+def window_reads(
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    epoch: np.ndarray,
+    start: np.ndarray,
+) -> tuple[list[TokenStore], tuple[np.ndarray, ...]]:
+    """The stores of the drawn windows' sources and the windows' shard pieces
+    (`layout.window_pieces`: owner, shard, lo, hi, row, column; owner indexes the stores)."""
+    sources = np.unique(which).tolist()
+    owner = np.searchsorted(sources, which)
+    stores = [open_store(layouts[s].meta) for s in sources]
+    return stores, window_pieces([layouts[s] for s in sources], owner, epoch, start)
 
 
 def _assemble(

@@ -10,7 +10,7 @@ is checked, open or cached is the store's business.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain
 from pathlib import Path
 from typing import Protocol
@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
-from pipeline.store.remote_reads import RemoteFlat, prefetch_blocks, together
+from pipeline.store.remote_reads import PARALLEL, RemoteFlat, prefetch_blocks, together
 
 DOC_TABLE = 1 << 16  # document offsets laid end to end per batch (`_doc_starts`): 512 KiB
 
@@ -147,20 +147,37 @@ def _prefetch(
     lo: np.ndarray,
     hi: np.ndarray,
 ) -> None:
-    """The pieces of stores in buckets (`remote`): the shards they read opened at once, then the
-    blocks they touch downloaded at once; two round trips for a batch, whatever its number of
-    sources, shards and blocks, where reading piece by piece waits for each in turn."""
+    """The pieces of stores in buckets (`remote`), fetched at once (`fetch_blocks`)."""
+    masks = [(stores[k], which == k) for k in remote]
+    fetch_blocks([(store, shards[m], lo[m], hi[m]) for store, m in masks])
+
+
+def fetch_blocks(
+    pieces: Iterable[tuple[PieceSource, np.ndarray, np.ndarray, np.ndarray]],
+    parallel: int = PARALLEL,
+) -> None:
+    """Download what reading `pieces` (store, shards, lo, hi: tokens [lo[i], hi[i]) of shard
+    shards[i]) needs of stores in buckets and this process does not hold: the shards they read
+    opened at once, then the blocks they touch downloaded at once (at most `parallel` requests
+    at a time); two round trips for any number of sources, shards and blocks, where
+    reading piece by piece waits for each in turn. Stores on disk are skipped."""
     ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    picked = np.isin(which, remote)
-    for k, shard, start, stop in zip(
-        *(a[picked].tolist() for a in (which, shards, lo, hi)), strict=True
-    ):
-        ranges.setdefault((k, shard), []).append((start, stop))
-    flats = together(*(lambda k=k, s=s: stores[k].flat_blocks(s) for k, s in ranges))
+    held: dict[int, PieceSource] = {}
+    for store, shards, lo, hi in pieces:
+        if not getattr(store, "remote", False):
+            continue
+        held[id(store)] = store
+        for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            ranges.setdefault((id(store), shard), []).append((start, stop))
+    opens = (lambda k=k, s=s: held[k].flat_blocks(s) for k, s in ranges)
+    flats = together(*opens, parallel=parallel)
     prefetch_blocks(
-        (flat, spans)
-        for flat, spans in zip(flats, ranges.values(), strict=True)
-        if isinstance(flat, RemoteFlat)
+        (
+            (flat, spans)
+            for flat, spans in zip(flats, ranges.values(), strict=True)
+            if isinstance(flat, RemoteFlat)
+        ),
+        parallel,
     )
 
 

@@ -36,7 +36,7 @@ MEMORY_BYTES = 256 << 20  # fetched bytes kept in this process's memory
 # Requests in flight at once from one `together`: every request of a stage, so that a stage of
 # 64 sources is one round trip, not two (it was 32); past aiohttp's pool of 100 connections per
 # client more threads would only queue for a connection.
-_PARALLEL = 128
+PARALLEL = 128
 
 
 @dataclass
@@ -260,7 +260,7 @@ class RemoteFlat:
             ) from None
 
 
-def together(*calls: Callable[[], Any], parallel: int = _PARALLEL) -> list[Any]:
+def together(*calls: Callable[[], Any], parallel: int = PARALLEL) -> list[Any]:
     """Run `calls` at once (one round trip for all of them, up to `parallel` of them), their
     results in order; the first failure is re-raised once all have ended. A pool per call
     (gone when it returns), so that a call may itself call `together` without waiting on a
@@ -272,8 +272,10 @@ def together(*calls: Callable[[], Any], parallel: int = _PARALLEL) -> list[Any]:
     return [future.result() for future in futures]
 
 
-def prefetch_blocks(flats: Iterable[tuple[RemoteFlat, Iterable[tuple[int, int]]]]) -> None:
+def prefetch_blocks(
+    flats: Iterable[tuple[RemoteFlat, Iterable[tuple[int, int]]]], parallel: int = PARALLEL
+) -> None:
     """Fetch every block that the token ranges of each sidecar touch and this process does not
-    hold yet, all at once."""
+    hold yet, all at once (up to `parallel` at a time)."""
     missing = [(flat, block) for flat, ranges in flats for block in flat.missing(ranges)]
-    together(*(lambda f=flat, b=block: f.block(b) for flat, block in missing))
+    together(*(lambda f=flat, b=block: f.block(b) for flat, block in missing), parallel=parallel)
