@@ -1,10 +1,10 @@
-"""Reading from a bucket: time to the first batch, sequential round trips, requests and bytes
-of a feed over gs:// stores (the GCS emulator behind tests/gcs_proxy.py, `--latency` s per
-request), cold and with a warm host cache (`feed.cache`), for 1 and 64 sources. Each row is a
-fresh process. `--no-flat` writes the stores without flat sidecars (`prepare --no-flat-tokens`),
-served from whole shards (`remote_shards`).
+"""Reading from a bucket: time to the first batch, sequential round trips, the steps after it
+(ms per step), requests and bytes of a feed over gs:// stores (the GCS emulator behind
+tests/gcs_proxy.py, `--latency` s per request), cold and with a warm host cache (`feed.cache`),
+and cold without fetching the next steps' blocks ahead (`feed.fetch_ahead: 0`), for 1 and 64
+sources; the feed's defaults otherwise. Each row is a fresh process.
 
-    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60] [--no-flat]
+    python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60]
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ def child(config: str, steps: int) -> None:
         first, wall = time.monotonic() - started, time.time()
         for _ in range(steps - 1):
             next(feed)
+        rest = time.monotonic() - started - first
         stats = feed.stats()
-    print(json.dumps({"first_s": first, "at": wall, "per_token": stats.downloaded_per_token}))
+    row = {"first_s": first, "at": wall, "per_token": stats.downloaded_per_token}
+    print(json.dumps({**row, "ms_per_step": 1e3 * rest / max(steps - 1, 1)}))
 
 
 def main() -> None:
@@ -48,7 +50,6 @@ def main() -> None:
     parser.add_argument("--sources", default="1,64")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--no-flat", action="store_true")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
@@ -64,38 +65,41 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bucket-bench-"))
     counts = [int(n) for n in args.sources.split(",")]
     print(
-        "| sources | cache | DataFeed() to first batch (s) | round trips to it | requests | MB "
-        "| bytes per token |"
+        "| sources | run | DataFeed() to first batch (s) | round trips to it | ms per step after "
+        "it | requests | MB | bytes per token |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     with serving() as bucket:
         rng = np.random.default_rng(0)
         for k in range(max(counts)):  # 4 shards of ~140 k tokens each per source
             local = work / f"s{k}"
-            lengths = [rng.integers(50, 400, 600).tolist() for _ in range(4)]
-            write_synthetic_store(local, lengths, first=k << 24, flat=not args.no_flat)
+            write_synthetic_store(
+                local, [rng.integers(50, 400, 600).tolist() for _ in range(4)], first=k << 24
+            )
             for file in local.iterdir():
                 copy_file(file, location(f"{bucket}/s{k}") / file.name)
         with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=args.latency) as log:
+            runs = (("cold", "a", 4), ("warm", "a", 4), ("cold, fetch_ahead: 0", "b", 0))
             for count in counts:
-                cache = work / f"cache-{count}"
-                raw = {
-                    "seed": 1, "seq_len": 64, "global_batch_size": 8,
-                    "mix": {f"s{k}": 1 for k in range(count)},
-                    "sources": {f"s{k}": {"path": f"{bucket}/s{k}"} for k in range(count)},
-                    "feed": {"cache": {"dir": str(cache), "max_gb": 10}},
-                }  # fmt: skip
-                config = work / f"c{count}.yaml"
-                config.write_text(yaml.safe_dump(raw))
-                for label in ("cold", "warm"):
+                for label, cache, ahead in runs:
+                    raw = {
+                        "seed": 1, "seq_len": 64, "global_batch_size": 8,
+                        "mix": {f"s{k}": 1 for k in range(count)},
+                        "sources": {f"s{k}": {"path": f"{bucket}/s{k}"} for k in range(count)},
+                        "feed": {"cache": {"dir": str(work / f"cache-{count}-{cache}"),
+                                           "max_gb": 10}, "fetch_ahead": ahead},
+                    }  # fmt: skip
+                    config = work / f"c{count}.yaml"
+                    config.write_text(yaml.safe_dump(raw))
                     log.clear()
                     command = [sys.executable, __file__, "--child", str(config), str(args.steps)]
                     done = subprocess.run(command, capture_output=True, text=True, check=True)
                     row = json.loads(done.stdout.strip().splitlines()[-1])
                     print(
                         f"| {count} | {label} | {row['first_s']:.2f} | "
-                        f"{log.rounds(before=row['at'])} | {len(log.requests)} | "
-                        f"{log.downloaded() / 1e6:.2f} | {row['per_token']:.1f} |"
+                        f"{log.rounds(before=row['at'])} | {row['ms_per_step']:.1f} | "
+                        f"{len(log.requests)} | {log.downloaded() / 1e6:.2f} | "
+                        f"{row['per_token']:.1f} |"
                     )
 
 

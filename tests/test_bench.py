@@ -84,6 +84,18 @@ def test_batched_read_equals_the_per_row_reference(setup, step, data):
                 for field, expected in slow.items():
                     assert fast[field].dtype == expected.dtype == np.int32, field
                     np.testing.assert_array_equal(fast[field], expected, err_msg=field)
+            pieces_are_the_windows(plan, plan.draws(step, chosen), slow)
+
+
+def pieces_are_the_windows(plan: Plan, draws, batch: dict) -> None:
+    """`Plan.pieces` (what a feed fetches ahead of its reads) holds the windows' tokens."""
+    read = [
+        store.read_shard_tokens(shard, start, stop).tokens
+        for store, shards, lo, hi in plan.pieces(draws)
+        for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist(), strict=True)
+    ]
+    windows = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
+    np.testing.assert_array_equal(np.sort(np.concatenate(read)), np.sort(windows.ravel()))
 
 
 def test_batched_read_names_a_corrupt_record(tmp_path):

@@ -84,11 +84,12 @@ class Plan(DrawPlan):
         of the steps ahead of those it reads with it (`piece_reads.fetch_blocks`)."""
         layouts = self.segment_plan(draws.segment_index).ordered_layouts
         rows = (draws.source, draws.epoch, draws.window, draws.start)
+        drawn = np.unique(draws.source).tolist()
         found: list[Pieces] = []
         for kind, pieces in PIECES.items():
-            mine = np.array([layouts[k].row_kind == kind for k in range(len(layouts))])
-            picked = mine[draws.source]
-            if picked.any():
+            mine = [k for k in drawn if layouts[k].row_kind == kind]
+            if mine:
+                picked = np.isin(draws.source, mine)
                 found += pieces(layouts, self.store_set.open, *(a[picked] for a in rows))
         return found
 
