@@ -13,14 +13,16 @@ blocks held and waits on no request.
   against the store's CRC32Cs like any other (`RemoteFlat.block`).
 * **Errors surface at the step that needs the block.** A pass that fails (a bucket that does
   not answer, a damaged block) leaves the block missing; the reader of the step that needs it
-  fetches it again and stops that step with its line if the error persists. An error that is
-  not the data's (a bug) is kept and raised by the feed's next `next()`.
+  runs the same fetch again (`fetch_blocks`) and stops that step with its line if the error
+  persists. An error in finding a step's pieces that is not the data's (a bug) is kept and
+  raised by the feed's next `next()`.
 * **Stops with the feed.** `close` wakes the thread and joins it once its pass ends (every
   request is bounded by `feed.read_timeout_s`); it starts with the first pass handed over.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 PARALLEL = 32
 """Requests in flight at once from one pass."""
+log = logging.getLogger("pipeline")
 
 
 class FetchAhead:
@@ -114,9 +117,12 @@ class FetchAhead:
                     for plan, step, rows in wanted
                     for found in plan.pieces(plan.draws(step, rows))
                 ]
-                fetch_blocks(pieces, PARALLEL)
-            except PipelineError:
-                pass  # met again, and raised, by the reader of the step that needs the block
-            except Exception as error:  # not the data's: the feed's next next() raises it
+            except PipelineError:  # the reader of that step meets it again, and raises it
+                continue
+            except Exception as error:  # a bug: the feed's next next() raises it
                 self._failure = error
                 return
+            try:
+                fetch_blocks(pieces, PARALLEL)
+            except Exception as error:  # the reader of the step that needs the block runs
+                log.debug("fetch ahead: %s", error)  # the same fetch again, and raises it
