@@ -53,17 +53,23 @@ class Log:
     def rounds(self, before: float | None = None) -> int:
         """The longest chain of requests, each started after the previous one ended (of those
         started before `before`, a `time.time()`, if given)."""
+        return len(self.chain(before))
+
+    def chain(self, before: float | None = None) -> list[Request]:
+        """A longest chain of `rounds`, first request first (to say where the time went)."""
         with self.lock:
             done = sorted(
                 (r for r in self.requests if before is None or r.start < before),
                 key=lambda r: r.end,
             )
-        depth: list[tuple[float, int]] = []  # (end, chain length ending there)
-        best = 0
+        ends: list[tuple[float, list[Request]]] = []  # (end, longest chain ending there)
+        best: list[Request] = []
         for request in done:
-            before = max((n for end, n in depth if end <= request.start), default=0)
-            depth.append((request.end, before + 1))
-            best = max(best, before + 1)
+            longest = max(
+                (chain for end, chain in ends if end <= request.start), key=len, default=[]
+            )
+            ends.append((request.end, [*longest, request]))
+            best = max(best, ends[-1][1], key=len)
         return best
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import google_crc32c
@@ -114,31 +115,46 @@ def many(tmp_path_factory, gcs_bucket) -> list[str]:
     """64 small stores (2 shards of 60 documents), each with its own tokens, in the bucket;
     without their ArrayRecord files, which a store served from its sidecars never reads."""
     root = tmp_path_factory.mktemp("many")
-    return [
-        store(root, gcs_bucket, f"m{k}", shards=2, documents=60, records=False)[1]
-        for k in range(64)
-    ]
+
+    def one(k: int) -> str:
+        return store(root, gcs_bucket, f"m{k}", shards=2, documents=60, records=False)[1]
+
+    with ThreadPoolExecutor(8) as pool:  # the uploads overlap
+        return list(pool.map(one, range(64)))
+
+
+def cold_start_chain(urls: list[str]) -> list:
+    """The longest chain of requests (`Log.chain`) from a cold feed's start to its first batch,
+    0.5 s per request, with the feed's defaults."""
+    config = parse_config(mixture(urls), origin="remote.yaml")
+    forget()  # cold: nothing of the stores in this process's memory
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.5) as log,
+        DataFeed(config, mesh()) as feed,
+    ):
+        next(feed)
+        served = time.time()
+        time.sleep(0.6)  # the requests started before it have ended: all in the log
+        return log.chain(before=served)
 
 
 def test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources(many):
     """From process start to the first batch with the feed's defaults (reader threads, steps
-    read ahead), 0.5 s per request (a latency that the jitter of a loaded machine in issuing
-    and answering one stage's requests cannot chain them across): the stores' identities, their
-    manifests, the first batch's shards' indexes and checksums, its blocks; each stage for
-    every source at once, the steps read ahead in the same stages (64 sources took 6 when a
-    stage ran 32 requests at once)."""
+    read ahead), 0.5 s per request: the stores' identities, their manifests, the first batch's
+    shards' indexes and checksums, its blocks; each stage for every source at once, the steps
+    read ahead in the same stages (64 sources took 6 when a stage ran 32 requests at once).
+
+    A loaded machine can issue or answer one stage's requests so unevenly that the chain
+    crosses from one to another (a thread starved for longer than a round trip): that only
+    ever adds round trips, so a start that counts more than 4 is run again, up to 3 times; a
+    feed whose stages take more fails each time."""
     for count in (1, 8, 64):
-        config = parse_config(mixture(many[:count]), origin="remote.yaml")
-        forget()  # cold: nothing of the stores in this process's memory
-        with (
-            proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.5) as log,
-            DataFeed(config, mesh()) as feed,
-        ):
-            next(feed)
-            served = time.time()
-            time.sleep(0.6)  # the requests started before it have ended: all in the log
-            rounds = log.rounds(before=served)
-        assert rounds <= 4, (count, rounds)
+        for _ in range(3):
+            chain = cold_start_chain(many[:count])
+            if len(chain) <= 4:
+                break
+        where = "; ".join(f"{r.start - chain[-1].end:+.2f} s {r.path}" for r in chain)
+        assert len(chain) <= 4, f"{count} sources: {where}"
 
 
 def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_once(
