@@ -1,10 +1,12 @@
 """Reading from a bucket: time to the first batch, sequential round trips, the steps after it
-(ms per step), requests and bytes of a feed over gs:// stores (the GCS emulator behind
-tests/gcs_proxy.py, `--latency` s per request), cold and with a warm host cache (`feed.cache`),
-and cold without fetching the next steps' blocks ahead (`feed.fetch_ahead: 0`), for 1 and 64
-sources; the feed's defaults otherwise. Each row is a fresh process.
+(the time `next()` waits, each after a training step of `--train-ms`), requests and bytes of a
+feed over gs:// stores (the GCS emulator behind tests/gcs_proxy.py, `--latency` s per request),
+cold and with a warm host cache (`feed.cache`), and cold without fetching the next steps'
+blocks ahead (`feed.fetch_ahead: 0`), for 1 and 64 sources; the feed's defaults otherwise. Each
+row is a fresh process.
 
     python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60]
+        [--train-ms 50]
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def child(config: str, steps: int) -> None:
-    """One fresh process: first batch, then the other steps; prints a JSON line."""
+def child(config: str, steps: int, train_s: float) -> None:
+    """One fresh process: first batch, then the other steps, each after `train_s` of a
+    training step (a sleep); prints a JSON line."""
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     import jax
     from jax.sharding import Mesh
@@ -37,12 +40,15 @@ def child(config: str, steps: int) -> None:
     with DataFeed(load_config(config), Mesh(np.array(jax.devices()[:8]), ("data",))) as feed:
         next(feed)
         first, wall = time.monotonic() - started, time.time()
+        waited = 0.0  # in next(), after the first batch: what a training step would wait
         for _ in range(steps - 1):
+            time.sleep(train_s)
+            asked = time.monotonic()
             next(feed)
-        rest = time.monotonic() - started - first
+            waited += time.monotonic() - asked
         stats = feed.stats()
     row = {"first_s": first, "at": wall, "per_token": stats.downloaded_per_token}
-    print(json.dumps({**row, "ms_per_step": 1e3 * rest / max(steps - 1, 1)}))
+    print(json.dumps({**row, "wait_ms": 1e3 * waited / max(steps - 1, 1)}))
 
 
 def main() -> None:
@@ -50,10 +56,11 @@ def main() -> None:
     parser.add_argument("--sources", default="1,64")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--child", nargs=2)
+    parser.add_argument("--train-ms", type=float, default=50.0)
+    parser.add_argument("--child", nargs=3)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], int(args.child[1]), float(args.child[2]))
         return
     import yaml
 
@@ -65,8 +72,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bucket-bench-"))
     counts = [int(n) for n in args.sources.split(",")]
     print(
-        "| sources | run | DataFeed() to first batch (s) | round trips to it | ms per step after "
-        "it | requests | MB | bytes per token |"
+        "| sources | run | DataFeed() to first batch (s) | round trips to it | next() wait per "
+        f"step after it, {args.train_ms:g} ms steps (ms) | requests | MB | bytes per token |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     with serving() as bucket:
@@ -92,12 +99,15 @@ def main() -> None:
                     config = work / f"c{count}.yaml"
                     config.write_text(yaml.safe_dump(raw))
                     log.clear()
-                    command = [sys.executable, __file__, "--child", str(config), str(args.steps)]
+                    command = [
+                        sys.executable, __file__, "--child", str(config), str(args.steps),
+                        str(args.train_ms / 1e3),
+                    ]  # fmt: skip
                     done = subprocess.run(command, capture_output=True, text=True, check=True)
                     row = json.loads(done.stdout.strip().splitlines()[-1])
                     print(
                         f"| {count} | {label} | {row['first_s']:.2f} | "
-                        f"{log.rounds(before=row['at'])} | {row['ms_per_step']:.1f} | "
+                        f"{log.rounds(before=row['at'])} | {row['wait_ms']:.1f} | "
                         f"{len(log.requests)} | {log.downloaded() / 1e6:.2f} | "
                         f"{row['per_token']:.1f} |"
                     )
