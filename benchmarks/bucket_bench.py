@@ -86,8 +86,8 @@ def main() -> None:
             for file in local.iterdir():
                 copy_file(file, location(f"{bucket}/s{k}") / file.name)
         with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=args.latency) as log:
-            # the first run over fresh objects pays the emulator's own first reads: not the rows
-            # compared with each other (cold with and without fetch ahead)
+            # the baseline first: in earlier runs the first run over freshly uploaded objects was
+            # the slowest to its first batch, whichever it was; that falls on the baseline
             runs = (("cold, fetch_ahead: 0", "b", 0), ("cold", "a", 4), ("warm", "a", 4))
             for count in counts:
                 for label, cache, ahead in runs:
