@@ -329,6 +329,11 @@ class TokenStore(StoreFacts):
         blocks = self.flat_blocks(shard)
         return None if blocks is None else blocks.tokens
 
+    def opened(self, shard: int) -> bool:
+        """Whether the shard's first use is done (its indexes loaded, its files checked): its
+        `flat_blocks` then makes no request."""
+        return self._opened[shard]
+
     def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None:
         """The shard's flat sidecar as served: `FlatBlocks.read` checks each block on its first
         read (unless the store was opened with `check_reads=False`); None for a shard read
