@@ -3,10 +3,11 @@
 feed over gs:// stores (the GCS emulator behind tests/gcs_proxy.py, `--latency` s per request),
 cold and with a warm host cache (`feed.cache`), and cold without fetching the next steps'
 blocks ahead (`feed.fetch_ahead: 0`), for 1 and 64 sources; the feed's defaults otherwise. Each
-row is a fresh process.
+row is a fresh process. `--no-flat` writes the stores without flat sidecars (`prepare
+--no-flat-tokens`), served from whole shards (`remote_shards`).
 
     python benchmarks/bucket_bench.py [--sources 1,64] [--latency 0.05] [--steps 60]
-        [--train-ms 50]
+        [--train-ms 50] [--no-flat]
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--train-ms", type=float, default=50.0)
+    parser.add_argument("--no-flat", action="store_true")
     parser.add_argument("--child", nargs=3)
     args = parser.parse_args()
     if args.child:
@@ -80,9 +82,8 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for k in range(max(counts)):  # 4 shards of ~140 k tokens each per source
             local = work / f"s{k}"
-            write_synthetic_store(
-                local, [rng.integers(50, 400, 600).tolist() for _ in range(4)], first=k << 24
-            )
+            lengths = [rng.integers(50, 400, 600).tolist() for _ in range(4)]
+            write_synthetic_store(local, lengths, first=k << 24, flat=not args.no_flat)
             for file in local.iterdir():
                 copy_file(file, location(f"{bucket}/s{k}") / file.name)
         with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=args.latency) as log:
