@@ -229,6 +229,35 @@ def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, g
     assert "pipeline-fetch-ahead" not in {thread.name for thread in threading.enumerate()}
 
 
+def test_the_next_steps_whole_shards_are_fetched_ahead_too(tmp_path, gcs_bucket):
+    """A store without sidecars: every shard a step s >= 3 reads first is downloaded before
+    step s - 2 is asked for (the fetch ahead opens it, `TokenStore.flat_blocks`)."""
+    local, url = store(tmp_path, gcs_bucket, "whole-ahead", shards=16, flat=False, documents=40)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    first: dict[str, int] = {}
+    for step in range(STEPS):
+        for piece_store, shards, _, _ in expected.pieces(expected.draws(step)):
+            for shard in shards.tolist():
+                first.setdefault(piece_store.manifest["shards"][shard]["file"], step)
+    asked = []
+    with (
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
+        DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed,
+    ):
+        for _ in range(STEPS):
+            asked.append(time.time())
+            next(feed)
+            time.sleep(0.25)
+    requested: dict[str, float] = {}
+    for request in sorted(log.requests, key=lambda r: r.start):
+        match = re.search(r"%2F([^/?]+\.array_record)\?", request.path)
+        if match:
+            requested.setdefault(match[1], request.start)
+    ahead = [(name, step) for name, step in first.items() if step >= 3]
+    assert len(ahead) >= 2  # later steps read shards no step read before
+    assert not [(name, step) for name, step in ahead if not requested[name] < asked[step - 2]]
+
+
 def test_a_damaged_block_fetched_ahead_stops_the_step_that_reads_it(tmp_path, gcs_bucket):
     """A block that fails its checksum when fetched ahead is not lost: the step that reads it
     stops with the block's line, the steps before it are served, and the thread stops."""
