@@ -19,18 +19,20 @@ work, including meshes where devices also replicate the batch over a model axis.
 
 Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
-`pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread when
-every store planned at the start is local, 4 when one is remote: `reader_count`; over stores in
-buckets one more fetches the next steps' blocks, `fetch_ahead`). A task reads the step's local rows
-with one `Plan.read` and transfers every field with one `jax.make_array_from_process_local_data`
-call (`feed: {expand: device}`: the compact form, expanded on the devices, `pipeline.feed.expand`),
-so `next()` only hands over arrays already on the devices (prefetched batches occupy device
-memory). The rows of a step are a pure function of (ledger, step, row), so the result never depends
-on depth, threads, timing or restart history; `seek` only moves the step. An error `next()` raises
-stops every other process too, with the same line (`pipeline.feed.host_stop`); the process's one
-watcher thread (`pipeline.feed.watcher`) polls for the peers' stops, re-checks that each store is
-still the one opened and exchanges the stragglers' figures, for all the process's feeds, so
-`next()` makes no RPC at steady state.
+`pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
+when every store planned at the start is local, 4 when one is remote: `reader_count`). A task reads
+the step's local rows with one `Plan.read` and transfers every field with one
+`jax.make_array_from_process_local_data` call (`feed: {expand: device}`: the rows' compact form,
+expanded to the six fields on the devices, `pipeline.feed.expand`), so `next()` in the training
+thread only hands over arrays that are already on the devices (prefetched batches occupy device
+memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
+row), so the result never depends on depth, threads, timing or restart history; `seek` only
+moves the step. Over stores in buckets, one more thread fetches the blocks of the steps after
+those read ahead (`pipeline.feed.fetch_ahead`).
+An error `next()` raises stops every other process too, with the same line
+(`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
+for the peers' stops, re-checks that each store is still the one opened and exchanges the
+stragglers' figures, for all the process's feeds, so `next()` makes no RPC at steady state.
 
 Batch-size schedules: when the step's batch changes (`global_batch_size: {step: {0: 64, 2000:
 128}}`, or a ledger switch to another batch), the feed builds the step's arrays with the new
@@ -142,16 +144,6 @@ def _read_step(
     return rows
 
 
-def _release_stores(stores: StoreSet) -> None:
-    """Hand the stores a feed's plans opened back (`shared_stores.release`): the last user
-    closes one."""
-    for store in stores.stores():
-        try:
-            shared_stores.release(store)
-        except StoreError as error:  # a reader of a damaged file may fail to close
-            log.warning("%s", error)
-
-
 def _plan_on_every_process(config: DataConfig) -> Plan:
     """Plan from the config's stores' metadata (`plan_stores`: a local store is opened at its
     first draw, shared with the process's other feeds: `shared_stores`); if any process cannot,
@@ -240,7 +232,7 @@ class DataFeed:
         self._scheduled = ScheduledSources(self._plan)  # for the event log, in the readers
         # close() hands the shared stores back; so does collecting a feed never closed
         shared = self._plan.store_set if self._shared else StoreSet()
-        self._release = weakref.finalize(self, _release_stores, shared)
+        self._release = weakref.finalize(self, shared_stores.release_all, shared)
         # decided once, from the stores planned now: a later switch to a remote store keeps it
         paths = [meta.path for meta in self._plan.store_set.metas()]
         self.reader_threads = reader_count(self.threads, self.prefetch, paths)

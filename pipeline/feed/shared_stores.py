@@ -12,12 +12,20 @@ anew. The last feed to `release` a store closes it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from pipeline.errors import StoreError
 from pipeline.store.formats import open_store
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
+
+if TYPE_CHECKING:
+    from pipeline.store.store_set import StoreSet
+
+log = logging.getLogger("pipeline")
 
 _lock = threading.Lock()
 _latest: dict[object, TokenStore] = {}  # path -> the store a new feed may share
@@ -39,6 +47,15 @@ def acquire(
         _latest[fresh.path] = fresh  # a changed store's feeds keep theirs until they release
         _users[id(fresh)] = 1
     return fresh
+
+
+def release_all(stores: StoreSet) -> None:
+    """Hand the stores a feed's plans opened back (`release`): the last user closes one."""
+    for store in stores.stores():
+        try:
+            release(store)
+        except StoreError as error:  # a reader of a damaged file may fail to close
+            log.warning("%s", error)
 
 
 def release(store: TokenStore) -> None:
