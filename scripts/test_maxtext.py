@@ -384,7 +384,7 @@ from pipeline.read.plan import Plan
 config, ledger, first, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 plan = Plan.from_config(load_config(config))
 if ledger:
-    plan = Plan(data_state.load_ledger(ledger), plan.stores(), exclude_files=plan.exclude_files)
+    plan = Plan(data_state.load_ledger(ledger), plan.store_set, exclude_files=plan.exclude_files)
 for step in range(first, stop):
     batch = plan.batch(step)
     print(json.dumps([int((batch[k] != 0).sum()) for k in

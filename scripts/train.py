@@ -323,7 +323,7 @@ def train(args: argparse.Namespace, distributed: bool = False) -> int:
     config = load_config(args.data_config)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     feed = DataFeed(config, mesh, ("data",), provenance=("source",))  # per-source loss
-    vocab = max(meta.vocab_size for meta in feed.plan.store_set.metas())
+    vocab = feed.plan.vocab_size
     positions = args.positions or config.seq_len
     if positions < config.seq_len:
         raise ConfigError(

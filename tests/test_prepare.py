@@ -304,8 +304,9 @@ def test_corrupt_shards_are_detected(tmp_path: Path) -> None:
     truncated = store.shard_file(0)
     data = truncated.read_bytes()
     truncated.write_bytes(data[:-100])
+    opened = TokenStore(store.path)  # an open reads the manifest: a shard is checked at first use
     with pytest.raises(StoreError, match=f"{truncated}: {len(data) - 100} bytes, the manifest"):
-        TokenStore(store.path)
+        opened.doc_offsets(0)
     truncated.write_bytes(data)
     assert TokenStore(store.path, verify=True).num_documents == 40
 

@@ -135,8 +135,14 @@ class Plan(DrawPlan):
         return str(error)
 
     def stores(self) -> list[TokenStore]:
-        """The stores opened so far (`StoreSet.stores`)."""
+        """The stores opened so far (`StoreSet.stores`): a store opens at its first draw."""
         return self.store_set.stores()
+
+    @property
+    def vocab_size(self) -> int:
+        """The largest vocabulary of the plan's stores, opened or not: the size a model's
+        embedding table must have to hold every token id the plan serves."""
+        return max(meta.vocab_size for meta in self.store_set.metas())
 
 
 Groups = list[tuple[Reader, list[int]]]  # readers, each with the sources (indexes) it reads
