@@ -70,6 +70,8 @@ class FetchAhead:
         `plan` (a mix set, a ledger adopted) or a `queued` that jumped (a seek) starts over at
         `queued`, forgetting what was handed over. The feed calls it once its first step is
         read, so that the first step's requests wait for no other."""
+        if not self.steps:  # local stores, or `fetch_ahead: 0`: nothing to do in next()
+            return
         if self._failure is not None:
             raise self._failure
         if plan is not self._plan or not self._queued <= queued <= self._end:
