@@ -130,8 +130,15 @@ class BlockCache:
         return data if self._passes(path, check(data)) else None
 
     def _file_checked(self, path: Path, check: Callable[[Path], bool]) -> bool:
-        """Whether the file entry at `path` is there and passes `check`."""
-        return path.is_file() and self._passes(path, check(path))
+        """Whether the file entry at `path` is there and passes `check` (one another process
+        evicts meanwhile is not there: fetched again, not counted as damaged)."""
+        if not path.is_file():
+            return False
+        try:
+            good = check(path)
+        except FileNotFoundError:
+            return False
+        return self._passes(path, good)
 
     def _passes(self, path: Path, good: bool) -> bool:
         """`good`, for an entry just checked: a good one becomes the most recently used, a

@@ -38,6 +38,7 @@ from pipeline.store.remote_reads import _fetch, host_cache, together
 from pipeline.store.store_files import sha256_of
 
 PART_BYTES = 8 << 20  # bytes per ranged request of a shard's download
+PARTS_AT_ONCE = 8  # a shard's parts in flight (a batch's shards download at once, too)
 PRIVATE_BYTES = 4 << 30  # downloaded shards a process without `feed.cache` keeps on its disk
 
 _lock = threading.Lock()
@@ -86,7 +87,8 @@ def _download(url: str, sha256: str, size: int, into: Path) -> None:
                 )
             os.pwrite(file.fileno(), data, start)
 
-        together(*(partial(part, start) for start in range(0, size, PART_BYTES)))
+        parts = (partial(part, start) for start in range(0, size, PART_BYTES))
+        together(*parts, parallel=PARTS_AT_ONCE)
     if not _matches(sha256, into):
         raise StoreError(
             f"{url}: does not match its checksum (sha256) in the manifest: the shard was altered "
