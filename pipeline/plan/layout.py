@@ -288,8 +288,7 @@ def window_draws(
         if transitional:
             order = layout.transition.order(layout, ln)
         elif layout.windows_per_lane <= SMALL_DOMAIN:
-            windows = layout.windows_per_lane
-            order = keyed_order(layout.seed, "window-order", layout.name, e, (ln,), windows)
+            order = window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
         else:  # every draw on its own
             mine = np.array([positions[r] for r in rows], dtype=np.int64)
             values = permute(mine, layout.windows_per_lane, layout._window_keys(e, ln))

@@ -118,7 +118,7 @@ def _shard_field(entry: dict[str, Any], masked: bool, ids: bool) -> tuple[str, s
                 return name, "a string"
         if not _file_name(entry["flat"]):
             return "flat", "a file name"
-    if "flat_blocks" in entry or "flat_blocks_sha256" in entry or "flat_block_bytes" in entry:
+    if not entry.keys().isdisjoint(BLOCK_KEYS):
         if "flat" not in entry:  # its block checksums (flat_blocks.py)
             return "flat", "present with flat_blocks"
         for name in BLOCK_KEYS[:2]:
@@ -129,7 +129,7 @@ def _shard_field(entry: dict[str, Any], masked: bool, ids: bool) -> tuple[str, s
         size = get("flat_block_bytes")
         if not (_count(size) and size >= 4 and size & (size - 1) == 0):
             return "flat_block_bytes", "a power of two >= 4"
-    if ids or "ids" in entry or "ids_sha256" in entry:  # as shards[0]: ids for all or none
+    if ids or not entry.keys().isdisjoint(ID_KEYS):  # as shards[0]: ids for all or none
         for name in ID_KEYS:
             if not isinstance(get(name), str):
                 return name, "a string"

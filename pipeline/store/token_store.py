@@ -351,10 +351,7 @@ class TokenStore(StoreFacts):
         """(`flat_blocks`, `doc_offsets`) of a shard (checked by the caller) in one call: what
         `read_pieces` reads its pieces through. A step of a big mixture reads dozens of shards,
         each once, and these calls are most of what a shard costs it."""
-        flat = self.flat_blocks(shard)
-        docs = self._loaded["docs"][shard]
-        # not opened yet (a shard read through ArrayRecord), or closed since by another thread
-        return flat, self._index(shard, "docs") if docs is None else docs
+        return self.flat_blocks(shard), self.doc_offsets(shard)
 
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
