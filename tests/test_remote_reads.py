@@ -166,12 +166,11 @@ def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_
     first batch reads (whole, with its indexes) at once: 3 round trips for 4 sources, where
     downloading shard by shard would wait for each in turn."""
     urls = [store(tmp_path, gcs_bucket, f"whole{k}", shards=1, flat=False)[1] for k in range(4)]
-    raw = raw_config(urls[0])
-    raw["sources"] = {f"s{k}": {"path": url} for k, url in enumerate(urls)}
-    raw["mix"] = {f"s{k}": 1 for k in range(len(urls))}
     with (
         proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.25) as log,
-        DataFeed(parse_config(raw, origin="r.yaml"), mesh(), prefetch=1, threads=1) as feed,
+        DataFeed(
+            parse_config(mixture(urls), origin="r.yaml"), mesh(), prefetch=1, threads=1
+        ) as feed,
     ):
         next(feed)
         rounds = log.rounds()
