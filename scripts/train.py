@@ -236,9 +236,10 @@ def relay_stdout(stream: TextIO) -> None:
     process and communicator ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of
     connected peer ranks is : 1"), 8 per launch of 2 processes, with no switch to turn them off,
     from several threads at once, so one may be split around another, or two written as one
-    line and their two newlines left as an empty line (the trainer writes no empty line)."""
+    line and their two newlines left as an empty line (the trainer writes no empty line), or
+    its last number cut off onto a line of its own (the trainer writes no bare number)."""
     for line in stream:
-        if line.strip() and not any(mark in line for mark in GLOO):
+        if not line.strip().isdigit() and line.strip() and not any(m in line for m in GLOO):
             sys.stdout.write(line)
             sys.stdout.flush()
 

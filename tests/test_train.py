@@ -346,8 +346,9 @@ def test_the_trainer_logs_the_trained_fraction_of_instruction_data(run_dir):
 
 def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
     """Gloo prints its connection line from several threads at once: a line can arrive cut in
-    two around another ("3 peer ranks. Expected ..." on a line of its own, seen in a resumed
-    run's stdout), or two written as one with their two newlines left as an empty line; neither
+    two around another ("3 peer ranks. Expected ..." or its last number "3" on a line of its
+    own, both seen in a resumed run's stdout), or two written as one with their two newlines
+    left as an empty line; neither
     piece nor the empty line is relayed, every other line is."""
     import importlib.util
     import io
@@ -360,6 +361,10 @@ def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
         "number of connected peer ranks is : 1\n"
         "3 peer ranks. Expected number of connected peer ranks is : 3\n"
         "step 0 | loss 5.5\n"
+        "[Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer ranks "
+        "is : [Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer "
+        "ranks is : 3\n"
+        "3\n"
         "\n"
         "step 1 | loss 5.4\n"
     )
