@@ -21,9 +21,10 @@ Reading, host assembly and the device transfer run ahead in reader threads: at m
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
 `pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
 when every store planned at the start is local, 4 when one is remote: `reader_count`). A task reads
-the step's local rows with one `Plan.read` and transfers every field with one
-`jax.make_array_from_process_local_data` call (`feed: {expand: device}`: the rows' compact form,
-expanded to the six fields on the devices, `pipeline.feed.expand`), so `next()` in the training
+the step's local rows with one `Plan.read` and transfers every field as
+`jax.make_array_from_process_local_data` would, without its per-array Python
+(`pipeline.feed.placer`; `feed: {expand: device}`: the rows' compact form, expanded to the six
+fields on the devices, `pipeline.feed.expand`), so `next()` in the training
 thread only hands over arrays that are already on the devices (prefetched batches occupy device
 memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
 row), so the result never depends on depth, threads, timing or restart history; `seek` only
