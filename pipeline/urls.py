@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
 _COPY_BLOCK = 16 << 20  # a streamed copy holds at most this much of a shard in memory
 _CONNECT_TIMEOUT_S = 5.0
 _reached: set[tuple[str, int]] = set()  # endpoints this process has connected to once
+# Connections the Cloud Storage client of this process holds at once (aiohttp's default is 100):
+# room for two stages of `remote_reads.together` at their widest (`remote_reads.PARALLEL`), so a
+# stage's requests never queue for a connection, even beside another reader's or fetch-ahead's.
+CONNECTIONS = 512
+_pool_lock = threading.Lock()
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -85,6 +91,8 @@ def read_bytes(url: str) -> bytes:
     """The bytes at a URL; OSError (with the URL) when it cannot be read."""
     check_reachable(url)
     try:
+        if os.fspath(url).startswith("gs:"):
+            _filesystem(url)  # its client's pool set before the client connects (`_pool`)
         return location(url).read_bytes()
     except OSError:
         raise
@@ -204,7 +212,23 @@ def _filesystem(url: Any) -> tuple[Any, str]:
     text = str(location(url))
     check_reachable(text)
     fs = fsspec_backend.fs(text)
+    _pool(fs)
     return fs, fs._strip_protocol(text)
+
+
+def _pool(fs: Any) -> None:
+    """Give a gcsfs client not connected yet a pool of `CONNECTIONS` connections: with
+    aiohttp's default of 100, a stage of more requests than that (the identities of 130
+    sources) would take two round trips. A client that presents a client certificate builds
+    its own connection pool, which keeps aiohttp's default."""
+    if getattr(fs, "_session", True) is not None or getattr(fs, "_use_client_cert", True):
+        return  # connected already, or not gcsfs
+    import aiohttp
+
+    with _pool_lock:
+        if fs._session is None and "connector" not in fs.session_kwargs:
+            connector = aiohttp.TCPConnector(loop=fs.loop, limit=CONNECTIONS)
+            fs.session_kwargs = {**fs.session_kwargs, "connector": connector}
 
 
 def remove_tree(path: Any) -> None:

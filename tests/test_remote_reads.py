@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import google_crc32c
@@ -29,7 +30,7 @@ from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.block_cache import BlockCache
 from pipeline.store.meta import load_manifest
-from pipeline.store.remote_reads import forget
+from pipeline.store.remote_reads import forget, together
 from pipeline.urls import copy_file, location, object_version
 from tests.gcs_proxy import fresh_clients, proxied
 from tests.storegen import write_synthetic_store
@@ -157,6 +158,17 @@ def test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources(many
                 break
         where = "; ".join(f"{r.start - chain[-1].end:+.2f} s {r.path}" for r in chain)
         assert len(chain) <= 4, f"{count} sources: {where}"
+
+
+def test_a_stage_of_more_requests_than_aiohttps_pool_is_one_round_trip(gcs_bucket):
+    """130 stores' identities in one stage (`together`, as the feed asks them), 0.5 s per
+    request: one round trip; aiohttp's default pool of 100 connections made it two."""
+    urls = [f"{gcs_bucket}/identity-{k}/manifest.json" for k in range(130)]
+    with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.5) as log:
+        object_version(urls[0])  # the new client's one-time set-up, as in `cold_start_chain`
+        log.clear()
+        assert together(*(partial(object_version, url) for url in urls)) == [None] * 130
+        assert len(log.requests) == 130 and log.rounds() == 1, log.rounds()
 
 
 def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_once(

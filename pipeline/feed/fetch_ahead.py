@@ -7,8 +7,9 @@ the process's memory and the host cache (`remote_reads`), so that a step's reade
 blocks held and waits on no request.
 
 * **Bounded.** One pass at a time, over the steps handed over since the last (k at the first
-  pass, then about one a step), with at most `PARALLEL` requests in flight: a pass never
-  fills gcsfs's pool of 100 connections, so the readers' own requests never queue behind it.
+  pass, then about one a step), with at most `PARALLEL` requests in flight: a pass takes a
+  small part of the client's pool of connections (`urls.CONNECTIONS`), so the readers' own
+  requests never queue behind it.
 * **Checked, never trusted.** The thread only fills memory: a block it fetches is checked
   against the store's CRC32Cs like any other (`RemoteFlat.block`).
 * **Errors surface at the step that needs the block.** A pass that fails (a bucket that does

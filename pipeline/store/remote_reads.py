@@ -31,12 +31,13 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.block_cache import BlockCache
+from pipeline.urls import CONNECTIONS
 
 MEMORY_BYTES = 256 << 20  # fetched bytes kept in this process's memory
 # Requests in flight at once from one `together`: every request of a stage, so that a stage of
-# 64 sources is one round trip, not two (it was 32); past aiohttp's pool of 100 connections per
-# client more threads would only queue for a connection.
-PARALLEL = 128
+# 256 sources is one round trip, not two (it was 32, then 128); the client's pool holds two such
+# stages (`urls.CONNECTIONS`), so none of them queues for a connection.
+PARALLEL = CONNECTIONS // 2
 
 
 @dataclass
