@@ -19,6 +19,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.storegen import write_synthetic_store
+from tests.test_shared_stores import released
 
 SOURCES, SHARDS, RESTORE = 48, 4, 10**6
 
@@ -132,3 +133,4 @@ def test_a_store_changed_after_the_plan_is_refused_at_its_first_draw(tmp_path, d
     prefix = f"step {at}: cannot read the batch: lazy.yaml: sources.{name}.path: {path}"
     assert found.startswith(prefix), found
     assert re.search(line, found), found
+    assert released(path)  # the store refused at its first draw too: no feed holds it

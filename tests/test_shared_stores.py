@@ -7,13 +7,17 @@ import os
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError
 from pipeline.feed import shared_stores
 from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from tests.feedstores import two_stage_config
+from tests.storegen import write_synthetic_store
 
 
 def mesh() -> Mesh:
@@ -85,3 +89,25 @@ def test_a_feed_never_closed_hands_its_stores_back_when_collected(tmp_path):
     del feed
     gc.collect()
     assert not any(shared_stores.holds(store) for store in stores)
+
+
+def released(path) -> bool:
+    """Whether no feed holds a store at `path`: a store acquired now is fresh, and the last
+    user once released (a leaked one would be taken, and still held after)."""
+    store = shared_stores.acquire(path)
+    shared_stores.release(store)
+    return not shared_stores.holds(store)
+
+
+def test_a_plan_that_fails_hands_back_the_stores_its_layout_opened(tmp_path):
+    """A best-fit layout opens its store to read the document lengths; a plan that then
+    fails (3 documents cannot make a row per lane of 8) hands that store back."""
+    path = tmp_path / "few"
+    write_synthetic_store(path, [[5, 9, 3]]).close()
+    raw = {
+        "seed": 1, "seq_len": 16, "global_batch_size": 8, "lanes": 8,
+        "sources": {"sft": {"path": str(path), "packing": "best_fit"}}, "mix": {"sft": 1},
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="cannot be split evenly over 8 lanes"):
+        DataFeed(parse_config(raw, origin="few.yaml"), mesh())
+    assert released(path)

@@ -79,7 +79,6 @@ from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import plan_stores
 from pipeline.read import objective
 from pipeline.read.plan import Plan
-from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet
 
 if TYPE_CHECKING:
@@ -148,19 +147,18 @@ def _read_step(
 def _plan_on_every_process(config: DataConfig) -> Plan:
     """Plan from the config's stores' metadata (`plan_stores`: a local store is opened at its
     first draw, shared with the process's other feeds: `shared_stores`); if any process cannot,
-    every process raises (none hangs)."""
-    plan, error, stores = None, None, {}
+    every process raises (none hangs), having handed back every store it opened (a bucket's,
+    or one a best-fit layout read)."""
+    plan, error = None, None
+    held = shared_stores.store_set(config.feed.check_reads)
     try:
-        stores = plan_stores(config, shared_stores.acquire)
-        plan = Plan.from_config(config, stores, shared_stores.acquire)
+        stores = plan_stores(config, held.open_now)  # a bucket's stores: opened now, kept
+        plan = Plan.from_config(config, stores, held)
         if config.feed.verify == "open":
             verify_share(plan)
     except PipelineError as failure:
         error = failure
-        held = stores.values() if plan is None else plan.stores()
-        for store in held:
-            if not isinstance(store, StoreMeta):
-                shared_stores.release(store)
+        shared_stores.release_all(held)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 

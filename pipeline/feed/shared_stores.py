@@ -15,15 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.errors import StoreError
 from pipeline.store.formats import open_store
 from pipeline.store.meta import StoreMeta
+from pipeline.store.store_set import StoreSet
 from pipeline.store.token_store import TokenStore
-
-if TYPE_CHECKING:
-    from pipeline.store.store_set import StoreSet
 
 log = logging.getLogger("pipeline")
 
@@ -47,6 +44,12 @@ def acquire(
         _latest[fresh.path] = fresh  # a changed store's feeds keep theirs until they release
         _users[id(fresh)] = 1
     return fresh
+
+
+def store_set(check_reads: bool) -> StoreSet:
+    """An empty set for a feed's plan, opening through `acquire` and handing back a store it
+    refuses through `release`."""
+    return StoreSet(check_reads=check_reads, opener=acquire, release=release)
 
 
 def release_all(stores: StoreSet) -> None:

@@ -60,7 +60,6 @@ from pipeline.plan.stages import Overrides, StageTable
 from pipeline.plan.token_mix import TokenClock
 from pipeline.plan.transition import continued
 from pipeline.plan.vocabulary import check_one_vocabulary
-from pipeline.store.formats import open_store
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
@@ -322,7 +321,6 @@ class SegmentPlan:
 
 
 P = TypeVar("P", bound="DrawPlan")
-Opener = Callable[..., TokenStore]  # `open_store`'s signature: (path, check_reads=...)
 
 
 class DrawPlan:
@@ -381,20 +379,21 @@ class DrawPlan:
 
     @classmethod
     def from_config(
-        cls: type[P], config: DataConfig, stores: Mapping | None = None, opener: Opener = open_store
+        cls: type[P],
+        config: DataConfig,
+        stores: Mapping | None = None,
+        into: StoreSet | None = None,
     ) -> P:
-        """A fresh run's plan, laid out now so every config error names the config file.
-
+        """A fresh run's plan, laid out now so every config error names the config file:
         `stores` (`TokenStore`s or `StoreMeta`s) by source name (default: each source's store,
-        opened); metadata alone plans without touching a shard file, and `opener` opens the
-        store when a read or a best-fit layout needs it (`StoreSet`). Stores of different
-        tokenizers are refused here (`check_one_vocabulary`).
-        """
+        opened) kept in the plan's `StoreSet` (`into`: a feed's, which hands back what a failed
+        plan opened), which opens a store when a read or a best-fit layout needs it. Stores of
+        different tokenizers are refused here."""
         stores = open_stores(config) if stores is None else stores
         metas = {name: meta_of(store) for name, store in stores.items()}
         check_one_vocabulary(config, {f"sources.{name}": m for name, m in metas.items()})
         ledger = Ledger.start(config, {name: meta.fingerprint for name, meta in metas.items()})
-        store_set = StoreSet(stores.values(), check_reads=config.feed.check_reads, opener=opener)
+        store_set = (into or StoreSet(check_reads=config.feed.check_reads)).add(*stores.values())
         plan = cls(ledger, store_set, exclude_files=config.exclude_files)
         plan._segments[0] = SegmentPlan(plan.ledger.segments[0], config, metas, plan.store_set.open)
         return plan

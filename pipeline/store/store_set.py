@@ -7,7 +7,8 @@ may ask at once) at the path its metadata was read from, and refuses a store who
 changed since (`open_at`). The plan layer reaches stores only through it, as an injected
 opener (`StoreSet.open`). A feed's set opens through `shared_stores.acquire` (`opener`), so a
 big mixture's restore opens only the stores its steps draw, each at its first draw, shared with
-the process's other feeds.
+the process's other feeds, and hands a store it opened and refused back through `release`
+(`shared_stores.release`: another feed may hold the same store, so it cannot simply close it).
 """
 
 from __future__ import annotations
@@ -33,21 +34,23 @@ class StoreSet:
         *,
         check_reads: bool = True,
         opener: Callable[..., AnyStore] = open_store,
+        release: Callable[[AnyStore], None] | None = None,
     ) -> None:
         self.check_reads = check_reads  # how a store given as metadata is opened (TokenStore)
         self.opener = opener  # `open_store`'s signature: (path, check_reads=..., known=...)
+        # what undoes `opener` for a store the set will not keep (default: close it)
+        self.release = release or _close
         self._metas: dict[str, StoreMeta] = {}
         self._stores: dict[str, AnyStore] = {}
         self._opening = threading.Lock()
-        for store in stores:
-            self._add(store)
+        self.add(*stores)
 
     def meta(self, path: Path, fingerprint: str, check_reads: bool) -> StoreMeta:
         """The metadata of the store of content `fingerprint`: given, or its store opened at
         `path` (files checked, reads checked if `check_reads`; `open_at`'s error names
         `path`)."""
         if fingerprint not in self._metas:
-            self._add(open_at(path, fingerprint, check_reads, self.opener))
+            self.add(open_at(path, fingerprint, check_reads, self.opener, self.release))
         return self._metas[fingerprint]
 
     def open(self, meta: StoreMeta) -> AnyStore:
@@ -59,8 +62,17 @@ class StoreSet:
                 store = self._stores.get(meta.fingerprint)
                 if store is None:
                     opener = partial(self.opener, known=meta)  # its manifest, as read
-                    store = open_at(meta.path, meta.fingerprint, self.check_reads, opener)
+                    store = open_at(
+                        meta.path, meta.fingerprint, self.check_reads, opener, self.release
+                    )
                     self._stores[meta.fingerprint] = store
+        return store
+
+    def open_now(self, path: Path, **kwargs: Any) -> AnyStore:
+        """The store at `path` opened by the set's opener now (a bucket's store, which a plan
+        opens before its first draw) and kept, so that it is handed back with the others."""
+        store = self.opener(path, **kwargs)
+        self.add(store)
         return store
 
     def opened(self, fingerprint: str) -> AnyStore | None:
@@ -75,10 +87,17 @@ class StoreSet:
         """The stores opened so far (to hand to a plan of a restored ledger, or to close)."""
         return list(self._stores.values())
 
-    def _add(self, store: AnyStore | StoreMeta) -> None:
-        self._metas[store.fingerprint] = meta_of(store)
-        if not isinstance(store, StoreMeta):  # an open store (of any format)
-            self._stores[store.fingerprint] = store
+    def add(self, *stores: AnyStore | StoreMeta) -> StoreSet:
+        """Keep `stores`: open stores (`stores()` lists them, to hand back) or metadata."""
+        for store in stores:
+            self._metas[store.fingerprint] = meta_of(store)
+            if not isinstance(store, StoreMeta):  # an open store (of any format)
+                self._stores[store.fingerprint] = store
+        return self
+
+
+def _close(store: AnyStore) -> None:
+    store.close()
 
 
 def meta_of(store: AnyStore | StoreMeta) -> StoreMeta:
@@ -87,15 +106,20 @@ def meta_of(store: AnyStore | StoreMeta) -> StoreMeta:
 
 
 def open_at(
-    path: Path, fingerprint: str, check_reads: bool, opener: Callable[..., Any] = open_store
+    path: Path,
+    fingerprint: str,
+    check_reads: bool,
+    opener: Callable[..., Any] = open_store,
+    release: Callable[[Any], None] = _close,
 ) -> AnyStore:
     """The store at `path` (opened by `opener`), which must hold the content the ledger
     recorded: one replaced since (read from its manifest when the plan was made, or by the run
-    a checkpoint resumes) would serve other rows under the same steps. A `StoreError` naming
-    `path` first, as every store error does, so the caller prefixes the source's key (`keyed`,
-    `Plan.read`)."""
+    a checkpoint resumes) would serve other rows under the same steps, and is handed to
+    `release`. A `StoreError` naming `path` first, as every store error does, so the caller
+    prefixes the source's key (`keyed`, `Plan.read`)."""
     store = opener(path, check_reads=check_reads)
     if store.fingerprint != fingerprint:
+        release(store)
         raise StoreError(
             f"{path}: the store has content fingerprint {store.fingerprint}, the ledger "
             f"recorded {fingerprint}: {_REPLACED[isinstance(store, TokenStore)]}"
