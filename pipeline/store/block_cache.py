@@ -20,7 +20,11 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
   death.
 * **Bounded.** After a fill takes the cache over `max_bytes`, the least recently used entries
-  (by modification time, which a read refreshes) are deleted down to 90 % of it.
+  (by modification time, which a read refreshes) are deleted down to 90 % of it, except those
+  used in the last `SPARE_S` seconds: a whole shard's path handed out by `get_file` is opened
+  by ArrayRecord after it returns, and an eviction pass of any process of the host in between
+  would delete it from under the reader. The cache may exceed its bound by what the host used
+  in that time, until a later pass.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pipeline.errors import StoreError
 _LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
 _STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
+SPARE_S = 30.0  # an entry used this recently is not evicted: its reader may not have opened it
 T = TypeVar("T")
 
 
@@ -84,8 +89,9 @@ class BlockCache:
         """The path of the entry `key`, a file too large to hold in memory (a whole shard):
         there when whole and `check`ed, else filled by `fill(partial)` (by one process of the
         host at a time), which writes the file and raises unless it passes its checks. The
-        path stays the entry until an eviction pass deletes it (least recently used first,
-        never the entry a fill just made); a reader that opened it keeps reading it then."""
+        path stays the entry for `SPARE_S` seconds at least (no eviction pass deletes an entry
+        used more recently), time for the caller to open it; a reader that opened it keeps
+        reading it when a later pass deletes it."""
         path = self.root / key
 
         def checked() -> Path | None:
@@ -119,7 +125,7 @@ class BlockCache:
                 partial.unlink(missing_ok=True)
             with self._lock:
                 self._size += path.stat().st_size
-        self._evict_if_over(path)
+        self._evict_if_over()
         return result
 
     def _read_checked(self, path: Path, check: Callable[[bytes], bool]) -> bytes | None:
@@ -174,19 +180,18 @@ class BlockCache:
     def _scan_size(self) -> int:
         return sum(size for _, size, _ in self._entries())
 
-    def _evict_if_over(self, keep: Path) -> None:
-        """Delete least recently used entries down to 90 % of the bound, except `keep` (the
-        entry just filled, which its caller is about to read, however large it is)."""
+    def _evict_if_over(self) -> None:
+        """Delete least recently used entries down to 90 % of the bound, except those used in
+        the last `SPARE_S` seconds (the entry just filled among them, however large it is)."""
         with self._lock:
             if self._size <= self.max_bytes:
                 return
             entries = sorted(self._entries())
             total = sum(size for _, size, _ in entries)
-            for _, size, path in entries:
-                if total <= 0.9 * self.max_bytes:
+            spared = time.time() - SPARE_S
+            for used, size, path in entries:
+                if total <= 0.9 * self.max_bytes or used > spared:
                     break
-                if path == keep:
-                    continue
                 path.unlink(missing_ok=True)
                 path.with_name(path.name + _LOCK).unlink(missing_ok=True)
                 total -= size
