@@ -510,24 +510,41 @@ def test_a_shard_download_that_gets_no_answer_fails_in_one_line_within_the_limit
 
 
 def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exit(tmp_path, proxy):
+    """A process's temporary directory is named by its host and pid and removed when it exits;
+    one left by a process that died without exiting (kill -9) is removed by the next process
+    that makes one, and never a live process's or another host's."""
     bucket, _ = proxy
     local, url = store(tmp_path, bucket, "private", shards=1, flat=False)
     entry = load_manifest(local)["shards"][0]
     temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    host = socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = {
+        "dead": temporary / f"pipeline-shards-{host}@{gone.pid}-x1y2z3w4",
+        "live": temporary / f"pipeline-shards-{host}@{os.getpid()}-x1y2z3w4",
+        "elsewhere": temporary / f"pipeline-shards-{host}.other@{gone.pid}-x1y2z3w4",
+    }
+    for directory in left.values():
+        (directory / "shards").mkdir(parents=True)
+        (directory / "shards" / "copy").write_bytes(b"x" * 100)
     code = (
         "import sys; from pipeline.store.remote_shards import local_shard; "
         "print(local_shard(*sys.argv[1:3], int(sys.argv[3])))"
     )
     shard = f"{url}/{entry['file']}"
-    done = subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-c", code, shard, entry["sha256"], str(entry["bytes"])],
-        cwd=ROOT, env={**os.environ, "TMPDIR": str(temporary)}, capture_output=True, text=True,
-        timeout=120,
+        cwd=ROOT, env={**os.environ, "TMPDIR": str(temporary)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()).is_relative_to(temporary)
-    assert not list(temporary.iterdir())
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    own = Path(out.strip()).relative_to(temporary).parts[0]
+    assert own.startswith(f"pipeline-shards-{host}@{child.pid}-")
+    assert sorted(p.name for p in temporary.iterdir()) == sorted(
+        left[name].name for name in ("live", "elsewhere")
+    )  # its own removed at exit, the dead process's at its start
 
 
 def test_an_entry_handed_out_moments_ago_is_never_evicted_the_least_recently_used_are(tmp_path):

@@ -16,6 +16,9 @@ it, from the local disk:
   its SHA-256, one download per host, atomic, least recently used evicted, a damaged copy
   fetched again), else in a temporary directory of this process, removed at exit and bounded by
   `PRIVATE_BYTES` (least recently used deleted first: a shard read again is downloaded again).
+  The directory is named by the process (`pipeline-shards-HOST@PID-*`): the first process of
+  the host to make one later removes those of processes that died without exiting (`kill -9`,
+  an out-of-memory kill), never a live process's.
 
 A copy is hashed once per process: one this process has checked (same device, inode and size
 since) is opened again without hashing it, as a local store's shard is checked at its first
@@ -27,6 +30,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import tempfile
 import threading
 from functools import partial
@@ -40,6 +44,7 @@ from pipeline.store.store_files import sha256_of
 PART_BYTES = 8 << 20  # bytes per ranged request of a shard's download
 PARTS_AT_ONCE = 8  # a shard's parts in flight (a batch's shards download at once, too)
 PRIVATE_BYTES = 4 << 30  # downloaded shards a process without `feed.cache` keeps on its disk
+_PREFIX = "pipeline-shards-"  # then HOST@PID- of its owner: a temporary cache's directory
 
 _lock = threading.Lock()
 # the copies this process hashed: (SHA-256, device, inode, size), which a rename keeps
@@ -97,14 +102,43 @@ def _download(url: str, sha256: str, size: int, into: Path) -> None:
 
 
 def _private_cache() -> BlockCache:
-    """This process's temporary cache (a forked child makes its own), removed at exit."""
+    """This process's temporary cache (a forked child makes its own), removed at exit; the
+    ones of dead processes of this host are removed first (`_sweep`)."""
     with _lock:
         cache = _private.get(os.getpid())
         if cache is None:
-            root = Path(tempfile.mkdtemp(prefix="pipeline-shards-"))
+            _sweep(Path(tempfile.gettempdir()))
+            prefix = f"{_PREFIX}{socket.gethostname()}@{os.getpid()}-"
+            root = Path(tempfile.mkdtemp(prefix=prefix))
             atexit.register(_remove, root, os.getpid())
             cache = _private[os.getpid()] = BlockCache(root, PRIVATE_BYTES)
         return cache
+
+
+def _sweep(temporary: Path) -> None:
+    """Remove the temporary caches under `temporary` of this host's processes that are gone
+    (a process killed before its exit handler ran leaves up to `PRIVATE_BYTES` behind). One of
+    another host (a temporary directory shared across machines or containers), of a live
+    process or of a process of another user is kept."""
+    for path in temporary.glob(f"{_PREFIX}{socket.gethostname()}@*"):
+        owner = path.name.rpartition("@")[2].partition("-")[0]
+        try:
+            ours = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if ours and owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts: it is not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove(root: Path, owner: int) -> None:
