@@ -29,6 +29,7 @@ from pipeline.feed.data_feed import DataFeed
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.block_cache import SPARE_S, BlockCache
+from pipeline.store.formats import open_store
 from pipeline.store.meta import load_manifest
 from pipeline.store.remote_reads import forget, together
 from pipeline.urls import copy_file, location, object_version
@@ -455,6 +456,23 @@ def test_a_store_without_sidecars_is_served_from_whole_shards_downloaded_once(tm
     metadata = sum(size for name, size in sizes.items() if not name.endswith(".array_record"))
     assert log.downloaded() <= sum(fetched.values()) + 2 * metadata
     assert stats.downloaded_bytes >= sum(fetched.values())
+
+
+def test_verify_downloads_each_shard_of_a_store_without_sidecars_once(tmp_path, proxy):
+    """`verify()` hashes a gs:// shard as its local copy is made, then reads its records from
+    that copy: one download per shard (it hashed the object, then downloaded it again)."""
+    bucket, log = proxy
+    local, url = store(tmp_path, bucket, "verified", shards=2, flat=False)
+    sizes = {f.name: f.stat().st_size for f in local.glob("*.array_record")}
+    log.clear()
+    with open_store(url) as remote:
+        remote.verify()
+    fetched = {name: 0 for name in sizes}
+    for request in log.requests:
+        for name in sizes:
+            if name in request.path and "alt=media" in request.path:
+                fetched[name] += request.bytes
+    assert fetched == sizes
 
 
 @pytest.mark.multiprocess
