@@ -64,6 +64,12 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), float(args.child[2]))
         return
+    with tempfile.TemporaryDirectory(prefix="bucket-bench-") as work:  # ~370 MB, removed
+        run(args, Path(work))
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    """The table, its stores, configs and caches written under `work`."""
     import yaml
 
     from pipeline.urls import copy_file, location
@@ -71,7 +77,6 @@ def main() -> None:
     from tests.gcs_proxy import proxied
     from tests.storegen import write_synthetic_store
 
-    work = Path(tempfile.mkdtemp(prefix="bucket-bench-"))
     counts = [int(n) for n in args.sources.split(",")]
     print(
         "| sources | run | DataFeed() to first batch (s) | round trips to it | next() wait per "

@@ -4,7 +4,8 @@ Tests and the bench point every client at it (`proxied`): it forwards each reque
 emulator, records its start and end (`time.time()`, comparable across the processes of one
 host), method, path and range, and the bytes sent back, and can hold each request `latency`
 seconds before forwarding it (a bucket far away), and never answer the requests whose path
-`silent` matches (a regular expression: a network that drops them). `Log.rounds()` counts the
+`silent` matches (a regular expression: a network that drops them; held until the proxy stops,
+at most `SILENT_S`, so no thread outlives the test). `Log.rounds()` counts the
 sequential round trips: the longest chain of requests each of which started after the one
 before it ended (requests made in parallel overlap, so they count once)."""
 
@@ -41,6 +42,7 @@ class Log:
 
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    silenced: list[threading.Thread] = field(default_factory=list)  # the threads holding them
 
     def clear(self) -> None:
         with self.lock:
@@ -84,7 +86,7 @@ SILENT_S = 60.0  # how long a silenced request is held before its connection is 
 
 
 def _handler(
-    target: str, log: Log, latency: float, silent: str | None
+    target: str, log: Log, latency: float, silent: str | None, stop: threading.Event
 ) -> type[BaseHTTPRequestHandler]:
     host, port = urlsplit(target).hostname, urlsplit(target).port
     upstream_slots = threading.Semaphore(4)
@@ -102,7 +104,9 @@ def _handler(
             if latency:
                 time.sleep(latency)
             if silent is not None and re.search(silent, self.path):
-                time.sleep(SILENT_S)  # no answer; then the connection drops
+                with log.lock:
+                    log.silenced.append(threading.current_thread())
+                stop.wait(SILENT_S)  # no answer; then (or once the proxy stops) it drops
                 self.close_connection = True
                 return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
@@ -146,8 +150,8 @@ def proxied(target: str, latency: float = 0.0, silent: str | None = None) -> Ite
     """A proxy to the emulator at `target` (http://127.0.0.1:PORT), every client of this
     process pointed at it while it runs (`gcs_emulator.point_at`'s variables, restored after);
     requests whose path `silent` matches are never answered."""
-    log = Log()
-    server = _Server(("127.0.0.1", 0), _handler(target, log, latency, silent))
+    log, stop = Log(), threading.Event()
+    server = _Server(("127.0.0.1", 0), _handler(target, log, latency, silent, stop))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     variables = _variables(f"http://127.0.0.1:{server.server_address[1]}")
@@ -157,6 +161,9 @@ def proxied(target: str, latency: float = 0.0, silent: str | None = None) -> Ite
     try:
         yield log
     finally:
+        stop.set()  # the silenced requests' threads end now, not SILENT_S later
+        for thread in list(log.silenced):
+            thread.join(timeout=10)
         fresh_clients()
         server.shutdown()
         server.server_close()

@@ -827,3 +827,21 @@ def test_the_prepare_benchmark_runs_the_peer_row_where_it_leaves_the_tokenizer_o
         figures = prepare_bench.measure(row[2])
         assert figures[0] > 0 and figures[1] > 0, row[:2]
     assert getenv(b"TOKENIZERS_PARALLELISM") is None
+
+
+@pytest.mark.multiprocess
+def test_the_bucket_bench_removes_the_stores_and_caches_it_wrote(tmp_path):
+    """benchmarks/bucket_bench.py writes its stores, configs and host caches (~370 MB at its
+    defaults) under a temporary directory, removed when it ends; one row per run of a source
+    count, each a fresh process."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bucket_bench.py"
+    args = ["--sources", "1", "--steps", "2", "--latency", "0", "--train-ms", "0"]
+    done = subprocess.run(
+        [sys.executable, str(bench), *args], env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [line.split("|")[2].strip() for line in done.stdout.splitlines()[2:]] == [
+        "cold, fetch_ahead: 0", "cold", "warm",
+    ]  # fmt: skip
+    assert not list(tmp_path.glob("bucket-bench-*"))

@@ -9,6 +9,7 @@ flipped byte in a sidecar is refused by it as by the Python path.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -25,15 +26,28 @@ from tests.storegen import write_synthetic_store
 from tests.test_checked_reads import flip, masked_store, middle_offsets
 from tests.test_packing import write_masked_store
 
-# as benchmarks/native_ab.py imports it: numba's compile cache is of one module name
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import native_read
-
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = windows._assemble
 
 
+@pytest.fixture(scope="module")
+def native_read(tmp_path_factory):
+    """benchmarks/native_read.py, imported as benchmarks/native_ab.py imports it (numba's
+    compile cache is of one module name), its compile cache in a temporary directory instead of
+    the checkout's benchmarks/__pycache__."""
+    from numba.core import config
+
+    saved, config.CACHE_DIR = config.CACHE_DIR, str(tmp_path_factory.mktemp("numba-cache"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        yield importlib.import_module("native_read")  # its functions' cache paths set now
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+        config.CACHE_DIR = saved
+
+
 @pytest.fixture
-def compiled(monkeypatch):
+def compiled(monkeypatch, native_read):
     """`native_ab`'s compiled assembly in the read path; `PYTHON` restored after the test."""
     monkeypatch.setattr(windows, "_assemble", PYTHON)
     native_read.use()
@@ -138,7 +152,7 @@ def test_uint16_sidecars_and_a_flipped_byte(tmp_path: Path, compiled) -> None:
     assert "do not match their block checksums" in errors[0][1]
 
 
-def test_pieces_it_does_not_serve_are_read_in_python(tmp_path: Path, compiled) -> None:
+def test_pieces_it_does_not_serve_are_read_in_python(tmp_path: Path, compiled, native_read) -> None:
     """A store read through ArrayRecord (no flat sidecar): `assemble` declines, the Python
     path reads, the same batch."""
     store = write_synthetic_store(tmp_path / "s", [[30, 50], [40]], record_tokens=16, flat=False)
@@ -154,3 +168,11 @@ def test_pieces_it_does_not_serve_are_read_in_python(tmp_path: Path, compiled) -
     assert native_read.assemble(stores, *pieces, tokens, packed=False) is None
     for python, native in both(plan, 0, compiled):
         assert_same(python, native)
+
+
+def test_the_compile_cache_is_written_outside_the_checkout(native_read) -> None:
+    """numba caches the compiled functions beside their module by default: under
+    benchmarks/__pycache__ of the checkout, which the tests must leave as they found it."""
+    compiled = [native_read._assemble, native_read._copy, native_read._unchecked]
+    paths = [Path(function._cache._cache_path) for function in compiled]
+    assert not any(path.is_relative_to(ROOT) for path in paths), paths

@@ -514,13 +514,15 @@ def test_a_shard_download_that_gets_no_answer_fails_in_one_line_within_the_limit
     config = parse_config(raw_config(url, read_timeout_s=1.5), origin="c.yaml")
     started = time.monotonic()
     with (
-        proxied(os.environ["STORAGE_EMULATOR_HOST"], silent=r"\.array_record\?.*alt=media"),
+        proxied(os.environ["STORAGE_EMULATOR_HOST"], silent=r"\.array_record\?.*alt=media") as log,
         pytest.raises(PipelineError) as raised,
         DataFeed(config, mesh()) as feed,
     ):
         endpoint = os.environ["STORAGE_EMULATOR_HOST"]  # the proxy's
         next(feed)
     assert time.monotonic() - started < 12
+    # the proxy's threads that held the requests ended with it, not 60 s later
+    assert log.silenced and not any(thread.is_alive() for thread in log.silenced)
     message = str(raised.value)
     assert len(message.splitlines()) == 1
     assert re.search(rf"{url}/shard-\d+-of-00004\.array_record: no answer", message), message
