@@ -91,8 +91,6 @@ def read_bytes(url: str) -> bytes:
     """The bytes at a URL; OSError (with the URL) when it cannot be read."""
     check_reachable(url)
     try:
-        if os.fspath(url).startswith("gs:"):
-            _filesystem(url)  # its client's pool set before the client connects (`_pool`)
         return location(url).read_bytes()
     except OSError:
         raise
@@ -217,12 +215,21 @@ def _filesystem(url: Any) -> tuple[Any, str]:
 
 
 def _pool(fs: Any) -> None:
-    """Give a gcsfs client not connected yet a pool of `CONNECTIONS` connections: with
-    aiohttp's default of 100, a stage of more requests than that (the identities of 130
-    sources) would take two round trips. A client that presents a client certificate builds
-    its own connection pool, which keeps aiohttp's default."""
-    if getattr(fs, "_session", True) is not None or getattr(fs, "_use_client_cert", True):
-        return  # connected already, or not gcsfs
+    """Give this process's gcsfs client a pool of `CONNECTIONS` connections: with aiohttp's
+    default of 100, a stage of more requests than that (the identities of 130 sources) would
+    take two round trips. A client not connected yet gets a pool of that size; one that another
+    caller connected first (etils.epath, Orbax) has its pool's limit raised. A client that
+    presents a client certificate builds its own pool when it connects, raised afterwards."""
+    if not hasattr(fs, "session_kwargs"):
+        return  # not gcsfs
+    session = getattr(fs, "_session", None)
+    connector = getattr(session, "connector", None)
+    if connector is not None:
+        if 0 < connector.limit < CONNECTIONS:
+            connector._limit = CONNECTIONS  # aiohttp reads it at each acquire; it has no setter
+        return
+    if session is not None or getattr(fs, "_use_client_cert", False):
+        return  # closed, or it will build its own pool (raised after it connects)
     import aiohttp
 
     with _pool_lock:

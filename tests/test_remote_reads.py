@@ -161,15 +161,25 @@ def test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources(many
         assert len(chain) <= 4, f"{count} sources: {where}"
 
 
-def test_a_stage_of_more_requests_than_aiohttps_pool_is_one_round_trip(gcs_bucket):
+@pytest.mark.parametrize("first", ["pipeline", "etils.epath"])
+def test_a_stage_of_more_requests_than_aiohttps_pool_is_one_round_trip(gcs_bucket, first):
     """130 stores' identities in one stage (`together`, as the feed asks them), 0.5 s per
-    request: one round trip; aiohttp's default pool of 100 connections made it two."""
+    request: one round trip, whether this package's request or another library's (Orbax's
+    through etils.epath) connected the client first; aiohttp's default pool of 100 connections
+    made it two (every time: 30 requests wait for a connection). A loaded machine can start a
+    stage's requests so unevenly that one starts after another ended: it runs again, up to 3
+    times, as `test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources`."""
     urls = [f"{gcs_bucket}/identity-{k}/manifest.json" for k in range(130)]
-    with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.5) as log:
-        object_version(urls[0])  # the new client's one-time set-up, as in `cold_start_chain`
-        log.clear()
-        assert together(*(partial(object_version, url) for url in urls)) == [None] * 130
-        assert len(log.requests) == 130 and log.rounds() == 1, log.rounds()
+    for _ in range(3):
+        with proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.5) as log:
+            # the new client's one-time set-up, as in `cold_start_chain`
+            object_version(urls[0]) if first == "pipeline" else location(urls[0]).exists()
+            log.clear()
+            assert together(*(partial(object_version, url) for url in urls)) == [None] * 130
+        assert len(log.requests) == 130
+        if log.rounds() == 1:
+            break
+    assert log.rounds() == 1, log.rounds()
 
 
 def test_a_cold_start_over_stores_without_sidecars_downloads_a_batchs_shards_at_once(
