@@ -470,7 +470,8 @@ def test_a_store_without_sidecars_is_served_from_whole_shards_downloaded_once(tm
 
 def test_verify_downloads_each_shard_of_a_store_without_sidecars_once(tmp_path, proxy):
     """`verify()` hashes a gs:// shard as its local copy is made, then reads its records from
-    that copy: one download per shard (it hashed the object, then downloaded it again)."""
+    that copy: one download per shard (it hashed the object, then downloaded it again); and it
+    checks the object, not a copy cached before: a shard damaged in the bucket since is named."""
     bucket, log = proxy
     local, url = store(tmp_path, bucket, "verified", shards=2, flat=False)
     sizes = {f.name: f.stat().st_size for f in local.glob("*.array_record")}
@@ -483,6 +484,11 @@ def test_verify_downloads_each_shard_of_a_store_without_sidecars_once(tmp_path, 
             if name in request.path and "alt=media" in request.path:
                 fetched[name] += request.bytes
     assert fetched == sizes
+    shard = location(url) / min(sizes)
+    good = shard.read_bytes()
+    shard.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # the same size
+    with open_store(url) as remote, pytest.raises(StoreError, match=f"{shard}: does not match"):
+        remote.verify()
 
 
 @pytest.mark.multiprocess

@@ -84,14 +84,19 @@ class BlockCache:
         return self._filled(path, lambda: self._read_checked(path, check), fill)
 
     def get_file(
-        self, key: str, fill: Callable[[Path], None], check: Callable[[Path], bool]
+        self,
+        key: str,
+        fill: Callable[[Path], None],
+        check: Callable[[Path], bool],
+        fresh: bool = False,
     ) -> Path:
         """The path of the entry `key`, a file too large to hold in memory (a whole shard):
         there when whole and `check`ed, else filled by `fill(partial)` (by one process of the
         host at a time), which writes the file and raises unless it passes its checks. The
         path stays the entry for `SPARE_S` seconds at least (no eviction pass deletes an entry
         used more recently), time for the caller to open it; a reader that opened it keeps
-        reading it when a later pass deletes it."""
+        reading it when a later pass deletes it. `fresh`: filled again even when it is there
+        (a check of the source itself, not of the copy)."""
         path = self.root / key
 
         def checked() -> Path | None:
@@ -101,6 +106,8 @@ class BlockCache:
             fill(partial)
             return path
 
+        if fresh:
+            return self._filled(path, lambda: None, filled)
         return checked() or self._filled(path, checked, filled)
 
     def _filled(self, path: Path, found: Callable[[], T | None], fill: Callable[[Path], T]) -> T:

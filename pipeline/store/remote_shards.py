@@ -52,13 +52,13 @@ _checked: set[tuple[str, int, int, int]] = set()
 _private: dict[int, BlockCache] = {}  # this process's temporary cache, by process id
 
 
-def local_shard(url: str, sha256: str, size: int) -> Path:
+def local_shard(url: str, sha256: str, size: int, fresh: bool = False) -> Path:
     """A local copy of the shard at `url`, of `size` bytes and SHA-256 `sha256` (its manifest
-    entry): from the cache when there, else downloaded and checked (see the module)."""
+    entry): from the cache when there, else downloaded and checked (see the module); `fresh`:
+    downloaded and checked even when the cache holds it (a verify of the object itself)."""
     cache = host_cache() or _private_cache()
-    return cache.get_file(
-        f"shards/{sha256}", partial(_download, url, sha256, size), partial(_matches, sha256)
-    )
+    download, check = partial(_download, url, sha256, size), partial(_matches, sha256)
+    return cache.get_file(f"shards/{sha256}", download, check, fresh)
 
 
 def _matches(sha256: str, path: Path) -> bool:

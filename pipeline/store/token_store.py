@@ -374,12 +374,11 @@ class TokenStore(StoreFacts):
         """
         for shard in range(self.num_shards) if shards is None else shards:
             entry = self.manifest["shards"][self.check_shard(shard)]
+            if self.remote:  # the object hashed as it is downloaded, into the copy opened and
+                self._local_copy(shard, fresh=True)  # read below (not a copy cached before)
             self._open_shard(shard)
             for key, checksum_key in CHECKSUMS:
-                if key not in entry:
-                    continue
-                if key == "file" and self.remote:  # hashed as its local copy is made, once
-                    self._local_copy(shard)  # (the records below are read from that copy)
+                if key not in entry or (key == "file" and self.remote):
                     continue
                 path = self.path / entry[key]
                 if sha256_of(path) != entry[checksum_key]:
@@ -528,10 +527,11 @@ class TokenStore(StoreFacts):
         for loaded in self._loaded.values():  # a thread copying from a map keeps its reference
             loaded[shard] = None
 
-    def _local_copy(self, shard: int) -> Path:
-        """A cloud shard's local copy, checked against its SHA-256 (`remote_shards`)."""
+    def _local_copy(self, shard: int, fresh: bool = False) -> Path:
+        """A cloud shard's local copy, checked against its SHA-256 (`remote_shards`; `fresh`:
+        downloaded again even when cached)."""
         entry = self.manifest["shards"][shard]
-        return local_shard(str(self.shard_file(shard)), entry["sha256"], entry["bytes"])
+        return local_shard(str(self.shard_file(shard)), entry["sha256"], entry["bytes"], fresh)
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
         """A reader of the shard's file, or (a cloud shard) of its local copy, downloaded
