@@ -39,14 +39,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def packing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """best_fit packings are kept in a session directory, not the user's cache (workers started
     by tests inherit it)."""
-    directory = tmp_path_factory.mktemp("packings")
-    previous = os.environ.get("PIPELINE_PACKING_CACHE")
-    os.environ["PIPELINE_PACKING_CACHE"] = str(directory)
+    yield from _session_dir(tmp_path_factory, "PIPELINE_PACKING_CACHE", "packings")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def manifest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Manifest summaries (`meta_cache`) too: a session directory, not the user's cache."""
+    yield from _session_dir(tmp_path_factory, "PIPELINE_MANIFEST_CACHE", "manifests")
+
+
+def _session_dir(factory: pytest.TempPathFactory, variable: str, name: str) -> Iterator[Path]:
+    """$`variable` names a new session directory while the session runs."""
+    directory = factory.mktemp(name)
+    previous = os.environ.get(variable)
+    os.environ[variable] = str(directory)
     yield directory
     if previous is None:
-        del os.environ["PIPELINE_PACKING_CACHE"]
+        del os.environ[variable]
     else:
-        os.environ["PIPELINE_PACKING_CACHE"] = previous
+        os.environ[variable] = previous
 
 
 FIXTURE_TRAIN_TEXT = "\n".join(

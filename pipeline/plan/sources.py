@@ -17,6 +17,7 @@ from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError, StoreError
 from pipeline.store.formats import check_index, load_meta, open_store
 from pipeline.store.meta import StoreMeta
+from pipeline.store.meta_cache import Summaries
 from pipeline.store.remote_reads import configure, together
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url
@@ -37,24 +38,37 @@ def plan_stores(
     config: DataConfig, open_store: Callable[..., TokenStore] = open_store
 ) -> dict[str, TokenStore | StoreMeta]:
     """What a feed plans from, by source name: a local store's metadata alone (its manifest,
-    checked), the store itself opened at its first draw (`StoreSet.open`), so a restore's work
-    follows the sources its first steps draw, not the mixture; a bucket's store opened now by
-    `open_store`, all at once with the others (one round trip for any number of them: opened
-    at their first draws they would add round trips to the first batch)."""
+    checked, or the host's summary of it: `meta_cache`), the store itself opened at its first
+    draw (`StoreSet.open`), so a restore's work follows the sources its first steps draw, not
+    the mixture; a bucket's store opened now by `open_store`, all at once with the others (one
+    round trip for any number of them: opened at their first draws they would add round trips
+    to the first batch)."""
     configure_remote_reads(config)
+    summaries = _summaries(config)
 
     def load(path: Path) -> TokenStore | StoreMeta:
         if is_url(path):
             return open_store(path, check_reads=config.feed.check_reads)
-        return load_meta(path)
+        return load_meta(path, summaries)
 
-    return _each_source(config, load)
+    stores = _each_source(config, load)
+    summaries.save()
+    return stores
 
 
 def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
-    """Every source's store metadata (its manifest alone), by source name."""
+    """Every source's store metadata (its manifest alone, or the host's summary of it), by
+    source name."""
     configure_remote_reads(config)
-    return _each_source(config, load_meta)
+    summaries = _summaries(config)
+    metas = _each_source(config, partial(load_meta, summaries=summaries))
+    summaries.save()
+    return metas
+
+
+def _summaries(config: DataConfig) -> Summaries:
+    """The host's kept metadata of the config's local sources (`meta_cache`)."""
+    return Summaries([spec.path for spec in config.sources if not is_url(spec.path)])
 
 
 def configure_remote_reads(config: DataConfig) -> None:

@@ -19,6 +19,7 @@ from pipeline.store.columns import ColumnStore
 from pipeline.store.inplace import InPlaceStore, load_record, record_meta
 from pipeline.store.megatron import MegatronStore
 from pipeline.store.meta import StoreMeta
+from pipeline.store.meta_cache import Summaries, manifest_stat
 from pipeline.store.store_files import store_identity
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url, location
@@ -48,13 +49,25 @@ def open_store(path: str | Path, **options: Any) -> AnyStore:
     return cls(path, **{k: v for k, v in options.items() if k in ("verify", "check_reads")})
 
 
-def load_meta(path: str | Path) -> StoreMeta:
-    """The plan's metadata of the store at `path`, reading its manifest or index record only."""
+def load_meta(path: str | Path, summaries: Summaries | None = None) -> StoreMeta:
+    """The plan's metadata of the store at `path`, reading its manifest or index record only;
+    a local prepared store's from the host's `summaries` while its manifest is unchanged
+    (`meta_cache`), read and kept there otherwise."""
     cls = _in_place(path)
     if cls is not None:
         return record_meta(Path(path), _record(cls, Path(path)))
+    if is_url(path):
+        return StoreMeta.load(path)
+    path = location(path)
+    stat = None if summaries is None else manifest_stat(path)  # before the read, as below
+    kept = None if summaries is None else summaries.meta(path, stat)
+    if kept is not None:
+        return kept
     # a local manifest's identity: its store, opened at its first draw, takes the manifest read
-    return StoreMeta.load(path, None if is_url(path) else store_identity(location(path)))
+    meta = StoreMeta.load(path, store_identity(path))
+    if summaries is not None:
+        summaries.keep(meta, stat)
+    return meta
 
 
 def check_index(kind: str, path: Path, column: str | None = None, data: Path | None = None) -> None:

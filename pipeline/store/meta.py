@@ -31,6 +31,7 @@ FORMAT_VERSION = 3
 # readers refuse it rather than train on every token; a store without a mask stays version 3.
 MASKED_FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
+_KEPT = ("_read", "_checked")  # what a StoreMeta keeps of its reading, not pickled
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,11 +70,23 @@ class StoreMeta:
         before the read), the checked manifest stays with the metadata, so that opening the
         unchanged store at its first draw does not read and check it again (`manifest_if`)."""
         path = location(path)
-        manifest = load_manifest(path)
+        manifest, digest = read_manifest(path)
         meta = cls.from_manifest(path, manifest)
+        meta.vouch(digest)
         if identity is not None:  # not a field: a plan pickles its metadata without manifests
             object.__setattr__(meta, "_read", (identity, manifest))
         return meta
+
+    def vouch(self, digest: str) -> None:
+        """Record that the manifest bytes of SHA-256 `digest` were checked and are this
+        metadata's (`checked`)."""
+        object.__setattr__(self, "_checked", digest)
+
+    @property
+    def checked(self) -> str | None:
+        """The SHA-256 of the manifest bytes this metadata was read from, checked (`load`, or
+        a host's summary of them: `meta_cache`); None when not known."""
+        return self.__dict__.get("_checked")
 
     def manifest_if(self, path: Path, identity: Hashable | None) -> dict[str, Any] | None:
         """The manifest `load` read, if it was read at `path` from the file of `identity` (the
@@ -84,8 +97,8 @@ class StoreMeta:
         return read[1]
 
     def __getstate__(self) -> dict[str, Any]:
-        """The fields (another process opens its stores afresh), not the manifest `load` kept."""
-        return {key: value for key, value in self.__dict__.items() if key != "_read"}
+        """The fields (another process opens its stores afresh), not what `load` kept."""
+        return {key: value for key, value in self.__dict__.items() if key not in _KEPT}
 
     @property
     def tokenizer_identity(self) -> tuple[str, str, int, int]:
@@ -169,11 +182,20 @@ class StoreFacts:
         return mask
 
 
-def load_manifest(path: Path, identity: Any = None) -> dict[str, Any]:
+def load_manifest(path: Path, identity: Any = None, checked: str | None = None) -> dict[str, Any]:
     """The manifest, in one read when it exists (one request for a `gs://` store), checked to
     be one this version reads and to be its own (`identity.check_manifest`). A cloud store's
     `identity` (`store_files.store_identity`, taken by the caller) names the generation to
-    read, which a warm restart then finds in the host's cache (`remote_reads`)."""
+    read, which a warm restart then finds in the host's cache (`remote_reads`). Bytes of
+    SHA-256 `checked` (`StoreMeta.checked`: the same bytes passed these checks before) are
+    parsed, not checked again."""
+    return read_manifest(path, identity, checked)[0]
+
+
+def read_manifest(
+    path: Path, identity: Any = None, checked: str | None = None
+) -> tuple[dict[str, Any], str]:
+    """`load_manifest`'s manifest and the SHA-256 of the bytes it was read from."""
     manifest_path = path / MANIFEST
     try:
         if is_url(path) and identity is not None:
@@ -181,6 +203,7 @@ def load_manifest(path: Path, identity: Any = None) -> dict[str, Any]:
             data = manifest_bytes(str(manifest_path), version)
         else:
             data = read_bytes(str(manifest_path))
+        digest = hashlib.sha256(data).hexdigest()
         manifest = json.loads(data)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
         if path.exists() and not path.is_dir():
@@ -209,7 +232,8 @@ def load_manifest(path: Path, identity: Any = None) -> dict[str, Any]:
             f"version of pipeline reads {FORMAT_VERSION} and {MASKED_FORMAT_VERSION}: prepare "
             "the store again"
         )
-    check_manifest(
-        manifest, manifest_path, masked=manifest["format_version"] == MASKED_FORMAT_VERSION
-    )
-    return manifest
+    if digest != checked:
+        check_manifest(
+            manifest, manifest_path, masked=manifest["format_version"] == MASKED_FORMAT_VERSION
+        )
+    return manifest, digest

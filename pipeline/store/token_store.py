@@ -39,7 +39,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
-from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
+from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest, read_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.remote_reads import RemoteFlat, together
 from pipeline.store.remote_shards import local_shard
@@ -145,8 +145,13 @@ class TokenStore(StoreFacts):
         self._identity_lock = threading.Lock()
         self._identity_check: Future | None = None  # the identity request in flight, shared
         manifest = None if known is None else known.manifest_if(self.path, self._identity)
-        self.manifest = load_manifest(self.path, self._identity) if manifest is None else manifest
-        self.meta = StoreMeta.from_manifest(self.path, self.manifest) if manifest is None else known
+        if manifest is None:  # bytes the host checked before (`meta_cache`) are only parsed
+            checked = known.checked if known is not None and known.path == self.path else None
+            self.manifest, digest = read_manifest(self.path, self._identity, checked)
+            same = digest == checked  # then `known` was made of these very bytes
+            self.meta = known if same else StoreMeta.from_manifest(self.path, self.manifest)
+        else:
+            self.manifest, self.meta = manifest, known
         self.dtype = self.meta.dtype
         self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
