@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,16 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.keys import keyed_hash, keyed_hashes
-from pipeline.plan.layout import keyed_order
+from pipeline.plan import layout as layout_module
+from pipeline.plan.layout import SourceLayout, keyed_order, warm_orders
 from pipeline.plan.permutation import (
     FEW,
     MAX_N,
     ROUNDS,
+    orders,
     permutation,
     permutations,
     permute,
     round_keys,
 )
+from pipeline.store.meta import StoreMeta
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -89,6 +93,41 @@ def test_orders_of_several_keys_at_once_equal_each_key_alone(n, key_list):
     assert together.dtype == np.int64 and together.shape == (len(key_list), n)
     for key, order in zip(key_list, together):
         np.testing.assert_array_equal(order, permute(np.arange(n), n, key))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(sizes, keys), min_size=1, max_size=6))
+def test_orders_of_several_sizes_at_once_equal_each_alone(pairs):
+    ns = [n for n, _ in pairs]
+    together = orders(ns, np.array([key for _, key in pairs], dtype=np.uint64))
+    for (n, key), order in zip(pairs, together, strict=True):
+        assert order.dtype == np.int64
+        np.testing.assert_array_equal(order, permute(np.arange(n), n, key))
+
+
+def test_a_restores_orders_warmed_together_are_each_their_own_keys_order():
+    """`warm_orders` computes the first draws' shard and window orders of many sources in one
+    pass (no epoch before them kept): each is the permutation of its own round keys."""
+    metas = [
+        StoreMeta(Path(f"/w{k}"), f"f{k}", np.full(3 + k, 40 + k), np.dtype("uint32"), {})
+        for k in range(5)
+    ]
+    layouts = [SourceLayout(f"warm-{k}", meta, 9, 8, 2) for k, meta in enumerate(metas)]
+    drawn = [(k, 1000 + k, k % 2) for k in range(5)]
+    warm_orders(layouts, drawn)
+    for k, epoch, lane in drawn:
+        layout = layouts[k]
+        for purpose, part, n in (
+            ("window-order", (lane,), layout.windows_per_lane),
+            ("shard-order", (), layout.meta.num_shards),
+        ):
+            key = (9, purpose, layout.name, epoch, part, n)
+            assert key in layout_module._orders  # computed by warm_orders, not on demand
+            order = keyed_order(*key)
+            np.testing.assert_array_equal(
+                order, permute(np.arange(n), n, round_keys(9, purpose, layout.name, epoch, *part))
+            )
+            assert not order.flags.writeable
 
 
 def test_cached_orders_computed_ahead_are_each_their_own_keys_order():

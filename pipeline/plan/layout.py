@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import ClassVar
 
@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
 from pipeline.plan.epochs import Epochs, Transition
-from pipeline.plan.permutation import permutations, permute, round_keys
+from pipeline.plan.permutation import orders, permutations, permute, round_keys
 from pipeline.plan.row_layout import (
     NO_DOCUMENTS,
     NO_EXCLUSION,
@@ -203,7 +203,8 @@ ORDERS_BYTES = 128 << 20  # the orders kept: 256 window orders of the largest, 1
 # A small order costs its numpy calls, not its values: a miss computes the orders of the
 # epochs after it too, as many as make up to `AHEAD_VALUES` values (16 of a 64-value table).
 AHEAD_VALUES, AHEAD_MAX = 1 << 10, 16
-_orders: OrderedDict[tuple[int, str, str, int, tuple[int, ...], int], np.ndarray] = OrderedDict()
+OrderKey = tuple[int, str, str, int, tuple[int, ...], int]  # (seed, purpose, name, epoch, lane, n)
+_orders: OrderedDict[OrderKey, np.ndarray] = OrderedDict()
 _orders_bytes = 0
 _orders_lock = threading.Lock()
 
@@ -227,7 +228,6 @@ def keyed_order(
     every few of its draws, and a mixture of hundreds of them one nearly every step, each a
     shard order and a window order (a restore, whose first draws find no epoch before them,
     computes only the orders it reads)."""
-    global _orders_bytes
     key = (seed, purpose, name, epoch, lane, n)
     with _orders_lock:
         order = _orders.get(key)
@@ -240,14 +240,44 @@ def keyed_order(
     epochs = range(epoch, epoch + ahead)
     orders = permutations(n, np.stack([round_keys(seed, purpose, name, e, *lane) for e in epochs]))
     orders.flags.writeable = False  # shared by every plan of the process
+    _keep([((seed, purpose, name, e, lane, n), order) for e, order in zip(epochs, orders)])
+    return orders[0]
+
+
+def _keep(computed: list[tuple[OrderKey, np.ndarray]]) -> None:
+    """Keep `computed` orders, made read-only, the least recently used dropped beyond
+    `ORDERS_BYTES`."""
+    global _orders_bytes
     with _orders_lock:
-        for e, computed in zip(epochs, orders):
-            if (seed, purpose, name, e, lane, n) not in _orders:
-                _orders[seed, purpose, name, e, lane, n] = computed
-                _orders_bytes += computed.nbytes
+        for key, order in computed:
+            order.flags.writeable = False
+            if key not in _orders:
+                _orders[key] = order
+                _orders_bytes += order.nbytes
         while _orders_bytes > ORDERS_BYTES and len(_orders) > 1:
             _orders_bytes -= _orders.popitem(last=False)[1].nbytes
-    return orders[0]
+
+
+def warm_orders(layouts: Sequence[SourceLayout], drawn: Iterable[tuple[int, int, int]]) -> None:
+    """Compute together the shard and window orders of the (source, epoch, lane) draws `drawn`
+    that no earlier draw led to (`keyed_order` computes one that follows a kept epoch with the
+    next epochs'): a restore's first step draws from up to a row's worth of sources, each an
+    order of its own (`permutation.orders`: one pass for all)."""
+    wanted = {}
+    for source, epoch, lane in drawn:
+        layout = layouts[source]
+        if layout.windows_per_lane <= SMALL_DOMAIN:
+            lanes = ("window-order", (lane,), layout.windows_per_lane)
+            shards = ("shard-order", (), layout.meta.num_shards)
+            for purpose, part, n in (lanes, shards):
+                key = (layout.seed, purpose, layout.name, epoch, part, n)
+                if key not in _orders and (*key[:3], epoch - 1, *key[4:]) not in _orders:
+                    wanted[key] = None
+    if len(wanted) > 1:
+        keys = np.stack(
+            [round_keys(seed, p, name, e, *part) for seed, p, name, e, part, _ in wanted]
+        )
+        _keep(list(zip(wanted, orders([key[5] for key in wanted], keys), strict=True)))
 
 
 def window_draws(
@@ -280,6 +310,8 @@ def window_draws(
     row_keys = zip(which.tolist(), epoch.tolist(), lane.tolist(), early.tolist())
     for row, key in enumerate(row_keys):
         groups.setdefault(key, []).append(row)
+    if groups and _unordered(layouts, next(iter(groups))):  # a restore: its orders at once
+        warm_orders(layouts, [(source, e, ln) for source, e, ln, t in groups if not t])
     # A step's rows fall in up to one group each: per group, plain Python on its rows' ints
     # (a numpy call per group would cost more than the group's lookups).
     window, positions = [0] * k.size, k.tolist()
@@ -303,6 +335,17 @@ def window_draws(
         transitions = [getattr(layout.transition, "lane_tokens", 0) for layout in drawn_layouts]
         lane_tokens[early] = np.array(transitions, dtype=np.int64)[own.reshape(-1)[early]]
     return epoch, windows, lane * lane_tokens + windows * seq_len
+
+
+def _unordered(layouts: Sequence[SourceLayout], group: tuple[int, int, int, bool]) -> bool:
+    """Whether the window order of a step's first (source, epoch, lane, transitional) group
+    is neither kept nor computed by `window_order` as it is: one lookup a step."""
+    source, epoch, lane, transitional = group
+    layout = layouts[source]
+    if transitional or layout.windows_per_lane > SMALL_DOMAIN:
+        return False
+    key = (layout.seed, "window-order", layout.name, epoch, (lane,), layout.windows_per_lane)
+    return key not in _orders
 
 
 def window_pieces(
