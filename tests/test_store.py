@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
 import threading
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.lib import format as npy_format
 
 from pipeline.errors import PrepareError, StoreError
 from pipeline.ingest.doc_order import Placement, place
 from pipeline.ingest.prepare import PrepareOptions, prepare
-from pipeline.store import piece_reads
+from pipeline.store import piece_reads, shard_check
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore, is_store, read_pieces
 
@@ -432,3 +434,31 @@ def test_a_shard_closed_right_after_its_first_use_still_serves_that_read(tmp_pat
     readers.locks[0] = _CloseOtherOnRelease(readers.locks[0], lambda: readers.touch(1))
     np.testing.assert_array_equal(getattr(store, read)(0), expected)
     assert store._loaded["flat"][0] is None  # the interleaving happened: shard 0 was closed
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["<i8", "<u4", "<u2", ">i4", "<f8", "|u1"]),
+    st.lists(st.integers(0, 5), max_size=3),
+    st.booleans(),
+    st.sampled_from([(1, 0), (2, 0), None]),
+)
+def test_an_npy_file_reads_as_numpy_reads_it(dtype, shape, fortran, version):
+    """A shard's index bytes parse to what `np.load` reads, whether its header is the plain
+    one `shard_check` parses itself or one it leaves to numpy (another version)."""
+    order = "F" if fortran else "C"
+    array = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape, order=order)
+    stream = io.BytesIO()
+    if version is None:
+        np.save(stream, array)
+    else:
+        npy_format.write_array(stream, array, version=version)
+    data = stream.getvalue()
+    parsed = shard_check._npy_array(data)
+    expected = np.load(io.BytesIO(data))
+    assert parsed.dtype == expected.dtype and parsed.shape == expected.shape
+    np.testing.assert_array_equal(parsed, expected)
+    assert parsed.flags.f_contiguous == expected.flags.f_contiguous
+    if array.size:  # a truncated one is refused, not read short
+        with pytest.raises(ValueError):
+            shard_check._npy_array(data[:-1])
