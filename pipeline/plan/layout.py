@@ -21,8 +21,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cached_property, lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -90,10 +90,20 @@ class SourceLayout(Epochs):
                 f"{'' if tokens == meta.num_tokens else ' left once its exclude is taken out'} for "
                 f"{counted(lanes, 'lane')} (use a smaller seq_len or fewer lanes)"
             )
-        self._stream_shards = lru_cache(maxsize=64)(self._epoch_shard_starts)
-        self._window_keys = lru_cache(maxsize=1024)(self._lane_keys)
-        self._piece_tables = lru_cache(maxsize=64)(self._piece_table)
         self.figures = tuple(getattr(self, key) for key in FIGURES)
+
+    # Per layout, made at first use: a restore lays out hundreds of sources and draws a few.
+    @cached_property
+    def _stream_shards(self) -> Callable[[int], tuple[np.ndarray, ...]]:
+        return lru_cache(maxsize=64)(self._epoch_shard_starts)
+
+    @cached_property
+    def _window_keys(self) -> Callable[[int, int], np.ndarray]:
+        return lru_cache(maxsize=1024)(self._lane_keys)
+
+    @cached_property
+    def _piece_tables(self) -> Callable[[int], tuple[np.ndarray, int]]:
+        return lru_cache(maxsize=64)(self._piece_table)
 
     def continue_epochs(self, counter: int, epoch: int, transition: Transition | None) -> None:
         """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""

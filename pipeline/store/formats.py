@@ -58,7 +58,7 @@ def load_meta(path: str | Path, summaries: Summaries | None = None) -> StoreMeta
         return record_meta(Path(path), _record(cls, Path(path)))
     if is_url(path):
         return StoreMeta.load(path)
-    path = location(path)
+    path = path if isinstance(path, Path) else location(path)  # a Path costs ~4 us a store
     stat = None if summaries is None else manifest_stat(path)  # before the read, as below
     kept = None if summaries is None else summaries.meta(path, stat)
     if kept is not None:
