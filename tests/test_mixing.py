@@ -134,3 +134,58 @@ def test_a_steered_rows_walk_finds_the_source_whose_count_grows(sources, sets, r
     expected = grown(mixture, positions)
     np.testing.assert_array_equal(source, expected[0])
     np.testing.assert_array_equal(before, expected[1])
+
+
+def node_by_node(mixture: Mixture) -> list[tuple]:
+    """The splits as `Mixture` built them before it built a level at a time: each node on its
+    own, in pre-order (the reference its level-at-a-time build must equal bit for bit)."""
+    pieces, out = mixture._pieces, []
+
+    def build(lo: int, hi: int, count: np.ndarray) -> None:
+        if hi - lo == 1:
+            return
+        mid = (lo + hi) // 2
+        left = pieces[:, lo:mid].sum(axis=1)
+        total = left + pieces[:, mid:hi].sum(axis=1)
+        omega = np.divide(left, total, out=np.zeros_like(total), where=total > 0)
+        cum_omega = np.zeros(len(mixture.piece_starts))
+        np.cumsum(omega[:-1] * np.diff(count), out=cum_omega[1:])
+        out.append((lo, mid, hi, omega, cum_omega, count))
+        left_count = np.floor(cum_omega + 0.5).astype(np.int64)
+        build(lo, mid, left_count)
+        build(mid, hi, count - left_count)
+
+    build(0, mixture.num_sources, mixture.piece_starts)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(0, 3),
+    st.integers(1, 64),
+    st.integers(0, 2**32),
+    st.sampled_from(["uniform", "integers", "sparse"]),
+)
+def test_the_tree_built_a_level_at_a_time_is_the_tree_built_node_by_node(
+    sources, pieces, rows, seed, kind
+):
+    rng = np.random.default_rng(seed)
+    weights = {
+        "uniform": lambda: rng.random((pieces + 1, sources)) * 10.0 ** rng.integers(-3, 4),
+        "integers": lambda: rng.integers(0, 5, (pieces + 1, sources)).astype(float),
+        "sparse": lambda: (
+            rng.random((pieces + 1, sources)) * (rng.random((pieces + 1, sources)) < 0.1)
+        ),
+    }[kind]()
+    weights[:, 0] += 1  # no step without weight
+    starts = np.cumsum(rng.integers(1, 50, pieces)) if pieces else np.zeros(0, np.int64)
+    horizon = int(starts[-1]) + 7 if pieces else 0
+    mixture = Mixture(weights[:-1], weights[-1], rows, starts, horizon)
+    got = [(s.lo, s.mid, s.hi, s.omega, s.cum_omega, s.count) for s in mixture._splits]
+    want = node_by_node(mixture)
+    assert len(got) == len(want) == sources - 1
+    for g, w in zip(got, want, strict=True):
+        assert g[:3] == w[:3]
+        for a, b in zip(g[3:], w[3:], strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()

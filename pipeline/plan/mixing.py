@@ -75,9 +75,8 @@ class Mixture:
         self._steps = np.append(self.starts, self.horizon).astype(np.int64)  # [P + 1]
         rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
-        self._splits: list[_Split] = []
         self._pieces = np.vstack([self.weights, self.tail])  # [P + 1, K]: what `_build` splits
-        self._build(0, self.num_sources, self.piece_starts)
+        self._splits = self._build()  # in pre-order: a node, its left subtree, its right
         # the splits as flat [tree nodes x (P + 1)] tables (pass-through nodes: zeros), for
         # `sources` to gather one node a row
         self._tree = Tree(self.num_sources)
@@ -85,8 +84,9 @@ class Mixture:
         self._tables = []
         for key, dtype in (("cum_omega", np.float64), ("omega", np.float64), ("count", np.int64)):
             table = np.zeros((len(self._tree.split), len(self.piece_starts)), dtype)
-            for node in real.tolist():
-                table[node] = getattr(self._splits[self._tree.split[node]], key)
+            if real.size:
+                splits = self._tree.split[real].tolist()
+                table[real] = np.stack([getattr(self._splits[split], key) for split in splits])
             self._tables.append(table.reshape(-1))
 
     def weights_at(self, step: int) -> np.ndarray:
@@ -158,18 +158,34 @@ class Mixture:
             since = count - since
         return left, _rounded(omega * (since + 1), cum)
 
-    def _build(self, lo: int, hi: int, count: np.ndarray) -> None:
-        if hi - lo == 1:
-            return
-        mid = (lo + hi) // 2
-        omega = _left_share(self._pieces, lo, mid, hi)
-        cum_omega = np.zeros(len(self.piece_starts))
-        np.cumsum(omega[:-1] * np.diff(count), out=cum_omega[1:])
-        split = _Split(lo, mid, hi, omega, cum_omega, count)
-        self._splits.append(split)
-        left = np.floor(cum_omega + 0.5).astype(np.int64)
-        self._build(lo, mid, left)
-        self._build(mid, hi, count - left)
+    def _build(self) -> list[_Split]:
+        """Every internal node's split, computed a level of the tree at a time (one set of
+        numpy calls a level but its weight sums, not a node: a mixture of hundreds of sources
+        is laid out at every start), the same numbers as node by node: elementwise operations
+        and each node's Omega, a running sum over its own pieces."""
+        built: dict[tuple[int, int], _Split] = {}
+        lo, hi = np.array([0]), np.array([self.num_sources])
+        count = self.piece_starts[None, :]  # [nodes, P + 1]: each node's received rows
+        while (hi - lo > 1).any():
+            inner = hi - lo > 1  # the others are leaves
+            lo, hi, count = lo[inner], hi[inner], count[inner]
+            mid = (lo + hi) // 2
+            omega = _left_share(self._pieces, lo, mid, hi)
+            cum_omega = np.zeros(count.shape)
+            np.cumsum(omega[:, :-1] * np.diff(count, axis=1), axis=1, out=cum_omega[:, 1:])
+            for i, (a, b, c) in enumerate(zip(lo.tolist(), mid.tolist(), hi.tolist())):
+                built[a, c] = _Split(a, b, c, omega[i], cum_omega[i], count[i])
+            left = np.floor(cum_omega + 0.5).astype(np.int64)
+            lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
+            count = np.concatenate([left, count - left])
+        order: list[_Split] = []
+        todo = [(0, self.num_sources)]
+        while todo:  # pre-order
+            split = built.get(todo.pop())
+            if split is not None:
+                order.append(split)
+                todo += [(split.mid, split.hi), (split.lo, split.mid)]
+        return order
 
 
 def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
@@ -180,9 +196,15 @@ def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
     return np.floor(share, out=share)
 
 
-def _left_share(weights: np.ndarray, lo: int, mid: int, hi: int) -> np.ndarray:
-    left = weights[:, lo:mid].sum(axis=1)
-    total = left + weights[:, mid:hi].sum(axis=1)
+def _left_share(weights: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """[nodes, P + 1]: the left half's share of each node's weight [lo, hi) per piece. Each
+    sum is numpy's of that node's columns alone (`weights[:, lo:mid].sum(axis=1)`): how numpy
+    orders a float sum depends on the array's shape, and the counts must not change."""
+    halves = [
+        np.stack([weights[:, a:b].sum(axis=1) for a, b in zip(start, stop, strict=True)])
+        for start, stop in ((lo.tolist(), mid.tolist()), (mid.tolist(), hi.tolist()))
+    ]
+    left, total = halves[0], halves[0] + halves[1]
     return np.divide(left, total, out=np.zeros_like(total), where=total > 0)
 
 
