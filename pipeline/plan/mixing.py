@@ -200,11 +200,11 @@ def _left_share(weights: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.nda
     """[nodes, P + 1]: the left half's share of each node's weight [lo, hi) per piece. Each
     sum is numpy's of that node's columns alone (`weights[:, lo:mid].sum(axis=1)`): how numpy
     orders a float sum depends on the array's shape, and the counts must not change."""
-    halves = [
-        np.stack([weights[:, a:b].sum(axis=1) for a, b in zip(start, stop, strict=True)])
-        for start, stop in ((lo.tolist(), mid.tolist()), (mid.tolist(), hi.tolist()))
-    ]
-    left, total = halves[0], halves[0] + halves[1]
+    left, right = (np.empty((lo.size, weights.shape[0])) for _ in range(2))
+    for half, start, stop in ((left, lo, mid), (right, mid, hi)):
+        for node, (a, b) in enumerate(zip(start.tolist(), stop.tolist(), strict=True)):
+            half[node] = weights[:, a:b].sum(axis=1)
+    total = left + right
     return np.divide(left, total, out=np.zeros_like(total), where=total > 0)
 
 
