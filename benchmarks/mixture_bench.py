@@ -11,18 +11,20 @@ is only how many sources the rows come from. Each measurement is a fresh process
 warm leaks between them), the mixtures interleaved round by round; medians over the rounds.
 
 Per mixture: a restore's first batch in a fresh process (`DataFeed(config, mesh, step=10**6)`
-to its first global batch: the stores' opening included), then `--steps` steps after a
-warm-up of `--warmup` steps (long enough for every shard's first use, which a run pays once
-per shard, in its first epoch): wall and process CPU per step, the threads, open file
-descriptors and mappings the process holds, and its resident memory (RSS, and its anonymous
-and file-backed parts: the file part is the mapped pages of the sidecars read, the page cache
-of what was served, bounded by the open shards; the anonymous part is what the process itself
-allocates).
+to its first global batch: the stores' opening included; after a full garbage collection, so
+that a collection the warm-up feed's garbage owes does not fall on it at random), then
+`--steps` steps after a warm-up of `--warmup` steps (long enough for every shard's first use,
+which a run pays once per shard, in its first epoch): wall and process CPU per step, the
+threads, open file descriptors and mappings the process holds, and its resident memory (RSS,
+and its anonymous and file-backed parts: the file part is the mapped pages of the sidecars
+read, the page cache of what was served, bounded by the open shards; the anonymous part is
+what the process itself allocates).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -105,6 +107,7 @@ def measure(raw: dict, steps: int, warmup: int) -> dict:
     with DataFeed(config, mesh, step=0) as warm:  # JAX's own first-call costs, not ours
         jax.block_until_ready(next(warm))
     anon = status("RssAnon:")
+    gc.collect()  # the warm-up's garbage: its collection (40-60 ms) fell on the restore at random
     started = time.perf_counter()
     with DataFeed(config, mesh, step=10**6) as feed:
         jax.block_until_ready(next(feed))
