@@ -116,6 +116,25 @@ def test_a_rows_walk_down_the_tree_finds_the_source_whose_count_grows(mix, far):
     np.testing.assert_array_equal(before, expected[1])
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(weights, min_size=2, max_size=300),
+    st.integers(1, 64),
+    st.sampled_from([0, 10**6, 10**12, 2**50]),
+)
+def test_a_constant_mixtures_walk_finds_the_source_whose_count_grows(tail, rows, far):
+    # constant weights walk the tree on their own path (`descend_constant`): what `counts`
+    # says, bit for bit, for any number of sources and positions up to 2^50
+    tail = np.array(tail)
+    tail[0] += 0.5
+    mixture = Mixture(np.zeros((0, len(tail))), tail, rows)
+    positions = far + np.arange(64)
+    source, before = mixture.sources(positions)
+    expected = grown(mixture, positions)
+    np.testing.assert_array_equal(source, expected[0])
+    np.testing.assert_array_equal(before, expected[1])
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(2, 40),

@@ -65,6 +65,11 @@ class Tree:
         table = np.array(nodes, dtype=np.int64).reshape(-1, 4)
         self.lo, self.mid, self.hi, self.split = table.T
         self.children = np.array(children, dtype=np.int64).reshape(-1)  # [2 * node + right]
+        self.doubled = 2 * self.children  # the same, each child's own index doubled
+
+
+# Counts below this are exact in float64 (`descend_constant` keeps them as floats).
+EXACT = 1 << 53
 
 
 def descend(
@@ -81,3 +86,30 @@ def descend(
         count = np.subtract(count, left, out=left, where=right)  # left's own count stays
         node = tree.children[2 * node + right]
     return -1 - node if tree.depth else node, count
+
+
+def descend_constant(
+    tree: Tree, omega: np.ndarray, received: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`descend` under constant weights (`omega[2 * node]`: the node's left share, its left
+    count after c rows floor(omega * c + 1/2)), for `received` below `EXACT`. A step walks its
+    rows down every level of the tree, so a level's numpy calls are most of what a big
+    mixture's draw costs: the counts before and after the row are kept as one [2, rows] float
+    array (c and c + 1, exact below 2^53, so `omega * c` is the same product, bit for bit),
+    and the node as twice its index, to step to its child with one add and one gather."""
+    counts = np.empty((2, received.size))
+    counts[0] = received
+    counts[1] = counts[0] + 1
+    node2 = np.zeros(received.shape, np.int64)  # 2 * node
+    left = np.empty_like(counts)
+    for _ in range(tree.depth):
+        np.multiply(counts, omega.take(node2), out=left)
+        left += 0.5
+        np.floor(left, out=left)
+        right = left[1] <= left[0]  # the row goes right when the left count does not grow
+        np.subtract(counts[0], left[0], out=left[0], where=right)  # left's own count stays
+        np.add(left[0], 1, out=left[1])
+        counts, left = left, counts
+        node2 = tree.doubled.take(node2 + right)
+    node = node2 >> 1
+    return -1 - node if tree.depth else node, counts[0].astype(np.int64)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.plan.mix_tree import Tree, descend
+from pipeline.plan.mix_tree import EXACT, Tree, descend, descend_constant
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class Mixture:
                 splits = self._tree.split[real].tolist()
                 table[real] = np.stack([getattr(self._splits[split], key) for split in splits])
             self._tables.append(table.reshape(-1))
+        # constant weights: each node's left share at twice its index (`descend_constant`)
+        self._omega2 = np.repeat(self._tables[1], 2) if len(self.piece_starts) == 1 else None
 
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at `step`."""
@@ -130,6 +132,9 @@ class Mixture:
         if self.num_sources == 1:  # every position is the only source's, its count the position
             return np.zeros_like(positions), positions.copy()
         flat = positions.reshape(-1)
+        if self._omega2 is not None and flat.size and flat.max() < EXACT - 1:
+            source, count = descend_constant(self._tree, self._omega2, flat)
+            return source.reshape(positions.shape), count.reshape(positions.shape)
         before, after = np.searchsorted(self.piece_starts, (flat, flat + 1), side="right") - 1
         if (before == after).all():  # no row ends a piece: one gather a level
             after = before
