@@ -53,6 +53,32 @@ def test_every_stores_shards_count_against_one_bound(tmp_path, monkeypatch):
     assert files_under(tmp_path) == 0
 
 
+class Owner:
+    """A store's shards as the pool sees them: `evict` closes one (records it)."""
+
+    def __init__(self, closed: list) -> None:
+        self.closed = closed
+
+    def evict(self, shard: int) -> bool:
+        self.closed.append((self, shard))
+        return True
+
+
+def test_a_steps_shards_marked_together_stay_open_and_the_least_recent_others_close():
+    pool, closed = OpenShards(3), []
+    a, b = Owner(closed), Owner(closed)
+    ka, kb = pool.register(a, max_open=2), pool.register(b, max_open=4)
+    for key in ((ka, 0), (ka, 1), (kb, 0)):
+        pool.touch(*key)
+    pool.touch_many([(kb, 1), (ka, 0)])  # 4 open: the least recent other, a's shard 1, closes
+    assert closed == [(a, 1)] and pool.open_count() == 3
+    # a's bound is 2, but none of a step's shards closes: b's two least recent do instead
+    pool.touch_many([(ka, 2), (ka, 3), (ka, 0)])
+    assert closed[1:] == [(b, 0), (b, 1)] and pool.open_count() == 3
+    pool.touch(kb, 0)  # the next use closes the least recent, which brings a to its bound
+    assert closed[3:] == [(a, 2)] and pool.open_count() == 3
+
+
 CHILD = """
 import logging, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))  # before any store opens

@@ -288,6 +288,10 @@ class InPlaceStore(StoreFacts):
         shard = self.check_shard(shard)
         return self._readers[shard], self._docs[shard]
 
+    def held_view(self, shard: int) -> tuple[ShardReader, np.ndarray, None]:
+        """`shard_view`, and no key to mark it used by: an in-place corpus's files stay open."""
+        return (*self.shard_view(shard), None)
+
     def untrained_spans(
         self, shards: Sequence[int], starts: Sequence[int], stops: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

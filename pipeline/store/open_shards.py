@@ -28,6 +28,7 @@ import resource
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,33 +91,48 @@ class OpenShards:
     def touch(self, serial: int, shard: int) -> None:
         """Mark the owner's shard most recently used; close the least recently used shards
         beyond the owner's bound, then beyond the process's."""
-        key = (serial, shard)
+        self.touch_many(((serial, shard),))
+
+    def touch_many(self, keys: Sequence[tuple[int, int]]) -> None:
+        """`touch` of several (owner, shard) keys, in order, under one lock: a step of a big
+        mixture reads dozens of shards of dozens of stores. None of `keys` is closed."""
         with self._lock:
             if self._dead or self._closed:
                 self._reap()
-            owned = self._owners[serial]
-            if key in self._open:
-                self._open.move_to_end(key)
-                owned.shards.move_to_end(shard)
-            else:
-                self._open[key] = None
-                owned.shards[shard] = None
-            mine = len(owned.shards) - owned.max_open
-            if mine <= 0 and len(self._open) <= self.limit:  # the read path's common case
+            over = False
+            for key in keys:
+                owned = self._owners[key[0]]
+                if key in self._open:
+                    self._open.move_to_end(key)
+                    owned.shards.move_to_end(key[1])
+                else:
+                    self._open[key] = None
+                    owned.shards[key[1]] = None
+                # an owner over its bound (a shard that was being read) tries again
+                over = over or len(owned.shards) > owned.max_open
+            if not over and len(self._open) <= self.limit:  # the read path's common case
                 return
-            victims = []
-            if mine > 0:
-                victims = [(serial, s) for s in itertools.islice(owned.shards, mine + 1)]
-                victims = [v for v in victims if v != key][:mine]
-            over = len(self._open) - len(victims) - self.limit
-            if over > 0:
-                chosen = set(victims)
-                others = (k for k in self._open if k != key and k not in chosen)
-                victims += itertools.islice(others, over)
-            closing = [(self._owners[s].owner(), s, victim) for s, victim in victims]
+            closing = self._victims(set(keys))
         for owner, owner_serial, victim in closing:
             if owner is None or owner.evict(victim):
                 self.forget(owner_serial, victim)
+
+    def _victims(self, kept: set[tuple[int, int]]) -> list[tuple[Owner | None, int, int]]:
+        """The least recently used shards beyond each owner's bound, then beyond the
+        process's, none of `kept` (call with `_lock` held): (owner, its number, shard)."""
+        victims = []
+        for serial in {serial for serial, _ in kept}:
+            owned = self._owners[serial]
+            mine = len(owned.shards) - owned.max_open
+            if mine > 0:
+                own = ((serial, s) for s in owned.shards if (serial, s) not in kept)
+                victims += itertools.islice(own, mine)
+        over = len(self._open) - len(victims) - self.limit
+        if over > 0:
+            chosen = set(victims)
+            others = (k for k in self._open if k not in kept and k not in chosen)
+            victims += itertools.islice(others, over)
+        return [(self._owners[s].owner(), s, victim) for s, victim in victims]
 
     def forget(self, serial: int, shard: int) -> None:
         """The owner closed the shard."""

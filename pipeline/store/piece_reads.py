@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
+from pipeline.store.open_shards import pool
 from pipeline.store.remote_reads import PARALLEL, RemoteFlat, prefetch_blocks, together
 
 DOC_TABLE = 1 << 16  # document offsets laid end to end per batch (`_doc_starts`): 512 KiB
@@ -38,6 +39,9 @@ class PieceSource(Protocol):
     def opened(self, shard: int) -> bool: ...
     def flat_blocks(self, shard: int) -> FlatBlocks | RemoteFlat | None: ...
     def shard_view(self, shard: int) -> tuple[FlatBlocks | RemoteFlat | None, np.ndarray]: ...
+    def held_view(
+        self, shard: int
+    ) -> tuple[FlatBlocks | RemoteFlat | None, np.ndarray, tuple[int, int] | None] | None: ...
     def record_offsets(self, shard: int) -> np.ndarray: ...
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]: ...
 
@@ -70,16 +74,12 @@ def read_pieces(
         np.asarray(a, dtype=np.int64).reshape(-1)
         for a in (which, shards, lo, hi, out_rows, out_cols)
     )
-    # every store's shard sizes laid end to end: one gather checks the pieces of all sources
-    # (a step may read dozens of stores: no numpy call per store)
-    counts = [len(store.shard_tokens) for store in stores]
-    bases = np.cumsum([0, *counts[:-1]], dtype=np.int64)
-    bad = np.flatnonzero((shards < 0) | (shards >= np.array(counts, dtype=np.int64)[which]))
-    if bad.size:  # a negative shard would silently read another one
-        stores[int(which[bad[0]])].check_shard(int(shards[bad[0]]))
-    sizes = np.concatenate([store.shard_tokens for store in stores])[bases[which] + shards]
-    # stores in buckets, read through remote_reads
-    remote = [k for k, store in enumerate(stores) if getattr(store, "remote", False)]
+    pieces = list(zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols))))
+    # each piece's shard, numbered in the order they are first read (a step of a big mixture
+    # reads dozens of shards of dozens of stores: a few Python calls each, no numpy call)
+    numbers: dict[tuple[int, int], int] = {}
+    slot = [numbers.setdefault((k, shard), len(numbers)) for k, shard, *_ in pieces]
+    sizes = np.array([_shard_size(stores[k], shard) for k, shard in numbers], np.int64)[slot]
     bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
     if bad.size:
         i = int(bad[0])
@@ -87,30 +87,57 @@ def read_pieces(
             f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
             f"is not a non-empty range inside the shard (0..{sizes[i]})"
         )
+    # stores in buckets, read through remote_reads
+    remote = [k for k, store in enumerate(stores) if getattr(store, "remote", False)]
     if remote:
         _prefetch(stores, remote, which, shards, lo, hi)
-    views: dict[tuple[int, int], tuple[FlatBlocks | None, np.ndarray, int]] = {}
-    by_record: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    slot = []  # each piece's shard, numbered in the order they are first read
-    pieces = zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols)))
-    for k, shard, start, stop, row, col in pieces:
-        view = views.get((k, shard))
-        if view is None:
-            view = views[k, shard] = (*stores[k].shard_view(shard), len(views))
-        flat, _, number = view
-        slot.append(number)
+    views = _views(stores, numbers)
+    by_record: dict[int, list[tuple[int, int, int, int]]] = {}
+    for (_, _, start, stop, row, col), number in zip(pieces, slot):
+        flat = views[number][0]
         if flat is None:
-            by_record.setdefault((k, shard), []).append((start, stop, row, col))
+            by_record.setdefault(number, []).append((start, stop, row, col))
         else:
             out[row, col : col + stop - start] = flat.read(start, stop)
-    for (k, shard), group in by_record.items():
+    shard_of = list(numbers)
+    for number, group in by_record.items():
+        k, shard = shard_of[number]
         _copy_records(stores[k], shard, *map(list, zip(*group)), out)
     width = out.shape[1]
     if not doc_starts:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    docs = [view[1] for view in views.values()]
+    docs = [view[1] for view in views]
     found = _doc_starts(docs, np.array(slot, np.int64), lo, hi, rows * width + cols - lo)
     return np.divmod(found, width)
+
+
+def _shard_size(store: PieceSource, shard: int) -> int:
+    """The tokens of the store's shard `shard`, refused unless the store has it (a negative
+    shard would silently read another one)."""
+    if not 0 <= shard < len(store.shard_tokens):
+        store.check_shard(shard)
+    return int(store.shard_tokens[shard])
+
+
+def _views(
+    stores: Sequence[PieceSource], shards: Iterable[tuple[int, int]]
+) -> list[tuple[FlatBlocks | RemoteFlat | None, np.ndarray]]:
+    """(flat sidecar, document offsets) of each (store, shard), the shards held marked used
+    together (`OpenShards.touch_many`: one lock, not one a shard); a shard not held is opened
+    (`shard_view`, which marks it)."""
+    views, used = [], []
+    for k, shard in shards:
+        held = stores[k].held_view(shard)
+        if held is None:
+            views.append(stores[k].shard_view(shard))
+            continue
+        flat, docs, key = held
+        views.append((flat, docs))
+        if key is not None:
+            used.append(key)
+    if used:
+        pool().touch_many(used)
+    return views
 
 
 def _doc_starts(
@@ -170,10 +197,12 @@ def fetch_blocks(
         held[id(store)] = store
         for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist(), strict=True):
             ranges.setdefault((id(store), shard), []).append((start, stop))
-    # the shards not opened yet at once (a thread each); the others, most steps', need none
+    # the shards not opened yet opened at once (a thread each), each once; the others, most
+    # steps', need no request
     unopened = [(k, s) for k, s in ranges if not held[k].opened(s)]
-    together(*(lambda k=k, s=s: held[k].flat_blocks(s) for k, s in unopened), parallel=parallel)
-    flats = [held[k].flat_blocks(s) for k, s in ranges]
+    calls = (lambda k=k, s=s: held[k].flat_blocks(s) for k, s in unopened)
+    opened = dict(zip(unopened, together(*calls, parallel=parallel), strict=True))
+    flats = [opened[k, s] if (k, s) in opened else held[k].flat_blocks(s) for k, s in ranges]
     prefetch_blocks(
         (
             (flat, spans)

@@ -132,6 +132,11 @@ class ShardReaders:
         right now is skipped and closed later)."""
         self._pool.touch(self._serial, shard)
 
+    def key(self, shard: int) -> tuple[int, int]:
+        """The shard's key in the process's pool, for `OpenShards.touch_many`, which marks the
+        shards of many stores used under one lock."""
+        return self._serial, shard
+
     def evict(self, shard: int) -> bool:
         """Close the shard (`open_shards` asks), unless a thread holds its lock; whether it
         did."""

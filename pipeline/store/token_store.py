@@ -358,6 +358,21 @@ class TokenStore(StoreFacts):
         each once, and these calls are most of what a shard costs it."""
         return self.flat_blocks(shard), self.doc_offsets(shard)
 
+    def held_view(
+        self, shard: int
+    ) -> tuple[FlatBlocks | RemoteFlat | None, np.ndarray, tuple[int, int] | None] | None:
+        """`shard_view` of a shard (checked by the caller) whose first use is done, without
+        marking it used, and the key that marks it (`OpenShards.touch_many`, with the other
+        shards of a step under one lock; None: nothing to mark, its reads through ArrayRecord
+        mark it); None when the shard is not held (`shard_view` opens it)."""
+        docs = self._loaded["docs"][shard]
+        if docs is None or (self.remote and not self._use_flat[shard]):
+            return None
+        if not self._use_flat[shard]:
+            return None, docs, None
+        blocks = self._loaded["flat"][shard]
+        return None if blocks is None else (blocks, docs, self._readers.key(shard))
+
     def read_record_list(self, shard: int, records: list[int]) -> list[bytes]:
         """Records by index, under one lock. One `read(i, i + 1)` per record: in array_record
         0.8 a multi-record `read(list)` or `read(first, last)` call costs ~100 µs more than
