@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
-from pipeline.plan.plan import DrawSummary
+from pipeline.plan.draws import DrawSummary
 from pipeline.plan.row_layout import DOCUMENTS, WINDOWS
 from pipeline.plan.rows import host_rows
 from pipeline.read.plan import READERS, Plan, _readers
@@ -222,7 +222,8 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
     kinds = [WINDOWS, "new", DOCUMENTS, WINDOWS, "new"]
     layouts = [SimpleNamespace(row_kind=kind, meta=k) for k, kind in enumerate(kinds)]
     which = np.array([4, 0, 2, 3, 1, 0, 4])
-    groups = _readers(layouts, lambda meta: f"store {meta}", which, packed=False)
+    drawn = np.unique(which).tolist()
+    groups = _readers(layouts, lambda meta: f"store {meta}", which, drawn, packed=False)
     rows = {}
     for read, mine in groups:
         sources = set(which[mine].tolist())
@@ -233,5 +234,5 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
         rows.update(dict.fromkeys(mine.tolist(), sources))
     assert sorted(rows) == list(range(len(which)))
     assert len(groups) == 4  # the windows together, the document source, each "new" source
-    only = _readers(layouts, None, np.array([3, 0, 3]), packed=False)
+    only = _readers(layouts, None, np.array([3, 0, 3]), [0, 3], packed=False)
     assert len(only) == 1 and only[0][1] == slice(None)

@@ -20,9 +20,9 @@ from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.extras import require
 from pipeline.plan import data_state, skips
+from pipeline.plan.draws import Draws
 from pipeline.plan.ledger import config_mapping, data_order, fingerprint_of
 from pipeline.plan.packing import PackedLayout
-from pipeline.plan.plan import Draws
 from pipeline.plan.report import epoch_table, stage_rows
 from pipeline.plan.row_layout import DOCUMENTS
 from pipeline.plan.rows import host_rows

@@ -73,8 +73,8 @@ from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
 from pipeline.feed.watcher import HostStop
+from pipeline.plan.draws import DrawSummary
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
-from pipeline.plan.plan import DrawSummary
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import plan_stores
 from pipeline.read import objective

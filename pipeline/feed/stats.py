@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.feed.stragglers import Peers, Slowest
+from pipeline.plan.draws import Draws
 from pipeline.plan.ledger import Ledger
-from pipeline.plan.plan import Draws, SegmentPlan
+from pipeline.plan.plan import SegmentPlan
 from pipeline.read.plan import Plan
 from pipeline.store.remote_reads import downloaded
 

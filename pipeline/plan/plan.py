@@ -39,18 +39,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from pipeline.config import DataConfig, SourceSpec
-from pipeline.config.parse import PROVENANCE
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan import exclusion, row_layout
 from pipeline.plan.carry import holder
 from pipeline.plan.clock import StepClock
+from pipeline.plan.draws import Draws
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.objective import stage_objectives
@@ -63,64 +63,6 @@ from pipeline.plan.vocabulary import check_one_vocabulary
 from pipeline.store.meta import StoreMeta
 from pipeline.store.store_set import StoreSet, meta_of
 from pipeline.store.token_store import TokenStore
-
-
-@dataclass(frozen=True)
-class DrawSummary:
-    """Which stages and source epochs some rows of a step drew: what the feed's log, the
-    trainer's log and `inspect` report. Summaries of a step's row chunks `merge`."""
-
-    stages: frozenset[tuple[int, str]] = frozenset()  # (ledger segment index, stage name)
-    epochs: Mapping[str, int] = field(default_factory=dict)  # source -> highest epoch drawn
-
-    def merge(self, other: DrawSummary) -> DrawSummary:
-        epochs = dict(self.epochs)
-        for name, epoch in other.epochs.items():
-            epochs[name] = max(epoch, epochs.get(name, -1))
-        return DrawSummary(self.stages | other.stages, epochs)
-
-    @property
-    def stage_label(self) -> str:
-        """The stage names, joined by '+' when the rows straddle a stage boundary."""
-        return "+".join(sorted({name for _, name in self.stages}))
-
-    @property
-    def epochs_label(self) -> str:
-        """`name=epoch` per source, by name."""
-        return " ".join(f"{name}={epoch}" for name, epoch in sorted(self.epochs.items()))
-
-
-@dataclass(frozen=True)
-class Draws:
-    """What each requested row of a step is: one entry per row, in request order."""
-
-    step: int
-    rows: np.ndarray
-    segment_index: int  # the ledger segment that decides the step
-    lane: np.ndarray
-    stage: np.ndarray  # index into `stage_names`
-    stage_names: tuple[str, ...]
-    source: np.ndarray  # index into `source_names`
-    source_names: tuple[str, ...]
-    counter: np.ndarray
-    epoch: np.ndarray
-    window: np.ndarray
-    start: np.ndarray  # token start in the source's epoch stream
-
-    def provenance(self, names: Iterable[str] = PROVENANCE) -> dict[str, np.ndarray]:
-        """Per-row `source` (index into `source_names`), `epoch` and `window`, as the batch's
-        extra fields carry them (`feed.provenance`, `pipeline dump`)."""
-        return {name: getattr(self, name) for name in names}
-
-    def summary(self) -> DrawSummary:
-        stages = {(self.segment_index, self.stage_names[s]) for s in np.unique(self.stage)}
-        # the highest epoch of each drawn source: one sort, not a pass over the rows a source
-        order = np.lexsort((self.epoch, self.source))
-        source, epoch = self.source[order], self.epoch[order]
-        last = np.flatnonzero(np.append(source[1:] != source[:-1], source.size > 0))
-        names = self.source_names
-        epochs = {names[s]: e for s, e in zip(source[last].tolist(), epoch[last].tolist())}
-        return DrawSummary(frozenset(stages), epochs)
 
 
 class SegmentPlan:
@@ -568,12 +510,13 @@ class DrawPlan:
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
-        names = plan.config.source_names
-        epoch, window, start = row_layout.draw(plan.ordered_layouts, source, counter, lane)
+        names, drawn = plan.config.source_names, np.unique(source).tolist()
+        epoch, window, start = row_layout.draw(plan.ordered_layouts, source, counter, lane, drawn)
         stages = tuple(stage.spec.name for stage in plan.table.stages)
         return Draws(
-            step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start
-        )
+            step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start,
+            drawn,
+        )  # fmt: skip
 
     def planned(self) -> list[SegmentPlan]:
         """The segment plans made so far, latest segment first."""

@@ -16,7 +16,7 @@ a layout whose rows are of a kind already read adds nothing there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import import_module
@@ -104,18 +104,40 @@ def order_key(entry: Mapping[str, str]) -> list[str] | None:
     return layout_kind(entry.get("packing", "concat")).order_key(entry)
 
 
+def by_kind(
+    layouts: Sequence[Any], drawn: Iterable[int], kind: Callable[[Any], Any], order: Iterable = ()
+) -> dict[Any, list[int]]:
+    """The drawn sources (`drawn`: indexes of `layouts`, ascending) grouped by `kind(layout)`:
+    the kinds of `order` first, in its order, then as drawn; only kinds that draw."""
+    groups: dict[Any, list[int]] = {key: [] for key in order}
+    for k in drawn:
+        groups.setdefault(kind(layouts[k]), []).append(k)
+    return {key: mine for key, mine in groups.items() if mine}
+
+
+def rows_of(which: np.ndarray, groups: Iterable[list[int]]) -> list[np.ndarray | slice]:
+    """The rows of `which` (each row's source) that each group of sources draws: every row,
+    as a slice (no selection, no copy), when one group draws them all (a step's common case)."""
+    groups = list(groups)
+    if len(groups) == 1:
+        return [slice(None)]
+    return [np.flatnonzero(np.isin(which, mine)) for mine in groups]
+
+
 def draw(
-    layouts: Sequence[RowLayout], which: np.ndarray, counter: np.ndarray, lane: np.ndarray
+    layouts: Sequence[RowLayout],
+    which: np.ndarray,
+    counter: np.ndarray,
+    lane: np.ndarray,
+    drawn: list[int],
 ) -> Arrays:
-    """`RowLayout.draw` of draws of any sources: each kind's rows in one call."""
-    kinds: dict[type, list[int]] = {}
-    for k in np.unique(which).tolist():
-        kinds.setdefault(type(layouts[k]), []).append(k)
+    """`RowLayout.draw` of draws of any sources (`drawn`: those `which` names, ascending):
+    each kind's rows in one call."""
+    kinds = by_kind(layouts, drawn, type)
     if len(kinds) == 1:  # the common step: one kind draws every row, no selection of rows
         return next(iter(kinds)).draw(layouts, which, counter, lane)
     out = tuple(np.empty_like(counter) for _ in range(3))
-    for kind, mine in kinds.items():
-        rows = np.flatnonzero(np.isin(which, mine))
+    for kind, rows in zip(kinds, rows_of(which, kinds.values())):
         for part, values in zip(out, kind.draw(layouts, which[rows], counter[rows], lane[rows])):
             part[rows] = values
     return out

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.plan.draws import Draws
 from pipeline.plan.objective import NO_OBJECTIVE, objective_at
-from pipeline.plan.plan import DrawPlan, Draws
+from pipeline.plan.plan import DrawPlan
 from pipeline.read.plan import Plan
 
 SOURCE, OBJECTIVE = ROW_FIELDS = ("loss_source", "loss_objective")

@@ -16,8 +16,9 @@ from functools import partial
 import numpy as np
 
 from pipeline.errors import StoreError
-from pipeline.plan.plan import DrawPlan, Draws, SegmentPlan
-from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout
+from pipeline.plan.draws import Draws
+from pipeline.plan.plan import DrawPlan, SegmentPlan
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout, by_kind, rows_of
 from pipeline.plan.sources import path_key
 from pipeline.read import compact
 from pipeline.read.documents import document_fields, document_pieces
@@ -66,7 +67,8 @@ class Plan(DrawPlan):
         whole-document source's rows on their own (`document_fields`); into zeros when
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
-        groups = _readers(plan.ordered_layouts, self.store_set.open, draws.source, packed)
+        layouts, open_store = plan.ordered_layouts, self.store_set.open
+        groups = _readers(layouts, open_store, draws.source, draws.drawn, packed)
         rows = (draws.source, draws.epoch, draws.window, draws.start)
         if len(groups) == 1:  # no fancy-index copies when one reader reads every row
             return groups[0][0](*rows)
@@ -83,14 +85,11 @@ class Plan(DrawPlan):
         shard pieces (store, shards, lo, hi) of its rows (`PIECES`). A feed fetches the blocks
         of the steps ahead of those it reads with it (`piece_reads.fetch_blocks`)."""
         layouts = self.segment_plan(draws.segment_index).ordered_layouts
-        rows = (draws.source, draws.epoch, draws.window, draws.start)
-        drawn = np.unique(draws.source).tolist()
+        arrays = (draws.source, draws.epoch, draws.window, draws.start)
+        kinds = by_kind(layouts, draws.drawn, _row_kind, PIECES)
         found: list[Pieces] = []
-        for kind, pieces in PIECES.items():
-            mine = [k for k in drawn if layouts[k].row_kind == kind]
-            if mine:
-                picked = np.isin(draws.source, mine)
-                found += pieces(layouts, self.store_set.open, *(a[picked] for a in rows))
+        for (kind, mine), rows in zip(kinds.items(), rows_of(draws.source, kinds.values())):
+            found += PIECES[kind](layouts, self.store_set.open, mine, *(a[rows] for a in arrays))
         return found
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
@@ -152,7 +151,7 @@ def _windows(
     layouts: Sequence[RowLayout], open_store: OpenStore, sources: list[int], packed: bool
 ) -> Groups:
     """One reader for the rows of every windowed source (`read_windows`: one pass)."""
-    return [(partial(read_windows, layouts, open_store, packed=packed), sources)]
+    return [(partial(read_windows, layouts, open_store, sources, packed=packed), sources)]
 
 
 def _documents(
@@ -179,13 +178,15 @@ Pieces = tuple[TokenStore, np.ndarray, np.ndarray, np.ndarray]  # store, shards,
 def _window_pieces(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
+    drawn: list[int],
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
     start: np.ndarray,
 ) -> list[Pieces]:
-    """The shard pieces of drawn windows, by store (`window_reads`)."""
-    stores, (owner, shard, lo, hi, _, _) = window_reads(layouts, open_store, which, epoch, start)
+    """The shard pieces of drawn windows (of the sources `drawn`), by store (`window_reads`)."""
+    stores, pieces = window_reads(layouts, open_store, drawn, which, epoch, start)
+    owner, shard, lo, hi, _, _ = pieces
     return [
         (store, shard[owner == k], lo[owner == k], hi[owner == k]) for k, store in enumerate(stores)
     ]
@@ -194,15 +195,17 @@ def _window_pieces(
 def _document_pieces(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
+    drawn: list[int],
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
     start: np.ndarray,
 ) -> list[Pieces]:
-    """The shard pieces of the documents of drawn packed rows (`window`), by store."""
+    """The shard pieces of the documents of drawn packed rows (`window`, of the sources
+    `drawn`), by store."""
     return [
         (open_store(layouts[k].meta), *document_pieces(layouts[k], window[which == k]))
-        for k in np.unique(which).tolist()
+        for k in drawn
     ]
 
 
@@ -215,23 +218,26 @@ a layout with a new kind of rows adds its reader to `READERS` and its pieces her
 
 
 def _readers(
-    layouts: Sequence[RowLayout], open_store: OpenStore, which: np.ndarray, packed: bool
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    which: np.ndarray,
+    drawn: list[int],
+    packed: bool,
 ) -> list[tuple[Reader, np.ndarray | slice]]:
-    """Who reads which of the drawn rows (`which` indexes `layouts`; `packed`: in the compact
-    form): the drawn sources grouped by their kind of rows, each kind's reader(s) (`READERS`)."""
-    drawn = np.unique(which).tolist()
-    kinds: dict[str, list[int]] = {kind: [] for kind in READERS}
-    for k in drawn:
-        kinds[layouts[k].row_kind].append(k)
+    """Who reads which of the drawn rows (`which` indexes `layouts`, `drawn` the sources it
+    names; `packed`: in the compact form): the drawn sources grouped by their kind of rows,
+    each kind's reader(s) (`READERS`)."""
+    kinds = by_kind(layouts, drawn, _row_kind, READERS)
     groups = [
         group
-        for kind, sources in kinds.items()
-        if sources
-        for group in READERS[kind](layouts, open_store, sources, packed)
+        for kind, mine in kinds.items()
+        for group in READERS[kind](layouts, open_store, mine, packed)
     ]
-    if len(groups) == 1:  # the common step: one reader, no selection of rows
-        return [(groups[0][0], slice(None))]
-    return [(read, np.flatnonzero(np.isin(which, sources))) for read, sources in groups]
+    return list(zip((read for read, _ in groups), rows_of(which, (mine for _, mine in groups))))
+
+
+def _row_kind(layout: RowLayout) -> str:
+    return layout.row_kind
 
 
 def _document_rows(

@@ -24,6 +24,7 @@ from pipeline.store.token_store import TokenStore, read_pieces
 def read_windows(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
+    drawn: list[int],
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
@@ -32,10 +33,11 @@ def read_windows(
     packed: bool = False,
 ) -> dict[str, np.ndarray]:
     """The six fields of drawn windows (`packed`: their compact form, `pipeline.read.compact`):
-    row i is the window at token start[i] of epoch epoch[i] of source layouts[which[i]]."""
+    row i is the window at token start[i] of epoch epoch[i] of source layouts[which[i]]
+    (`drawn`: the sources `which` names, ascending)."""
     seq_len = layouts[int(which[0])].seq_len
     tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
-    stores, pieces = window_reads(layouts, open_store, which, epoch, start)
+    stores, pieces = window_reads(layouts, open_store, drawn, which, epoch, start)
     owner, shard, lo, hi, row, col = pieces
     segments, positions = _assemble(stores, pieces, tokens, packed)
     masked = any(store.masked for store in stores)
@@ -59,16 +61,17 @@ def read_windows(
 def window_reads(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
+    drawn: list[int],
     which: np.ndarray,
     epoch: np.ndarray,
     start: np.ndarray,
 ) -> tuple[list[TokenStore], tuple[np.ndarray, ...]]:
-    """The stores of the drawn windows' sources and the windows' shard pieces
-    (`layout.window_pieces`: owner, shard, lo, hi, row, column; owner indexes the stores)."""
-    sources = np.unique(which).tolist()
-    owner = np.searchsorted(sources, which)
-    stores = [open_store(layouts[s].meta) for s in sources]
-    return stores, window_pieces([layouts[s] for s in sources], owner, epoch, start)
+    """The stores of the drawn windows' sources (`drawn`: those `which` names, ascending) and
+    the windows' shard pieces (`layout.window_pieces`: owner, shard, lo, hi, row, column;
+    owner indexes the stores)."""
+    owner = np.searchsorted(drawn, which)
+    mine = [layouts[s] for s in drawn]
+    return [open_store(layout.meta) for layout in mine], window_pieces(mine, owner, epoch, start)
 
 
 def _assemble(
