@@ -91,7 +91,7 @@ def pieces_are_the_windows(plan: Plan, draws, batch: dict) -> None:
     """`Plan.pieces` (what a feed fetches ahead of its reads) holds the windows' tokens."""
     read = [
         store.read_shard_tokens(shard, start, stop).tokens
-        for store, shards, lo, hi in plan.pieces(draws)
+        for store, shards, lo, hi in plan.pieces(draws, local=True)
         for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist(), strict=True)
     ]
     windows = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)

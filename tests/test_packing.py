@@ -102,7 +102,7 @@ def _row_documents(batch: dict[str, np.ndarray], row: int) -> list[tuple[int, sl
 def _pieces_are_the_documents(plan, draws, batch, store: TokenStore) -> None:
     """`Plan.pieces` (what a feed fetches ahead of its reads) names the documents the rows
     hold, in order, each as long as read."""
-    [(piece_store, shards, lo, hi)] = plan.pieces(draws)
+    [(piece_store, shards, lo, hi)] = plan.pieces(draws, local=True)
     firsts = [first for row in range(len(draws.rows)) for first, _ in _row_documents(batch, row)]
     read = [
         int(piece_store.read_shard_tokens(shard, start, start + 1).tokens[0])

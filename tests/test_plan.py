@@ -215,7 +215,7 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
     """`_readers` groups the drawn sources by `row_kind` and hands each kind's sources to its
     entry in `READERS`: a new kind of rows is one entry there, nothing else in the read path."""
 
-    def one_each(layouts, open_store, sources, packed):
+    def one_each(layouts, open_store, sources, packed, found):
         return [(("each", k), [k]) for k in sources]
 
     monkeypatch.setitem(READERS, "new", one_each)
@@ -223,7 +223,7 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
     layouts = [SimpleNamespace(row_kind=kind, meta=k) for k, kind in enumerate(kinds)]
     which = np.array([4, 0, 2, 3, 1, 0, 4])
     drawn = np.unique(which).tolist()
-    groups = _readers(layouts, lambda meta: f"store {meta}", which, drawn, packed=False)
+    groups = _readers(layouts, lambda meta: f"store {meta}", which, drawn, False, {})
     rows = {}
     for read, mine in groups:
         sources = set(which[mine].tolist())
@@ -234,5 +234,5 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
         rows.update(dict.fromkeys(mine.tolist(), sources))
     assert sorted(rows) == list(range(len(which)))
     assert len(groups) == 4  # the windows together, the document source, each "new" source
-    only = _readers(layouts, None, np.array([3, 0, 3]), [0, 3], packed=False)
+    only = _readers(layouts, None, np.array([3, 0, 3]), [0, 3], False, {})
     assert len(only) == 1 and only[0][1] == slice(None)

@@ -26,6 +26,8 @@ from jax.sharding import Mesh
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, FeedError, PipelineError, StoreError
 from pipeline.feed.data_feed import DataFeed
+from pipeline.feed.fetch_ahead import FetchAhead
+from pipeline.plan.sources import plan_stores
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
 from pipeline.store.block_cache import SPARE_S, BlockCache
@@ -204,7 +206,7 @@ def first_needed(plan: Plan, steps: int, block_bytes: int = 1 << 16) -> dict[tup
     """(sidecar file name, first byte of a block) -> the first step of `plan` that reads it."""
     first: dict[tuple[str, int], int] = {}
     for step in range(steps):
-        for store, shards, lo, hi in plan.pieces(plan.draws(step)):
+        for store, shards, lo, hi in plan.pieces(plan.draws(step), local=True):
             size = store.dtype.itemsize
             for shard, start, stop in zip(shards.tolist(), lo.tolist(), hi.tolist()):
                 name = store.manifest["shards"][shard]["flat"]
@@ -260,7 +262,7 @@ def test_the_next_steps_whole_shards_are_fetched_ahead_too(tmp_path, gcs_bucket)
     expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
     first: dict[str, int] = {}
     for step in range(STEPS):
-        for piece_store, shards, _, _ in expected.pieces(expected.draws(step)):
+        for piece_store, shards, _, _ in expected.pieces(expected.draws(step), local=True):
             for shard in shards.tolist():
                 first.setdefault(piece_store.manifest["shards"][shard]["file"], step)
     asked = []
@@ -280,6 +282,41 @@ def test_the_next_steps_whole_shards_are_fetched_ahead_too(tmp_path, gcs_bucket)
     ahead = [(name, step) for name, step in first.items() if step >= 3]
     assert len(ahead) >= 2  # later steps read shards no step read before
     assert not [(name, step) for name, step in ahead if not requested[name] < asked[step - 2]]
+
+
+def test_a_mixed_plan_fetches_ahead_only_its_bucket_store_and_its_reader_reuses_the_draws(
+    tmp_path, gcs_bucket
+):
+    """Of a mixture of a store on disk and one in a bucket, `Plan.pieces` (what the fetch-ahead
+    thread fetches) holds the bucket store's pieces only, and opens no store on disk; a step's
+    reader takes the draws the thread found, with the pieces it found of them, and reads the
+    same rows, bit for bit."""
+    disk, url = store(tmp_path, gcs_bucket, "mixed-remote")
+    other, _ = store(tmp_path, gcs_bucket, "mixed-disk")
+    config = parse_config(mixture([url, str(other)]), origin="m.yaml")
+    plan = Plan.from_config(config, plan_stores(config))  # as a feed plans: from metadata
+    expected = Plan.from_config(parse_config(mixture([str(disk), str(other)]), origin="l.yaml"))
+    rows = np.arange(8)
+    ahead = FetchAhead(4)
+    try:
+        ahead.follow(plan, 0, lambda step: rows)
+        for _ in range(200):  # the thread's pass over steps 0..3 (bounded: 10 s)
+            if len(ahead._found) == 4:
+                break
+            time.sleep(0.05)
+        assert not [s for s in plan.stores() if not getattr(s, "remote", False)]
+        for step in range(4):
+            draws = plan.draws(step, rows)
+            assert set(draws.source.tolist()) == {0, 1}  # both sources every step
+            assert [str(store.path) for store, *_ in plan.pieces(draws)] == [url]
+            taken = ahead.draws(plan, step, rows)
+            assert taken.found  # the thread's draws, and the pieces it found of them
+            assert ahead.draws(plan, step, rows) is not taken  # taken once, then drawn again
+            batch, want = plan.read(taken), expected.read(expected.draws(step, rows))
+            for field in FIELDS:
+                np.testing.assert_array_equal(batch[field], want[field])
+    finally:
+        ahead.close()
 
 
 def test_a_damaged_block_fetched_ahead_stops_the_step_that_reads_it(tmp_path, gcs_bucket):

@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -73,7 +73,7 @@ from pipeline.feed.stats import FeedStats, Recorder, StepRead
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
 from pipeline.feed.watcher import HostStop
-from pipeline.plan.draws import DrawSummary
+from pipeline.plan.draws import Draws, DrawSummary
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import plan_stores
@@ -107,13 +107,14 @@ def _read_rows(
     measure: bool,
     scheduled: ScheduledSources | None = None,
     compact: bool = False,
+    draws_of: Callable[[Plan, int, np.ndarray], Draws] = Plan.draws,
 ) -> _StepRows:
     """This process's `rows` of `step`, read on the host (`_read_step` then transfers them);
     `compact`: in their compact form where the step has one (`Plan.read_compact`; the
     devices build the six fields, `pipeline.feed.expand`); `measure`: counted for the feed's
-    statistics."""
+    statistics; `draws_of`: the rows' draws (a feed's `FetchAhead.draws`: its thread's)."""
     started = time.perf_counter()
-    draws = plan.draws(step, rows)
+    draws = draws_of(plan, step, rows)
     batch = plan.read_compact(draws) if compact else None
     if batch is None:
         batch = plan.read(draws)
@@ -135,11 +136,12 @@ def _read_step(
     measure: bool,
     scheduled: ScheduledSources | None = None,
     expand_mode: str = "auto",
+    draws_of: Callable[[Plan, int, np.ndarray], Draws] = Plan.draws,
 ) -> _StepRows:
     """A reader thread's task: one step's local rows, read and transferred to the devices
     (`expand_mode`: the `feed.expand` of the config in force, never a ledger's)."""
     compact = expand.on_device(expand_mode, geometry)
-    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled, compact)
+    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled, compact, draws_of)
     rows.batch = expand.to_global(geometry, rows.batch)
     return rows
 
@@ -514,7 +516,7 @@ class DataFeed:
             geometry = self._geometry_at(step)  # also builds the segment in this thread
             task = partial(
                 _read_step, self._plan, step, geometry, self.provenance, measure, scheduled,
-                self.config.feed.expand,
+                self.config.feed.expand, self._ahead.draws,
             )  # fmt: skip
             self._readers.submit(step, task)
             self._queued = step + 1

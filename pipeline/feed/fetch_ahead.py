@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +37,13 @@ from pipeline.store.piece_reads import fetch_blocks
 from pipeline.urls import is_url
 
 if TYPE_CHECKING:
+    from pipeline.plan.draws import Draws
     from pipeline.read.plan import Plan
 
 PARALLEL = 32
 """Requests in flight at once from one pass."""
+KEPT = 4
+"""Steps' draws kept for their readers (`FetchAhead.draws`), in `feed.fetch_ahead`s."""
 log = logging.getLogger("pipeline")
 
 
@@ -56,6 +60,9 @@ class FetchAhead:
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        # the draws each pass found, (step, rows) -> (plan, draws), for the step's reader
+        # (`draws`); the oldest dropped beyond `KEPT` steps (a seek leaves some untaken)
+        self._found: OrderedDict[tuple[int, bytes], tuple[Plan, Draws]] = OrderedDict()
 
     @staticmethod
     def of(feed: object, paths: list[Any], steps: int) -> FetchAhead:
@@ -96,11 +103,23 @@ class FetchAhead:
                 self._thread.start()
             self._wake.notify()
 
+    def draws(self, plan: Plan, step: int, rows: np.ndarray) -> Draws:
+        """`plan.draws(step, rows)`: the thread's, when a pass has found them (taken, with the
+        pieces it found of them, `Draws.found`, which the reader then copies), else drawn
+        now. A step's reader draws once what the thread drew, instead of drawing it again."""
+        if self.steps:
+            with self._wake:
+                found = self._found.pop((step, rows.tobytes()), None)
+            if found is not None and found[0] is plan:
+                return found[1]
+        return plan.draws(step, rows)
+
     def close(self, wait: bool = True) -> None:
         """Stop the thread once its pass ends (joined when `wait`). Idempotent."""
         with self._wake:
             self._closed = True
             self._wanted.clear()
+            self._found.clear()
             self._wake.notify()
             thread = self._thread
         if wait and thread is not None and thread is not threading.current_thread():
@@ -115,11 +134,11 @@ class FetchAhead:
                     return
                 wanted, self._wanted = self._wanted, []
             try:
-                pieces = [
-                    found
-                    for plan, step, rows in wanted
-                    for found in plan.pieces(plan.draws(step, rows))
-                ]
+                pieces = []
+                for plan, step, rows in wanted:
+                    draws = plan.draws(step, rows)
+                    pieces += plan.pieces(draws)
+                    self._keep(plan, step, rows, draws)
             except PipelineError:  # the reader of that step meets it again, and raises it
                 continue
             except Exception as error:  # a bug: the feed's next next() raises it
@@ -129,3 +148,9 @@ class FetchAhead:
                 fetch_blocks(pieces, PARALLEL)
             except Exception as error:  # the reader of the step that needs the block runs
                 log.debug("fetch ahead: %s", error)  # the same fetch again, and raises it
+
+    def _keep(self, plan: Plan, step: int, rows: np.ndarray, draws: Draws) -> None:
+        with self._wake:
+            self._found[step, rows.tobytes()] = (plan, draws)
+            while len(self._found) > KEPT * max(1, self.steps):
+                self._found.popitem(last=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,9 @@ class Draws:
     window: np.ndarray
     start: np.ndarray  # token start in the source's epoch stream
     drawn: list[int]  # the sources drawn, ascending (`np.unique(source)`, found once a step)
+    # what a reader found of these rows, for the next reader of the same draws (the pieces the
+    # fetch-ahead thread finds, which the reader then copies: `windows.found_reads`)
+    found: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def provenance(self, names: Iterable[str] = PROVENANCE) -> dict[str, np.ndarray]:
         """Per-row `source` (index into `source_names`), `epoch` and `window`, as the batch's

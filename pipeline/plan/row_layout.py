@@ -115,11 +115,12 @@ def by_kind(
     return {key: mine for key, mine in groups.items() if mine}
 
 
-def rows_of(which: np.ndarray, groups: Iterable[list[int]]) -> list[np.ndarray | slice]:
-    """The rows of `which` (each row's source) that each group of sources draws: every row,
-    as a slice (no selection, no copy), when one group draws them all (a step's common case)."""
+def rows_of(which: np.ndarray, groups: Iterable[list[int]], drawn: int) -> list[np.ndarray | slice]:
+    """The rows of `which` (each row's source, of `drawn` sources in all) that each group of
+    sources draws: every row, as a slice (no selection, no copy), when one group holds every
+    drawn source (a step's common case)."""
     groups = list(groups)
-    if len(groups) == 1:
+    if len(groups) == 1 and len(groups[0]) == drawn:
         return [slice(None)]
     return [np.flatnonzero(np.isin(which, mine)) for mine in groups]
 
@@ -137,7 +138,7 @@ def draw(
     if len(kinds) == 1:  # the common step: one kind draws every row, no selection of rows
         return next(iter(kinds)).draw(layouts, which, counter, lane)
     out = tuple(np.empty_like(counter) for _ in range(3))
-    for kind, rows in zip(kinds, rows_of(which, kinds.values())):
+    for kind, rows in zip(kinds, rows_of(which, kinds.values(), len(drawn))):
         for part, values in zip(out, kind.draw(layouts, which[rows], counter[rows], lane[rows])):
             part[rows] = values
     return out

@@ -22,10 +22,10 @@ from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout, b
 from pipeline.plan.sources import path_key
 from pipeline.read import compact
 from pipeline.read.documents import document_fields, document_pieces
-from pipeline.read.windows import read_windows, window_reads
+from pipeline.read.windows import found_reads, read_windows
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import location
+from pipeline.urls import is_url, location
 
 Reader = Callable[..., dict[str, np.ndarray]]  # (which, epoch, window, start) -> fields
 
@@ -68,7 +68,7 @@ class Plan(DrawPlan):
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
         layouts, open_store = plan.ordered_layouts, self.store_set.open
-        groups = _readers(layouts, open_store, draws.source, draws.drawn, packed)
+        groups = _readers(layouts, open_store, draws.source, draws.drawn, packed, draws.found)
         rows = (draws.source, draws.epoch, draws.window, draws.start)
         if len(groups) == 1:  # no fancy-index copies when one reader reads every row
             return groups[0][0](*rows)
@@ -80,16 +80,22 @@ class Plan(DrawPlan):
                 out[name][mine] = values
         return out
 
-    def pieces(self, draws: Draws) -> list[Pieces]:
-        """What reading `draws` copies, without reading it: per store of the drawn sources, the
-        shard pieces (store, shards, lo, hi) of its rows (`PIECES`). A feed fetches the blocks
-        of the steps ahead of those it reads with it (`piece_reads.fetch_blocks`)."""
+    def pieces(self, draws: Draws, *, local: bool = False) -> list[Pieces]:
+        """What reading `draws` copies, without reading it: per store in a bucket of the drawn
+        sources (`local`: and on disk), the shard pieces (store, shards, lo, hi) of its rows
+        (`PIECES`). A feed fetches the blocks of the steps ahead of those it reads with it
+        (`piece_reads.fetch_blocks`), so a store on disk is not opened for it; what it finds
+        is kept for the reader of the same draws (`Draws.found`)."""
         layouts = self.segment_plan(draws.segment_index).ordered_layouts
+        drawn = draws.drawn if local else [k for k in draws.drawn if is_url(layouts[k].meta.path)]
         arrays = (draws.source, draws.epoch, draws.window, draws.start)
-        kinds = by_kind(layouts, draws.drawn, _row_kind, PIECES)
+        kinds = by_kind(layouts, drawn, _row_kind, PIECES)
+        rows = rows_of(draws.source, kinds.values(), len(draws.drawn))
         found: list[Pieces] = []
-        for (kind, mine), rows in zip(kinds.items(), rows_of(draws.source, kinds.values())):
-            found += PIECES[kind](layouts, self.store_set.open, mine, *(a[rows] for a in arrays))
+        for (kind, mine), chosen in zip(kinds.items(), rows):
+            found += PIECES[kind](
+                layouts, self.store_set.open, mine, draws.found, *(a[chosen] for a in arrays)
+            )
         return found
 
     def batch(self, step: int, rows: Iterable[int] | None = None) -> dict[str, np.ndarray]:
@@ -148,14 +154,23 @@ Groups = list[tuple[Reader, list[int]]]  # readers, each with the sources (index
 
 
 def _windows(
-    layouts: Sequence[RowLayout], open_store: OpenStore, sources: list[int], packed: bool
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    sources: list[int],
+    packed: bool,
+    found: dict,
 ) -> Groups:
     """One reader for the rows of every windowed source (`read_windows`: one pass)."""
-    return [(partial(read_windows, layouts, open_store, sources, packed=packed), sources)]
+    read = partial(read_windows, layouts, open_store, sources, packed=packed, found=found)
+    return [(read, sources)]
 
 
 def _documents(
-    layouts: Sequence[RowLayout], open_store: OpenStore, sources: list[int], packed: bool
+    layouts: Sequence[RowLayout],
+    open_store: OpenStore,
+    sources: list[int],
+    packed: bool,
+    found: dict,
 ) -> Groups:
     """One reader per whole-document source (`document_fields`)."""
     return [
@@ -164,12 +179,13 @@ def _documents(
     ]
 
 
-READERS: dict[str, Callable[[Sequence[RowLayout], OpenStore, list[int], bool], Groups]] = {
+READERS: dict[str, Callable[[Sequence[RowLayout], OpenStore, list[int], bool, dict], Groups]] = {
     WINDOWS: _windows,
     DOCUMENTS: _documents,
 }
 """The readers of each kind of rows (`RowLayout.row_kind`), in the order their fields are
-laid out; a layout with a new kind of rows adds its reader here (docs/architecture.md)."""
+laid out: (layouts, open_store, sources, packed, the draws' `Draws.found`) -> groups; a layout
+with a new kind of rows adds its reader here (docs/architecture.md)."""
 
 
 Pieces = tuple[TokenStore, np.ndarray, np.ndarray, np.ndarray]  # store, shards, lo, hi
@@ -179,13 +195,15 @@ def _window_pieces(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
     drawn: list[int],
+    found: dict,
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
     start: np.ndarray,
 ) -> list[Pieces]:
-    """The shard pieces of drawn windows (of the sources `drawn`), by store (`window_reads`)."""
-    stores, pieces = window_reads(layouts, open_store, drawn, which, epoch, start)
+    """The shard pieces of drawn windows (of the sources `drawn`), by store (`window_reads`,
+    kept in `found` for the reader of the same draws: `found_reads`)."""
+    stores, pieces = found_reads(found, layouts, open_store, drawn, which, epoch, start)
     owner, shard, lo, hi, _, _ = pieces
     return [
         (store, shard[owner == k], lo[owner == k], hi[owner == k]) for k, store in enumerate(stores)
@@ -196,6 +214,7 @@ def _document_pieces(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
     drawn: list[int],
+    found: dict,
     which: np.ndarray,
     epoch: np.ndarray,
     window: np.ndarray,
@@ -223,17 +242,19 @@ def _readers(
     which: np.ndarray,
     drawn: list[int],
     packed: bool,
+    found: dict,
 ) -> list[tuple[Reader, np.ndarray | slice]]:
     """Who reads which of the drawn rows (`which` indexes `layouts`, `drawn` the sources it
-    names; `packed`: in the compact form): the drawn sources grouped by their kind of rows,
-    each kind's reader(s) (`READERS`)."""
+    names; `packed`: in the compact form; `found`: the draws' `Draws.found`): the drawn
+    sources grouped by their kind of rows, each kind's reader(s) (`READERS`)."""
     kinds = by_kind(layouts, drawn, _row_kind, READERS)
     groups = [
         group
         for kind, mine in kinds.items()
-        for group in READERS[kind](layouts, open_store, mine, packed)
+        for group in READERS[kind](layouts, open_store, mine, packed, found)
     ]
-    return list(zip((read for read, _ in groups), rows_of(which, (mine for _, mine in groups))))
+    rows = rows_of(which, (mine for _, mine in groups), len(drawn))
+    return list(zip((read for read, _ in groups), rows))
 
 
 def _row_kind(layout: RowLayout) -> str:
