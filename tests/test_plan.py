@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.plan.draws import DrawSummary
-from pipeline.plan.row_layout import DOCUMENTS, WINDOWS
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, by_kind
 from pipeline.plan.rows import host_rows
 from pipeline.read.plan import READERS, Plan, _readers
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
@@ -212,8 +212,9 @@ def test_a_step_summary_is_the_merge_of_its_row_chunks(setup, step, chunks):
 
 
 def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
-    """`_readers` groups the drawn sources by `row_kind` and hands each kind's sources to its
-    entry in `READERS`: a new kind of rows is one entry there, nothing else in the read path."""
+    """The drawn sources grouped by `row_kind` (`by_kind`), `_readers` hands each kind's
+    sources to its entry in `READERS`: a new kind of rows is one entry there, nothing else in
+    the read path."""
 
     def one_each(layouts, open_store, sources, packed, found):
         return [(("each", k), [k]) for k in sources]
@@ -222,8 +223,8 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
     kinds = [WINDOWS, "new", DOCUMENTS, WINDOWS, "new"]
     layouts = [SimpleNamespace(row_kind=kind, meta=k) for k, kind in enumerate(kinds)]
     which = np.array([4, 0, 2, 3, 1, 0, 4])
-    drawn = np.unique(which).tolist()
-    groups = _readers(layouts, lambda meta: f"store {meta}", which, drawn, False, {})
+    grouped = by_kind(tuple(kinds), np.unique(which).tolist(), READERS)
+    groups = _readers(layouts, lambda meta: f"store {meta}", which, grouped, False, {})
     rows = {}
     for read, mine in groups:
         sources = set(which[mine].tolist())
@@ -234,5 +235,5 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
         rows.update(dict.fromkeys(mine.tolist(), sources))
     assert sorted(rows) == list(range(len(which)))
     assert len(groups) == 4  # the windows together, the document source, each "new" source
-    only = _readers(layouts, None, np.array([3, 0, 3]), [0, 3], False, {})
+    only = _readers(layouts, None, np.array([3, 0, 3]), by_kind(tuple(kinds), [0, 3]), False, {})
     assert len(only) == 1 and only[0][1] == slice(None)

@@ -58,7 +58,7 @@ class Draws:
     start: np.ndarray  # token start in the source's epoch stream
     drawn: list[int]  # the sources drawn, ascending (`np.unique(source)`, found once a step)
     # what a reader found of these rows, for the next reader of the same draws (the pieces the
-    # fetch-ahead thread finds, which the reader then copies: `windows.found_reads`)
+    # fetch-ahead thread finds, which the reader then takes and copies: `windows.found_key`)
     found: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def provenance(self, names: Iterable[str] = PROVENANCE) -> dict[str, np.ndarray]:

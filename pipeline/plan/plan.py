@@ -108,6 +108,10 @@ class SegmentPlan:
             self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
         # in source order, as draws index them (one list for every step, not one a step)
         self.ordered_layouts = tuple(self.layouts[name] for name in config.source_names)
+        # each one's class and kind of rows, for a step's draws to group its sources by
+        # (`row_layout.by_kind`)
+        self.layout_types = tuple(type(layout) for layout in self.ordered_layouts)
+        self.row_kinds = tuple(layout.row_kind for layout in self.ordered_layouts)
         carried = np.array([segment.counters[name] for name in config.source_names])
         joined = self.anchor != segment.start_step
         if joined:  # continue the layout where it places the start
@@ -511,7 +515,9 @@ class DrawPlan:
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         names, drawn = plan.config.source_names, np.unique(source).tolist()
-        epoch, window, start = row_layout.draw(plan.ordered_layouts, source, counter, lane, drawn)
+        epoch, window, start = row_layout.draw(
+            plan.ordered_layouts, source, counter, lane, drawn, plan.layout_types
+        )
         stages = tuple(stage.spec.name for stage in plan.table.stages)
         return Draws(
             step, rows, index, lane, stage, stages, source, names, counter, epoch, window, start,

@@ -104,14 +104,18 @@ def order_key(entry: Mapping[str, str]) -> list[str] | None:
     return layout_kind(entry.get("packing", "concat")).order_key(entry)
 
 
-def by_kind(
-    layouts: Sequence[Any], drawn: Iterable[int], kind: Callable[[Any], Any], order: Iterable = ()
-) -> dict[Any, list[int]]:
-    """The drawn sources (`drawn`: indexes of `layouts`, ascending) grouped by `kind(layout)`:
-    the kinds of `order` first, in its order, then as drawn; only kinds that draw."""
+def by_kind(kinds: Sequence[Any], drawn: list[int], order: Iterable = ()) -> dict[Any, list[int]]:
+    """The drawn sources (`drawn`, ascending) grouped by their kind (`kinds[k]`: source k's,
+    of every source: `SegmentPlan.layout_types`, `row_kinds`): the kinds of `order` first, in
+    its order, then as drawn; only kinds that draw. A plan of one kind (the common one) is one
+    group without a look at each drawn source."""
+    if not drawn:
+        return {}
+    if kinds.count(kinds[drawn[0]]) == len(kinds):
+        return {kinds[drawn[0]]: drawn}
     groups: dict[Any, list[int]] = {key: [] for key in order}
     for k in drawn:
-        groups.setdefault(kind(layouts[k]), []).append(k)
+        groups.setdefault(kinds[k], []).append(k)
     return {key: mine for key, mine in groups.items() if mine}
 
 
@@ -131,10 +135,11 @@ def draw(
     counter: np.ndarray,
     lane: np.ndarray,
     drawn: list[int],
+    types: Sequence[type],
 ) -> Arrays:
-    """`RowLayout.draw` of draws of any sources (`drawn`: those `which` names, ascending):
-    each kind's rows in one call."""
-    kinds = by_kind(layouts, drawn, type)
+    """`RowLayout.draw` of draws of any sources (`drawn`: those `which` names, ascending;
+    `types`: each layout's class): each kind's rows in one call."""
+    kinds = by_kind(types, drawn)
     if len(kinds) == 1:  # the common step: one kind draws every row, no selection of rows
         return next(iter(kinds)).draw(layouts, which, counter, lane)
     out = tuple(np.empty_like(counter) for _ in range(3))

@@ -22,7 +22,7 @@ from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, OpenStore, RowLayout, b
 from pipeline.plan.sources import path_key
 from pipeline.read import compact
 from pipeline.read.documents import document_fields, document_pieces
-from pipeline.read.windows import found_reads, read_windows
+from pipeline.read.windows import found_key, read_windows, window_reads
 from pipeline.store.meta import StoreMeta
 from pipeline.store.token_store import TokenStore
 from pipeline.urls import is_url, location
@@ -68,7 +68,8 @@ class Plan(DrawPlan):
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
         layouts, open_store = plan.ordered_layouts, self.store_set.open
-        groups = _readers(layouts, open_store, draws.source, draws.drawn, packed, draws.found)
+        kinds = by_kind(plan.row_kinds, draws.drawn, READERS)
+        groups = _readers(layouts, open_store, draws.source, kinds, packed, draws.found)
         rows = (draws.source, draws.epoch, draws.window, draws.start)
         if len(groups) == 1:  # no fancy-index copies when one reader reads every row
             return groups[0][0](*rows)
@@ -86,10 +87,11 @@ class Plan(DrawPlan):
         (`PIECES`). A feed fetches the blocks of the steps ahead of those it reads with it
         (`piece_reads.fetch_blocks`), so a store on disk is not opened for it; what it finds
         is kept for the reader of the same draws (`Draws.found`)."""
-        layouts = self.segment_plan(draws.segment_index).ordered_layouts
+        plan = self.segment_plan(draws.segment_index)
+        layouts = plan.ordered_layouts
         drawn = draws.drawn if local else [k for k in draws.drawn if is_url(layouts[k].meta.path)]
         arrays = (draws.source, draws.epoch, draws.window, draws.start)
-        kinds = by_kind(layouts, drawn, _row_kind, PIECES)
+        kinds = by_kind(plan.row_kinds, drawn, PIECES)
         rows = rows_of(draws.source, kinds.values(), len(draws.drawn))
         found: list[Pieces] = []
         for (kind, mine), chosen in zip(kinds.items(), rows):
@@ -202,8 +204,9 @@ def _window_pieces(
     start: np.ndarray,
 ) -> list[Pieces]:
     """The shard pieces of drawn windows (of the sources `drawn`), by store (`window_reads`,
-    kept in `found` for the reader of the same draws: `found_reads`)."""
-    stores, pieces = found_reads(found, layouts, open_store, drawn, which, epoch, start)
+    kept in `found` for the reader of the same draws: `found_key`)."""
+    stores, pieces = window_reads(layouts, open_store, drawn, which, epoch, start)
+    found[found_key(drawn)] = (stores, pieces)
     owner, shard, lo, hi, _, _ = pieces
     return [
         (store, shard[owner == k], lo[owner == k], hi[owner == k]) for k, store in enumerate(stores)
@@ -240,25 +243,20 @@ def _readers(
     layouts: Sequence[RowLayout],
     open_store: OpenStore,
     which: np.ndarray,
-    drawn: list[int],
+    kinds: dict[str, list[int]],
     packed: bool,
     found: dict,
 ) -> list[tuple[Reader, np.ndarray | slice]]:
-    """Who reads which of the drawn rows (`which` indexes `layouts`, `drawn` the sources it
-    names; `packed`: in the compact form; `found`: the draws' `Draws.found`): the drawn
-    sources grouped by their kind of rows, each kind's reader(s) (`READERS`)."""
-    kinds = by_kind(layouts, drawn, _row_kind, READERS)
+    """Who reads which of the drawn rows (`which` indexes `layouts`; `kinds`: the drawn
+    sources by their kind of rows, `by_kind`; `packed`: in the compact form; `found`: the
+    draws' `Draws.found`): each kind's reader(s) (`READERS`)."""
     groups = [
         group
         for kind, mine in kinds.items()
         for group in READERS[kind](layouts, open_store, mine, packed, found)
     ]
-    rows = rows_of(which, (mine for _, mine in groups), len(drawn))
-    return list(zip((read for read, _ in groups), rows))
-
-
-def _row_kind(layout: RowLayout) -> str:
-    return layout.row_kind
+    drawn = sum(map(len, kinds.values()))
+    return list(zip((read for read, _ in groups), rows_of(which, (s for _, s in groups), drawn)))
 
 
 def _document_rows(

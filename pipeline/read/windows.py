@@ -30,15 +30,16 @@ def read_windows(
     window: np.ndarray,
     start: np.ndarray,
     *,
-    packed: bool = False,
-    found: dict | None = None,
+    packed: bool,
+    found: dict,
 ) -> dict[str, np.ndarray]:
     """The six fields of drawn windows (`packed`: their compact form, `pipeline.read.compact`):
     row i is the window at token start[i] of epoch epoch[i] of source layouts[which[i]]
     (`drawn`: the sources `which` names, ascending; `found`: their draws' `Draws.found`)."""
     seq_len = layouts[int(which[0])].seq_len
     tokens = np.empty((len(which), seq_len + 1), dtype=np.int32)
-    stores, pieces = found_reads(found, layouts, open_store, drawn, which, epoch, start)
+    kept = found.pop(found_key(drawn), None)
+    stores, pieces = kept or window_reads(layouts, open_store, drawn, which, epoch, start)
     owner, shard, lo, hi, row, col = pieces
     segments, positions = _assemble(stores, pieces, tokens, packed)
     masked = any(store.masked for store in stores)
@@ -75,25 +76,11 @@ def window_reads(
     return [open_store(layout.meta) for layout in mine], window_pieces(mine, owner, epoch, start)
 
 
-def found_reads(
-    found: dict | None,
-    layouts: Sequence[RowLayout],
-    open_store: OpenStore,
-    drawn: list[int],
-    which: np.ndarray,
-    epoch: np.ndarray,
-    start: np.ndarray,
-) -> tuple[list[TokenStore], tuple[np.ndarray, ...]]:
-    """`window_reads`, kept in `found` (the draws' `Draws.found`, None: not kept) for the next
-    reader of the same draws' windows of the same sources: the fetch-ahead thread of a feed
-    over buckets finds a step's pieces (`Plan.pieces`), its reader then copies them."""
-    key = ("window_reads", *drawn)
-    reads = None if found is None else found.get(key)
-    if reads is None:
-        reads = window_reads(layouts, open_store, drawn, which, epoch, start)
-        if found is not None:
-            found[key] = reads
-    return reads
+def found_key(drawn: list[int]) -> tuple:
+    """The key in `Draws.found` of the `window_reads` of the windows of sources `drawn`: the
+    fetch-ahead thread of a feed over buckets finds a step's pieces (`Plan.pieces`) and keeps
+    them there, the step's reader takes them (`read_windows`) instead of finding them again."""
+    return ("window_reads", *drawn)
 
 
 def _assemble(
