@@ -22,7 +22,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import ClassVar
 
 import numpy as np
@@ -46,6 +46,7 @@ from pipeline.wording import counted
 # Up to this many windows per lane, the whole window order of an (epoch, lane) is computed once
 # (a few ms) and cached, so a draw is a lookup; above, each draw's window is computed on its own.
 SMALL_DOMAIN = 1 << 16
+OWN_ORDER_VALUES = 1 << 10  # a layout keeps its last orders of up to this many windows (8 KiB)
 # What `window_draws` reads of each drawn source's layout, in one array.
 FIGURES = ("windows_per_lane", "first_counter", "first_epoch", "lane_tokens", "seq_len")
 
@@ -104,6 +105,19 @@ class SourceLayout(Epochs):
     @cached_property
     def _piece_tables(self) -> Callable[[int], tuple[np.ndarray, int]]:
         return lru_cache(maxsize=64)(self._piece_table)
+
+    @cached_property
+    def _small_orders(self) -> Callable[[int, int, int], np.ndarray]:
+        return lru_cache(maxsize=4)(partial(window_order, self.seed, self.name))
+
+    def lane_order(self, epoch: int, lane: int) -> np.ndarray:
+        """The window order of (epoch, lane) of a small layout (`window_order`): the last few
+        kept on the layout when of at most `OWN_ORDER_VALUES` windows, so that a step of a big
+        mixture finds each drawn source's without the process cache's lock and bookkeeping
+        (`keyed_order`), which keeps the larger ones within its bound."""
+        if self.windows_per_lane <= OWN_ORDER_VALUES:
+            return self._small_orders(epoch, lane, self.windows_per_lane)
+        return window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
 
     def continue_epochs(self, counter: int, epoch: int, transition: Transition | None) -> None:
         """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""
@@ -330,7 +344,7 @@ def window_draws(
         if transitional:
             order = layout.transition.order(layout, ln)
         elif layout.windows_per_lane <= SMALL_DOMAIN:
-            order = window_order(layout.seed, layout.name, e, ln, layout.windows_per_lane)
+            order = layout.lane_order(e, ln)
         else:  # every draw on its own
             mine = np.array([positions[r] for r in rows], dtype=np.int64)
             values = permute(mine, layout.windows_per_lane, layout._window_keys(e, ln))
