@@ -235,8 +235,9 @@ PIECES: dict[str, Callable[..., list[Pieces]]] = {
     WINDOWS: _window_pieces,
     DOCUMENTS: _document_pieces,
 }
-"""What each kind of rows (`RowLayout.row_kind`) reads, without reading it (`Plan.pieces`);
-a layout with a new kind of rows adds its reader to `READERS` and its pieces here."""
+"""What each kind of rows (`RowLayout.row_kind`) reads, without reading it (`Plan.pieces`):
+(layouts, open_store, sources, the draws' `Draws.found`, which, epoch, window, start) ->
+pieces; a layout with a new kind of rows adds its reader to `READERS` and its pieces here."""
 
 
 def _readers(
