@@ -80,7 +80,7 @@ class FlatBlocks:
 
     def __init__(
         self,
-        path: Path,
+        path: str | Path,
         tokens: np.ndarray,
         crcs: np.ndarray | None,
         *,

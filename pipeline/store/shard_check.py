@@ -17,6 +17,7 @@ import contextlib
 import io
 import math
 import mmap
+import os
 import re
 import threading
 from pathlib import Path
@@ -32,7 +33,14 @@ from pipeline.store.identity import sample_digest
 from pipeline.store.meta import MANIFEST
 from pipeline.store.remote_reads import RemoteFlat, checked_file
 from pipeline.store.retry import RetryPolicy, is_transient
-from pipeline.store.store_files import RESEALED, FileIdentity, identity_or_none, sha256_of
+from pipeline.store.store_files import (
+    LISTED_ARRAYS,
+    RESEALED,
+    FileIdentity,
+    identity_of,
+    read_local,
+    sha256_of,
+)
 from pipeline.urls import is_url
 
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
@@ -76,17 +84,21 @@ def _npy_array(data: bytes) -> np.ndarray:
 
 
 def _load_npy(
-    root: Path, entry: dict[str, Any], key: str, checksum_key: str
-) -> tuple[Path, np.ndarray]:
-    """The .npy file listed under `key` in a shard's manifest entry (in the store at `root`),
-    checked against its manifest checksum: read once, into memory (8 bytes per record or
-    document, less than the reader's own index), so the array served is the bytes hashed."""
-    path = root / entry[key]
+    root: str, entry: dict[str, Any], key: str, checksum_key: str
+) -> tuple[str, np.ndarray]:
+    """The .npy file listed under `key` in a shard's manifest entry (in the store at `root`, a
+    directory or a URL), checked against its manifest checksum: read once, into memory (8
+    bytes per record or document, less than the reader's own index), so the array served is
+    the bytes hashed."""
+    path = os.path.join(root, entry[key])
     if is_url(path):  # one download per host, checked (remote_reads)
-        data = checked_file(str(path), entry[checksum_key], checksum_key)
+        data = checked_file(path, entry[checksum_key], checksum_key)
         return path, _parsed(path, data)
     try:  # one read, both hashed and parsed
-        data = path.read_bytes()
+        data = read_local(path)
+    except FileNotFoundError:
+        missing = f"{path}: {LISTED_ARRAYS[key]} listed in the manifest is missing"
+        raise StoreError(missing) from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
     if sha256_of(data) != entry[checksum_key]:
@@ -97,7 +109,7 @@ def _load_npy(
     return path, _parsed(path, data)
 
 
-def _parsed(path: Path, data: bytes) -> np.ndarray:
+def _parsed(path: str, data: bytes) -> np.ndarray:
     try:
         return _npy_array(data)
     except (OSError, ValueError, EOFError) as error:
@@ -105,11 +117,12 @@ def _parsed(path: Path, data: bytes) -> np.ndarray:
 
 
 def load_index(
-    root: Path, entry: dict[str, Any], key: str, checksum_key: str, count: int
+    root: str, entry: dict[str, Any], key: str, checksum_key: str, count: int
 ) -> np.ndarray:
     """A shard's record or document index, checked against the manifest."""
     _, index = _load_npy(root, entry, key, checksum_key)
-    manifest = root / MANIFEST  # the index matches its checksum: the manifest is at fault
+    # the index matches its checksum: the manifest is at fault
+    manifest = os.path.join(root, MANIFEST)
     if index.shape != (count + 1,) or index.dtype != np.int64:
         raise StoreError(
             f"{manifest}: needs an int64[{count + 1}] {entry[key]}, which is "
@@ -123,7 +136,7 @@ def load_index(
     return index
 
 
-def load_mask(root: Path, entry: dict[str, Any]) -> np.ndarray:
+def load_mask(root: str, entry: dict[str, Any]) -> np.ndarray:
     """A masked store's untrained spans of a shard: int64 [k, 2] token ranges, ordered, not
     overlapping and inside the shard, checked against the manifest's checksum."""
     path, spans = _load_npy(root, entry, "untrained", "untrained_sha256")
@@ -141,7 +154,7 @@ def load_mask(root: Path, entry: dict[str, Any]) -> np.ndarray:
 
 
 def map_flat(
-    root: Path,
+    root: str,
     entry: dict[str, Any],
     known: FileIdentity | None,
     dtype: np.dtype,
@@ -150,20 +163,28 @@ def map_flat(
     """A shard's flat sidecar, memory-mapped, after checking that it is the file seen at open
     (`known`) and that its sampled records match the manifest's `sample_sha256` (a sidecar of
     another store or an older prepare is refused; `TokenStore.verify` checks every byte)."""
-    path = root / entry["flat"]
-    if identity_or_none(path) != known:
-        raise StoreError(
-            f"{path}: the flat token sidecar was replaced or changed after the store was "
-            "opened; restart the job, or prepare the store again"
-        )
-    size = int(entry["tokens"])
-    if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
-        return np.empty(0, dtype)
-    try:  # the map outlives the file object; np.memmap costs 0.2 ms more per shard
-        with path.open("rb") as file:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    path = os.path.join(root, entry["flat"])
+    replaced = StoreError(
+        f"{path}: the flat token sidecar was replaced or changed after the store was "
+        "opened; restart the job, or prepare the store again"
+    )
+    try:  # the file mapped is the one checked: its `fstat`, not a `stat` of its name
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise replaced from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+    try:  # the map outlives the descriptor; np.memmap costs 0.2 ms more per shard
+        if identity_of(os.fstat(fd)) != known:
+            raise replaced
+        size = int(entry["tokens"])
+        if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
+            return np.empty(0, dtype)
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as error:
+        raise StoreError(f"{path}: cannot read: {error.strerror}") from None
+    finally:
+        os.close(fd)
     flat = np.frombuffer(mapped, dtype, size)
     sample = sample_digest(
         len(offsets) - 1, lambda record: flat[offsets[record] : offsets[record + 1]].tobytes()
@@ -176,7 +197,7 @@ def map_flat(
     return flat
 
 
-def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bool) -> FlatBlocks:
+def flat_blocks(root: str, entry: dict[str, Any], tokens: np.ndarray, check: bool) -> FlatBlocks:
     """A shard's mapped sidecar `tokens` as served (`FlatBlocks`): with `check`, each block is
     checked on its first read against the shard's block checksum file (loaded here, checked
     against the manifest), or the whole sidecar against `flat_sha256` when the store has none."""
@@ -184,7 +205,7 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
     if check and "flat_blocks" in entry:
         crcs = _block_crcs(root, entry, tokens.nbytes, block_bytes)
     return FlatBlocks(
-        root / entry["flat"],
+        os.path.join(root, entry["flat"]),
         tokens,
         crcs,
         block_bytes=block_bytes,
@@ -193,21 +214,21 @@ def flat_blocks(root: Path, entry: dict[str, Any], tokens: np.ndarray, check: bo
     )
 
 
-def _block_crcs(root: Path, entry: dict[str, Any], size: int, block_bytes: int) -> np.ndarray:
+def _block_crcs(root: str, entry: dict[str, Any], size: int, block_bytes: int) -> np.ndarray:
     """A shard's block checksum file (`flat_blocks`) for a sidecar of `size` bytes, checked
     against the manifest and refused unless it has the shape prepare writes."""
     _, crcs = _load_npy(root, entry, "flat_blocks", "flat_blocks_sha256")
     count = block_count(size, block_bytes) + 1
     if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
         raise StoreError(
-            f"{root / MANIFEST}: needs uint32[{count}] block checksums of {entry['flat']} "
-            f"in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
+            f"{os.path.join(root, MANIFEST)}: needs uint32[{count}] block checksums of "
+            f"{entry['flat']} in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
             f"{crcs.dtype}{list(crcs.shape)}; {RESEALED}"
         )
     return crcs
 
 
-def remote_flat(root: Path, entry: dict[str, Any], dtype: np.dtype) -> RemoteFlat:
+def remote_flat(root: str, entry: dict[str, Any], dtype: np.dtype) -> RemoteFlat:
     """A remote shard's flat sidecar as served (`RemoteFlat`): every block checked
     against the shard's block checksum file (loaded here, checked against the manifest) when it
     is downloaded or read from the host's cache, whatever `feed.verify` says, since a cache
@@ -215,7 +236,7 @@ def remote_flat(root: Path, entry: dict[str, Any], dtype: np.dtype) -> RemoteFla
     block_bytes = entry.get("flat_block_bytes", BLOCK_BYTES)
     crcs = _block_crcs(root, entry, int(entry["tokens"]) * dtype.itemsize, block_bytes)
     return RemoteFlat(
-        str(root / entry["flat"]), entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
+        os.path.join(root, entry["flat"]), entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
         block_bytes,
     )  # fmt: skip
 

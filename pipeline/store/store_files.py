@@ -52,15 +52,15 @@ LISTED_ARRAYS = {
 """A shard's `.npy` files by manifest key, with the name a missing one is reported by."""
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def sha256_of(source: Path | bytes) -> str:
+def sha256_of(source: str | Path | bytes) -> str:
     """SHA-256 of a file, or of bytes already read."""
     if isinstance(source, bytes):
         return hashlib.sha256(source).hexdigest()
@@ -79,7 +79,26 @@ class FileIdentity:
     size: int
 
 
-def _file_identity(path: Path) -> FileIdentity:
+def read_local(path: str) -> bytes:
+    """A local file's bytes, by plain system calls (a shard's first use reads three small
+    files: `pathlib` and buffered I/O cost more than the reads)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        parts = [os.read(fd, size)]
+        while parts[-1]:  # a file that grew since the fstat is read to its end
+            parts.append(os.read(fd, 1 << 20))
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 2 else b"".join(parts)
+
+
+def identity_of(stat: os.stat_result) -> FileIdentity:
+    """A local file's identity from its `stat` (or `fstat`)."""
+    return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
+
+
+def _file_identity(path: str | Path) -> FileIdentity:
     if is_url(path):
         try:
             found = object_version(path)
@@ -90,11 +109,10 @@ def _file_identity(path: Path) -> FileIdentity:
         if found is None:
             raise FileNotFoundError(path)
         return FileIdentity((found[0],), found[1])
-    stat = path.stat()
-    return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
+    return identity_of(os.stat(path))
 
 
-def identity_or_none(path: Path) -> FileIdentity | None:
+def identity_or_none(path: str | Path) -> FileIdentity | None:
     """A local file's or a cloud object's identity; None for a missing one."""
     try:
         return _file_identity(path)
@@ -113,10 +131,10 @@ def store_identity(path: Path) -> Hashable | None:
     return identity_or_none(path / MANIFEST)
 
 
-def shard_identity(root: Path, entry: dict[str, Any]) -> FileIdentity:
+def shard_identity(root: str, entry: dict[str, Any]) -> FileIdentity:
     """The identity of the data file of the shard whose manifest entry is `entry`, in the store
     at `root`, which must exist and have the manifest's size."""
-    path = root / entry["file"]
+    path = os.path.join(root, entry["file"])
     identity = identity_or_none(path)
     if identity is None:
         raise StoreError(f"{path}: shard listed in the manifest is missing")
@@ -129,17 +147,17 @@ def shard_identity(root: Path, entry: dict[str, Any]) -> FileIdentity:
 
 
 def _wrong_flat_size(
-    root: Path, number: int, entry: dict[str, Any], found: FileIdentity | None, dtype: np.dtype
+    root: str, number: int, entry: dict[str, Any], found: FileIdentity | None, dtype: np.dtype
 ) -> str:
     """Why shard `number`'s sidecar is not the size its manifest entry says. A sidecar that
     still matches its checksum (hashed here, on this error path only) is as prepared: then the
     manifest's token count or dtype was edited."""
-    flat, size = root / entry["flat"], entry["tokens"] * dtype.itemsize
+    flat, size = os.path.join(root, entry["flat"]), entry["tokens"] * dtype.itemsize
     if found is not None and sha256_of(flat) == entry["flat_sha256"]:
         return (
-            f"{root / MANIFEST}: shards[{number}] says {entry['tokens']} tokens of {dtype.name} "
-            f"({size} bytes), but its flat token sidecar {entry['flat']} holds {found.size} "
-            f"bytes; {RESEALED}"
+            f"{os.path.join(root, MANIFEST)}: shards[{number}] says {entry['tokens']} tokens of "
+            f"{dtype.name} ({size} bytes), but its flat token sidecar {entry['flat']} holds "
+            f"{found.size} bytes; {RESEALED}"
         )
     return (
         f"{flat}: flat token sidecar listed in the manifest is missing or not {size} bytes; "
@@ -148,20 +166,22 @@ def _wrong_flat_size(
 
 
 def shard_files(
-    root: Path, number: int, entry: dict[str, Any], dtype: np.dtype
+    root: str, number: int, entry: dict[str, Any], dtype: np.dtype
 ) -> dict[str, FileIdentity]:
     """Shard `number`'s files (its manifest entry `entry`) in the local store at `root`: every
     file the entry lists exists, its data file and flat sidecar have the manifest's sizes;
     their identities, by manifest key. Taken at the shard's first use (`TokenStore`), so an
-    open costs the same whatever the number of shards, as a cloud store's always did."""
+    open costs the same whatever the number of shards, as a cloud store's always did. `root`
+    is a string: joins of `pathlib` paths cost more than the `stat`s (~10 a shard)."""
     identity = {"file": shard_identity(root, entry)}
     for key, kind in LISTED_ARRAYS.items():
         if key not in entry:
             continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
-        if not os.path.exists(os.path.join(root, entry[key])):
-            raise StoreError(f"{root / entry[key]}: {kind} listed in the manifest is missing")
+        path = os.path.join(root, entry[key])
+        if not os.path.exists(path):
+            raise StoreError(f"{path}: {kind} listed in the manifest is missing")
     if "flat" in entry:
-        flat = root / entry["flat"]
+        flat = os.path.join(root, entry["flat"])
         size = entry["tokens"] * dtype.itemsize
         identity["flat"] = identity_or_none(flat)
         if identity["flat"] is None or identity["flat"].size != size:
@@ -170,7 +190,10 @@ def shard_files(
 
 
 def files_unchanged(
-    root: Path, entry: dict[str, Any], identities: dict[str, FileIdentity | None]
+    root: str, entry: dict[str, Any], identities: dict[str, FileIdentity | None]
 ) -> bool:
     """Whether a shard's files whose identities `shard_files` took are still those files."""
-    return all(identity_or_none(root / entry[key]) == known for key, known in identities.items())
+    return all(
+        identity_or_none(os.path.join(root, entry[key])) == known
+        for key, known in identities.items()
+    )

@@ -28,8 +28,9 @@ importable from here too.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,8 @@ class TokenStore(StoreFacts):
         if max_open_shards < 1:
             raise StoreError(f"{path}: max_open_shards must be at least 1, got {max_open_shards}")
         self.path = location(path)
+        self._root = str(self.path)  # shards' files are joined to it as strings: cheaper
+        self._manifest_file = os.path.join(self._root, MANIFEST)
         self.retry = retry
         self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
@@ -191,8 +194,17 @@ class TokenStore(StoreFacts):
 
     def check_unchanged(self) -> None:
         """Refuse a store that is no longer the one opened (`store_identity` changed): checked
-        at each shard's first use, and by a running feed every few seconds. Callers at the same
-        moment (a batch's shards of a bucket, opened at once) share one request."""
+        at each shard's first use, and by a running feed every few seconds."""
+        found = self._bucket_identity() if self.remote else identity_or_none(self._manifest_file)
+        if found != self._identity:
+            raise StoreError(
+                f"{self._manifest_file}: the store was replaced or changed after it was opened "
+                "(by `prepare --overwrite`?); restart the job to read the new store"
+            )
+
+    def _bucket_identity(self) -> Hashable | None:
+        """A cloud store's `store_identity` now: callers at the same moment (a batch's shards,
+        opened at once) share one request."""
         with self._identity_lock:
             shared = self._identity_check
             mine = shared is None
@@ -206,11 +218,7 @@ class TokenStore(StoreFacts):
             finally:
                 with self._identity_lock:
                     self._identity_check = None
-        if shared.result() != self._identity:
-            raise StoreError(
-                f"{self.path / MANIFEST}: the store was replaced or changed after it was opened "
-                "(by `prepare --overwrite`?); restart the job to read the new store"
-            )
+        return shared.result()
 
     def same_as(self, other: TokenStore) -> bool:
         """Whether `other`, opened later with the same options, found this store's path and
@@ -226,7 +234,7 @@ class TokenStore(StoreFacts):
             and self.retry == other.retry
             and self.check_reads == other.check_reads
             and all(
-                files_unchanged(self.path, entry, identities)
+                files_unchanged(self._root, entry, identities)
                 for entry, identities in zip(self.manifest["shards"], self._file_identities)
             )
         )
@@ -479,13 +487,15 @@ class TokenStore(StoreFacts):
         """`_open_shard` with the shard's lock held."""
         if self._opened[shard]:
             return
-        entry = self.manifest["shards"][shard]
-        file = self.path / entry["file"]
+        entry, root = self.manifest["shards"][shard], self._root
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
             if not self._file_identities[shard]:  # the shard's first use: its files' sizes
-                self._file_identities[shard] = shard_files(self.path, shard, entry, self.dtype)
-            elif identity_or_none(file) != self._file_identities[shard]["file"]:
+                self._file_identities[shard] = shard_files(root, shard, entry, self.dtype)
+            elif (
+                identity_or_none(file := os.path.join(root, entry["file"]))
+                != (self._file_identities[shard]["file"])
+            ):
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
@@ -497,10 +507,10 @@ class TokenStore(StoreFacts):
         downloaded = self.remote and not self._use_flat[shard]
         loads = (
             lambda: self.check_unchanged() if self.remote else None,
-            lambda: load_index(self.path, entry, "index", "index_sha256", entry["records"]),
-            lambda: load_index(self.path, entry, "docs", "docs_sha256", entry["documents"]),
-            lambda: load_mask(self.path, entry) if self.masked else None,
-            lambda: remote_flat(self.path, entry, self.dtype) if served_remotely else None,
+            lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
+            lambda: load_index(root, entry, "docs", "docs_sha256", entry["documents"]),
+            lambda: load_mask(root, entry) if self.masked else None,
+            lambda: remote_flat(root, entry, self.dtype) if served_remotely else None,
             lambda: self._local_copy(shard) if downloaded else None,
         )
         # a cloud shard's files are downloaded at once: one round trip (`remote_reads`)
@@ -511,8 +521,8 @@ class TokenStore(StoreFacts):
             self._loaded["flat"][shard] = remote
         elif self._use_flat[shard]:
             seen = self._file_identities[shard].get("flat")
-            tokens = map_flat(self.path, entry, seen, self.dtype, offsets)
-            self._loaded["flat"][shard] = flat_blocks(self.path, entry, tokens, self.check_reads)
+            tokens = map_flat(root, entry, seen, self.dtype, offsets)
+            self._loaded["flat"][shard] = flat_blocks(root, entry, tokens, self.check_reads)
         else:
             self._check_records(shard, offsets)
         self._loaded["index"][shard] = offsets
