@@ -14,6 +14,7 @@ in the manifest but not the manifest's counts or dtype names the manifest (`RESE
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import mmap
@@ -38,10 +39,9 @@ from pipeline.store.store_files import (
     RESEALED,
     FileIdentity,
     identity_of,
-    read_local,
     sha256_of,
 )
-from pipeline.urls import is_url
+from pipeline.urls import is_url, read_local
 
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
@@ -56,16 +56,27 @@ _PLAIN_HEADER = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _plain_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int] | None:
+    """(dtype, shape, Fortran order, data offset) of a plain version 1.0 header (the file's
+    first bytes up to its data), None for any other. Kept per header: a store's shards of
+    equal counts share theirs, and the parse costs more than the read."""
+    end = 10 + int.from_bytes(header[8:10], "little")
+    plain = _PLAIN_HEADER.fullmatch(header, 10, end)
+    if header[:8] != b"\x93NUMPY\x01\x00" or plain is None or len(header) != end:
+        return None
+    descr, fortran, dims = plain.groups()
+    shape = tuple(int(d) for d in dims.split(b", ") if d)
+    return np.dtype(descr.decode()), shape, fortran == b"True", end
+
+
 def _npy_array(data: bytes) -> np.ndarray:
     """The array of a .npy file's bytes, read-only and without a copy: a plain header parsed
-    here (`_PLAIN_HEADER`), any other by numpy (`np.load` of a byte stream copies the data in
+    here (`_plain_header`), any other by numpy (`np.load` of a byte stream copies the data in
     small reads, slower than the hash of it)."""
-    plain = _PLAIN_HEADER.fullmatch(data, 10, 10 + int.from_bytes(data[8:10], "little"))
-    if data[:8] == b"\x93NUMPY\x01\x00" and plain is not None:
-        descr, fortran, dims = plain.groups()
-        dtype = np.dtype(descr.decode())
-        shape = tuple(int(d) for d in dims.split(b", ") if d)
-        offset, fortran = plain.end(), fortran == b"True"
+    plain = _plain_header(data[: 10 + int.from_bytes(data[8:10], "little")])
+    if plain is not None:
+        dtype, shape, fortran, offset = plain
     else:
         stream = io.BytesIO(data)
         with _NPY_LOAD_LOCK:

@@ -52,15 +52,15 @@ LISTED_ARRAYS = {
 """A shard's `.npy` files by manifest key, with the name a missing one is reported by."""
 
 
-def file_sha256(path: str | Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def sha256_of(source: str | Path | bytes) -> str:
+def sha256_of(source: Path | bytes) -> str:
     """SHA-256 of a file, or of bytes already read."""
     if isinstance(source, bytes):
         return hashlib.sha256(source).hexdigest()
@@ -77,20 +77,6 @@ class FileIdentity:
 
     version: tuple[int, ...]
     size: int
-
-
-def read_local(path: str) -> bytes:
-    """A local file's bytes, by plain system calls (a shard's first use reads three small
-    files: `pathlib` and buffered I/O cost more than the reads)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        parts = [os.read(fd, size)]
-        while parts[-1]:  # a file that grew since the fstat is read to its end
-            parts.append(os.read(fd, 1 << 20))
-    finally:
-        os.close(fd)
-    return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
 def identity_of(stat: os.stat_result) -> FileIdentity:
@@ -153,7 +139,7 @@ def _wrong_flat_size(
     still matches its checksum (hashed here, on this error path only) is as prepared: then the
     manifest's token count or dtype was edited."""
     flat, size = os.path.join(root, entry["flat"]), entry["tokens"] * dtype.itemsize
-    if found is not None and sha256_of(flat) == entry["flat_sha256"]:
+    if found is not None and sha256_of(Path(flat)) == entry["flat_sha256"]:
         return (
             f"{os.path.join(root, MANIFEST)}: shards[{number}] says {entry['tokens']} tokens of "
             f"{dtype.name} ({size} bytes), but its flat token sidecar {entry['flat']} holds "

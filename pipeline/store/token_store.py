@@ -33,6 +33,7 @@ import threading
 from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -144,9 +145,10 @@ class TokenStore(StoreFacts):
         self.retry = retry
         self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
-        self._identity = store_identity(self.path)
+        self.remote = is_url(self._root)
         self._identity_lock = threading.Lock()
         self._identity_check: Future | None = None  # the identity request in flight, shared
+        self._identity = self._bucket_identity() if self.remote else self._local_identity()
         manifest = None if known is None else known.manifest_if(self.path, self._identity)
         if manifest is None:  # bytes the host checked before (`meta_cache`) are only parsed
             checked = known.checked if known is not None and known.path == self.path else None
@@ -160,7 +162,6 @@ class TokenStore(StoreFacts):
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         shards = self.manifest["shards"]
         self.shard_tokens = self.meta.shard_tokens
-        self.shard_documents = np.array([s["documents"] for s in shards], dtype=np.int64)
         self.shard_starts = self.meta.shard_starts
         self.masked = self.meta.masked
         # What a shard's first use loads, per shard: its indexes, loss mask and sidecar map.
@@ -170,7 +171,6 @@ class TokenStore(StoreFacts):
         # A cloud store is served from its sidecars' checked blocks (`remote_reads`) when it has
         # block checksums, else from whole shards downloaded (`remote_shards`): never through
         # ArrayRecord's gs:// reader, which would download far more than it serves.
-        self.remote = is_url(self.path)
         self._use_flat = [
             flat and "flat" in e and (not self.remote or "flat_blocks" in e) for e in shards
         ]
@@ -195,12 +195,21 @@ class TokenStore(StoreFacts):
     def check_unchanged(self) -> None:
         """Refuse a store that is no longer the one opened (`store_identity` changed): checked
         at each shard's first use, and by a running feed every few seconds."""
-        found = self._bucket_identity() if self.remote else identity_or_none(self._manifest_file)
+        found = self._bucket_identity() if self.remote else self._local_identity()
         if found != self._identity:
             raise StoreError(
                 f"{self._manifest_file}: the store was replaced or changed after it was opened "
                 "(by `prepare --overwrite`?); restart the job to read the new store"
             )
+
+    def _local_identity(self) -> FileIdentity | None:
+        """A local store's `store_identity` now."""
+        return identity_or_none(self._manifest_file)
+
+    @cached_property
+    def shard_documents(self) -> np.ndarray:
+        """Documents per shard (int64 [num_shards])."""
+        return np.array([s["documents"] for s in self.manifest["shards"]], dtype=np.int64)
 
     def _bucket_identity(self) -> Hashable | None:
         """A cloud store's `store_identity` now: callers at the same moment (a batch's shards,
