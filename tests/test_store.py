@@ -442,12 +442,14 @@ def test_a_shard_closed_right_after_its_first_use_still_serves_that_read(tmp_pat
     st.lists(st.integers(0, 5), max_size=3),
     st.booleans(),
     st.sampled_from([(1, 0), (2, 0), None]),
+    st.integers(0, 100),
 )
-def test_an_npy_file_reads_as_numpy_reads_it(dtype, shape, fortran, version):
+def test_an_npy_file_reads_as_numpy_reads_it(dtype, shape, fortran, version, first):
     """A shard's index bytes parse to what `np.load` reads, whether its header is the plain
-    one `shard_check` parses itself or one it leaves to numpy (another version)."""
+    one `shard_check` parses itself (kept per header: files of one header and other contents,
+    `first`, each read as theirs) or one it leaves to numpy (another version)."""
     order = "F" if fortran else "C"
-    array = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape, order=order)
+    array = np.arange(first, first + int(np.prod(shape)), dtype=dtype).reshape(shape, order=order)
     stream = io.BytesIO()
     if version is None:
         np.save(stream, array)
