@@ -91,14 +91,13 @@ def read_local(path: str) -> bytes:
     """A local file's bytes, by plain system calls (a shard's first use reads three small
     files: `pathlib` and buffered I/O cost more than the reads)."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        parts = [os.read(fd, size)]
-        while parts[-1]:  # a file that grew since the fstat is read to its end
-            parts.append(os.read(fd, 1 << 20))
+    try:  # to its end: a file that grew since the fstat, a pipe or /proc file (of size 0)
+        chunk, parts = max(os.fstat(fd).st_size, 1 << 16), []
+        while data := os.read(fd, chunk):
+            parts.append(data)
     finally:
         os.close(fd)
-    return parts[0] if len(parts) == 2 else b"".join(parts)
+    return b"".join(parts)  # one part: that very object, not a copy
 
 
 def read_bytes(url: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,24 @@ def test_a_store_whose_objects_have_no_generation_is_refused(monkeypatch) -> Non
     refused = r"^gs://b/web/manifest.json: the object store gives no generation number"
     with pytest.raises(StoreError, match=refused):
         store_identity(location("gs://b/web"))
+
+
+def test_a_local_read_reads_to_the_end_whatever_the_size_the_file_reports(tmp_path: Path) -> None:
+    """`read_bytes` of a local path (manifests, configs, a shard's indexes) reads by plain system
+    calls sized by `fstat`: a file of size 0 that has bytes (a pipe, a /proc file) and a file
+    larger than one read are read whole, an empty file is empty, a missing one is an OSError."""
+    read, write = os.pipe()
+    os.write(write, b"seq_len: 8\n")
+    os.close(write)
+    try:
+        assert urls.read_bytes(f"/dev/fd/{read}") == b"seq_len: 8\n"
+    finally:
+        os.close(read)
+    assert urls.read_bytes("/proc/self/cmdline") == Path("/proc/self/cmdline").read_bytes()
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 4099)
+    assert urls.read_bytes(str(big)) == big.read_bytes()
+    (tmp_path / "empty").write_bytes(b"")
+    assert urls.read_bytes(str(tmp_path / "empty")) == b""
+    with pytest.raises(FileNotFoundError):
+        urls.read_bytes(str(tmp_path / "missing"))
