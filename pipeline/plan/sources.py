@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError, StoreError
-from pipeline.store.formats import check_index, load_meta, open_store
+from pipeline.store.formats import check_index, load_meta, local_meta, open_store
 from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import Summaries
 from pipeline.store.remote_reads import configure, together
@@ -49,7 +49,7 @@ def plan_stores(
     def load(path: Path) -> TokenStore | StoreMeta:
         if is_url(path):
             return open_store(path, check_reads=config.feed.check_reads)
-        return load_meta(path, summaries)
+        return local_meta(path, summaries)
 
     stores = _each_source(config, load)
     summaries.save()

@@ -27,6 +27,7 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.config import StageSpec
+from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.clock import StepClock
 from pipeline.plan.mix_table import quantize
@@ -96,8 +97,9 @@ class StageTable:
         self.stages: list[StageLayout] = []
         start = 0
         counters = np.asarray(counters, dtype=np.int64)
+        index = {name: k for k, name in enumerate(source_names)}  # not .index: O(sources**2)
         for spec in stages:
-            sources = tuple(source_names.index(name) for name in spec.source_names)
+            sources = tuple(index[name] for name in spec.source_names)
             first_step = int(clock.step_of(start))
             schedule_start = int(clock.position(first_step))
             if spec.epochs is not None:
@@ -235,11 +237,11 @@ def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where
         horizon = min(horizon, spec.steps)
     # Pieces: where a weight may change, and where the batch schedule changes rows per step.
     batch_points = clock.points - first_step
-    starts = np.unique(
-        np.concatenate([batch_points[batch_points > 0], *(s.piece_starts() for s in schedules)])
-    )
+    varying = [k for k, schedule in enumerate(schedules) if schedule.kind != "constant"]
+    pieces = [schedules[k].piece_starts() for k in varying]  # a constant's is [0] alone
+    starts = np.unique(np.concatenate([batch_points[batch_points > 0], np.zeros(1, int), *pieces]))
     steps = np.append(starts[starts < horizon], horizon)  # the pieces, then the tail
-    weights = np.stack([schedule.at(steps) for schedule in schedules], axis=1)
+    weights = _weights(schedules, varying, steps)
     used = weights if spec.steps is None or spec.steps > horizon else weights[:-1]
     zero = np.flatnonzero(used.sum(axis=1) <= 0)
     if zero.size:
@@ -249,3 +251,13 @@ def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where
         )
     rows = clock.rows_per_lane(first_step + steps[:-1])
     return Mixture(weights[:-1], weights[-1], rows, steps[:-1], horizon)
+
+
+def _weights(schedules: list[WeightSchedule], varying: list[int], steps: np.ndarray) -> np.ndarray:
+    """[steps, sources] each schedule's weight at `steps`: the constant ones (most, in a
+    mixture of hundreds of sources) set in one assignment, not one array each."""
+    weights = np.empty((steps.size, len(schedules)), dtype=np.float64)
+    weights[:] = [schedule.points[0][1] for schedule in schedules]  # every constant's weight
+    for k in varying:
+        weights[:, k] = schedules[k].at(steps)
+    return weights

@@ -22,7 +22,7 @@ from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import Summaries, manifest_stat
 from pipeline.store.store_files import store_identity
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import is_url, location
+from pipeline.urls import is_url
 
 AnyStore = TokenStore | InPlaceStore
 IN_PLACE: dict[str, type[InPlaceStore]] = {"megatron": MegatronStore, "parquet": ColumnStore}
@@ -30,9 +30,12 @@ IN_PLACE: dict[str, type[InPlaceStore]] = {"megatron": MegatronStore, "parquet":
 
 def _in_place(path: str | Path) -> type[InPlaceStore] | None:
     """The in-place store class whose index is at `path`; None for a prepared store."""
-    if is_url(path):
-        return None
-    found = (c for c in IN_PLACE.values() if os.path.isfile(os.path.join(path, c.RECORD)))
+    return None if is_url(path) else _in_place_local(os.fspath(path))
+
+
+def _in_place_local(path: str) -> type[InPlaceStore] | None:
+    """`_in_place` of a local directory (plain string joins: a mixture probes hundreds)."""
+    found = (c for c in IN_PLACE.values() if os.path.isfile(f"{path}/{c.RECORD}"))
     return next(found, None)
 
 
@@ -53,13 +56,19 @@ def load_meta(path: str | Path, summaries: Summaries | None = None) -> StoreMeta
     """The plan's metadata of the store at `path`, reading its manifest or index record only;
     a local prepared store's from the host's `summaries` while its manifest is unchanged
     (`meta_cache`), read and kept there otherwise."""
-    cls = _in_place(path)
-    if cls is not None:
-        return record_meta(Path(path), _record(cls, Path(path)))
     if is_url(path):
         return StoreMeta.load(path)
-    path = path if isinstance(path, Path) else location(path)  # a Path costs ~4 us a store
-    stat = None if summaries is None else manifest_stat(path)  # before the read, as below
+    return local_meta(path if isinstance(path, Path) else Path(path), summaries)
+
+
+def local_meta(path: Path, summaries: Summaries | None = None) -> StoreMeta:
+    """`load_meta` of a local store (a mixture's planning asks it of each of hundreds: one
+    `fspath`, string joins)."""
+    where = os.fspath(path)
+    cls = _in_place_local(where)
+    if cls is not None:
+        return record_meta(path, _record(cls, path))
+    stat = None if summaries is None else manifest_stat(where)  # before the read, as below
     kept = None if summaries is None else summaries.meta(path, stat)
     if kept is not None:
         return kept

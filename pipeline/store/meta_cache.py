@@ -56,10 +56,10 @@ def cache_dir() -> Path | None:
     return Path(home) / "pipeline" / "manifests"
 
 
-def manifest_stat(path: Path) -> Stat | None:
+def manifest_stat(path: str | Path) -> Stat | None:
     """The identity of the manifest of the local store at `path` (None: no manifest file)."""
     try:
-        s = os.stat(os.path.join(path, MANIFEST))
+        s = os.stat(f"{os.fspath(path)}/{MANIFEST}")  # not os.path.join: ~1 us a store
     except OSError:
         return None
     return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
