@@ -189,6 +189,43 @@ def node_by_node(mixture: Mixture) -> list[tuple]:
 def test_the_tree_built_a_level_at_a_time_is_the_tree_built_node_by_node(
     sources, pieces, rows, seed, kind
 ):
+    mixture = random_mixture(sources, pieces, rows, seed, kind)
+    got = [(s.lo, s.mid, s.hi, s.omega, s.cum_omega, s.count) for s in mixture._splits]
+    want = node_by_node(mixture)
+    assert len(got) == len(want) == sources - 1
+    for g, w in zip(got, want, strict=True):
+        assert g[:3] == w[:3]
+        for a, b in zip(g[3:], w[3:], strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(0, 3),
+    st.integers(1, 64),
+    st.integers(0, 2**32),
+    st.sampled_from(["uniform", "integers", "sparse"]),
+)
+def test_counts_a_level_at_a_time_are_the_counts_node_by_node(sources, pieces, rows, seed, kind):
+    mixture = random_mixture(sources, pieces, rows, seed, kind)
+    positions = np.random.default_rng(seed).integers(0, 10**7, (3, 4))
+    want = {(0, sources): positions}  # each node's split of the rows it received, in pre-order
+    for split in mixture._splits:
+        count = want.pop((split.lo, split.hi))
+        step = np.searchsorted(mixture.piece_starts, positions, side="right") - 1
+        cum = split.cum_omega[step] + split.omega[step] * (count - split.count[step])
+        left = np.floor(cum + 0.5).astype(np.int64)
+        want[split.lo, split.mid], want[split.mid, split.hi] = left, count - left
+    got = mixture.counts(positions)
+    assert got.shape == (3, 4, sources) and got.dtype == np.int64
+    for (lo, _), count in want.items():
+        assert np.array_equal(got[..., lo], count)
+    assert np.array_equal(mixture.counts(positions[0, 1]), got[0, 1])
+
+
+def random_mixture(sources: int, pieces: int, rows: int, seed: int, kind: str) -> Mixture:
+    """A mixture of `sources` and `pieces` pieces whose weights are of `kind`."""
     rng = np.random.default_rng(seed)
     weights = {
         "uniform": lambda: rng.random((pieces + 1, sources)) * 10.0 ** rng.integers(-3, 4),
@@ -200,11 +237,4 @@ def test_the_tree_built_a_level_at_a_time_is_the_tree_built_node_by_node(
     weights[:, 0] += 1  # no step without weight
     starts = np.cumsum(rng.integers(1, 50, pieces)) if pieces else np.zeros(0, np.int64)
     horizon = int(starts[-1]) + 7 if pieces else 0
-    mixture = Mixture(weights[:-1], weights[-1], rows, starts, horizon)
-    got = [(s.lo, s.mid, s.hi, s.omega, s.cum_omega, s.count) for s in mixture._splits]
-    want = node_by_node(mixture)
-    assert len(got) == len(want) == sources - 1
-    for g, w in zip(got, want, strict=True):
-        assert g[:3] == w[:3]
-        for a, b in zip(g[3:], w[3:], strict=True):
-            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return Mixture(weights[:-1], weights[-1], rows, starts, horizon)

@@ -48,6 +48,19 @@ class _Split:
     count: np.ndarray  # rows received by the node at each piece boundary, [P + 1]
 
 
+@dataclass(frozen=True)
+class _Level:
+    """The internal nodes of one level of the tree, left to right: `_Split`'s fields as arrays
+    ([nodes], or [nodes, P + 1]) for `Mixture.counts` to compute a level at a time."""
+
+    lo: np.ndarray
+    mid: np.ndarray
+    hi: np.ndarray
+    omega: np.ndarray
+    cum_omega: np.ndarray
+    count: np.ndarray
+
+
 class Mixture:
     """Rows of each source among lane positions [0, p), for a weight matrix over steps.
 
@@ -76,7 +89,8 @@ class Mixture:
         rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._pieces = np.vstack([self.weights, self.tail])  # [P + 1, K]: what `_build` splits
-        self._splits = self._build()  # in pre-order: a node, its left subtree, its right
+        # in pre-order: a node, its left subtree, its right; and the same splits by tree level
+        self._splits, self._levels = self._build()
         # the splits as flat [tree nodes x (P + 1)] tables (pass-through nodes: zeros), for
         # `sources` to gather one node a row
         self._tree = Tree(self.num_sources)
@@ -97,20 +111,25 @@ class Mixture:
         return self.weights[piece] if piece < len(self.starts) else self.tail
 
     def counts(self, positions: np.ndarray) -> np.ndarray:
-        """[..., K] rows of each source before each position."""
+        """[..., K] rows of each source before each position: a level of the tree at a time
+        (a restore's first step asks it of hundreds of sources), each node's numbers the
+        same elementwise operations as node by node."""
         positions = np.asarray(positions, dtype=np.int64)
-        step = np.searchsorted(self.piece_starts, positions, side="right") - 1
-        received = {(0, self.num_sources): positions}
-        for split in self._splits:
-            count = received.pop((split.lo, split.hi))
-            cum = split.cum_omega[step] + split.omega[step] * (count - split.count[step])
+        flat = positions.reshape(-1)
+        step = np.searchsorted(self.piece_starts, flat, side="right") - 1
+        out = np.empty((self.num_sources, flat.size), dtype=np.int64)
+        lo, hi, received = np.array([0]), np.array([self.num_sources]), flat[None, :]
+        for level in self._levels:  # `received`: [nodes, positions]
+            leaf = hi - lo == 1  # a node of one source: its counts
+            out[lo[leaf]] = received[leaf]
+            received = received[~leaf]
+            at = (slice(None), step)
+            cum = level.cum_omega[at] + level.omega[at] * (received - level.count[at])
             left = np.floor(cum + 0.5).astype(np.int64)
-            received[(split.lo, split.mid)] = left
-            received[(split.mid, split.hi)] = count - left
-        out = np.empty((*positions.shape, self.num_sources), dtype=np.int64)
-        for (lo, _), count in received.items():
-            out[..., lo] = count
-        return out
+            lo, hi = np.concatenate([level.lo, level.mid]), np.concatenate([level.mid, level.hi])
+            received = np.concatenate([left, received - left])
+        out[lo] = received
+        return np.moveaxis(out, 0, -1).reshape(*positions.shape, self.num_sources)
 
     def error_bounds(self) -> np.ndarray:
         """[K] proven bounds on |rows of a source before p - its exact share| over all p."""
@@ -163,12 +182,13 @@ class Mixture:
             since = count - since
         return left, _rounded(omega * (since + 1), cum)
 
-    def _build(self) -> list[_Split]:
+    def _build(self) -> tuple[list[_Split], list[_Level]]:
         """Every internal node's split, computed a level of the tree at a time (one set of
         numpy calls a level but its weight sums, not a node: a mixture of hundreds of sources
         is laid out at every start), the same numbers as node by node: elementwise operations
         and each node's Omega, a running sum over its own pieces."""
         built: dict[tuple[int, int], _Split] = {}
+        levels: list[_Level] = []
         lo, hi = np.array([0]), np.array([self.num_sources])
         count = self.piece_starts[None, :]  # [nodes, P + 1]: each node's received rows
         while (hi - lo > 1).any():
@@ -180,6 +200,7 @@ class Mixture:
             np.cumsum(omega[:, :-1] * np.diff(count, axis=1), axis=1, out=cum_omega[:, 1:])
             for i, (a, b, c) in enumerate(zip(lo.tolist(), mid.tolist(), hi.tolist())):
                 built[a, c] = _Split(a, b, c, omega[i], cum_omega[i], count[i])
+            levels.append(_Level(lo, mid, hi, omega, cum_omega, count))
             left = np.floor(cum_omega + 0.5).astype(np.int64)
             lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
             count = np.concatenate([left, count - left])
@@ -190,7 +211,7 @@ class Mixture:
             if split is not None:
                 order.append(split)
                 todo += [(split.mid, split.hi), (split.lo, split.mid)]
-        return order
+        return order, levels
 
 
 def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
