@@ -225,11 +225,18 @@ def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
 def _left_share(weights: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """[nodes, P + 1]: the left half's share of each node's weight [lo, hi) per piece. Each
     sum is numpy's of that node's columns alone (`weights[:, lo:mid].sum(axis=1)`): how numpy
-    orders a float sum depends on the array's shape, and the counts must not change."""
+    orders a float sum depends on the array's shape, and the counts must not change. The
+    halves of one width (a level has at most two) are summed in one call, each its own
+    contiguous row of that width: the pairwise sum numpy makes of that node's columns."""
     left, right = (np.empty((lo.size, weights.shape[0])) for _ in range(2))
     for half, start, stop in ((left, lo, mid), (right, mid, hi)):
-        for node, (a, b) in enumerate(zip(start.tolist(), stop.tolist(), strict=True)):
-            half[node] = weights[:, a:b].sum(axis=1)
+        widths = stop - start
+        for width in np.unique(widths).tolist():
+            nodes = np.flatnonzero(widths == width)
+            columns = start[nodes, None] + np.arange(width)  # [nodes, width]
+            # [P + 1, nodes, width], C-ordered (an index `weights[:, columns]` is not: numpy
+            # would then order the sums otherwise)
+            half[nodes] = weights.take(columns, axis=1).sum(axis=-1).T
     total = left + right
     return np.divide(left, total, out=np.zeros_like(total), where=total > 0)
 
