@@ -34,9 +34,14 @@ def _in_place(path: str | Path) -> type[InPlaceStore] | None:
 
 
 def _in_place_local(path: str) -> type[InPlaceStore] | None:
-    """`_in_place` of a local directory (plain string joins: a mixture probes hundreds)."""
-    found = (c for c in IN_PLACE.values() if os.path.isfile(f"{path}/{c.RECORD}"))
-    return next(found, None)
+    """`_in_place` of a local directory (a mixture probes hundreds): plain string joins, and
+    `access` first, which answers a missing file without the exception `isfile`'s `stat`
+    raises and catches (~0.8 us against ~2.2 us; most stores have neither record)."""
+    for cls in IN_PLACE.values():
+        record = f"{path}/{cls.RECORD}"
+        if os.access(record, os.F_OK) and os.path.isfile(record):
+            return cls
+    return None
 
 
 def _record(cls: type[InPlaceStore], path: Path) -> dict[str, Any]:
