@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError, StoreError
 from pipeline.plan.sources import load_metas, plan_stores
 from pipeline.read.plan import Plan
 from pipeline.store import meta as meta_module
+from pipeline.store.megatron import MegatronStore
 from pipeline.store.meta_cache import CACHE_ENV, ENTRY
 from tests.storegen import write_synthetic_store
 
@@ -152,3 +153,22 @@ def test_a_store_replaced_after_a_plan_from_summaries_is_refused_at_its_first_dr
         plan.batch(step)
     for store in reference.stores() + plan.stores():
         store.close()
+
+
+def test_an_in_place_record_beside_a_summarised_manifest_is_still_found(
+    tmp_path, cache, monkeypatch
+):
+    """The probe for an in-place index (`formats._in_place_local`) takes files only: a
+    directory of a record's name leaves the store planned from its summary; a file of that
+    name makes the source read in place (here a record that is not one, refused)."""
+    config = parse_config(mixture(tmp_path), origin="mix.yaml")
+    first = load_metas(config)
+    record = tmp_path / "s1" / MegatronStore.RECORD
+    record.mkdir()
+    seen = reads(monkeypatch)
+    assert facts(plan_stores(config)) == facts(first)
+    assert seen == []
+    record.rmdir()
+    record.write_text("{}")
+    with pytest.raises(ConfigError, match=rf"mix.yaml: sources.s1.path: .*{record.name}"):
+        plan_stores(config)
