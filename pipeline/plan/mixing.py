@@ -30,6 +30,7 @@ a step costs the same with 256 sources as with 2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -89,21 +90,46 @@ class Mixture:
         rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._pieces = np.vstack([self.weights, self.tail])  # [P + 1, K]: what `_build` splits
-        # in pre-order: a node, its left subtree, its right; and the same splits by tree level
-        self._splits, self._levels = self._build()
+        self._levels = self._build()  # the splits, a level of the tree at a time
         # the splits as flat [tree nodes x (P + 1)] tables (pass-through nodes: zeros), for
         # `sources` to gather one node a row
         self._tree = Tree(self.num_sources)
         real = np.flatnonzero(self._tree.split >= 0)
+        rows = self._level_rows(self._tree.lo[real], self._tree.hi[real]) if real.size else None
         self._tables = []
         for key, dtype in (("cum_omega", np.float64), ("omega", np.float64), ("count", np.int64)):
             table = np.zeros((len(self._tree.split), len(self.piece_starts)), dtype)
             if real.size:
-                splits = self._tree.split[real].tolist()
-                table[real] = np.stack([getattr(self._splits[split], key) for split in splits])
+                table[real] = np.concatenate([getattr(level, key) for level in self._levels])[rows]
             self._tables.append(table.reshape(-1))
         # constant weights: each node's left share at twice its index (`descend_constant`)
         self._omega2 = np.repeat(self._tables[1], 2) if len(self.piece_starts) == 1 else None
+
+    def _level_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The rows of the nodes [lo, hi) among the levels' splits, concatenated."""
+        width = self.num_sources + 1
+        keys = np.concatenate([level.lo * width + level.hi for level in self._levels])
+        order = np.argsort(keys)
+        return order[np.searchsorted(keys, lo * width + hi, sorter=order)]
+
+    @cached_property
+    def _splits(self) -> list[_Split]:
+        """The splits node by node, in pre-order (a node, its left subtree, its right): for
+        `error_bounds` (and tests), not a restore's start."""
+        built: dict[tuple[int, int], _Split] = {}
+        for level in self._levels:
+            for i, (a, b, c) in enumerate(
+                zip(*(x.tolist() for x in (level.lo, level.mid, level.hi)))
+            ):
+                built[a, c] = _Split(a, b, c, level.omega[i], level.cum_omega[i], level.count[i])
+        order: list[_Split] = []
+        todo = [(0, self.num_sources)]
+        while todo:  # pre-order
+            split = built.get(todo.pop())
+            if split is not None:
+                order.append(split)
+                todo += [(split.mid, split.hi), (split.lo, split.mid)]
+        return order
 
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at `step`."""
@@ -182,12 +208,11 @@ class Mixture:
             since = count - since
         return left, _rounded(omega * (since + 1), cum)
 
-    def _build(self) -> tuple[list[_Split], list[_Level]]:
+    def _build(self) -> list[_Level]:
         """Every internal node's split, computed a level of the tree at a time (one set of
         numpy calls a level but its weight sums, not a node: a mixture of hundreds of sources
         is laid out at every start), the same numbers as node by node: elementwise operations
         and each node's Omega, a running sum over its own pieces."""
-        built: dict[tuple[int, int], _Split] = {}
         levels: list[_Level] = []
         lo, hi = np.array([0]), np.array([self.num_sources])
         count = self.piece_starts[None, :]  # [nodes, P + 1]: each node's received rows
@@ -198,20 +223,11 @@ class Mixture:
             omega = _left_share(self._pieces, lo, mid, hi)
             cum_omega = np.zeros(count.shape)
             np.cumsum(omega[:, :-1] * np.diff(count, axis=1), axis=1, out=cum_omega[:, 1:])
-            for i, (a, b, c) in enumerate(zip(lo.tolist(), mid.tolist(), hi.tolist())):
-                built[a, c] = _Split(a, b, c, omega[i], cum_omega[i], count[i])
             levels.append(_Level(lo, mid, hi, omega, cum_omega, count))
             left = np.floor(cum_omega + 0.5).astype(np.int64)
             lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
             count = np.concatenate([left, count - left])
-        order: list[_Split] = []
-        todo = [(0, self.num_sources)]
-        while todo:  # pre-order
-            split = built.get(todo.pop())
-            if split is not None:
-                order.append(split)
-                todo += [(split.mid, split.hi), (split.lo, split.mid)]
-        return order, levels
+        return levels
 
 
 def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
@@ -305,6 +321,32 @@ class Steered:
         # each piece's weights summed from source 0: a node's weights are two differences
         self._prefix = np.zeros((len(self.set_weights), self.num_sources + 1), np.int64)
         np.cumsum(self.set_weights, axis=1, out=self._prefix[:, 1:])
+
+    def _level_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The rows of the nodes [lo, hi) among the levels' splits, concatenated."""
+        width = self.num_sources + 1
+        keys = np.concatenate([level.lo * width + level.hi for level in self._levels])
+        order = np.argsort(keys)
+        return order[np.searchsorted(keys, lo * width + hi, sorter=order)]
+
+    @cached_property
+    def _splits(self) -> list[_Split]:
+        """The splits node by node, in pre-order (a node, its left subtree, its right): for
+        `error_bounds` (and tests), not a restore's start."""
+        built: dict[tuple[int, int], _Split] = {}
+        for level in self._levels:
+            for i, (a, b, c) in enumerate(
+                zip(*(x.tolist() for x in (level.lo, level.mid, level.hi)))
+            ):
+                built[a, c] = _Split(a, b, c, level.omega[i], level.cum_omega[i], level.count[i])
+        order: list[_Split] = []
+        todo = [(0, self.num_sources)]
+        while todo:  # pre-order
+            split = built.get(todo.pop())
+            if split is not None:
+                order.append(split)
+                todo += [(split.mid, split.hi), (split.lo, split.mid)]
+        return order
 
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at stage-local `step`."""
