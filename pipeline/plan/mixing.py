@@ -322,32 +322,6 @@ class Steered:
         self._prefix = np.zeros((len(self.set_weights), self.num_sources + 1), np.int64)
         np.cumsum(self.set_weights, axis=1, out=self._prefix[:, 1:])
 
-    def _level_rows(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """The rows of the nodes [lo, hi) among the levels' splits, concatenated."""
-        width = self.num_sources + 1
-        keys = np.concatenate([level.lo * width + level.hi for level in self._levels])
-        order = np.argsort(keys)
-        return order[np.searchsorted(keys, lo * width + hi, sorter=order)]
-
-    @cached_property
-    def _splits(self) -> list[_Split]:
-        """The splits node by node, in pre-order (a node, its left subtree, its right): for
-        `error_bounds` (and tests), not a restore's start."""
-        built: dict[tuple[int, int], _Split] = {}
-        for level in self._levels:
-            for i, (a, b, c) in enumerate(
-                zip(*(x.tolist() for x in (level.lo, level.mid, level.hi)))
-            ):
-                built[a, c] = _Split(a, b, c, level.omega[i], level.cum_omega[i], level.count[i])
-        order: list[_Split] = []
-        todo = [(0, self.num_sources)]
-        while todo:  # pre-order
-            split = built.get(todo.pop())
-            if split is not None:
-                order.append(split)
-                todo += [(split.mid, split.hi), (split.lo, split.mid)]
-        return order
-
     def weights_at(self, step: int) -> np.ndarray:
         """[K] the weights that hold at stage-local `step`."""
         piece = int(np.searchsorted(self.set_steps, step, side="right")) - 1
