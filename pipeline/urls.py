@@ -113,6 +113,18 @@ def read_bytes(url: str) -> bytes:
         raise OSError(f"{type(error).__name__}: {error}") from error
 
 
+def cache_directory(variable: str, name: str) -> Path | None:
+    """A host cache's directory: `$variable`, else `$XDG_CACHE_HOME/pipeline/NAME` (default
+    `~/.cache`); None when `$variable` is `off`."""
+    value = os.environ.get(variable, "").strip()
+    if value.lower() == "off":
+        return None
+    if value:
+        return Path(value).expanduser()
+    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(home) / "pipeline" / name
+
+
 def write_atomically(path: Any, data: bytes) -> None:
     """Replace the file or object at `path` with `data`, so that a reader sees the old bytes or
     the new, never a part: a local file is written beside it and renamed over it; a cloud

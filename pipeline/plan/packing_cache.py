@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config.env import positive_number
-from pipeline.urls import write_atomically
+from pipeline.urls import cache_directory, write_atomically
 from pipeline.wording import counted
 
 log = logging.getLogger("pipeline")
@@ -52,13 +52,7 @@ Packing = dict[str, np.ndarray]  # ARRAYS: int64 each; counts = [truncated, drop
 
 def cache_dir() -> Path | None:
     """Where packings are kept; None when `$PIPELINE_PACKING_CACHE` is `off`."""
-    value = os.environ.get(CACHE_ENV, "").strip()
-    if value.lower() == "off":
-        return None
-    if value:
-        return Path(value).expanduser()
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(home) / "pipeline" / "packings"
+    return cache_directory(CACHE_ENV, "packings")
 
 
 def cached(key: dict[str, Any], documents: int, build: Callable[[], Packing]) -> Packing:

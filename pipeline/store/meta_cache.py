@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.store.meta import MANIFEST, StoreMeta
-from pipeline.urls import write_atomically
+from pipeline.urls import cache_directory, write_atomically
 
 log = logging.getLogger("pipeline")
 
@@ -47,13 +47,7 @@ Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
 def cache_dir() -> Path | None:
     """Where summaries are kept; None when `$PIPELINE_MANIFEST_CACHE` is `off`."""
-    value = os.environ.get(CACHE_ENV, "").strip()
-    if value.lower() == "off":
-        return None
-    if value:
-        return Path(value).expanduser()
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(home) / "pipeline" / "manifests"
+    return cache_directory(CACHE_ENV, "manifests")
 
 
 def manifest_stat(path: str | Path) -> Stat | None:
