@@ -169,7 +169,8 @@ def test_a_stage_of_more_requests_than_aiohttps_pool_is_one_round_trip(gcs_bucke
     request: one round trip, whether this package's request or another library's (Orbax's
     through etils.epath) connected the client first; aiohttp's default pool of 100 connections
     made it two (every time: 30 requests wait for a connection). A loaded machine can start a
-    stage's requests so unevenly that one starts after another ended: it runs again, up to 3
+    stage's requests so unevenly that one starts after another ended, or the client asks one
+    again on a fresh connection when the pooled one it took was closed: it runs again, up to 3
     times, as `test_a_cold_start_takes_four_round_trips_whatever_the_number_of_sources`."""
     urls = [f"{gcs_bucket}/identity-{k}/manifest.json" for k in range(130)]
     for _ in range(3):
@@ -178,8 +179,8 @@ def test_a_stage_of_more_requests_than_aiohttps_pool_is_one_round_trip(gcs_bucke
             object_version(urls[0]) if first == "pipeline" else location(urls[0]).exists()
             log.clear()
             assert together(*(partial(object_version, url) for url in urls)) == [None] * 130
-        assert len(log.requests) == 130
-        if log.rounds() == 1:
+        assert len({request.path for request in log.requests}) == 130
+        if len(log.requests) == 130 and log.rounds() == 1:
             break
     assert log.rounds() == 1, log.rounds()
 
