@@ -18,6 +18,7 @@ import shutil
 import socket
 import threading
 import uuid
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -123,6 +124,18 @@ def cache_directory(variable: str, name: str) -> Path | None:
         return Path(value).expanduser()
     home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(home) / "pipeline" / name
+
+
+def cache_entries(directory: Path, name: re.Pattern[str]) -> list[tuple[int, int, Path]]:
+    """A host cache's entries (the files of `directory` whose name is `name`), least recently
+    used first: (last use, size, path); one removed by another process meanwhile is left out."""
+    entries = []
+    for path in directory.iterdir():
+        if name.fullmatch(path.name):
+            with suppress(FileNotFoundError):
+                stat = path.stat()
+                entries.append((stat.st_mtime_ns, stat.st_size, path))
+    return sorted(entries)
 
 
 def write_atomically(path: Any, data: bytes) -> None:

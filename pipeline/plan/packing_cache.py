@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config.env import positive_number
-from pipeline.urls import cache_directory, write_atomically
+from pipeline.urls import cache_directory, cache_entries, write_atomically
 from pipeline.wording import counted
 
 log = logging.getLogger("pipeline")
@@ -139,15 +139,10 @@ def _write(path: Path, text: str, packing: Packing) -> bool:
 
 def _evict(directory: Path, kept: Path, max_gb: float) -> None:
     """Remove the least recently used entries but `kept` until all total at most `max_gb`."""
-    entries = []  # (last use, size, path)
-    for path in directory.iterdir():
-        if ENTRY.fullmatch(path.name):
-            with suppress(FileNotFoundError):  # removed by another process meanwhile
-                stat = path.stat()
-                entries.append((stat.st_mtime_ns, stat.st_size, path))
+    entries = cache_entries(directory, ENTRY)
     total = sum(size for _, size, _ in entries)
     removed, freed = 0, 0
-    for _, size, path in sorted(entries):
+    for _, size, path in entries:
         if total <= max_gb * 1e9:
             break
         if path != kept:

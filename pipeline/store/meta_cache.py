@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.store.meta import MANIFEST, StoreMeta
-from pipeline.urls import cache_directory, write_atomically
+from pipeline.urls import cache_directory, cache_entries, write_atomically
 
 log = logging.getLogger("pipeline")
 
@@ -142,12 +142,8 @@ class Summaries:
 
 def _evict(directory: Path, kept: Path) -> None:
     """Remove the least recently used entry files but `kept` beyond `MAX_FILES`."""
-    entries = []
-    for path in directory.iterdir():
-        if ENTRY.fullmatch(path.name):
-            with suppress(FileNotFoundError):  # removed by another process meanwhile
-                entries.append((path.stat().st_mtime_ns, path))
-    for _, path in sorted(entries)[: max(0, len(entries) - MAX_FILES)]:
+    entries = cache_entries(directory, ENTRY)
+    for _, _, path in entries[: max(0, len(entries) - MAX_FILES)]:
         if path != kept:
             with suppress(OSError):
                 path.unlink(missing_ok=True)
