@@ -178,14 +178,18 @@ def node_by_node(mixture: Mixture) -> list[tuple]:
     return out
 
 
-@settings(max_examples=40, deadline=None)
-@given(
+# a random mixture's (sources, pieces, rows, seed, kind), as `random_mixture` takes them
+RANDOM_MIXTURES = given(
     st.integers(1, 300),
     st.integers(0, 3),
     st.integers(1, 64),
     st.integers(0, 2**32),
     st.sampled_from(["uniform", "integers", "sparse"]),
 )
+
+
+@settings(max_examples=40, deadline=None)
+@RANDOM_MIXTURES
 def test_the_tree_built_a_level_at_a_time_is_the_tree_built_node_by_node(
     sources, pieces, rows, seed, kind
 ):
@@ -200,13 +204,7 @@ def test_the_tree_built_a_level_at_a_time_is_the_tree_built_node_by_node(
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.integers(1, 300),
-    st.integers(0, 3),
-    st.integers(1, 64),
-    st.integers(0, 2**32),
-    st.sampled_from(["uniform", "integers", "sparse"]),
-)
+@RANDOM_MIXTURES
 def test_counts_a_level_at_a_time_are_the_counts_node_by_node(sources, pieces, rows, seed, kind):
     mixture = random_mixture(sources, pieces, rows, seed, kind)
     positions = np.random.default_rng(seed).integers(0, 10**7, (3, 4))
