@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import jax
@@ -231,12 +232,9 @@ def block_requests(log) -> dict[tuple[str, int], float]:
 STEPS = 12  # served one every 0.25 s (a training step) after the first, 50 ms per request
 
 
-def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, gcs_bucket):
-    """Every block a step s >= 3 reads first is requested before step s - 2 is asked for: the
-    readers (2 steps ahead) cannot have asked for it yet, the fetch ahead (4 steps after
-    them, `feed.fetch_ahead`) has. The batches are the plan's; the thread stops with the feed."""
-    local, url = store(tmp_path, gcs_bucket, "ahead", documents=1500, records=False)
-    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+def paced_steps(url: str, expected: Plan) -> tuple[Any, list[float]]:
+    """`STEPS` steps of a feed of the store at `url`, one every 0.25 s (a training step), 50 ms
+    per request: the proxy's log and when each step was asked for; every batch is the plan's."""
     asked = []
     with (
         proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
@@ -248,6 +246,16 @@ def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, g
             for field in FIELDS:
                 np.testing.assert_array_equal(np.asarray(batch[field]), expected.batch(step)[field])
             time.sleep(0.25)
+    return log, asked
+
+
+def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, gcs_bucket):
+    """Every block a step s >= 3 reads first is requested before step s - 2 is asked for: the
+    readers (2 steps ahead) cannot have asked for it yet, the fetch ahead (4 steps after
+    them, `feed.fetch_ahead`) has. The batches are the plan's; the thread stops with the feed."""
+    local, url = store(tmp_path, gcs_bucket, "ahead", documents=1500, records=False)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    log, asked = paced_steps(url, expected)
     requested = block_requests(log)
     ahead = [(block, step) for block, step in first_needed(expected, STEPS).items() if step >= 3]
     assert len(ahead) >= 10  # the store is large enough for later steps to read new blocks
@@ -266,15 +274,7 @@ def test_the_next_steps_whole_shards_are_fetched_ahead_too(tmp_path, gcs_bucket)
         for piece_store, shards, _, _ in expected.pieces(expected.draws(step), local=True):
             for shard in shards.tolist():
                 first.setdefault(piece_store.manifest["shards"][shard]["file"], step)
-    asked = []
-    with (
-        proxied(os.environ["STORAGE_EMULATOR_HOST"], latency=0.05) as log,
-        DataFeed(parse_config(raw_config(url), origin="remote.yaml"), mesh()) as feed,
-    ):
-        for _ in range(STEPS):
-            asked.append(time.time())
-            next(feed)
-            time.sleep(0.25)
+    log, asked = paced_steps(url, expected)
     requested: dict[str, float] = {}
     for request in sorted(log.requests, key=lambda r: r.start):
         match = re.search(r"%2F([^/?]+\.array_record)\?", request.path)
