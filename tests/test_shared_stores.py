@@ -111,3 +111,15 @@ def test_a_plan_that_fails_hands_back_the_stores_its_layout_opened(tmp_path):
     with pytest.raises(ConfigError, match="cannot be split evenly over 8 lanes"):
         DataFeed(parse_config(raw, origin="few.yaml"), mesh())
     assert released(path)
+
+
+def test_a_store_opened_twice_into_one_set_is_handed_back_once_for_each_opening(tmp_path):
+    """Two sources of one path in a feed's plan: the set keeps one store, and handing the set
+    back releases both openings (the second was held for the life of the process)."""
+    path = tmp_path / "twice"
+    write_synthetic_store(path, [[5, 9, 3]]).close()
+    held = shared_stores.store_set(check_reads=True)
+    first, second = held.open_now(path), held.open_now(path)
+    assert second is first and held.stores() == [first]
+    shared_stores.release_all(held)
+    assert not shared_stores.holds(first)

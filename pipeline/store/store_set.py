@@ -70,8 +70,14 @@ class StoreSet:
 
     def open_now(self, path: Path, **kwargs: Any) -> AnyStore:
         """The store at `path` opened by the set's opener now (a bucket's store, which a plan
-        opens before its first draw) and kept, so that it is handed back with the others."""
+        opens before its first draw) and kept, so that it is handed back with the others; a
+        store the set holds already (two sources of one path) is the one kept, the second
+        opening handed back at once (the set hands each store back once)."""
         store = self.opener(path, **kwargs)
+        held = self._stores.get(store.fingerprint)
+        if held is not None:
+            self.release(store)
+            return held
         self.add(store)
         return store
 
