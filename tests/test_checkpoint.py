@@ -197,6 +197,30 @@ def test_the_switch_is_logged_once_the_whole_restore_succeeded(tmp_path, caplog)
         assert line.startswith("ledger switch at step 4: stages changed; carried counters ")
 
 
+def test_a_save_before_the_first_next_logs_the_switch_it_records(tmp_path, caplog):
+    """A trainer that checkpoints right after its restore writes the switch into the ledger
+    it saves: the log says so then, once, not again at the first `next()`."""
+    config = two_stage_config(tmp_path / "stores")
+    with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        feed.seek(4)
+        save(mngr, 4, feed)
+    raw = two_stage_raw(tmp_path / "stores", stages=[{"name": "main", "mix": {"docs": 1}}])
+    caplog.set_level(logging.INFO, logger="pipeline")
+
+    def switches() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "ledger switch" in r.getMessage()]
+
+    changed = parse_config(raw, origin="changed.yaml")
+    with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
+        mngr.restore(4, args=ocp.args.Composite(data=DataRestore(feed, switch=True)))
+        assert switches() == []
+        save(mngr, 5, feed)
+        assert len(switches()) == 1
+        assert len(data_state.load_ledger(tmp_path / "ckpt" / "5").segments) == 2
+        next(feed)
+        assert len(switches()) == 1
+
+
 def test_a_checkpoint_without_data_needs_an_explicit_step(tmp_path):
     config = two_stage_config(tmp_path / "stores")
     plan = Plan.from_config(config)

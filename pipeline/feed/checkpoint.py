@@ -95,6 +95,7 @@ class DataSave(ocp.args.CheckpointArgs):
     state: dict[str, Any] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
+        self.feed.log_restore_events()  # the checkpoint records them
         self.state = current_state(self.feed).to_json()
 
 

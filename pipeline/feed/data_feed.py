@@ -250,7 +250,7 @@ class DataFeed:
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
         self._closed = False
-        self._adopted: tuple[str, ...] = ()  # a restore's events, logged by the next next()
+        self._adopted: tuple[str, ...] = ()  # a restore's events: log_restore_events
         self._opened = time.perf_counter()
         self._awaiting_peers = self.config.feed.ready_timeout_s is not None
         peers = Peers(warn=log_events) if stats else None  # exchanged by the watcher thread
@@ -388,9 +388,10 @@ class DataFeed:
     def adopt(self, ledger: Ledger, step: int, events: Sequence[str] = ()) -> None:
         """Follow `ledger` (a restored, reconciled one) from `step` on; the runtime settings
         (`feed:`) stay the config in force's, never the ledger's recorded defaults. `events`
-        (the switch or skip the restore made) are logged by the next `next()`: by then the
-        trainer has its whole restore (an Orbax item restored after this one may still fail,
-        and a run that did not switch must not say it did)."""
+        (the switch or skip the restore made) are logged by the next `next()` or save
+        (`log_restore_events`): by then the trainer has its whole restore (an Orbax item
+        restored after this one may still fail, and a run that did not switch must not say
+        it did)."""
         self._ensure_open()
         self._adopted = tuple(events)
         self._plan = Plan(ledger, self._plan.store_set, exclude_files=self._plan.exclude_files)
@@ -429,10 +430,16 @@ class DataFeed:
             self._host_stop.publish(str(error))
             raise
 
-    def _next(self) -> dict[str, jax.Array]:
-        for line in self._adopted:  # `adopt`: the restore succeeded, the run asks for data
+    def log_restore_events(self) -> None:
+        """Log the switch or skip the last restore made, once: at the first `next()` (the
+        restore succeeded, the run asks for data), or at a save before it, whose checkpoint
+        records them (the log must not miss what a checkpoint holds)."""
+        for line in self._adopted:
             log.info("%s", line)
         self._adopted = ()
+
+    def _next(self) -> dict[str, jax.Array]:
+        self.log_restore_events()
         self._host_stop.check()  # a peer's stop, or a store replaced under the feed
         if self._verifier is not None:
             self._verifier.check()

@@ -54,7 +54,7 @@ def restore_state(
     _check_processes_agree(state, feed, switch, skip)
     plan = Plan(state.ledger, feed.plan.store_set, exclude_files=feed.plan.exclude_files)
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
-    events: list[str] = []  # the switch or skip: logged by the first next(), not now
+    events: list[str] = []  # the switch or skip: logged at the first next() or save, not now
     reconciled = reconcile(
         plan,
         feed.config,

@@ -190,6 +190,7 @@ class LocalIterator:
 
     def get_state(self) -> StateDict:
         """The next step, the ledger and a digest: identical on every process, a few KB."""
+        self.feed.log_restore_events()  # the checkpoint records them
         return StateDict(current_state(self.feed).to_json())
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
