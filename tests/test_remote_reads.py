@@ -31,7 +31,7 @@ from pipeline.feed.fetch_ahead import FetchAhead
 from pipeline.plan.sources import plan_stores
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
-from pipeline.store.block_cache import SPARE_S, BlockCache
+from pipeline.store.block_cache import BlockCache
 from pipeline.store.formats import open_store
 from pipeline.store.meta import load_manifest
 from pipeline.store.remote_reads import forget, together
@@ -619,27 +619,3 @@ def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exi
     assert sorted(p.name for p in temporary.iterdir()) == sorted(
         left[name].name for name in ("live", "elsewhere")
     )  # its own removed at exit, the dead process's at its start
-
-
-def test_an_entry_handed_out_moments_ago_is_never_evicted_the_least_recently_used_are(tmp_path):
-    """A whole shard may be larger than `max_gb`, and `get_file` hands out a path that the
-    caller opens only after it returns: no eviction pass (of any process) deletes an entry
-    used in the last `SPARE_S` seconds, the one a fill just made among them; entries used
-    longer ago go, least recently used first."""
-    cache = BlockCache(tmp_path / "cache", 3000)
-
-    def fill(data: bytes):
-        return lambda partial: partial.write_bytes(data)
-
-    first = cache.get_file("shards/a", fill(b"a" * 2000), lambda path: True)
-    # a second fill takes the cache over its bound before the first path is opened: it stays
-    second = cache.get_file("shards/b", fill(b"b" * 2000), lambda path: True)
-    assert first.read_bytes() == b"a" * 2000 and second.read_bytes() == b"b" * 2000
-    for age, entry in ((3, first), (2, second)):  # used that many SPARE_S ago, a before b
-        past = time.time() - age * SPARE_S
-        os.utime(entry, (past, past))
-    third = cache.get_file("shards/c", fill(b"c" * 400), lambda path: True)
-    assert not first.exists() and second.exists()  # down to 90 %: the least recently used
-    assert third.read_bytes() == b"c" * 400
-    fourth = cache.get_file("shards/d", fill(b"d" * 1000), lambda path: True)
-    assert not second.exists() and third.exists() and fourth.exists()

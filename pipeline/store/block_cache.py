@@ -19,12 +19,15 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
   over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
   death.
-* **Bounded.** After a fill takes the cache over `max_bytes`, the least recently used entries
-  (by modification time, which a read refreshes) are deleted down to 90 % of it, except those
-  used in the last `SPARE_S` seconds: a whole shard's path handed out by `get_file` is opened
-  by ArrayRecord after it returns, and an eviction pass of any process of the host in between
-  would delete it from under the reader. The cache may exceed its bound by what the host used
-  in that time, until a later pass.
+* **Bounded, strictly.** The host's processes keep one count of the cache's bytes (`_TOTAL`,
+  under its `flock`): a fill adds its entry before renaming it in (a process killed in between
+  leaves the count high, never low), and when that takes the count over `max_bytes`, the least
+  recently used entries (by modification time, which a read refreshes) are deleted down to
+  90 % of it, counted again from the disk. After a pass the cache holds at most `max_bytes`,
+  unless the entry just filled is alone larger than that: it is kept for its caller, alone,
+  and goes at the next pass. A whole shard's path handed out by `get_file` may be deleted by a
+  pass before its caller opens it: the caller takes the copy again (`remote_shards.open_copy`);
+  once a file is open, deleting it takes nothing from its reader.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +46,7 @@ from pipeline.errors import StoreError
 _LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
 _STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
-SPARE_S = 30.0  # an entry used this recently is not evicted: its reader may not have opened it
+_TOTAL = ".total"  # at the root: the bytes of the host's entries, as 20 digits (flock: passes)
 T = TypeVar("T")
 
 
@@ -61,8 +63,6 @@ class BlockCache:
                 f"{self.root}: cannot create the cache directory (feed.cache.dir): "
                 f"{error.strerror or error}"
             ) from None
-        self._lock = threading.Lock()  # the size estimate and eviction passes
-        self._size = self._scan_size()
         self.damaged = 0  # entries found damaged and fetched again, by this process
 
     def get(self, key: str, fetch: Callable[[], bytes], check: Callable[[bytes], bool]) -> bytes:
@@ -92,11 +92,10 @@ class BlockCache:
     ) -> Path:
         """The path of the entry `key`, a file too large to hold in memory (a whole shard):
         there when whole and `check`ed, else filled by `fill(partial)` (by one process of the
-        host at a time), which writes the file and raises unless it passes its checks. The
-        path stays the entry for `SPARE_S` seconds at least (no eviction pass deletes an entry
-        used more recently), time for the caller to open it; a reader that opened it keeps
-        reading it when a later pass deletes it. `fresh`: filled again even when it is there
-        (a check of the source itself, not of the copy)."""
+        host at a time), which writes the file and raises unless it passes its checks. An eviction
+        pass of any process may delete the entry before the caller opens it: a caller that
+        finds it gone asks again. `fresh`: filled again even when it is there (a check of the
+        source itself, not of the copy)."""
         path = self.root / key
 
         def checked() -> Path | None:
@@ -123,17 +122,30 @@ class BlockCache:
             partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_PARTIAL}")
             try:
                 result = fill(partial)
-                os.replace(partial, path)
+                self._store(partial, path)
             except OSError as error:
                 raise StoreError(
                     f"{path}: cannot write the cache entry: {error.strerror or error}"
                 ) from None
             finally:
                 partial.unlink(missing_ok=True)
-            with self._lock:
-                self._size += path.stat().st_size
-        self._evict_if_over()
         return result
+
+    def _store(self, partial: Path, path: Path) -> None:
+        """Rename the whole file `partial` over the entry `path`, counted in the host's total
+        first; then, if that is over the bound, evict down to 90 % of it (sparing `path`)."""
+        size = partial.stat().st_size
+        descriptor = os.open(self.root / _TOTAL, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when closed, or the process dies
+            counted = os.pread(descriptor, 20, 0)
+            total = int(counted) if len(counted) == 20 and counted.isdigit() else self._scan()
+            os.pwrite(descriptor, b"%020d" % (total + size), 0)
+            os.replace(partial, path)
+            if total + size > self.max_bytes:
+                os.pwrite(descriptor, b"%020d" % self._evict(path), 0)
+        finally:
+            os.close(descriptor)
 
     def _read_checked(self, path: Path, check: Callable[[bytes], bool]) -> bytes | None:
         try:
@@ -170,7 +182,7 @@ class BlockCache:
         now = time.time()
         for folder, _, names in os.walk(self.root):
             for name in names:
-                if name.endswith(_LOCK):
+                if name.endswith(_LOCK) or name == _TOTAL:
                     continue
                 path = Path(folder) / name
                 try:
@@ -184,22 +196,20 @@ class BlockCache:
                 found.append((stat.st_mtime, stat.st_size, path))
         return found
 
-    def _scan_size(self) -> int:
+    def _scan(self) -> int:
+        """The bytes of every entry, counted on the disk."""
         return sum(size for _, size, _ in self._entries())
 
-    def _evict_if_over(self) -> None:
-        """Delete least recently used entries down to 90 % of the bound, except those used in
-        the last `SPARE_S` seconds (the entry just filled among them, however large it is)."""
-        with self._lock:
-            if self._size <= self.max_bytes:
-                return
-            entries = sorted(self._entries())
-            total = sum(size for _, size, _ in entries)
-            spared = time.time() - SPARE_S
-            for used, size, path in entries:
-                if total <= 0.9 * self.max_bytes or used > spared:
-                    break
+    def _evict(self, keep: Path) -> int:
+        """Delete least recently used entries, `keep` excepted, down to 90 % of the bound (call
+        with the total's lock held); returns the bytes left."""
+        entries = sorted(self._entries())
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in entries:
+            if total <= 0.9 * self.max_bytes:
+                break
+            if path != keep:
                 path.unlink(missing_ok=True)
                 path.with_name(path.name + _LOCK).unlink(missing_ok=True)
                 total -= size
-            self._size = total
+        return total

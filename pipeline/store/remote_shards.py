@@ -28,23 +28,30 @@ use, not at each.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline.errors import StoreError
 from pipeline.store.block_cache import BlockCache
 from pipeline.store.remote_reads import _fetch, host_cache, together
+from pipeline.store.shard_readers import Vanished
 from pipeline.store.store_files import sha256_of
 
 PART_BYTES = 8 << 20  # bytes per ranged request of a shard's download
 PARTS_AT_ONCE = 8  # a shard's parts in flight (a batch's shards download at once, too)
+OPEN_TRIES = 3  # a copy evicted this many times before it is opened: the cache is too small
 PRIVATE_BYTES = 4 << 30  # downloaded shards a process without `feed.cache` keeps on its disk
 _PREFIX = "pipeline-shards-"  # then HOST@PID- of its owner: a temporary cache's directory
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 # the copies this process hashed: (SHA-256, device, inode, size), which a rename keeps
@@ -59,6 +66,20 @@ def local_shard(url: str, sha256: str, size: int, fresh: bool = False) -> Path:
     cache = host_cache() or _private_cache()
     download, check = partial(_download, url, sha256, size), partial(_matches, sha256)
     return cache.get_file(f"shards/{sha256}", download, check, fresh)
+
+
+def open_copy(url: str, sha256: str, size: int, opener: Callable[[Path], T]) -> T:
+    """`opener(path)` of the shard's local copy (`local_shard`), which raises `Vanished` when
+    an eviction pass (of any process of the host) deleted the copy before `opener` held it
+    open: the copy is taken again (downloaded and checked, or filled meanwhile by another
+    process) and opened, up to `OPEN_TRIES` times. Once open, eviction cannot take it away."""
+    for _ in range(OPEN_TRIES):
+        with contextlib.suppress(Vanished):
+            return opener(local_shard(url, sha256, size))
+    raise StoreError(
+        f"{url}: its local copy was evicted {OPEN_TRIES} times before it could be opened: the "
+        "cache (feed.cache.max_gb) is smaller than the shards this host reads at once; raise it"
+    )
 
 
 def _matches(sha256: str, path: Path) -> bool:

@@ -46,19 +46,35 @@ def default_max_open() -> int:
     return int(text)
 
 
+class Vanished(StoreError):
+    """A shard file deleted while its reader was being opened (a cache's eviction pass): its
+    copy can be taken again and opened, where another unreadable file is the store's fault."""
+
+
 def open_reader(path: Path) -> ArrayRecordReader:
     """A reader of the shard file at `path` (on local disk: a cloud shard is read from its
     checked local copy, `remote_shards`). A file that cannot be opened (permission denied) is
-    refused by its OS error: ArrayRecord's reader would read it as a shard of no records."""
+    refused by its OS error: ArrayRecord's reader would read it as a shard of no records, and
+    so would it one deleted before it opens it by its path: the file is held open meanwhile,
+    and `Vanished` raised unless it is still there once ArrayRecord holds it."""
     try:
-        with open(path, "rb"):
-            pass
+        with open(path, "rb") as held:
+            try:
+                reader, failure = ArrayRecordReader(str(path), READER_OPTIONS), None
+            except Exception as error:  # ArrayRecord raises plain RuntimeErrors
+                reader, failure = None, error
+            if os.fstat(held.fileno()).st_nlink == 0:  # ArrayRecord may have opened nothing
+                if reader is not None:
+                    with contextlib.suppress(RuntimeError):
+                        reader.close()
+                raise Vanished(f"{path}: cannot read: the file was deleted while it was opened")
+    except FileNotFoundError:
+        raise Vanished(f"{path}: cannot read: the file was deleted") from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        return ArrayRecordReader(str(path), READER_OPTIONS)
-    except Exception as error:  # ArrayRecord raises plain RuntimeErrors
-        raise StoreError(f"{path}: not a readable ArrayRecord shard: {error}") from None
+    if reader is None:
+        raise StoreError(f"{path}: not a readable ArrayRecord shard: {failure}") from None
+    return reader
 
 
 class ShardReaders:

@@ -44,7 +44,7 @@ from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest, read_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.remote_reads import RemoteFlat, together
-from pipeline.store.remote_shards import local_shard
+from pipeline.store.remote_shards import local_shard, open_copy
 from pipeline.store.retry import RetryPolicy
 from pipeline.store.shard_check import (
     check_records,
@@ -574,9 +574,10 @@ class TokenStore(StoreFacts):
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
         """A reader of the shard's file, or (a cloud shard) of its local copy, downloaded
-        again if the cache evicted it since."""
+        again if the cache evicted it since, or before the reader held it (`open_copy`)."""
         if self.remote:
-            return open_reader(self._local_copy(shard))
+            entry, url = self.manifest["shards"][shard], str(self.shard_file(shard))
+            return open_copy(url, entry["sha256"], entry["bytes"], open_reader)
         return open_reader(self.shard_file(shard))
 
 
