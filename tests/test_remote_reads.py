@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
+from array_record.python.array_record_module import ArrayRecordWriter
 from jax.sharding import Mesh
 
 from pipeline.config import parse_config
@@ -31,10 +32,13 @@ from pipeline.feed.fetch_ahead import FetchAhead
 from pipeline.plan.sources import plan_stores
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
+from pipeline.store import token_store
 from pipeline.store.block_cache import BlockCache
 from pipeline.store.formats import open_store
 from pipeline.store.meta import load_manifest
 from pipeline.store.remote_reads import forget, together
+from pipeline.store.remote_shards import OPEN_TRIES
+from pipeline.store.shard_readers import Vanished, open_reader
 from pipeline.urls import copy_file, location, object_version
 from tests.gcs_proxy import fresh_clients, proxied
 from tests.storegen import write_synthetic_store
@@ -619,3 +623,92 @@ def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exi
     assert sorted(p.name for p in temporary.iterdir()) == sorted(
         left[name].name for name in ("live", "elsewhere")
     )  # its own removed at exit, the dead process's at its start
+
+
+def evicting_opener(cache: Path, max_bytes: int, always: bool = False):
+    """`open_reader`, after an eviction pass of another process of the host that deletes the
+    shard copy about to be opened (`always`: at every try, else at its first only): that
+    process fills an entry nearly as large as the bound, and its pass deletes every other.
+    Returns the opener and the copies it had evicted and then opened."""
+    evicted: list[Path] = []
+    opened: list[Path] = []
+
+    def opener(path: Path):
+        if path.is_relative_to(cache) and (always or path not in evicted):
+            evicted.append(path)
+            filler = f"blocks/filler-{len(evicted)}"
+            BlockCache(cache, max_bytes).get(filler, lambda: b"f" * max_bytes, lambda data: True)
+            assert not path.exists()
+        reader = open_reader(path)
+        opened.append(path)
+        return reader
+
+    return opener, evicted, opened
+
+
+def test_a_shard_copy_evicted_before_its_reader_opens_it_is_fetched_again(
+    tmp_path, proxy, monkeypatch
+):
+    """An eviction pass may delete a whole shard's copy between the cache handing out its path
+    and ArrayRecord opening it: the copy is taken again (downloaded, checked) and opened, the
+    batches are the plan's, and the cache is within its bound after every pass."""
+    bucket, log = proxy
+    local, url = store(tmp_path, bucket, "evicted", flat=False)
+    cache, max_gb = tmp_path / "cache", 0.001
+    opener, evicted, opened = evicting_opener(cache, int(max_gb * (1 << 30)))
+    monkeypatch.setattr(token_store, "open_reader", opener)
+    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+    remote = raw_config(url, cache={"dir": str(cache), "max_gb": max_gb})
+    log.clear()
+    with DataFeed(parse_config(remote, origin="remote.yaml"), mesh()) as feed:
+        for step in range(8):
+            batch = next(feed)
+            for field in FIELDS:
+                np.testing.assert_array_equal(np.asarray(batch[field]), expected.batch(step)[field])
+    assert evicted and set(evicted) <= set(opened)  # each one opened once fetched again
+    shards = [r for r in log.requests if ".array_record" in r.path and "alt=media" in r.path]
+    assert len(shards) >= 2 * len(evicted)
+    assert sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) <= max_gb * (1 << 30)
+
+
+def test_a_copy_evicted_at_every_try_before_it_is_opened_fails_in_one_line(
+    tmp_path, proxy, monkeypatch
+):
+    """A cache too small for the shards a host reads at once would evict a copy before each
+    open: after `OPEN_TRIES`, one line naming the shard and the setting to raise."""
+    bucket, _ = proxy
+    _, url = store(tmp_path, bucket, "thrashed", shards=1, flat=False)
+    cache, max_gb = tmp_path / "cache", 0.001
+    opener, evicted, _ = evicting_opener(cache, int(max_gb * (1 << 30)), always=True)
+    monkeypatch.setattr(token_store, "open_reader", opener)
+    config = raw_config(url, cache={"dir": str(cache), "max_gb": max_gb})
+    with (
+        pytest.raises(PipelineError) as raised,
+        DataFeed(parse_config(config, origin="c.yaml"), mesh()) as feed,
+    ):
+        next(feed)
+    message = str(raised.value)
+    assert len(evicted) >= OPEN_TRIES and len(message.splitlines()) == 1, message
+    assert (
+        f"{url}/" in message and "evicted 3 times" in message and "feed.cache.max_gb" in message
+    ), message
+
+
+def test_a_copy_deleted_before_arrayrecord_opens_it_is_never_read_as_a_shard_of_no_records(
+    tmp_path,
+):
+    """ArrayRecord opens a shard by its path, and reads a file that is not there as a shard of
+    no records: `open_reader` holds the file open meanwhile and refuses it (`Vanished`: its
+    copy is taken again) unless it is still there once ArrayRecord holds it. Here the path is
+    a descriptor's link to a file deleted before `open_reader` is called."""
+    shard = tmp_path / "shard.array_record"
+    writer = ArrayRecordWriter(str(shard), "group_size:1")
+    writer.write(b"record")
+    writer.close()
+    descriptor = os.open(shard, os.O_RDONLY)
+    try:
+        shard.unlink()
+        with pytest.raises(Vanished, match="deleted while it was opened"):
+            open_reader(Path(f"/proc/self/fd/{descriptor}"))
+    finally:
+        os.close(descriptor)
