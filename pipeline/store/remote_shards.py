@@ -18,7 +18,9 @@ it, from the local disk:
   `PRIVATE_BYTES` (least recently used deleted first: a shard read again is downloaded again).
   The directory is named by the process (`pipeline-shards-HOST@PID-*`): the first process of
   the host to make one later removes those of processes that died without exiting (`kill -9`,
-  an out-of-memory kill), never a live process's.
+  an out-of-memory kill), never a live process's;
+* opened through `open_copy`: a copy an eviction pass deleted before its reader held it open
+  is taken again, never read as a file that is not there.
 
 A copy is hashed once per process: one this process has checked (same device, inode and size
 since) is opened again without hashing it, as a local store's shard is checked at its first
