@@ -68,8 +68,8 @@ def open_reader(path: Path) -> ArrayRecordReader:
                     with contextlib.suppress(RuntimeError):
                         reader.close()
                 raise Vanished(f"{path}: cannot read: the file was deleted while it was opened")
-    except FileNotFoundError:
-        raise Vanished(f"{path}: cannot read: the file was deleted") from None
+    except FileNotFoundError as error:
+        raise Vanished(f"{path}: cannot read: {error.strerror}") from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror or error}") from None
     if reader is None:
