@@ -98,6 +98,15 @@ def _file_identity(path: str | Path) -> FileIdentity:
     return identity_of(os.stat(path))
 
 
+def local_identity(path: str) -> FileIdentity | None:
+    """A local file's identity; None for a missing one (`identity_or_none` without asking
+    whether `path` is a URL: a shard's first use takes several)."""
+    try:
+        return identity_of(os.stat(path))
+    except OSError:
+        return None
+
+
 def identity_or_none(path: str | Path) -> FileIdentity | None:
     """A local file's or a cloud object's identity; None for a missing one."""
     try:
@@ -118,10 +127,10 @@ def store_identity(path: Path) -> Hashable | None:
 
 
 def shard_identity(root: str, entry: dict[str, Any]) -> FileIdentity:
-    """The identity of the data file of the shard whose manifest entry is `entry`, in the store
-    at `root`, which must exist and have the manifest's size."""
+    """The identity of the data file of the shard whose manifest entry is `entry`, in the local
+    store at `root`, which must exist and have the manifest's size."""
     path = os.path.join(root, entry["file"])
-    identity = identity_or_none(path)
+    identity = local_identity(path)
     if identity is None:
         raise StoreError(f"{path}: shard listed in the manifest is missing")
     if identity.size != entry["bytes"]:
@@ -164,12 +173,12 @@ def shard_files(
         if key not in entry:
             continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
         path = os.path.join(root, entry[key])
-        if not os.path.exists(path):
+        if not os.access(path, os.F_OK):  # `exists` without its `stat` result: ~1 us less
             raise StoreError(f"{path}: {kind} listed in the manifest is missing")
     if "flat" in entry:
         flat = os.path.join(root, entry["flat"])
         size = entry["tokens"] * dtype.itemsize
-        identity["flat"] = identity_or_none(flat)
+        identity["flat"] = local_identity(flat)
         if identity["flat"] is None or identity["flat"].size != size:
             raise StoreError(_wrong_flat_size(root, number, entry, identity["flat"], dtype))
     return identity
@@ -180,6 +189,5 @@ def files_unchanged(
 ) -> bool:
     """Whether a shard's files whose identities `shard_files` took are still those files."""
     return all(
-        identity_or_none(os.path.join(root, entry[key])) == known
-        for key, known in identities.items()
+        local_identity(os.path.join(root, entry[key])) == known for key, known in identities.items()
     )

@@ -66,7 +66,7 @@ from pipeline.store.store_files import (
     FileIdentity,
     file_sha256,
     files_unchanged,
-    identity_or_none,
+    local_identity,
     sha256_of,
     shard_files,
     store_identity,
@@ -204,7 +204,7 @@ class TokenStore(StoreFacts):
 
     def _local_identity(self) -> FileIdentity | None:
         """A local store's `store_identity` now."""
-        return identity_or_none(self._manifest_file)
+        return local_identity(self._manifest_file)
 
     @cached_property
     def shard_documents(self) -> np.ndarray:
@@ -502,7 +502,7 @@ class TokenStore(StoreFacts):
             if not self._file_identities[shard]:  # the shard's first use: its files' sizes
                 self._file_identities[shard] = shard_files(root, shard, entry, self.dtype)
             elif (
-                identity_or_none(file := os.path.join(root, entry["file"]))
+                local_identity(file := os.path.join(root, entry["file"]))
                 != (self._file_identities[shard]["file"])
             ):
                 raise StoreError(
