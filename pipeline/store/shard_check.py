@@ -101,7 +101,7 @@ def _load_npy(
     directory or a URL), checked against its manifest checksum: read once, into memory (8
     bytes per record or document, less than the reader's own index), so the array served is
     the bytes hashed."""
-    path = os.path.join(root, entry[key])
+    path = f"{root}/{entry[key]}"
     if is_url(path):  # one download per host, checked (remote_reads)
         data = checked_file(path, entry[checksum_key], checksum_key)
         return path, _parsed(path, data)
@@ -133,7 +133,7 @@ def load_index(
     """A shard's record or document index, checked against the manifest."""
     _, index = _load_npy(root, entry, key, checksum_key)
     # the index matches its checksum: the manifest is at fault
-    manifest = os.path.join(root, MANIFEST)
+    manifest = f"{root}/{MANIFEST}"
     if index.shape != (count + 1,) or index.dtype != np.int64:
         raise StoreError(
             f"{manifest}: needs an int64[{count + 1}] {entry[key]}, which is "
@@ -174,7 +174,7 @@ def map_flat(
     """A shard's flat sidecar, memory-mapped, after checking that it is the file seen at open
     (`known`) and that its sampled records match the manifest's `sample_sha256` (a sidecar of
     another store or an older prepare is refused; `TokenStore.verify` checks every byte)."""
-    path = os.path.join(root, entry["flat"])
+    path = f"{root}/{entry['flat']}"
     replaced = StoreError(
         f"{path}: the flat token sidecar was replaced or changed after the store was "
         "opened; restart the job, or prepare the store again"
@@ -216,7 +216,7 @@ def flat_blocks(root: str, entry: dict[str, Any], tokens: np.ndarray, check: boo
     if check and "flat_blocks" in entry:
         crcs = _block_crcs(root, entry, tokens.nbytes, block_bytes)
     return FlatBlocks(
-        os.path.join(root, entry["flat"]),
+        f"{root}/{entry['flat']}",
         tokens,
         crcs,
         block_bytes=block_bytes,
@@ -232,7 +232,7 @@ def _block_crcs(root: str, entry: dict[str, Any], size: int, block_bytes: int) -
     count = block_count(size, block_bytes) + 1
     if crcs.shape != (count,) or crcs.dtype != np.uint32:  # as prepared: the manifest's
         raise StoreError(
-            f"{os.path.join(root, MANIFEST)}: needs uint32[{count}] block checksums of "
+            f"{root}/{MANIFEST}: needs uint32[{count}] block checksums of "
             f"{entry['flat']} in blocks of {block_bytes} bytes, {entry['flat_blocks']} is "
             f"{crcs.dtype}{list(crcs.shape)}; {RESEALED}"
         )
@@ -247,7 +247,7 @@ def remote_flat(root: str, entry: dict[str, Any], dtype: np.dtype) -> RemoteFlat
     block_bytes = entry.get("flat_block_bytes", BLOCK_BYTES)
     crcs = _block_crcs(root, entry, int(entry["tokens"]) * dtype.itemsize, block_bytes)
     return RemoteFlat(
-        os.path.join(root, entry["flat"]), entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
+        f"{root}/{entry['flat']}", entry["flat_sha256"], dtype, int(entry["tokens"]), crcs,
         block_bytes,
     )  # fmt: skip
 

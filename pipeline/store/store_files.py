@@ -128,7 +128,7 @@ def store_identity(path: Path) -> Hashable | None:
 def shard_identity(root: str, entry: dict[str, Any]) -> FileIdentity:
     """The identity of the data file of the shard whose manifest entry is `entry`, in the local
     store at `root`, which must exist and have the manifest's size."""
-    path = os.path.join(root, entry["file"])
+    path = f"{root}/{entry['file']}"
     identity = local_identity(path)
     if identity is None:
         raise StoreError(f"{path}: shard listed in the manifest is missing")
@@ -146,10 +146,10 @@ def _wrong_flat_size(
     """Why shard `number`'s sidecar is not the size its manifest entry says. A sidecar that
     still matches its checksum (hashed here, on this error path only) is as prepared: then the
     manifest's token count or dtype was edited."""
-    flat, size = os.path.join(root, entry["flat"]), entry["tokens"] * dtype.itemsize
+    flat, size = f"{root}/{entry['flat']}", entry["tokens"] * dtype.itemsize
     if found is not None and sha256_of(Path(flat)) == entry["flat_sha256"]:
         return (
-            f"{os.path.join(root, MANIFEST)}: shards[{number}] says {entry['tokens']} tokens of "
+            f"{root}/{MANIFEST}: shards[{number}] says {entry['tokens']} tokens of "
             f"{dtype.name} ({size} bytes), but its flat token sidecar {entry['flat']} holds "
             f"{found.size} bytes; {RESEALED}"
         )
@@ -171,11 +171,11 @@ def shard_files(
     for key, kind in LISTED_ARRAYS.items():
         if key not in entry:
             continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
-        path = os.path.join(root, entry[key])
+        path = f"{root}/{entry[key]}"
         if not os.access(path, os.F_OK):  # `exists` without its `stat` result: ~1 us less
             raise StoreError(f"{path}: {kind} listed in the manifest is missing")
     if "flat" in entry:
-        flat = os.path.join(root, entry["flat"])
+        flat = f"{root}/{entry['flat']}"
         size = entry["tokens"] * dtype.itemsize
         identity["flat"] = local_identity(flat)
         if identity["flat"] is None or identity["flat"].size != size:
@@ -187,6 +187,4 @@ def files_unchanged(
     root: str, entry: dict[str, Any], identities: dict[str, FileIdentity | None]
 ) -> bool:
     """Whether a shard's files whose identities `shard_files` took are still those files."""
-    return all(
-        local_identity(os.path.join(root, entry[key])) == known for key, known in identities.items()
-    )
+    return all(local_identity(f"{root}/{entry[key]}") == known for key, known in identities.items())

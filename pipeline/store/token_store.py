@@ -506,7 +506,7 @@ class TokenStore(StoreFacts):
             if not self._file_identities[shard]:  # the shard's first use: its files' sizes
                 self._file_identities[shard] = shard_files(root, shard, entry, self.dtype)
             elif (
-                local_identity(file := os.path.join(root, entry["file"]))
+                local_identity(file := f"{root}/{entry['file']}")
                 != (self._file_identities[shard]["file"])
             ):
                 raise StoreError(
