@@ -324,6 +324,7 @@ def _sources(
     offered: tuple[Path, ...] = (),
 ) -> tuple[SourceSpec, ...]:
     sources = []
+    directories: dict[str, str] = {}  # the stores' parents, resolved once (`paths.resolved`)
     for name, entry in where.mapping(raw, parent).items():
         key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():
@@ -371,7 +372,7 @@ def _sources(
             sources.append(SourceSpec(name, location(path), packing, too_long, exclude=exclude))
             continue
         example = " (e.g. ${PIPELINE_DATA_DIR}/NAME)"
-        resolved = anchored(path, f"{key}.path", base_dir, where.fail, example)
+        resolved = anchored(path, f"{key}.path", base_dir, where.fail, example, directories)
         if kind != "store" and exclude is not None:
             raise where.fail(f"{key}.exclude", "a corpus read in place records no document ids")
         if kind != "store":
