@@ -3,6 +3,8 @@ never from a summary of a manifest that changed since."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError, StoreError
@@ -18,7 +22,8 @@ from pipeline.plan.sources import load_metas, plan_stores
 from pipeline.read.plan import Plan
 from pipeline.store import meta as meta_module
 from pipeline.store.megatron import MegatronStore
-from pipeline.store.meta_cache import CACHE_ENV, ENTRY
+from pipeline.store.meta import StoreMeta
+from pipeline.store.meta_cache import CACHE_ENV, ENTRY, VERSION, Summaries, manifest_stat
 from tests.storegen import write_synthetic_store
 
 SOURCES = 3
@@ -172,3 +177,67 @@ def test_an_in_place_record_beside_a_summarised_manifest_is_still_found(
     record.write_text("{}")
     with pytest.raises(ConfigError, match=rf"mix.yaml: sources.s1.path: .*{record.name}"):
         plan_stores(config)
+
+
+TOKENIZERS = [
+    {"kind": "synthetic", "model_sha256": "", "vocab_size": v, "eod_id": v - 1, "name": n}
+    for v, n in ((300, "a"), (300, "b"), (70_000, "a"))
+]
+KEPT = st.lists(
+    st.tuples(
+        st.sampled_from(TOKENIZERS),
+        st.lists(st.integers(0, 2**40), min_size=1, max_size=4),
+        st.sampled_from(["uint16", "uint32"]),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(stores=KEPT)
+def test_summaries_give_back_each_stores_own_metadata(tmp_path_factory, stores):
+    """Each tokenizer is written once and shared: every store still gets its own back."""
+    directory = tmp_path_factory.mktemp("summaries")
+    paths = [directory / f"s{k}" for k in range(len(stores))]
+    stats = {path: (1, k, 2, 3, 4) for k, path in enumerate(paths)}
+    metas = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(directory / "cache"))
+        kept = Summaries(paths)
+        for k, (path, (tokenizer, tokens, dtype, masked)) in enumerate(zip(paths, stores)):
+            meta = StoreMeta(path, f"f{k}", np.array(tokens), np.dtype(dtype), tokenizer, masked)
+            meta.vouch(f"d{k}")
+            kept.keep(meta, stats[path])
+            metas.append(meta)
+        kept.save()
+        again = Summaries(paths)
+        got = [again.meta(path, stats[path]) for path in paths]
+        assert again.meta(paths[0], (9, 9, 9, 9, 9)) is None  # another manifest file
+    assert [(*facts({0: m})[0], m.checked) for m in got] == [
+        (*facts({0: m})[0], m.checked) for m in metas
+    ]
+    assert all(m.shard_tokens.dtype == np.int64 for m in got)
+
+
+def test_a_summary_file_of_another_version_is_rebuilt_not_read(tmp_path, cache, caplog):
+    """A version 1 file (all JSON, each store with its tokenizer) where this version keeps
+    its file, whole and checksummed, but with counts that are not the store's: they are never
+    used."""
+    config = parse_config(mixture(tmp_path), origin="mix.yaml")
+    first = load_metas(config)
+    (file,) = cache.iterdir()
+    stores = {
+        str(m.path): [list(manifest_stat(m.path)), m.fingerprint, [1, 2], "uint32", m.tokenizer,
+                      False, m.checked]
+        for m in first.values()
+    }  # fmt: skip
+    body = json.dumps({"version": 1, "stores": stores}).encode()
+    file.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        again = load_metas(config)
+    assert f"version 1, this version writes {VERSION}" in caplog.text
+    assert facts(again) == facts(first)
+    header = file.read_bytes().partition(b"\n")[2].partition(b"\n")[0]  # the JSON line
+    assert json.loads(header)["version"] == VERSION

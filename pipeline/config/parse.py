@@ -230,6 +230,12 @@ class DataConfig:
         return self._by_name[name]
 
     @cached_property
+    def in_buckets(self) -> frozenset[str]:
+        """The sources whose stores are in a bucket (a URL), by name: asked of each of a
+        mixture's hundreds at the start (planned or opened, read in parallel or not)."""
+        return frozenset(s.name for s in self.sources if is_url(s.path))
+
+    @cached_property
     def _by_name(self) -> dict[str, SourceSpec]:
         """The sources by name: a plan asks for each of hundreds once."""
         return {s.name: s for s in self.sources}

@@ -80,6 +80,7 @@ from pipeline.plan.sources import plan_stores
 from pipeline.read import objective
 from pipeline.read.plan import Plan
 from pipeline.store.store_set import StoreSet
+from pipeline.urls import is_url
 
 if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
@@ -235,9 +236,9 @@ class DataFeed:
         shared = self._plan.store_set if self._shared else StoreSet()
         self._release = weakref.finalize(self, shared_stores.release_all, shared)
         # decided once, from the stores planned now: a later switch to a remote store keeps it
-        paths = [meta.path for meta in self._plan.store_set.metas()]
-        self.reader_threads = reader_count(self.threads, self.prefetch, paths)
-        self._ahead = fetch_ahead.FetchAhead.of(self, paths, self.config.feed.remote.fetch_ahead)
+        remote = any(is_url(meta.path) for meta in self._plan.store_set.metas())
+        self.reader_threads = reader_count(self.threads, self.prefetch, remote)
+        self._ahead = fetch_ahead.FetchAhead.of(self, remote, self.config.feed.remote.fetch_ahead)
         self._geometries: dict[tuple[int, int], Geometry] = {}
         # (plan, first step, end step, geometry): the steps known to share one geometry, so
         # that next() finds a step's geometry with two comparisons (`_geometry_at`)

@@ -28,13 +28,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.errors import PipelineError
 from pipeline.store.piece_reads import fetch_blocks
-from pipeline.urls import is_url
 
 if TYPE_CHECKING:
     from pipeline.plan.draws import Draws
@@ -65,10 +64,10 @@ class FetchAhead:
         self._found: OrderedDict[tuple[int, bytes], tuple[Plan, Draws]] = OrderedDict()
 
     @staticmethod
-    def of(feed: object, paths: list[Any], steps: int) -> FetchAhead:
-        """The fetcher of `feed`, over the stores at `paths`: one that fetches nothing (and
-        starts no thread) when none is in a bucket. Collecting a feed never closed stops it."""
-        ahead = FetchAhead(steps if any(is_url(path) for path in paths) else 0)
+    def of(feed: object, remote: bool, steps: int) -> FetchAhead:
+        """The fetcher of `feed`: one that fetches nothing (and starts no thread) when none of
+        its stores is in a bucket (`remote`). Collecting a feed never closed stops it."""
+        ahead = FetchAhead(steps if remote else 0)
         weakref.finalize(feed, ahead.close, wait=False)
         return ahead
 

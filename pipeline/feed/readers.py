@@ -18,15 +18,13 @@ other readers overlap.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.config.parse import AUTO_THREADS
-from pipeline.urls import is_url
 
 REMOTE_THREADS = 4
 """`feed.threads: auto`'s count when a store is remote (capped by the prefetch depth)."""
@@ -41,11 +39,11 @@ def _join_all() -> None:
         readers.close(wait=True)
 
 
-def reader_count(threads: int | str, prefetch: int, paths: Iterable[str | os.PathLike]) -> int:
+def reader_count(threads: int | str, prefetch: int, remote: bool) -> int:
     """The feed's reader threads: no more than steps in flight (`prefetch`); `auto` is one
-    thread when every store path in `paths` is local, `REMOTE_THREADS` when any is a URL."""
+    thread when every store is local, `REMOTE_THREADS` when one is in a bucket (`remote`)."""
     if threads == AUTO_THREADS:
-        threads = REMOTE_THREADS if any(is_url(path) for path in paths) else 1
+        threads = REMOTE_THREADS if remote else 1
     return min(int(threads), prefetch)
 
 

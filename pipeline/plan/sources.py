@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from pathlib import Path
 from typing import TypeVar
 
 from pipeline.config import DataConfig, SourceSpec
@@ -20,7 +19,6 @@ from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import Summaries
 from pipeline.store.remote_reads import configure, together
 from pipeline.store.token_store import TokenStore
-from pipeline.urls import is_url
 
 T = TypeVar("T")
 
@@ -31,7 +29,8 @@ def open_stores(
     """Every source's store, opened (its files checked) by `open_store(path, check_reads=...)`
     as the config's `feed.verify` says, by source name."""
     configure_remote_reads(config)
-    return _each_source(config, partial(open_store, check_reads=config.feed.check_reads))
+    check_reads = config.feed.check_reads
+    return _each_source(config, lambda spec: open_store(spec.path, check_reads=check_reads))
 
 
 def plan_stores(
@@ -46,10 +45,10 @@ def plan_stores(
     configure_remote_reads(config)
     summaries = _summaries(config)
 
-    def load(path: Path) -> TokenStore | StoreMeta:
-        if is_url(path):
-            return open_store(path, check_reads=config.feed.check_reads)
-        return local_meta(path, summaries)
+    def load(spec: SourceSpec) -> TokenStore | StoreMeta:
+        if spec.name in config.in_buckets:
+            return open_store(spec.path, check_reads=config.feed.check_reads)
+        return local_meta(spec.path, summaries)
 
     stores = _each_source(config, load)
     summaries.save()
@@ -61,14 +60,14 @@ def load_metas(config: DataConfig) -> dict[str, StoreMeta]:
     source name."""
     configure_remote_reads(config)
     summaries = _summaries(config)
-    metas = _each_source(config, partial(load_meta, summaries=summaries))
+    metas = _each_source(config, lambda spec: load_meta(spec.path, summaries))
     summaries.save()
     return metas
 
 
 def _summaries(config: DataConfig) -> Summaries:
     """The host's kept metadata of the config's local sources (`meta_cache`)."""
-    return Summaries([spec.path for spec in config.sources if not is_url(spec.path)])
+    return Summaries([spec.path for spec in config.sources if spec.name not in config.in_buckets])
 
 
 def configure_remote_reads(config: DataConfig) -> None:
@@ -94,21 +93,20 @@ def keyed(config: DataConfig, name: str) -> Iterator[None]:
         raise StoreError(f"{path_key(config, name)}: {error}") from error
 
 
-def _each_source(config: DataConfig, load: Callable[[Path], T]) -> dict[str, T]:
-    """`load` of every source's path, by name; sources in buckets all at once (one round trip
-    for any number of them, `together`)."""
+def _each_source(config: DataConfig, load: Callable[[SourceSpec], T]) -> dict[str, T]:
+    """`load` of every source, by name; sources in buckets all at once (one round trip for
+    any number of them, `together`)."""
 
     def one(spec: SourceSpec) -> T:
         try:
             if spec.format != "store":  # not indexed yet: say how, not "no store here"
                 check_index(spec.format, spec.path, spec.column, spec.data)
-            return load(spec.path)
+            return load(spec)
         except StoreError as error:
             raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error
 
-    calls = [partial(one, spec) for spec in config.sources]
-    if any(is_url(spec.path) for spec in config.sources):
-        values = together(*calls)
+    if config.in_buckets:
+        values = together(*(partial(one, spec) for spec in config.sources))
     else:
-        values = [call() for call in calls]
+        values = [one(spec) for spec in config.sources]
     return {spec.name: value for spec, value in zip(config.sources, values, strict=True)}

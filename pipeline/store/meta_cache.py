@@ -10,6 +10,12 @@ change times (`manifest_stat`; a rewrite or a replacing rename changes them) and
 of the checked bytes. The next start takes the metadata of a store whose manifest's identity
 is unchanged from the summary, by one `stat`; any other store's manifest is read and checked.
 
+A file is read in one piece whatever the number of stores (a restore of 1,024 sources parsed
+~270 kB of JSON, a list per store, ~5 ms): a JSON line of the strings (paths, fingerprints,
+digests, dtypes; each distinct tokenizer once, the stores of a mixture share one) and the
+numbers as arrays after it (each manifest's identity; shard, tokenizer and mask columns; every
+store's token counts), taken as views (`_Read`); a store's `StoreMeta` is made when asked.
+
 A summary never stands for the store itself: the store is opened at its first draw, which
 reads its manifest again and takes the summary's word only for bytes of the checked SHA-256
 (`TokenStore`); other bytes are checked in full and must have the planned fingerprint, or the
@@ -38,9 +44,13 @@ from pipeline.urls import cache_directory, cache_entries, write_atomically
 log = logging.getLogger("pipeline")
 
 CACHE_ENV = "PIPELINE_MANIFEST_CACHE"
-VERSION = 1  # bump when an entry's fields or StoreMeta's meaning change
-MAX_FILES = 64  # sets of stores kept (one file each, ~0.5 kB per store)
-ENTRY = re.compile(r"[0-9a-f]{32}\.json")  # an entry's name; anything else is left alone
+VERSION = 2  # bump when the file's layout, an entry's fields or StoreMeta's meaning change
+MAX_FILES = 64  # sets of stores kept (one file each, ~0.2 kB per store)
+SUFFIX = ".summary"
+# an entry's name (version 1 wrote `.json`: evicted, never read); anything else is left alone
+ENTRY = re.compile(r"[0-9a-f]{32}\.(?:summary|json)")
+IDS = np.dtype("<u8")  # per store: the manifest's device, inode and size
+INTS = np.dtype("<i8")  # per store: mtime_ns, ctime_ns, shards, tokenizer, masked; the counts
 
 Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
@@ -61,83 +71,157 @@ def manifest_stat(path: str | Path) -> Stat | None:
 
 class Summaries:
     """The kept metadata of the local stores `paths` (`meta`, `keep`), written back by
-    `save` when a store was read afresh."""
+    `save` when a store was read afresh or is no longer planned."""
 
     def __init__(self, paths: list[Path]) -> None:
         directory = cache_dir()
         names = sorted({str(path) for path in paths})
         name = hashlib.sha256("\n".join(names).encode()).hexdigest()[:32]
-        self.file = None if directory is None else directory / f"{name}.json"
-        self._entries: dict[str, list[Any]] = {} if self.file is None else self._read()
-        self._fresh: dict[str, list[Any]] = {}  # the entries of this start, by path
+        self.file = None if directory is None else directory / f"{name}{SUFFIX}"
+        self._read = _Read.empty() if self.file is None else self._load()
+        self._fresh: dict[str, tuple[Stat, StoreMeta]] = {}  # this start's, by path
+        self._kept = False  # whether a store was read afresh (`keep`)
 
     def meta(self, path: Path, stat: Stat | None) -> StoreMeta | None:
         """The kept metadata of the store at `path` if its manifest's identity is `stat`."""
-        entry = self._entries.get(str(path))
-        if entry is None or stat is None or tuple(entry[0]) != stat:
-            return None
-        self._fresh[str(path)] = entry
-        _, fingerprint, tokens, dtype, tokenizer, masked, digest = entry
-        meta = StoreMeta(
-            path, fingerprint, np.array(tokens, dtype=np.int64), np.dtype(dtype), tokenizer, masked
-        )
-        meta.vouch(digest)
+        key = str(path)
+        meta = None if stat is None else self._read.meta(key, path, stat)
+        if meta is not None:
+            self._fresh[key] = (stat, meta)
         return meta
 
     def keep(self, meta: StoreMeta, stat: Stat | None) -> None:
         """Keep `meta`, read from the manifest file of identity `stat` (taken before the
         read: a manifest replaced in between then reads as changed at the next start)."""
         if stat is not None and meta.checked is not None:
-            tokens = meta.shard_tokens.tolist()
-            fields = [meta.fingerprint, tokens, meta.dtype.name, meta.tokenizer, meta.masked]
-            self._fresh[str(meta.path)] = [list(stat), *fields, meta.checked]
+            self._fresh[str(meta.path)] = (stat, meta)
+            self._kept = True
 
     def save(self) -> None:
-        """Write the entries of this start, if they differ from the file's (atomically; a
-        cache that cannot be written is skipped with a warning)."""
-        if self.file is None or self._fresh == self._entries:
+        """Write the entries of this start, if they are not the file's (atomically; a cache
+        that cannot be written is skipped with a warning)."""
+        if self.file is None or (not self._kept and self._fresh.keys() == self._read.rows.keys()):
             return
-        body = json.dumps({"version": VERSION, "stores": self._fresh}).encode()
         try:
+            body = _encode(self._fresh)
             self.file.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.file, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-        except OSError as error:
+        except (OSError, OverflowError) as error:
             log.warning(
                 "%s: manifest summaries not kept (%s); set %s=off", self.file, error, CACHE_ENV
             )
             return
-        self._entries = dict(self._fresh)
+        self._kept, self._read = False, _Read.decode(body)
         _evict(self.file.parent, self.file)
 
-    def _read(self) -> dict[str, list[Any]]:
+    def _load(self) -> _Read:
         """The file's entries; none if there is no file or it is not whole and of this
         version (then logged)."""
         assert self.file is not None
         try:
             data = self.file.read_bytes()
         except FileNotFoundError:
-            return {}
+            return _Read.empty()
         except OSError as error:
             log.warning("%s: manifest summaries not used (%s)", self.file, error)
-            return {}
+            return _Read.empty()
         digest, _, body = data.partition(b"\n")
         try:
             if hashlib.sha256(body).hexdigest().encode() != digest:
                 raise ValueError("its content does not match its checksum")
-            content = json.loads(body)
-            if content.get("version") != VERSION:
-                raise ValueError(f"version {content.get('version')}, this version writes {VERSION}")
-            entries = content["stores"]
-            if not all(isinstance(e, list) and len(e) == 7 for e in entries.values()):
-                raise ValueError("an entry is not of this version's shape")
-        except (ValueError, KeyError, AttributeError) as error:
+            read = _Read.decode(body)
+        except (ValueError, KeyError, AttributeError, TypeError, IndexError) as error:
             log.warning(
                 "%s: manifest summaries not used (%s); reading the manifests", self.file, error
             )
-            return {}
+            return _Read.empty()
         with suppress(OSError):  # its last use, for `_evict`
             os.utime(self.file)
-        return entries
+        return read
+
+
+class _Read:
+    """A file's stores, by path: each one's row (`rows`), manifest identity (a list, as
+    `[*stat]` compares), and the columns its `StoreMeta` is made of when asked (`meta`)."""
+
+    def __init__(self, header: dict[str, Any], ids: np.ndarray, ints: np.ndarray, counts) -> None:
+        self.header = header
+        self.rows = {path: row for row, path in enumerate(header["paths"])}
+        self.stats = [a + b for a, b in zip(ids.tolist(), ints[:, :2].tolist(), strict=True)]
+        ends = np.cumsum(ints[:, 2])
+        self.bounds = list(zip((ends - ints[:, 2]).tolist(), ends.tolist(), strict=True))
+        sums = np.concatenate([[0], np.cumsum(counts)])
+        self.totals = (sums[ends] - sums[ends - ints[:, 2]]).tolist()
+        self.counts = counts
+        self.tokenizer = ints[:, 3].tolist()
+        self.masked = (ints[:, 4] != 0).tolist()
+        self.dtypes = {name: np.dtype(name) for name in set(header["dtypes"])}
+
+    @classmethod
+    def empty(cls) -> _Read:
+        """No stores."""
+        return cls.decode(_encode({}))
+
+    @classmethod
+    def decode(cls, body: bytes) -> _Read:
+        """A file's body (`_encode`) taken apart; one of another version or shape raises."""
+        line, _, blob = body.partition(b"\n")
+        header = json.loads(line)
+        if header.get("version") != VERSION:
+            raise ValueError(f"version {header.get('version')}, this version writes {VERSION}")
+        n = len(header["paths"])
+        if not all(len(header[key]) == n for key in ("fingerprints", "digests", "dtypes")):
+            raise ValueError("its columns are not of one length")
+        if not all(isinstance(tokenizer, dict) for tokenizer in header["tokenizers"]):
+            raise ValueError("a tokenizer is not of this version's shape")
+        ids = np.frombuffer(blob, IDS, 3 * n).reshape(n, 3)
+        ints = np.frombuffer(blob, INTS, 5 * n, ids.nbytes).reshape(n, 5)
+        size = int(ints[:, 2].sum()) if n else 0
+        if len(blob) != ids.nbytes + ints.nbytes + size * INTS.itemsize or (ints[:, 2] < 0).any():
+            raise ValueError("its arrays are not of the lengths its header gives")
+        if ((ints[:, 3] < 0) | (ints[:, 3] >= len(header["tokenizers"]))).any():
+            raise ValueError("a store names no tokenizer of the file")
+        counts = np.frombuffer(blob, INTS, size, ids.nbytes + ints.nbytes)
+        return cls(header, ids, ints, counts)
+
+    def meta(self, key: str, path: Path, stat: Stat) -> StoreMeta | None:
+        """The metadata of the store at `path` (`key`: its str) if kept with the manifest
+        identity `stat`."""
+        row = self.rows.get(key)
+        if row is None or self.stats[row] != [*stat]:
+            return None
+        header, (start, end) = self.header, self.bounds[row]
+        tokenizer = header["tokenizers"][self.tokenizer[row]]
+        fields = (self.counts[start:end], self.dtypes[header["dtypes"][row]], tokenizer)
+        values = (path, header["fingerprints"][row], *fields, self.masked[row])
+        return StoreMeta.kept(values, self.totals[row], header["digests"][row])
+
+
+def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
+    """A file's body: a JSON line of the stores' strings (each distinct tokenizer once), then
+    their numbers as little-endian arrays (`_Read.decode`)."""
+    tokenizers: dict[str, int] = {}  # a tokenizer's canonical JSON -> its index
+    ids, ints, counts = [], [], []
+    for stat, meta in entries.values():
+        index = tokenizers.setdefault(json.dumps(meta.tokenizer, sort_keys=True), len(tokenizers))
+        ids.append(stat[:3])
+        ints.append([*stat[3:], meta.num_shards, index, int(meta.masked)])
+        counts.append(meta.shard_tokens)
+    metas = [meta for _, meta in entries.values()]
+    header = {
+        "version": VERSION,
+        "tokenizers": [json.loads(text) for text in tokenizers],
+        "paths": list(entries),
+        "fingerprints": [meta.fingerprint for meta in metas],
+        "digests": [meta.checked for meta in metas],
+        "dtypes": [meta.dtype.name for meta in metas],
+    }
+    arrays = (
+        np.array(ids, IDS).reshape(-1, 3),
+        np.array(ints, INTS).reshape(-1, 5),
+        np.concatenate([np.zeros(0, INTS), *counts]).astype(INTS),
+    )
+    return json.dumps(header).encode() + b"\n" + b"".join(a.tobytes() for a in arrays)
 
 
 def _evict(directory: Path, kept: Path) -> None:
