@@ -50,7 +50,8 @@ SUFFIX = ".summary"
 # an entry's name (version 1 wrote `.json`: evicted, never read); anything else is left alone
 ENTRY = re.compile(r"[0-9a-f]{32}\.(?:summary|json)")
 IDS = np.dtype("<u8")  # per store: the manifest's device, inode and size
-INTS = np.dtype("<i8")  # per store: mtime_ns, ctime_ns, shards, tokenizer, masked; the counts
+INTS = np.dtype("<i8")  # per store: mtime_ns, ctime_ns, shards, tokenizer, masked, tokens; counts
+COLUMNS = 6  # of INTS a store
 
 Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
@@ -141,20 +142,15 @@ class Summaries:
 
 
 class _Read:
-    """A file's stores, by path: each one's row (`rows`), manifest identity (a list, as
-    `[*stat]` compares), and the columns its `StoreMeta` is made of when asked (`meta`)."""
+    """A file's stores, by path (`rows`): each one's `StoreMeta` made when asked (`meta`),
+    from the file's columns (as Python lists: a few calls whatever the number of stores)."""
 
     def __init__(self, header: dict[str, Any], ids: np.ndarray, ints: np.ndarray, counts) -> None:
         self.header = header
         self.rows = {path: row for row, path in enumerate(header["paths"])}
-        self.stats = [a + b for a, b in zip(ids.tolist(), ints[:, :2].tolist(), strict=True)]
-        ends = np.cumsum(ints[:, 2])
-        self.bounds = list(zip((ends - ints[:, 2]).tolist(), ends.tolist(), strict=True))
-        sums = np.concatenate([[0], np.cumsum(counts)])
-        self.totals = (sums[ends] - sums[ends - ints[:, 2]]).tolist()
+        self.ids, self.ints = ids.tolist(), ints.tolist()
+        self.ends = np.cumsum(ints[:, 2]).tolist()  # where each store's counts end in `counts`
         self.counts = counts
-        self.tokenizer = ints[:, 3].tolist()
-        self.masked = (ints[:, 4] != 0).tolist()
         self.dtypes = {name: np.dtype(name) for name in set(header["dtypes"])}
 
     @classmethod
@@ -175,12 +171,12 @@ class _Read:
         if not all(isinstance(tokenizer, dict) for tokenizer in header["tokenizers"]):
             raise ValueError("a tokenizer is not of this version's shape")
         ids = np.frombuffer(blob, IDS, 3 * n).reshape(n, 3)
-        ints = np.frombuffer(blob, INTS, 5 * n, ids.nbytes).reshape(n, 5)
-        size = int(ints[:, 2].sum()) if n else 0
-        if len(blob) != ids.nbytes + ints.nbytes + size * INTS.itemsize or (ints[:, 2] < 0).any():
+        ints = np.frombuffer(blob, INTS, COLUMNS * n, ids.nbytes).reshape(n, COLUMNS)
+        size = int(ints[:, 2].sum())
+        if len(blob) != ids.nbytes + ints.nbytes + size * INTS.itemsize:
             raise ValueError("its arrays are not of the lengths its header gives")
-        if ((ints[:, 3] < 0) | (ints[:, 3] >= len(header["tokenizers"]))).any():
-            raise ValueError("a store names no tokenizer of the file")
+        if n and (ints[:, 2:].min() < 0 or ints[:, 3].max() >= len(header["tokenizers"])):
+            raise ValueError("a store's shards, tokenizer or totals are out of range")
         counts = np.frombuffer(blob, INTS, size, ids.nbytes + ints.nbytes)
         return cls(header, ids, ints, counts)
 
@@ -188,13 +184,15 @@ class _Read:
         """The metadata of the store at `path` (`key`: its str) if kept with the manifest
         identity `stat`."""
         row = self.rows.get(key)
-        if row is None or self.stats[row] != [*stat]:
+        if row is None:
             return None
-        header, (start, end) = self.header, self.bounds[row]
-        tokenizer = header["tokenizers"][self.tokenizer[row]]
-        fields = (self.counts[start:end], self.dtypes[header["dtypes"][row]], tokenizer)
-        values = (path, header["fingerprints"][row], *fields, self.masked[row])
-        return StoreMeta.kept(values, self.totals[row], header["digests"][row])
+        mtime, ctime, shards, tokenizer, masked, total = self.ints[row]
+        if self.ids[row] != [*stat[:3]] or mtime != stat[3] or ctime != stat[4]:
+            return None
+        header, end = self.header, self.ends[row]
+        fields = (self.counts[end - shards : end], self.dtypes[header["dtypes"][row]])
+        values = (path, header["fingerprints"][row], *fields, header["tokenizers"][tokenizer])
+        return StoreMeta.kept((*values, masked != 0), total, header["digests"][row])
 
 
 def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
@@ -205,7 +203,7 @@ def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
     for stat, meta in entries.values():
         index = tokenizers.setdefault(json.dumps(meta.tokenizer, sort_keys=True), len(tokenizers))
         ids.append(stat[:3])
-        ints.append([*stat[3:], meta.num_shards, index, int(meta.masked)])
+        ints.append([*stat[3:], meta.num_shards, index, int(meta.masked), meta.num_tokens])
         counts.append(meta.shard_tokens)
     metas = [meta for _, meta in entries.values()]
     header = {
@@ -218,7 +216,7 @@ def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
     }
     arrays = (
         np.array(ids, IDS).reshape(-1, 3),
-        np.array(ints, INTS).reshape(-1, 5),
+        np.array(ints, INTS).reshape(-1, COLUMNS),
         np.concatenate([np.zeros(0, INTS), *counts]).astype(INTS),
     )
     return json.dumps(header).encode() + b"\n" + b"".join(a.tobytes() for a in arrays)
