@@ -19,8 +19,10 @@ def check_one_vocabulary(config: DataConfig, stores: Mapping[str, StoreMeta]) ->
     if config.shared_vocabulary:
         return
     first_name, first = next(iter(stores.items()))
+    want = first.tokenizer_identity
     for name, meta in stores.items():
-        if meta.tokenizer_identity != first.tokenizer_identity:
+        # one entry of a host's summary stands for the stores of one tokenizer (`meta_cache`)
+        if meta.tokenizer is not first.tokenizer and meta.tokenizer_identity != want:
             raise ConfigError(
                 f"{config.origin}: {first_name} and {name} were prepared with "
                 f"different tokenizers ({_tokenizer(first)} vs {_tokenizer(meta)}); prepare "
