@@ -367,14 +367,15 @@ def _sources(
         column = entry.get("column", DEFAULT_COLUMN) if kind in COLUMN_FORMATS else None
         if column is not None and not isinstance(column, str):
             raise where.fail(f"{key}.column", f"expected a column name, got {column!r}")
-        if is_url(path) and kind != "store":
+        remote = is_url(path)
+        if remote and kind != "store":
             raise where.fail(f"{key}.path", f"a format: {kind} corpus is read from a local path")
         exclude = None
         if "exclude" in entry:
             exclude = parse_exclude(
                 entry["exclude"], f"{key}.exclude", base_dir, where.fail, offered
             )
-        if is_url(path):  # a gs:// store, read directly (never made a local path)
+        if remote:  # a gs:// store, read directly (never made a local path)
             sources.append(SourceSpec(name, location(path), packing, too_long, exclude=exclude))
             continue
         example = " (e.g. ${PIPELINE_DATA_DIR}/NAME)"
