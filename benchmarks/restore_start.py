@@ -7,10 +7,11 @@ config, then `DataFeed(config, mesh, step=10**6)` made (its stores planned from 
 summaries, the plan laid out; no step read). The mixtures are `mixture_bench.py`'s (K stores
 of 8 shards, equally weighted). Each (checkout, mixture) runs in a fresh process, after one
 warm feed of the same config (JAX's first-call costs, and the summary file written), and
-reports the least process CPU time of 7 configs parsed and 15 feeds made: CPU, not wall, and
-the least, so that the other work of a shared machine moves it little. `--root`: the source
-checkouts to compare (default: this one), alternated round by round. The first batch (the
-stores' opens and shards' first uses) is `mixture_bench.py`'s restore + first batch.
+reports the least process CPU time of 7 configs parsed and of 15 feeds made, alone and to
+their first global batch (at steps that draw other sources each time; the stores' opens and
+shards' first uses included, as in `mixture_bench.py`'s wall-time restore + first batch):
+CPU, not wall, and the least, so that the other work of a shared machine moves it little.
+`--root`: the source checkouts to compare (default: this one), alternated round by round.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+KEYS = ("parse_s", "start_s", "first_s")
 
 
 def measure(config_file: Path) -> dict[str, float]:
@@ -46,14 +48,16 @@ def measure(config_file: Path) -> dict[str, float]:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh, step=0) as warm:
         jax.block_until_ready(next(warm))
-    starts = []
+    starts, firsts = [], []
     for k in range(15):
         gc.collect()
         started = time.process_time()
         feed = DataFeed(config, mesh, step=10**6 + 7 * k)
         starts.append(time.process_time() - started)
+        jax.block_until_ready(next(feed))
+        firsts.append(time.process_time() - started)
         feed.close()
-    return {"parse_s": min(parses), "start_s": min(starts)}
+    return {"parse_s": min(parses), "start_s": min(starts), "first_s": min(firsts)}
 
 
 def child(root: Path, config_file: Path) -> dict[str, float]:
@@ -95,13 +99,17 @@ def main() -> None:
             for k, config_file in configs.items():
                 got.setdefault((roots.index(r), k), []).append(child(r, config_file))
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
-    print("checkout | sources | parse_config, ms (us a source) | DataFeed start, ms (us a source)")
-    print("--- | ---: | ---: | ---:")
+    print(
+        "checkout | sources | parse_config, ms (us a source) | DataFeed start, ms (us a source) "
+        "| start + first batch, ms (x 1 source)"
+    )
+    print("--- | ---: | ---: | ---: | ---:")
     for (i, k), runs in sorted(got.items()):
-        parse, start = (min(run[key] for run in runs) for key in ("parse_s", "start_s"))
+        parse, start, first = (min(run[key] for run in runs) for key in KEYS)
+        one = min(run["first_s"] for run in got[i, min(configs)])
         print(
             f"{roots[i]} | {k:,} | {parse * 1e3:.2f} ({parse / k * 1e6:.1f}) "
-            f"| {start * 1e3:.2f} ({start / k * 1e6:.1f})"
+            f"| {start * 1e3:.2f} ({start / k * 1e6:.1f}) | {first * 1e3:.1f} ({first / one:.1f})"
         )
 
 
