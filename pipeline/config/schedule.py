@@ -14,6 +14,7 @@ and time whatever its steps (a point at step 10^12 included).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,8 @@ def _refuse_spellings_of_one_step(table: dict[Any, Any], where: str) -> None:
 
 
 def _weight(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    # math's isfinite, not numpy's: ~20x less, for each of a mixture's hundreds of weights
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{where}: a weight is a finite number, got {value!r}")
     if value < 0:
         raise ConfigError(f"{where}: weights must be >= 0, got {value}")
