@@ -73,9 +73,11 @@ class StoreMeta:
         """The metadata of field `values` (in field order) as a host's summary kept them
         (`meta_cache`), with their `num_tokens` and the SHA-256 of the manifest bytes they were
         `checked` from: set as a frozen instance's fields are, without the dataclass's
-        `__init__` (~3 us, of each of a restore's hundreds of sources)."""
+        `__init__` (~3 us, of each of a restore's hundreds of sources). A field added to
+        `StoreMeta` and not to the summary raises here (`strict`), never takes its default."""
         meta = cls.__new__(cls)
-        meta.__dict__.update(zip(_FIELDS, values), num_tokens=num_tokens, _checked=checked)
+        pairs = zip(_FIELDS, values, strict=True)
+        meta.__dict__.update(pairs, num_tokens=num_tokens, _checked=checked)
         return meta
 
     @classmethod
