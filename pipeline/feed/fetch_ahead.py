@@ -27,23 +27,31 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.errors import PipelineError
 from pipeline.store.piece_reads import fetch_blocks
+from pipeline.urls import is_url
 
 if TYPE_CHECKING:
     from pipeline.plan.draws import Draws
     from pipeline.read.plan import Plan
+    from pipeline.store.meta import StoreMeta
 
 PARALLEL = 32
 """Requests in flight at once from one pass."""
 KEPT = 4
 """Steps' draws kept for their readers (`FetchAhead.draws`), in `feed.fetch_ahead`s."""
 log = logging.getLogger("pipeline")
+
+
+def in_buckets(metas: Iterable[StoreMeta]) -> bool:
+    """Whether any of the stores of `metas` is in a bucket (asked once a feed: a fetcher and
+    more reader threads for it, `FetchAhead.of`, `readers.reader_count`)."""
+    return any(is_url(meta.path) for meta in metas)
 
 
 class FetchAhead:
