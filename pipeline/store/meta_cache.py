@@ -14,7 +14,8 @@ A file is read in one piece whatever the number of stores (a restore of 1,024 so
 ~270 kB of JSON, a list per store, ~5 ms): a JSON line of the strings (paths, fingerprints,
 digests, dtypes; each distinct tokenizer once, the stores of a mixture share one) and the
 numbers as arrays after it (each manifest's identity; shard, tokenizer and mask columns; every
-store's token counts), taken as views (`_Read`); a store's `StoreMeta` is made when asked.
+store's token counts), read as a few lists and one array (`_Read`); a store's `StoreMeta` is
+made when the plan asks for it, its counts a read-only view of that array.
 
 A summary never stands for the store itself: the store is opened at its first draw, which
 reads its manifest again and takes the summary's word only for bytes of the checked SHA-256
