@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import jax
@@ -281,6 +282,29 @@ def test_reader_threads_hand_steps_over_by_step_and_drop_what_a_seek_left():
     finally:
         one.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-feed-test")]
+
+
+def test_the_arrays_a_step_served_are_let_go_of_in_a_reader_thread(config):
+    """The feed holds the last step's arrays until a reader thread has read the next step
+    handed out, so that JAX frees their buffers there rather than in the training thread,
+    whatever the trainer keeps; closing the feed lets go of them too."""
+    freed: list[str] = []
+
+    def watch(batch: dict) -> None:
+        for array in batch.values():
+            weakref.finalize(array, lambda: freed.append(threading.current_thread().name))
+
+    with DataFeed(config, mesh_of((2,), ("data",)), prefetch=2) as feed:
+        watch(next(feed))  # the trainer has dropped step 0's arrays: the feed holds them
+        assert not freed
+        next(feed)
+        deadline = time.monotonic() + 10
+        while len(freed) < len(FIELDS) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(freed) == len(FIELDS)
+        assert all(name.startswith("pipeline-feed-") for name in freed), freed
+        watch(next(feed))
+    assert len(freed) == 2 * len(FIELDS)
 
 
 def test_a_feed_never_closed_exits_quietly(tmp_path):

@@ -26,10 +26,11 @@ the step's local rows with one `Plan.read` and transfers every field as
 (`pipeline.feed.placer`; `feed: {expand: device}`: the rows' compact form, expanded to the six
 fields on the devices, `pipeline.feed.expand`), so `next()` in the training
 thread only hands over arrays that are already on the devices (prefetched batches occupy device
-memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
-row), so the result never depends on depth, threads, timing or restart history; `seek` only
-moves the step. Over stores in buckets, one more thread fetches the blocks of the steps after
-those read ahead (`pipeline.feed.fetch_ahead`).
+memory, as with any device prefetch; so does the last step served, until a reader thread lets it
+go: JAX frees its buffers there, not in the training thread). The rows of a step are a pure
+function of (ledger, step, row), so the result never depends on depth, threads, timing or
+restart history; `seek` only moves the step. Over stores in buckets, one more thread fetches
+the blocks of the steps after those read ahead (`pipeline.feed.fetch_ahead`).
 An error `next()` raises stops every other process too, with the same line
 (`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
 for the peers' stops, re-checks that each store is still the one opened and exchanges the
@@ -246,6 +247,9 @@ class DataFeed:
             self._geometry(size, self.config.seq_len)
         self._readers: Readers | None = None
         self._queued = self._step = self._check_step(step)  # steps [_step, _queued) handed out
+        # the arrays the last next() returned, let go of by the reader thread of the next step
+        # handed out: JAX frees their buffers there when the trainer has dropped them
+        self._served: tuple[jax.Array, ...] = ()
         self._last: DrawSummary | None = None  # the previous step's (None: just started)
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
@@ -408,6 +412,7 @@ class DataFeed:
             self._verifier.close()
         self._host_stop.close()
         self._drop_pending()
+        self._served = ()
         if self._readers is not None:
             self._readers.close(wait=True)
         self._ahead.close()
@@ -467,6 +472,7 @@ class DataFeed:
         if objective.SOURCE in batch:  # here, in step order: it reduces across processes
             sources = len(self._plan.segment_plan_at(step).config.source_names)
             batch = expand.weigh(batch, self._geometry_at(step).sharding, sources)
+        self._served = tuple(batch.values())
         if self._stats is not None:
             cpu = time.thread_time() - entered_cpu
             self._stats.served(step, rows.read, entered, time.perf_counter(), ready, cpu)
@@ -523,8 +529,8 @@ class DataFeed:
                 _read_step, self._plan, step, geometry, self.provenance, measure, scheduled,
                 self.config.feed.expand, self._ahead.draws,
             )  # fmt: skip
-            self._readers.submit(step, task)
-            self._queued = step + 1
+            self._readers.submit(step, task, self._served)
+            self._queued, self._served = step + 1, ()
 
     def _drop_pending(self) -> None:
         self._queued = self._step

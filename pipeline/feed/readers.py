@@ -9,6 +9,13 @@ A task runs in whichever thread is free; results are kept by step, so steps are 
 order whatever order they finish in. `drop` forgets every step handed out so far (a seek): a
 thread still reading one finishes it and throws the result away.
 
+`submit` takes objects for the thread to let go of once the task has run (`keep`): the feed
+hands over the arrays of the step it served last, so that JAX frees their device buffers here.
+Freed in the training thread, each array let the interpreter lock go, a reader thread reading
+took it, and the training thread waited to get it back through the reader's own releases of it:
+~30 voluntary context switches and ~0.6 ms of CPU a step where both threads had a core at once
+(docs/benchmarks.md, "The previous step's arrays, freed in the reader thread").
+
 How many: `reader_count`. A local store's read is a memory-map copy and numpy work that holds
 the GIL most of the time, so a second reader mostly takes the GIL from the first (measured in
 docs/benchmarks.md, "One reader thread"); a remote store's read waits on ranged GETs, which
@@ -51,7 +58,7 @@ class Readers:
     """`count` daemon threads named `name`-0.., each running the tasks handed to `submit`."""
 
     def __init__(self, count: int, name: str) -> None:
-        self._todo: queue.SimpleQueue[tuple[int, int, Callable[[], Any]] | None] = (
+        self._todo: queue.SimpleQueue[tuple[int, int, Callable[[], Any], Any] | None] = (
             queue.SimpleQueue()
         )
         self._done = threading.Condition()
@@ -66,9 +73,9 @@ class Readers:
             thread.start()
         _LIVE.add(self)
 
-    def submit(self, step: int, task: Callable[[], Any]) -> None:
-        """Run `task()` for `step` in a reader thread."""
-        self._todo.put((self._generation, step, task))
+    def submit(self, step: int, task: Callable[[], Any], keep: Any = None) -> None:
+        """Run `task()` for `step` in a reader thread, which lets go of `keep` once it ran."""
+        self._todo.put((self._generation, step, task, keep))
 
     def done(self, step: int) -> bool:
         """Whether `step`'s task has finished (and its result was not yet taken)."""
@@ -112,15 +119,16 @@ class Readers:
 
     def _run(self) -> None:
         while (item := self._todo.get()) is not None:
-            generation, step, task = item
-            if generation != self._generation:  # dropped before it started
-                continue
-            try:
-                outcome = (True, task())
-            except BaseException as error:  # handed to the consumer, as a Future does
-                outcome = (False, error)
-            with self._done:
-                if generation == self._generation:
-                    self._results[step] = outcome
-                    self._done.notify_all()
-            del item, task, outcome  # a finished batch is the consumer's alone
+            generation, step, task, keep = item
+            del item
+            if generation == self._generation:  # else dropped before it started
+                try:
+                    outcome = (True, task())
+                except BaseException as error:  # handed to the consumer, as a Future does
+                    outcome = (False, error)
+                with self._done:
+                    if generation == self._generation:
+                        self._results[step] = outcome
+                        self._done.notify_all()
+                del outcome  # a finished batch is the consumer's alone
+            del task, keep  # let go of here, in this thread
