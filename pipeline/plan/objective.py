@@ -51,12 +51,15 @@ def stage_objectives(stages: list[StageSpec], names: tuple[str, ...]) -> np.ndar
 def objective_at(plan: Staged, step: int) -> np.ndarray | None:
     """[sources] the objective of `step` (by the segment's source order), None if none: the
     last objective entry at or before `step` when it was made in `step`'s stage (bisection),
-    else the stage's own."""
-    entries, stage = plan.objective_entries, plan.stage_at(step)
+    else the stage's own. A segment without any costs two attribute reads (a feed asks at every
+    step)."""
+    entries, table = plan.objective_entries, plan.objectives
+    if table is None and len(entries) == 0:
+        return None
+    stage = plan.stage_at(step)
     last = entries.first_at(step + 1) - 1
     if last >= 0 and plan.stage_at(int(entries.steps[last])) == stage:
         return plan.objective_weights[last]
-    table = plan.objectives
     if table is None:
-        return None if len(entries) == 0 else np.full(plan.objective_weights.shape[1], NO_OBJECTIVE)
+        return np.full(plan.objective_weights.shape[1], NO_OBJECTIVE)
     return table[stage]
