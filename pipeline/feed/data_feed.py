@@ -26,11 +26,10 @@ the step's local rows with one `Plan.read` and transfers every field as
 (`pipeline.feed.placer`; `feed: {expand: device}`: the rows' compact form, expanded to the six
 fields on the devices, `pipeline.feed.expand`), so `next()` in the training
 thread only hands over arrays that are already on the devices (prefetched batches occupy device
-memory, as with any device prefetch; so does the last step served, until a reader thread lets it
-go: JAX frees its buffers there, not in the training thread). The rows of a step are a pure
-function of (ledger, step, row), so the result never depends on depth, threads, timing or
-restart history; `seek` only moves the step. Over stores in buckets, one more thread fetches
-the blocks of the steps after those read ahead (`pipeline.feed.fetch_ahead`).
+memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
+row), so the result never depends on depth, threads, timing or restart history; `seek` only
+moves the step. Over stores in buckets, one more thread fetches the blocks of the steps after
+those read ahead (`pipeline.feed.fetch_ahead`).
 An error `next()` raises stops every other process too, with the same line
 (`pipeline.feed.host_stop`); the process's one watcher thread (`pipeline.feed.watcher`) polls
 for the peers' stops, re-checks that each store is still the one opened and exchanges the
@@ -247,9 +246,7 @@ class DataFeed:
             self._geometry(size, self.config.seq_len)
         self._readers: Readers | None = None
         self._queued = self._step = self._check_step(step)  # steps [_step, _queued) handed out
-        # the arrays the last next() returned, let go of by the reader thread of the next step
-        # handed out: JAX frees their buffers there when the trainer has dropped them
-        self._served: tuple[jax.Array, ...] = ()
+        self._served: tuple[jax.Array, ...] = ()  # the last next()'s, freed by a reader thread
         self._last: DrawSummary | None = None  # the previous step's (None: just started)
         self._epochs: dict[str, int] = {}  # highest epoch of each source drawn since then
         self._mixed: frozenset[str] = frozenset()  # sources scheduled at the previous step
@@ -405,14 +402,13 @@ class DataFeed:
         """Stop and join the reader threads and close the stores' readers. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._closed, self._served = True, ()  # a closed feed holds no arrays
         if self._metrics is not None:
             self._metrics.close()
         if self._verifier is not None:
             self._verifier.close()
         self._host_stop.close()
         self._drop_pending()
-        self._served = ()
         if self._readers is not None:
             self._readers.close(wait=True)
         self._ahead.close()
@@ -517,9 +513,8 @@ class DataFeed:
 
     def _fill(self) -> None:
         if self._readers is None:
-            # a forgotten feed's threads stop (finalize)
             self._readers = Readers(self.reader_threads, "pipeline-feed")
-            weakref.finalize(self, self._readers.close, wait=False)
+            weakref.finalize(self, self._readers.close, wait=False)  # a forgotten feed's stop
         measure = self._stats is not None
         scheduled = self._scheduled if self.log_events else None
         while self._queued < self._step + self.prefetch:
