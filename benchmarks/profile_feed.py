@@ -8,8 +8,9 @@ task a reader thread runs per step (`_read_step`: `Plan.read` of the process's r
 transfer call, as a feed that logs events runs it) is run in the main thread under cProfile, so
 the profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step
 between calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
-includes the profiler's overhead; dropping the previous step's arrays, JAX's work wherever a
-trainer drops them, is timed apart); then the first step of fresh feeds, each the only feed of the
+includes the profiler's overhead; the trainer's drop of the previous step's arrays is timed
+apart: the feed holds them until a reader thread frees them, so it should cost ~nothing); then
+the first step of fresh feeds, each the only feed of the
 process, so its stores open cold (what a restore in a new process waits for once Orbax is
 done; a feed built beside another one shares its open stores: `pipeline.feed.shared_stores`).
 First it prints CPU ms per step of the parts, without the profiler, in interleaved rounds
