@@ -286,8 +286,8 @@ def test_reader_threads_hand_steps_over_by_step_and_drop_what_a_seek_left():
 
 def test_the_arrays_a_step_served_are_let_go_of_in_a_reader_thread(config):
     """The feed holds the last step's arrays until a reader thread has read the next step
-    handed out, so that JAX frees their buffers there rather than in the training thread,
-    whatever the trainer keeps; closing the feed lets go of them too."""
+    handed out and lets go of them there: once the trainer has dropped them, JAX frees their
+    buffers in that thread, not the training thread. Closing the feed lets go of them too."""
     freed: list[str] = []
 
     def watch(batch: dict) -> None:
