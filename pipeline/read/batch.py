@@ -15,6 +15,7 @@ segment 0 there: `mask_untrained`, for windows and whole-document rows alike.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -53,24 +54,47 @@ def boundaries(
     shape: tuple[int, int], doc_rows: np.ndarray, doc_cols: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The segment numbers and positions (int32, `shape`) of windows whose documents start at
-    (doc_rows[i], doc_cols[i]), every row also at column 0.
+    (doc_rows[i], doc_cols[i]), every row also at column 0 (`segment_fields`)."""
+    rows, width = shape
+    flat = np.asarray(doc_rows, np.int64) * width + np.asarray(doc_cols, np.int64)
+    return segment_fields(shape, np.concatenate([flat, np.arange(0, rows * width, width)]))
+
+
+def segment_fields(shape: tuple[int, int], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The segment numbers and positions (int32, `shape`) of windows whose segments start at
+    the flat indexes `starts` (int64, in any order, repeats allowed), which name every row's
+    column 0.
 
     Vectorised over the whole block: segment boundaries are the sorted flat indices of the
     starts (a few per row), and positions / segment numbers are `np.repeat`s of per-segment
-    values, so no per-token scan (cumsum, maximum.accumulate) is needed.
+    values, so no per-token scan (cumsum, maximum.accumulate) is needed. A few numpy calls in
+    all, whatever the rows: a step's small arrays cost their calls, not their values.
     """
     rows, width = shape
     size = rows * width
-    flat = np.asarray(doc_rows, np.int64) * width + np.asarray(doc_cols, np.int64)
-    bounds = np.unique(np.concatenate([flat, np.arange(0, size, width)]))
-    lengths = np.diff(bounds, append=size)
+    bounds = np.sort(starts)
+    if bounds.size > 1:  # repeats out (a document that starts where a piece or row does)
+        bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]
+    lengths = np.empty_like(bounds)
+    np.subtract(bounds[1:], bounds[:-1], out=lengths[:-1])
+    lengths[-1] = size - bounds[-1]
     index = np.int32 if size < 2**31 else np.int64
-    positions = np.arange(size, dtype=index)
-    positions -= np.repeat(bounds.astype(index), lengths)
-    number = np.arange(bounds.size)
-    first = np.maximum.accumulate(np.where(bounds % width == 0, number, 0))
-    segments = np.repeat((number - first + 1).astype(np.int32), lengths).reshape(rows, width)
+    positions = np.repeat(bounds.astype(index), lengths)
+    np.subtract(_counting(size, index), positions, out=positions)
+    # a segment's number: one more than the bounds before it in its row (its row's start's)
+    number = np.arange(1, bounds.size + 1, dtype=np.int32)
+    number -= np.searchsorted(bounds, bounds - bounds % width).astype(np.int32)
+    segments = np.repeat(number, lengths).reshape(rows, width)
     return segments, positions.astype(np.int32, copy=False).reshape(rows, width)
+
+
+@lru_cache(maxsize=4)
+def _counting(size: int, dtype: type) -> np.ndarray:
+    """0, 1, ..., size - 1 (read-only, kept per size): every step of a run subtracts its
+    segments' starts from the same one."""
+    values = np.arange(size, dtype=dtype)
+    values.flags.writeable = False
+    return values
 
 
 class MaskSource(Protocol):

@@ -3,7 +3,7 @@
 The shard pieces of every drawn window, of all such sources of a step, are found in one pass
 (`layout.window_pieces`) and copied in one pass (`read_pieces`) straight into one
 [rows, seq_len + 1] buffer, with the segment numbers and positions of its document starts
-(`batch.boundaries`), which `batch.window_fields` turns into the six fields, or (`packed`)
+(`batch.segment_fields`), which `batch.window_fields` turns into the six fields, or (`packed`)
 `compact.pack` into the windows' compact form. The copy and the boundaries are one seam
 (`_assemble`), where benchmarks/native_ab.py measures a compiled assembly.
 """
@@ -17,8 +17,9 @@ import numpy as np
 from pipeline.plan.layout import window_pieces
 from pipeline.plan.row_layout import OpenStore, RowLayout
 from pipeline.read import compact
-from pipeline.read.batch import boundaries, mask_untrained, untrained_ranges, window_fields
-from pipeline.store.token_store import TokenStore, read_pieces
+from pipeline.read.batch import mask_untrained, segment_fields, untrained_ranges, window_fields
+from pipeline.store.piece_reads import copy_pieces
+from pipeline.store.token_store import TokenStore
 
 
 def read_windows(
@@ -90,10 +91,10 @@ def _assemble(
     (bounds, None): the step's assembly, one seam (benchmarks/native_ab.py swaps in a
     compiled one)."""
     owner, shard, lo, hi, row, col = pieces
-    doc_rows, doc_cols = read_pieces(stores, owner, shard, lo, hi, tokens, row, col)
-    # A piece after a window's first begins a document: at a shard's start it does anyway, and
-    # in a transitional epoch's stream (`transition`) it joins stretches apart in the store.
-    joined = col > 0
-    starts = np.append(doc_rows, row[joined]), np.append(doc_cols, col[joined])
-    segments, positions = boundaries(tokens.shape, *starts)
+    found = copy_pieces(stores, owner, shard, lo, hi, tokens, row, col)
+    # Every piece begins a segment: a window's first at its row's column 0; one after it begins
+    # a document: at a shard's start it does anyway, and in a transitional epoch's stream
+    # (`transition`) it joins stretches apart in the store.
+    starts = np.concatenate([found, row * tokens.shape[1] + col])
+    segments, positions = segment_fields(tokens.shape, starts)
     return (compact.pack(segments, positions), None) if packed else (segments, positions)

@@ -61,20 +61,41 @@ def read_pieces(
     """Copy tokens [lo[i], hi[i]) of shard shards[i] of stores[which[i]] into
     `out[out_rows[i], out_cols[i]:]`, cast to its dtype; returns (row, column) in `out` of every
     document start inside the pieces. `doc_starts=False` skips that lookup (and returns none)
-    for a caller that knows them: a best-fit row reads whole documents.
+    for a caller that knows them: a best-fit row reads whole documents (`copy_pieces`)."""
+    found = copy_pieces(stores, which, shards, lo, hi, out, out_rows, out_cols, doc_starts)
+    return np.divmod(found, out.shape[1])
+
+
+def copy_pieces(
+    stores: Sequence[PieceSource],
+    which: Sequence[int],
+    shards: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    out: np.ndarray,
+    out_rows: Sequence[int],
+    out_cols: Sequence[int],
+    doc_starts: bool = True,
+) -> np.ndarray:
+    """`read_pieces`, its document starts as flat indexes into `out` (ascending when the
+    pieces are in `out`'s order): what a step's windows take, without a divmod and back.
 
     The plan's hot path: all pieces of a batch, of every source, in one pass. A piece of a shard
-    with a flat sidecar is one slice copy from its memory map (its blocks checked on their first
-    read, `FlatBlocks.read`), and its document starts one `searchsorted` of the shard's document
+    with a flat sidecar is a slice of its memory map (its blocks checked on their first read,
+    `FlatBlocks.read`), and its document starts one `searchsorted` of the shard's document
     index (a few pieces per shard and step: one Python loop over the pieces costs less than
-    numpy calls per shard); the pieces of a shard without one are copied by reading each record
-    they overlap once (`_copy_records`).
+    numpy calls per shard); pieces that fill `out` end to end in its order (a step's windows)
+    are copied by one `np.concatenate` into it, others one slice assignment each. The pieces
+    of a shard without a sidecar are copied by reading each record they overlap once
+    (`_copy_records`).
     """
     which, shards, lo, hi, rows, cols = (
         np.asarray(a, dtype=np.int64).reshape(-1)
         for a in (which, shards, lo, hi, out_rows, out_cols)
     )
-    pieces = list(zip(*(a.tolist() for a in (which, shards, lo, hi, rows, cols))))
+    width = out.shape[1]
+    at = rows * width + cols
+    pieces = list(zip(*(a.tolist() for a in (which, shards, lo, hi, at))))
     # each piece's shard, numbered in the order they are first read (a step of a big mixture
     # reads dozens of shards of dozens of stores: a few Python calls each, no numpy call)
     numbers: dict[tuple[int, int], int] = {}
@@ -92,23 +113,62 @@ def read_pieces(
     if remote:
         _prefetch(stores, remote, which, shards, lo, hi)
     views = _views(stores, numbers)
+    if not _copy_end_to_end(views, pieces, slot, out):
+        _copy_each(stores, list(numbers), views, pieces, slot, out)
+    if not doc_starts:
+        return np.empty(0, np.int64)
+    docs = [view[1] for view in views]
+    return _doc_starts(docs, np.array(slot, np.int64), lo, hi, at - lo)
+
+
+def _copy_end_to_end(
+    views: list[tuple[FlatBlocks | RemoteFlat | None, np.ndarray]],
+    pieces: list[tuple[int, ...]],
+    slot: list[int],
+    out: np.ndarray,
+) -> bool:
+    """Copy the pieces in one call when they fill C-contiguous `out` end to end from its start,
+    in order, each from a flat sidecar (a step's windows, a best-fit step's documents): their
+    slices (each checked, `FlatBlocks.read`) concatenated straight into `out`, cast as a slice
+    assignment casts. False (nothing copied) for any other pieces."""
+    if not out.flags.c_contiguous:
+        return False
+    slices, end = [], 0
+    for (_, _, start, stop, at), number in zip(pieces, slot):
+        flat = views[number][0]
+        if flat is None or at != end:
+            return False
+        slices.append(flat.read(start, stop))
+        end += stop - start
+    if end > out.size:
+        return False
+    np.concatenate(slices, out=out.reshape(-1)[:end], casting="unsafe")
+    return True
+
+
+def _copy_each(
+    stores: Sequence[PieceSource],
+    shard_of: list[tuple[int, int]],
+    views: list[tuple[FlatBlocks | RemoteFlat | None, np.ndarray]],
+    pieces: list[tuple[int, ...]],
+    slot: list[int],
+    out: np.ndarray,
+) -> None:
+    """Copy the pieces one by one: a slice assignment each from a flat sidecar, the pieces of
+    a shard without one (`shard_of[slot]`: its store and shard) through its records
+    (`_copy_records`)."""
+    width = out.shape[1]
     by_record: dict[int, list[tuple[int, int, int, int]]] = {}
-    for (_, _, start, stop, row, col), number in zip(pieces, slot):
+    for (_, _, start, stop, at), number in zip(pieces, slot):
+        row, col = divmod(at, width)
         flat = views[number][0]
         if flat is None:
             by_record.setdefault(number, []).append((start, stop, row, col))
         else:
             out[row, col : col + stop - start] = flat.read(start, stop)
-    shard_of = list(numbers)
     for number, group in by_record.items():
         k, shard = shard_of[number]
         _copy_records(stores[k], shard, *map(list, zip(*group)), out)
-    width = out.shape[1]
-    if not doc_starts:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    docs = [view[1] for view in views]
-    found = _doc_starts(docs, np.array(slot, np.int64), lo, hi, rows * width + cols - lo)
-    return np.divmod(found, width)
 
 
 def _shard_size(store: PieceSource, shard: int) -> int:
