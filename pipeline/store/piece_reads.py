@@ -100,14 +100,13 @@ def copy_pieces(
     # reads dozens of shards of dozens of stores: a few Python calls each, no numpy call)
     numbers: dict[tuple[int, int], int] = {}
     slot = [numbers.setdefault((k, shard), len(numbers)) for k, shard, *_ in pieces]
-    sizes = np.array([_shard_size(stores[k], shard) for k, shard in numbers], np.int64)[slot]
-    bad = np.flatnonzero((lo < 0) | (lo >= hi) | (hi > sizes))
-    if bad.size:
-        i = int(bad[0])
-        raise StoreError(
-            f"{stores[int(which[i])].shard_file(int(shards[i]))}: token range [{lo[i]}, {hi[i]}) "
-            f"is not a non-empty range inside the shard (0..{sizes[i]})"
-        )
+    sizes = [_shard_size(stores[k], shard) for k, shard in numbers]
+    for (k, shard, start, stop, _), number in zip(pieces, slot):
+        if not 0 <= start < stop <= sizes[number]:
+            raise StoreError(
+                f"{stores[k].shard_file(shard)}: token range [{start}, {stop}) is not a "
+                f"non-empty range inside the shard (0..{sizes[number]})"
+            )
     # stores in buckets, read through remote_reads
     remote = [k for k, store in enumerate(stores) if getattr(store, "remote", False)]
     if remote:
@@ -220,11 +219,15 @@ def _doc_starts(
         return np.concatenate(found)
     shift = np.cumsum([0, *(int(offsets[-1]) for offsets in docs[:-1])], dtype=np.int64)
     table = np.concatenate([offsets[:-1] for offsets in docs]) + np.repeat(shift, counts)
-    first = np.searchsorted(table, lo + shift[slot])
-    count = np.searchsorted(table, hi + shift[slot]) - first
-    piece = np.repeat(np.arange(slot.size), count)
-    index = np.arange(piece.size) + np.repeat(first - (np.cumsum(count) - count), count)
-    return table[index] + (at - shift[slot])[piece]
+    base = shift[slot]
+    first, last = np.searchsorted(table, np.stack([lo, hi]) + base).tolist()
+    # a few document starts a step: their pieces and places in `table` in plain Python
+    piece, index = [], []
+    for i, (a, b) in enumerate(zip(first, last)):
+        if b > a:
+            piece += [i] * (b - a)
+            index += range(a, b)
+    return table[index] + (at - base)[piece]
 
 
 def _prefetch(
