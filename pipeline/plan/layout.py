@@ -18,7 +18,6 @@ epoch `e` is the same bijection on the shard indices, keyed per (seed, source, e
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -389,27 +388,19 @@ def window_pieces(
     which, epochs, starts = (np.asarray(a, dtype=np.int64) for a in (which, epochs, starts))
     if not which.size:  # every row of the step is another kind of source's (best_fit)
         return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
-    count = len(layouts)
-    keys, stream = np.unique(epochs * count + which, return_inverse=True)
-    # one shard table a (source, epoch) stream (`_piece_table`, cached), laid end to end: a
-    # Python call each, the numpy work done once over all of them (a step may draw from
-    # dozens of sources)
-    tables, ends = zip(
-        *(
-            layouts[k]._piece_tables(epoch)
-            for epoch, k in map(divmod, keys.tolist(), itertools.repeat(count))
-        )
-    )
-    sizes = np.array([table.shape[1] for table in tables], dtype=np.int64)
-    ends = np.cumsum(ends, dtype=np.int64)
-    bases = np.concatenate([[0], ends[:-1]])
-    bounds, shards, offsets = np.concatenate(tables, axis=1)
-    bounds = np.append(bounds + np.repeat(bases, sizes), ends[-1])
-    owners = np.repeat(keys % count, sizes)
+    # each window's (source, epoch) stream, numbered as first drawn: a step draws from a few
+    numbers: dict[tuple[int, int], int] = {}
+    stream = [numbers.setdefault(key, len(numbers)) for key in zip(which.tolist(), epochs.tolist())]
+    bounds, shards, offsets, owners, bases = _streams(layouts, numbers)
     length = layouts[0].seq_len + 1
-    start = starts + bases[stream.reshape(-1)]
+    start = starts + bases[stream]
     first = np.searchsorted(bounds, start, side="right") - 1
     pieces = np.searchsorted(bounds, start + length, side="left") - first
+    if pieces.max() == 1:  # the common step: every window inside one shard, a piece each
+        offset = offsets[first] - bounds[first]
+        window = np.arange(start.size)
+        return (owners[first], shards[first], start + offset, start + (offset + length), window,
+                np.zeros_like(window))  # fmt: skip
     window = np.repeat(np.arange(start.size), pieces)
     piece = first[window] + np.arange(window.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     lo = np.maximum(start[window], bounds[piece])
@@ -419,6 +410,38 @@ def window_pieces(
     offset = offsets[piece] - bounds[piece]  # a piece may begin inside its shard
     return (owners[piece], shards[piece], lo + offset, hi + offset, window,
             lo - start[window])  # fmt: skip
+
+
+STREAMS_KEPT = 64  # the steps' sets of streams laid end to end (`_streams`) kept at once
+_laid: dict[tuple[int, ...], tuple] = {}
+
+
+def _streams(
+    layouts: Sequence[SourceLayout], numbers: dict[tuple[int, int], int]
+) -> tuple[np.ndarray, ...]:
+    """The shard tables of the (source, epoch) streams `numbers` (`_piece_table`, cached per
+    layout; source: an index of `layouts`) laid end to end, in their numbers' order: (bounds,
+    shards, offsets, source) of each piece of a stream, the bounds shifted past the streams
+    before it and followed by the end, and each stream's shift. Kept per (tables, sources)
+    (`STREAMS_KEPT`): most steps of a run draw from the streams of the step before, so a step
+    is a few Python calls, not ten numpy calls; an entry holds its tables, so their ids, in
+    its key, stay theirs."""
+    tables, ends = zip(*(layouts[k]._piece_tables(epoch) for k, epoch in numbers))
+    key = (*map(id, tables), *(k for k, _ in numbers))  # the owners are indexes of `layouts`
+    kept = _laid.get(key)
+    if kept is not None and all(a is b for a, b in zip(kept[0], tables)):
+        return kept[1]
+    sizes = np.array([table.shape[1] for table in tables], dtype=np.int64)
+    ends = np.cumsum(ends, dtype=np.int64)
+    bases = np.concatenate([[0], ends[:-1]])
+    bounds, shards, offsets = np.concatenate(tables, axis=1)
+    bounds = np.append(bounds + np.repeat(bases, sizes), ends[-1])
+    owners = np.repeat(np.array([k for k, _ in numbers], dtype=np.int64), sizes)
+    laid = (bounds, shards, offsets, owners, bases)
+    if len(_laid) >= STREAMS_KEPT:
+        _laid.clear()
+    _laid[key] = (tables, laid)
+    return laid
 
 
 LAYOUT = SourceLayout
