@@ -314,25 +314,28 @@ def window_draws(
     source). The drawn sources must be concat ones (`SourceLayout`); a draw in a transitional
     epoch (`Epochs`) takes its window from the transition's order and stream."""
     which, counter, lane = (np.asarray(a, dtype=np.int64) for a in (which, counter, lane))
-    # the drawn sources' figures only (a mixture may have hundreds, a step draws a few)
-    drawn, own = np.unique(which, return_inverse=True)
-    drawn_layouts = [layouts[k] for k in drawn.tolist()]
+    # the drawn sources' figures only (a mixture may have hundreds, a step draws a few), found
+    # in Python: a step's rows are a few dozen
+    sources = which.tolist()
+    drawn = sorted(set(sources))
+    drawn_layouts = [layouts[k] for k in drawn]
     figures = np.array([layout.figures for layout in drawn_layouts], dtype=np.int64)
-    figures = figures[own.reshape(-1)]
-    per_lane, first, first_epoch, lane_tokens, seq_len = figures.T
+    own = np.searchsorted(drawn, which)
+    per_lane, first, first_epoch, lane_tokens, seq_len = figures[own].T
     epoch, k = np.divmod(counter - first, per_lane)
     epoch += first_epoch
     early = counter < first
-    if early.any():  # in a transitional epoch (the first counter of a layout without is 0)
+    transitional = bool(early.any())
+    if transitional:  # in a transitional epoch (the first counter of a layout without is 0)
         t_epoch, t_counter = (
             np.array([getattr(layout.transition, key, 0) for layout in drawn_layouts],
-                     dtype=np.int64)[own.reshape(-1)[early]]
+                     dtype=np.int64)[own[early]]
             for key in ("epoch", "counter")
         )  # fmt: skip
         epoch[early] = t_epoch
         k[early] = counter[early] - t_counter
     groups: dict[tuple[int, int, int, bool], list[int]] = {}
-    row_keys = zip(which.tolist(), epoch.tolist(), lane.tolist(), early.tolist())
+    row_keys = zip(sources, epoch.tolist(), lane.tolist(), early.tolist())
     for row, key in enumerate(row_keys):
         groups.setdefault(key, []).append(row)
     if groups and _unordered(layouts, next(iter(groups))):  # a restore: its orders at once
@@ -355,10 +358,10 @@ def window_draws(
         for r in rows:
             window[r] = order.item(positions[r])
     windows = np.array(window, dtype=np.int64)
-    if early.any():  # a transitional epoch's lanes are its stream's
+    if transitional:  # a transitional epoch's lanes are its stream's
         lane_tokens = lane_tokens.copy()
         transitions = [getattr(layout.transition, "lane_tokens", 0) for layout in drawn_layouts]
-        lane_tokens[early] = np.array(transitions, dtype=np.int64)[own.reshape(-1)[early]]
+        lane_tokens[early] = np.array(transitions, dtype=np.int64)[own[early]]
     return epoch, windows, lane * lane_tokens + windows * seq_len
 
 
