@@ -67,11 +67,14 @@ class Draws:
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> DrawSummary:
-        stages = {(self.segment_index, self.stage_names[s]) for s in np.unique(self.stage)}
-        # the highest epoch of each drawn source: one sort, not a pass over the rows a source
-        order = np.lexsort((self.epoch, self.source))
-        source, epoch = self.source[order], self.epoch[order]
-        last = np.flatnonzero(np.append(source[1:] != source[:-1], source.size > 0))
+        """The stages and each drawn source's highest epoch, in Python over the rows: a host's
+        rows of a step are a few dozen, where numpy's calls cost more than its loops."""
+        names = self.stage_names
+        stages = {(self.segment_index, names[s]) for s in set(self.stage.tolist())}
+        highest: dict[int, int] = {}
+        for source, epoch in zip(self.source.tolist(), self.epoch.tolist()):
+            if epoch > highest.get(source, -1):
+                highest[source] = epoch
         names = self.source_names
-        epochs = {names[s]: e for s, e in zip(source[last].tolist(), epoch[last].tolist())}
+        epochs = {names[source]: highest[source] for source in sorted(highest)}
         return DrawSummary(frozenset(stages), epochs)
