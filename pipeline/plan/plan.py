@@ -514,7 +514,7 @@ class DrawPlan:
         rows = np.arange(plan.batch_size(step)) if rows is None else np.asarray(rows)
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
-        names, drawn = plan.config.source_names, np.unique(source).tolist()
+        names, drawn = plan.config.source_names, sorted(set(source.tolist()))
         epoch, window, start = row_layout.draw(
             plan.ordered_layouts, source, counter, lane, drawn, plan.layout_types
         )

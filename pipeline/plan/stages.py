@@ -150,15 +150,14 @@ class StageTable:
         """(stage index, source index, that source's counter) of each lane position."""
         positions = np.asarray(positions, dtype=np.int64)
         stage = self.stage_index(positions)
+        indexes = sorted(set(stage.tolist()))
+        if len(indexes) == 1:  # the common step: every row in one stage, none picked out
+            return stage, *_drawn(self.stages[indexes[0]], positions)
         source = np.empty_like(positions)
         counter = np.empty_like(positions)
-        for index in np.unique(stage):
-            layout = self.stages[index]
+        for index in indexes:
             mask = stage == index
-            local = layout.mixture.sources(positions[mask] - layout.schedule_start)
-            chosen = layout.source_indexes[local[0]]
-            source[mask] = chosen
-            counter[mask] = layout.counters_at_start[chosen] + local[1] - layout.offsets[local[0]]
+            source[mask], counter[mask] = _drawn(self.stages[index], positions[mask])
         return stage, source, counter
 
     def counters(self, position: int) -> np.ndarray:
@@ -176,6 +175,14 @@ class StageTable:
         out = np.repeat(layout.counters_at_start[None, :], len(positions), axis=0)
         out[:, list(layout.sources)] += counts - layout.offsets
         return out
+
+
+def _drawn(layout: StageLayout, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source index, that source's counter) of lane positions inside stage `layout`."""
+    local, count = layout.mixture.sources(positions - layout.schedule_start)
+    source = layout.source_indexes[local]
+    counter = layout.counters_at_start[source] + count - layout.offsets[local]
+    return source, counter.astype(np.int64, copy=False)
 
 
 def _steered(

@@ -74,7 +74,10 @@ def segment_fields(shape: tuple[int, int], starts: np.ndarray) -> tuple[np.ndarr
     size = rows * width
     bounds = np.sort(starts)
     if bounds.size > 1:  # repeats out (a document that starts where a piece or row does)
-        bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]
+        first = np.empty(bounds.size, bool)
+        first[0] = True
+        np.not_equal(bounds[1:], bounds[:-1], out=first[1:])
+        bounds = bounds[first]
     lengths = np.empty_like(bounds)
     np.subtract(bounds[1:], bounds[:-1], out=lengths[:-1])
     lengths[-1] = size - bounds[-1]
