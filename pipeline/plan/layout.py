@@ -325,8 +325,8 @@ def window_draws(
     epoch, k = np.divmod(counter - first, per_lane)
     epoch += first_epoch
     early = counter < first
-    transitional = bool(early.any())
-    if transitional:  # in a transitional epoch (the first counter of a layout without is 0)
+    any_early = bool(early.any())
+    if any_early:  # in a transitional epoch (the first counter of a layout without is 0)
         t_epoch, t_counter = (
             np.array([getattr(layout.transition, key, 0) for layout in drawn_layouts],
                      dtype=np.int64)[own[early]]
@@ -358,7 +358,7 @@ def window_draws(
         for r in rows:
             window[r] = order.item(positions[r])
     windows = np.array(window, dtype=np.int64)
-    if transitional:  # a transitional epoch's lanes are its stream's
+    if any_early:  # a transitional epoch's lanes are its stream's
         lane_tokens = lane_tokens.copy()
         transitions = [getattr(layout.transition, "lane_tokens", 0) for layout in drawn_layouts]
         lane_tokens[early] = np.array(transitions, dtype=np.int64)[own[early]]
