@@ -391,9 +391,11 @@ def window_pieces(
     which, epochs, starts = (np.asarray(a, dtype=np.int64) for a in (which, epochs, starts))
     if not which.size:  # every row of the step is another kind of source's (best_fit)
         return tuple(np.empty(0, dtype=np.int64) for _ in range(6))
-    # each window's (source, epoch) stream, numbered as first drawn: a step draws from a few
-    numbers: dict[tuple[int, int], int] = {}
-    stream = [numbers.setdefault(key, len(numbers)) for key in zip(which.tolist(), epochs.tolist())]
+    # each window's (source, epoch) stream, numbered in order: a step draws from a few, and
+    # most steps from the same ones (`_streams` keeps them laid end to end)
+    keys = list(zip(which.tolist(), epochs.tolist()))
+    numbers = {key: number for number, key in enumerate(sorted(set(keys)))}
+    stream = [numbers[key] for key in keys]
     bounds, shards, offsets, owners, bases = _streams(layouts, numbers)
     length = layouts[0].seq_len + 1
     start = starts + bases[stream]
@@ -415,7 +417,7 @@ def window_pieces(
             lo - start[window])  # fmt: skip
 
 
-STREAMS_KEPT = 64  # the steps' sets of streams laid end to end (`_streams`) kept at once
+STREAMS_KEPT = 32  # the steps' sets of streams laid end to end (`_streams`) kept at once
 _laid: dict[tuple[int, ...], tuple] = {}
 
 
