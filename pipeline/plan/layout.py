@@ -341,7 +341,8 @@ def window_draws(
     if groups and _unordered(layouts, next(iter(groups))):  # a restore: its orders at once
         warm_orders(layouts, [(source, e, ln) for source, e, ln, t in groups if not t])
     # A step's rows fall in up to one group each: per group, plain Python on its rows' ints
-    # (a numpy call per group would cost more than the group's lookups).
+    # (a numpy call per group would cost more than the group's lookups), but one gather when
+    # one group holds every row (one source, one lane).
     window, positions = [0] * k.size, k.tolist()
     for (source, e, ln, transitional), rows in groups.items():
         layout = layouts[source]
@@ -355,9 +356,12 @@ def window_draws(
             for r, value in zip(rows, values.tolist()):
                 window[r] = value
             continue
+        if len(rows) == k.size:
+            window = order[k]
+            break
         for r in rows:
             window[r] = order.item(positions[r])
-    windows = np.array(window, dtype=np.int64)
+    windows = np.asarray(window, dtype=np.int64)
     if any_early:  # a transitional epoch's lanes are its stream's
         lane_tokens = lane_tokens.copy()
         transitions = [getattr(layout.transition, "lane_tokens", 0) for layout in drawn_layouts]
@@ -399,8 +403,8 @@ def window_pieces(
     bounds, shards, offsets, owners, bases = _streams(layouts, numbers)
     length = layouts[0].seq_len + 1
     start = starts + bases[stream]
-    first = np.searchsorted(bounds, start, side="right") - 1
-    pieces = np.searchsorted(bounds, start + length, side="left") - first
+    first = bounds.searchsorted(start, side="right") - 1
+    pieces = bounds.searchsorted(start + length, side="left") - first
     if pieces.max() == 1:  # the common step: every window inside one shard, a piece each
         offset = offsets[first] - bounds[first]
         window = np.arange(start.size)

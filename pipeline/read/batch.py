@@ -86,7 +86,7 @@ def segment_fields(shape: tuple[int, int], starts: np.ndarray) -> tuple[np.ndarr
     np.subtract(_counting(size, index), positions, out=positions)
     # a segment's number: one more than the bounds before it in its row (its row's start's)
     number = np.arange(1, bounds.size + 1, dtype=np.int32)
-    number -= np.searchsorted(bounds, bounds - bounds % width).astype(np.int32)
+    number -= bounds.searchsorted(bounds - bounds % width).astype(np.int32)
     segments = np.repeat(number, lengths).reshape(rows, width)
     return segments, positions.astype(np.int32, copy=False).reshape(rows, width)
 
