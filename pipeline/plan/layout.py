@@ -422,6 +422,7 @@ def window_pieces(
 
 
 STREAMS_KEPT = 32  # the steps' sets of streams laid end to end (`_streams`) kept at once
+STREAM_PIECES_KEPT = 1 << 14  # ... of at most this many pieces each (~1 MiB with its tables)
 _laid: dict[tuple[int, ...], tuple] = {}
 
 
@@ -434,7 +435,8 @@ def _streams(
     before it and followed by the end, and each stream's shift. Kept per (tables, sources)
     (`STREAMS_KEPT`): most steps of a run draw from the streams of the step before, so a step
     is a few Python calls, not ten numpy calls; an entry holds its tables, so their ids, in
-    its key, stay theirs."""
+    its key, stay theirs. A layout of stores of many shards is not kept
+    (`STREAM_PIECES_KEPT`)."""
     tables, ends = zip(*(layouts[k]._piece_tables(epoch) for k, epoch in numbers))
     key = (*map(id, tables), *(k for k, _ in numbers))  # the owners are indexes of `layouts`
     kept = _laid.get(key)
@@ -447,9 +449,10 @@ def _streams(
     bounds = np.append(bounds + np.repeat(bases, sizes), ends[-1])
     owners = np.repeat(np.array([k for k, _ in numbers], dtype=np.int64), sizes)
     laid = (bounds, shards, offsets, owners, bases)
-    if len(_laid) >= STREAMS_KEPT:
-        _laid.clear()
-    _laid[key] = (tables, laid)
+    if bounds.size <= STREAM_PIECES_KEPT:
+        if len(_laid) >= STREAMS_KEPT:
+            _laid.clear()
+        _laid[key] = (tables, laid)
     return laid
 
 

@@ -91,10 +91,11 @@ def segment_fields(shape: tuple[int, int], starts: np.ndarray) -> tuple[np.ndarr
     return segments, positions.astype(np.int32, copy=False).reshape(rows, width)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=2)
 def _counting(size: int, dtype: type) -> np.ndarray:
     """0, 1, ..., size - 1 (read-only, kept per size): every step of a run subtracts its
-    segments' starts from the same one."""
+    segments' starts from the same one. Two sizes kept (a training feed's and an evaluation
+    feed's), each the size of one step's positions."""
     values = np.arange(size, dtype=dtype)
     values.flags.writeable = False
     return values
