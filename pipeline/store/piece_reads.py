@@ -220,7 +220,7 @@ def _doc_starts(
     shift = np.cumsum([0, *(int(offsets[-1]) for offsets in docs[:-1])], dtype=np.int64)
     table = np.concatenate([offsets[:-1] for offsets in docs]) + np.repeat(shift, counts)
     base = shift[slot]
-    first, last = table.searchsorted(np.stack([lo, hi]) + base).tolist()
+    first, last = table.searchsorted(np.concatenate((lo, hi)).reshape(2, -1) + base).tolist()
     # a few document starts a step: their pieces and places in `table` in plain Python
     piece, index = [], []
     for i, (a, b) in enumerate(zip(first, last)):
