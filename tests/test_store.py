@@ -220,13 +220,20 @@ def test_opening_something_that_is_not_a_store(tmp_path: Path) -> None:
 def test_missing_shard_or_index_is_named(tmp_path: Path) -> None:
     path = _prepare_jsonl(tmp_path, ["one", "two", "three"], num_shards=2, seed=0)
     entry = TokenStore(path).manifest["shards"][1]
-    for key, kind in (("docs", "document index"), ("index", "record index")):
+    named = (("docs", "document index"), ("index", "record index"))
+    # the block checksums: read by a shard's first use when reads are checked, else only asked
+    # for (the first use skips asking for what it reads: the read refuses it in these words)
+    for key, kind in (*named, ("flat_blocks", "block checksum file")):
         index = path / entry[key]
+        kept = index.read_bytes()
         index.unlink()
-        store = TokenStore(path)  # the open reads the manifest alone; the shard's first use:
-        with pytest.raises(StoreError, match=f"{index}: {kind} listed in the manifest is missing"):
-            store.read_shard_tokens(1, 0, 1)
-        store.read_shard_tokens(0, 0, 1)  # the other shard is whole
+        for check_reads in (True, False):
+            store = TokenStore(path, check_reads=check_reads)  # reads the manifest alone
+            missing = f"{index}: {kind} listed in the manifest is missing"
+            with pytest.raises(StoreError, match=missing):
+                store.read_shard_tokens(1, 0, 1)
+            store.read_shard_tokens(0, 0, 1)  # the other shard is whole
+        index.write_bytes(kept)
     shard = path / "shard-00000-of-00002.array_record"
     shard.unlink()
     with pytest.raises(StoreError, match=f"{shard}: shard listed in the manifest is missing"):

@@ -50,8 +50,11 @@ def _record(cls: type[InPlaceStore], path: Path) -> dict[str, Any]:
 
 def open_store(path: str | Path, **options: Any) -> AnyStore:
     """The store at `path`, opened by the class its format needs (options: `TokenStore`'s;
-    a store read in place takes `verify` and `check_reads`)."""
-    cls = _in_place(path)
+    a store read in place takes `verify` and `check_reads`). A store whose metadata the plan
+    read from its manifest (`known`, vouched for: `StoreMeta.checked`) is a prepared one: it
+    is not probed for an in-place index again at its first draw."""
+    known = options.get("known")
+    cls = None if known is not None and known.checked is not None else _in_place(path)
     if cls is None:
         return TokenStore(path, **options)
     return cls(path, **{k: v for k, v in options.items() if k in ("verify", "check_reads")})

@@ -59,7 +59,7 @@ def sample_digest(records: int, read: Callable[[int], bytes]) -> str:
     return digest.hexdigest()
 
 
-def check_manifest(manifest: Any, path: Path, masked: bool = False) -> None:
+def check_manifest(manifest: Any, path: str | Path, masked: bool = False) -> None:
     """Refuse a manifest whose fields are missing, mistyped, inconsistent or not its own; a
     `masked` store's shards each list their loss mask (`MASK_KEYS`), other stores' none."""
     if not isinstance(manifest, dict):
@@ -162,6 +162,6 @@ def _count(value: Any) -> bool:
     return type(value) is int and value >= 0  # a JSON integer: not a bool
 
 
-def _require(ok: bool, path: Path, key: str, what: str) -> None:
+def _require(ok: bool, path: str | Path, key: str, what: str) -> None:
     if not ok:
         raise StoreError(f"{path}: manifest field '{key}' must be {what}; prepare the store again")

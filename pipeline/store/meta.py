@@ -217,13 +217,13 @@ def read_manifest(
     path: Path, identity: Any = None, checked: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """`load_manifest`'s manifest and the SHA-256 of the bytes it was read from."""
-    manifest_path = path / MANIFEST
+    manifest_path = f"{path}/{MANIFEST}"  # not a `pathlib` join: ~3 us of a store's open
     try:
         if is_url(path) and identity is not None:
             version = (identity.version[0], identity.size)
-            data = manifest_bytes(str(manifest_path), version)
+            data = manifest_bytes(manifest_path, version)
         else:
-            data = read_bytes(str(manifest_path))
+            data = read_bytes(manifest_path)
         digest = hashlib.sha256(data).hexdigest()
         manifest = json.loads(data)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:

@@ -46,6 +46,7 @@ from pipeline.urls import is_url, read_local
 # numpy parses .npy headers with `ast`, which CPython 3.11 cannot run in two threads at once
 # ("AST constructor recursion depth mismatch"): every store's index loads take this one lock.
 _NPY_LOAD_LOCK = threading.Lock()
+_INT64 = np.dtype(np.int64)  # what an index holds (compared to a dtype, not the type: cheaper)
 
 
 # The header numpy writes for a plain array (`format.write_array`, version 1.0), parsed here
@@ -133,15 +134,14 @@ def load_index(
     """A shard's record or document index, checked against the manifest."""
     _, index = _load_npy(root, entry, key, checksum_key)
     # the index matches its checksum: the manifest is at fault
-    manifest = f"{root}/{MANIFEST}"
-    if index.shape != (count + 1,) or index.dtype != np.int64:
+    if index.shape != (count + 1,) or index.dtype != _INT64:
         raise StoreError(
-            f"{manifest}: needs an int64[{count + 1}] {entry[key]}, which is "
+            f"{root}/{MANIFEST}: needs an int64[{count + 1}] {entry[key]}, which is "
             f"{index.dtype}{list(index.shape)}; {RESEALED}"
         )
     if int(index[0]) != 0 or int(index[-1]) != entry["tokens"]:
         raise StoreError(
-            f"{manifest}: says tokens 0..{entry['tokens']}, {entry[key]} spans tokens "
+            f"{root}/{MANIFEST}: says tokens 0..{entry['tokens']}, {entry[key]} spans tokens "
             f"{int(index[0])}..{int(index[-1])}; {RESEALED}"
         )
     return index
@@ -175,19 +175,15 @@ def map_flat(
     (`known`) and that its sampled records match the manifest's `sample_sha256` (a sidecar of
     another store or an older prepare is refused; `TokenStore.verify` checks every byte)."""
     path = f"{root}/{entry['flat']}"
-    replaced = StoreError(
-        f"{path}: the flat token sidecar was replaced or changed after the store was "
-        "opened; restart the job, or prepare the store again"
-    )
     try:  # the file mapped is the one checked: its `fstat`, not a `stat` of its name
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise replaced from None
+        raise _replaced(path) from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
     try:  # the map outlives the descriptor; np.memmap costs 0.2 ms more per shard
         if identity_of(os.fstat(fd)) != known:
-            raise replaced
+            raise _replaced(path)
         size = int(entry["tokens"])
         if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
             return np.empty(0, dtype)
@@ -206,6 +202,14 @@ def map_flat(
             "sidecar is another store's or was altered; prepare the store again"
         )
     return flat
+
+
+def _replaced(path: str) -> StoreError:
+    """The error of a sidecar that is not the file its shard's first use found."""
+    return StoreError(
+        f"{path}: the flat token sidecar was replaced or changed after the store was opened; "
+        "restart the job, or prepare the store again"
+    )
 
 
 def flat_blocks(root: str, entry: dict[str, Any], tokens: np.ndarray, check: bool) -> FlatBlocks:

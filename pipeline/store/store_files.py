@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Hashable
+from collections.abc import Container, Hashable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -160,16 +160,23 @@ def _wrong_flat_size(
 
 
 def shard_files(
-    root: str, number: int, entry: dict[str, Any], dtype: np.dtype
+    root: str,
+    number: int,
+    entry: dict[str, Any],
+    dtype: np.dtype,
+    read: Container[str] = (),
 ) -> dict[str, FileIdentity]:
     """Shard `number`'s files (its manifest entry `entry`) in the local store at `root`: every
     file the entry lists exists, its data file and flat sidecar have the manifest's sizes;
     their identities, by manifest key. Taken at the shard's first use (`TokenStore`), so an
     open costs the same whatever the number of shards, as a cloud store's always did. `root`
-    is a string: joins of `pathlib` paths cost more than the `stat`s (~10 a shard)."""
+    is a string: joins of `pathlib` paths cost more than the `stat`s (~10 a shard). The files
+    under the keys `read`, which the caller reads whole right after (a missing one refused
+    there, in the same words), are not asked for first: a restore's first step uses dozens
+    of shards."""
     identity = {"file": shard_identity(root, entry)}
     for key, kind in LISTED_ARRAYS.items():
-        if key not in entry:
+        if key not in entry or key in read:
             continue  # "untrained", "flat_blocks": optional (identity.check_manifest)
         path = f"{root}/{entry[key]}"
         if not os.access(path, os.F_OK):  # `exists` without its `stat` result: ~1 us less

@@ -83,6 +83,11 @@ __all__ = [
 ]
 
 DEFAULT_RETRY = RetryPolicy()
+# The files a local shard's first use reads whole (`_open_shard_locked`), which `shard_files`
+# then need not ask for: its indexes, its loss mask if any, and its block checksums when its
+# sidecar is served with its reads checked.
+_READ = ("index", "docs", "untrained")
+_READ_WITH_BLOCKS = (*_READ, "flat_blocks")
 
 
 @dataclass(frozen=True)
@@ -504,7 +509,8 @@ class TokenStore(StoreFacts):
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
             if not self._file_identities[shard]:  # the shard's first use: its files' sizes
-                self._file_identities[shard] = shard_files(root, shard, entry, self.dtype)
+                read = _READ_WITH_BLOCKS if self._use_flat[shard] and self.check_reads else _READ
+                self._file_identities[shard] = shard_files(root, shard, entry, self.dtype, read)
             elif (
                 local_identity(file := f"{root}/{entry['file']}")
                 != (self._file_identities[shard]["file"])
