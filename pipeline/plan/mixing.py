@@ -247,7 +247,7 @@ def _left_share(weights: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.nda
     left, right = (np.empty((lo.size, weights.shape[0])) for _ in range(2))
     for half, start, stop in ((left, lo, mid), (right, mid, hi)):
         widths = stop - start
-        for width in np.unique(widths).tolist():
+        for width in set(widths.tolist()):  # a level has one or two (np.unique costs more)
             nodes = np.flatnonzero(widths == width)
             columns = start[nodes, None] + np.arange(width)  # [nodes, width]
             # [P + 1, nodes, width], C-ordered (an index `weights[:, columns]` is not: numpy
