@@ -76,6 +76,9 @@ def test_a_local_read_reads_to_the_end_whatever_the_size_the_file_reports(tmp_pa
     big = tmp_path / "big"
     big.write_bytes(bytes(range(256)) * 4099)
     assert urls.read_bytes(str(big)) == big.read_bytes()
+    for size in (1, 100, 1 << 16, (1 << 16) + 1):  # one read of its size and one byte more
+        (tmp_path / "small").write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+        assert urls.read_bytes(str(tmp_path / "small")) == (tmp_path / "small").read_bytes()
     (tmp_path / "empty").write_bytes(b"")
     assert urls.read_bytes(str(tmp_path / "empty")) == b""
     with pytest.raises(FileNotFoundError):
