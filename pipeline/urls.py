@@ -90,16 +90,13 @@ def check_reachable(url: Any) -> None:
 
 def read_local(path: str) -> bytes:
     """A local file's bytes, by plain system calls (a shard's first use reads three small
-    files: `pathlib` and buffered I/O cost more than the reads)."""
+    files: `pathlib` and buffered I/O cost more than the reads). Read in chunks of at least
+    64 KiB, shrunk to the file: an exact-size read of a small file puts the bytes an open
+    shard keeps (its indexes) in Python's small-object pools among short-lived objects, which
+    then stay mapped: +28 MB of RSS at 256 sources of 8 shards (docs/benchmarks.md)."""
     fd = os.open(path, os.O_RDONLY)
     try:  # to its end: a file that grew since the fstat, a pipe or /proc file (of size 0)
-        size = os.fstat(fd).st_size
-        # one byte more than its size: a file read whole says so by stopping short, with no
-        # second read to see its end (~1 us of each of a shard's first use's three files)
-        first = os.read(fd, size + 1) if size else b""
-        if size and len(first) == size:
-            return first
-        chunk, parts = max(size, 1 << 16), [first]
+        chunk, parts = max(os.fstat(fd).st_size, 1 << 16), []
         while data := os.read(fd, chunk):
             parts.append(data)
     finally:
