@@ -19,15 +19,19 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
   over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
   death.
-* **Bounded, strictly.** The host's processes keep one count of the cache's bytes (`_TOTAL`,
-  under its `flock`): a fill adds its entry before renaming it in (a process killed in between
-  leaves the count high, never low), and when that takes the count over `max_bytes`, the least
-  recently used entries (by modification time, which a read refreshes) are deleted down to
-  90 % of it, counted again from the disk. After a pass the cache holds at most `max_bytes`,
-  unless the entry just filled is alone larger than that: it is kept for its caller, alone,
-  and goes at the next pass. A whole shard's path handed out by `get_file` may be deleted by a
-  pass before its caller opens it: the caller takes the copy again (`remote_shards.open_copy`);
-  once a file is open, deleting it takes nothing from its reader.
+* **Bounded, strictly, without stalling fills.** The host's processes keep one count of the
+  cache's bytes (`_TOTAL`, under its `flock`, held for microseconds): a fill adds its entry and
+  renames it in under that lock (a process killed in between leaves the count high, never low),
+  and when that takes the count over `max_bytes`, it runs an eviction pass unless another
+  process of the host is running one (`_PASS`, locked without waiting): the least recently
+  used entries (by modification time, which a read refreshes) are deleted down to 90 % of the
+  bound counted by the pass's scan. The scan and deletions hold no lock the fills take: the
+  pass then sets the count to what its scan left plus what fills added meanwhile (counted
+  possibly twice: high, never low). After a pass the cache holds at most `max_bytes`, unless
+  fills raced in or the entry just filled is alone larger than that: it is kept for its
+  caller, alone, and goes at the next pass. A whole shard's path handed out by `get_file` may
+  be deleted by a pass before its caller opens it: the caller takes the copy again
+  (`remote_shards.open_copy`); once a file is open, deleting it takes nothing from its reader.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import fcntl
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,7 +50,8 @@ from pipeline.errors import StoreError
 _LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
 _STALE_PARTIAL_S = 600.0  # a partial file this old belongs to a fill that died
-_TOTAL = ".total"  # at the root: the bytes of the host's entries, as 20 digits (flock: passes)
+_TOTAL = ".total"  # at the root: the bytes of the host's entries, as 20 digits (flock: fills)
+_PASS = ".pass"  # at the root: held (flock) by the host's one eviction pass running
 T = TypeVar("T")
 
 
@@ -135,15 +140,50 @@ class BlockCache:
         """Rename the whole file `partial` over the entry `path`, counted in the host's total
         first; then, if that is over the bound, evict down to 90 % of it (sparing `path`)."""
         size = partial.stat().st_size
+        with self._counted() as descriptor:
+            total = self._count(descriptor) + size
+            os.pwrite(descriptor, b"%020d" % total, 0)
+            os.replace(partial, path)
+        if total > self.max_bytes:
+            self._pass(path)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[int]:
+        """The host's count file, open and locked (released when closed, or the process dies)."""
         descriptor = os.open(self.root / _TOTAL, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when closed, or the process dies
-            counted = os.pread(descriptor, 20, 0)
-            total = int(counted) if len(counted) == 20 and counted.isdigit() else self._scan()
-            os.pwrite(descriptor, b"%020d" % (total + size), 0)
-            os.replace(partial, path)
-            if total + size > self.max_bytes:
-                os.pwrite(descriptor, b"%020d" % self._evict(path), 0)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield descriptor
+        finally:
+            os.close(descriptor)
+
+    def _count(self, descriptor: int) -> int:
+        """The count in the locked count file; one missing or damaged is counted on the disk."""
+        counted = os.pread(descriptor, 20, 0)
+        return int(counted) if len(counted) == 20 and counted.isdigit() else self._scan()
+
+    def _pass(self, keep: Path) -> None:
+        """Evict down to 90 % of the bound, `keep` spared, unless another process of the host is
+        running a pass (it brings the count down) or has just run one. Only reading and setting
+        the count hold its lock, so the host's fills do not wait for the scan and deletions."""
+        descriptor = os.open(self.root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            with self._counted() as counted:
+                before = self._count(counted)
+            if before <= self.max_bytes:
+                return
+            left = self._evict(keep)
+            with self._counted() as counted:
+                now = os.pread(counted, 20, 0)
+                if len(now) == 20 and now.isdigit() and int(now) >= before:
+                    left += int(now) - before  # fills since `before`, some maybe also scanned
+                else:  # damaged, or counted again on the disk meanwhile
+                    left = self._scan()
+                os.pwrite(counted, b"%020d" % left, 0)
         finally:
             os.close(descriptor)
 
@@ -178,8 +218,8 @@ class BlockCache:
 
     def _entries(self) -> list[tuple[float, int, str]]:
         """(mtime, size, path) of every entry; stale partial files are removed on the way.
-        (`os.scandir`, not `os.walk` and `Path`s: a pass scans every entry with the count's
-        lock held, and a cache of 64 KiB blocks holds millions.)"""
+        (`os.scandir`, not `os.walk` and `Path`s: a pass scans every entry, and a cache of 64 KiB
+        blocks holds millions.)"""
         found = []
         now = time.time()
         folders = [str(self.root)]
@@ -187,7 +227,7 @@ class BlockCache:
             with contextlib.suppress(OSError), os.scandir(folders.pop()) as listing:
                 for item in listing:
                     name = item.name
-                    if name.endswith(_LOCK) or name == _TOTAL:
+                    if name.endswith(_LOCK) or name in (_TOTAL, _PASS):
                         continue
                     try:
                         if item.is_dir(follow_symlinks=False):
@@ -209,16 +249,20 @@ class BlockCache:
         return sum(size for _, size, _ in self._entries())
 
     def _evict(self, keep: Path) -> int:
-        """Delete least recently used entries, `keep` excepted, down to 90 % of the bound (call
-        with the total's lock held); returns the bytes left."""
+        """Delete least recently used entries, `keep` excepted, down to 90 % of the bound by a
+        scan of the disk (no lock held: fills may race in); returns the bytes the scan left."""
         entries = sorted(self._entries())
         total = sum(size for _, size, _ in entries)
         for _, size, path in entries:
             if total <= 0.9 * self.max_bytes:
                 break
             if path != str(keep):
-                for gone in (path, path + _LOCK):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(gone)
+                self._delete(path)
                 total -= size
         return total
+
+    def _delete(self, path: str) -> None:
+        """Delete the entry at `path` and its lock file (a fill racing this downloads again)."""
+        for gone in (path, path + _LOCK):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(gone)
