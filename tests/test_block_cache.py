@@ -3,12 +3,18 @@ most `max_bytes`, least recently used entries deleted first. On the real disk, n
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
+import random
+import signal
 import tempfile
+import threading
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,22 +86,130 @@ def test_a_pass_deletes_the_least_recently_used_and_keeps_the_entry_just_filled(
     assert entries(root) == {"shards/f": 100}
 
 
+def count_and_disk(root: Path) -> tuple[int, int]:
+    """The host's count and the bytes of the entries on the disk, read with the count's lock
+    held (no fill renames in meanwhile; a pass may only delete)."""
+    with open(root / ".total", "rb") as counted:
+        fcntl.flock(counted, fcntl.LOCK_EX)
+        return int(counted.read()), sum(entries(root).values())
+
+
 def _fill_many(root: str, first: int) -> None:
-    """Fill 20 entries of 300 bytes into the cache at `root` (a process of the host)."""
+    """Fill 30 entries of 50 to 400 bytes into the cache at `root` (a process of the host),
+    checking after each that the count is not below the bytes on the disk."""
     cache = BlockCache(Path(root), BOUND)
-    for key in range(first, first + 20):
-        fill(cache, f"shards/{key}", 300)
+    sizes = random.Random(first)
+    for key in range(first, first + 30):
+        fill(cache, f"shards/{key}", sizes.randint(50, 400))
+        count, disk = count_and_disk(Path(root))
+        assert count >= disk, (key, count, disk)
 
 
-def test_processes_filling_one_cache_at_once_leave_it_within_its_bound(tmp_path):
-    """Two processes fill one cache at the same time, 6000 bytes each into a bound of 3000:
-    their fills and passes share one count of the host's bytes (under its lock)."""
+def test_processes_filling_one_cache_at_once_keep_it_counted_high_and_within_its_bound(tmp_path):
+    """Three processes fill one cache at the same time, ~6700 bytes each into a bound of 3000,
+    their passes racing their fills: the count, read after any fill, is never below the bytes on
+    the disk, and once they are done the cache is within its bound."""
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=_fill_many, args=(str(tmp_path), k * 100)) for k in (0, 1)]
+    workers = [spawn.Process(target=_fill_many, args=(str(tmp_path), k * 100)) for k in (0, 1, 2)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(timeout=120)
         assert worker.exitcode == 0
-    held = entries(tmp_path)
-    assert 0 < sum(held.values()) <= BOUND
+    count, disk = count_and_disk(tmp_path)
+    assert 0 < disk <= count
+    fill(BlockCache(tmp_path, BOUND), "shards/last", 2 * BOUND)  # a pass with no fill racing it
+    assert entries(tmp_path) == {"shards/last": 2 * BOUND}
+
+
+class _PausedPass(BlockCache):
+    """A cache whose pass stops after its first deletion until `resume` is set (the test's
+    stand-in for a pass over millions of entries)."""
+
+    def __init__(self, root: Path, paused: Event, resume: Event) -> None:
+        super().__init__(root, BOUND)
+        self.paused, self.resume = paused, resume
+
+    def _delete(self, path: str) -> None:
+        super()._delete(path)
+        if not self.paused.is_set():
+            self.paused.set()
+            self.resume.wait(timeout=60)
+
+
+def _pass_paused(root: str, paused: Event, resume: Event) -> None:
+    """Fill the entry that takes the cache at `root` over its bound; its pass pauses."""
+    fill(_PausedPass(Path(root), paused, resume), "shards/over", 1000)
+
+
+def pass_lock_held(root: Path) -> bool:
+    """Whether a process of the host holds the pass lock (taken and let go if not)."""
+    with open(root / ".pass", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+@pytest.fixture
+def paused_pass(tmp_path):
+    """A cache at its bound (3 entries of 1000 bytes) whose next fill, by another process, runs
+    a pass paused after its first deletion: (root, the process, the event that resumes it)."""
+    cache = BlockCache(tmp_path, BOUND)
+    for key in "abc":
+        fill(cache, f"shards/{key}", 1000)
+    spawn = multiprocessing.get_context("spawn")
+    paused, resume = spawn.Event(), spawn.Event()
+    process = spawn.Process(target=_pass_paused, args=(str(tmp_path), paused, resume))
+    process.start()
+    try:
+        assert paused.wait(timeout=60)
+        yield tmp_path, process, resume
+    finally:
+        resume.set()
+        process.join(timeout=60)
+        if process.exitcode is None:
+            process.kill()
+
+
+def test_a_fill_does_not_wait_for_a_pass_of_another_process(paused_pass):
+    """While another process's pass is under way (scan done, deleting), a fill that takes the
+    cache over its bound again completes: it neither waits for the count's lock held by the
+    pass, nor for the pass lock (the running pass brings the count down). The pass then sets
+    the count high, never low, and a pass after it leaves the cache within its bound."""
+    root, process, resume = paused_pass
+    done = threading.Event()
+
+    def racing() -> None:
+        fill(BlockCache(root, BOUND), "shards/racing", 700)  # 4700 counted: over the bound
+        done.set()
+
+    filler = threading.Thread(target=racing, daemon=True)
+    filler.start()
+    filler.join(timeout=60)
+    assert done.is_set() and pass_lock_held(root) and process.is_alive()
+    count, disk = count_and_disk(root)
+    assert count >= disk
+    resume.set()
+    process.join(timeout=60)
+    assert process.exitcode == 0 and not pass_lock_held(root)
+    count, disk = count_and_disk(root)
+    assert count >= disk and "shards/racing" in entries(root)
+    fill(BlockCache(root, BOUND), "shards/next", BOUND)
+    assert entries(root) == {"shards/next": BOUND}
+
+
+def test_a_process_killed_mid_pass_leaves_the_cache_usable_and_counted_high(paused_pass):
+    """kill -9 of a process mid-pass releases the pass lock with it and leaves the count high,
+    never low; the next fill over the bound runs a pass that brings the cache within it."""
+    root, process, _ = paused_pass
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(timeout=60)
+    assert not pass_lock_held(root)
+    count, disk = count_and_disk(root)
+    assert count >= disk and disk < count
+    fill(BlockCache(root, BOUND), "shards/after", 1500)
+    assert sum(entries(root).values()) <= BOUND and "shards/after" in entries(root)
+    count, disk = count_and_disk(root)
+    assert count >= disk
