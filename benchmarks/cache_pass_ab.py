@@ -2,20 +2,23 @@
 
     .venv/bin/python benchmarks/cache_pass_ab.py --root /tmp/before --root . --entries 100000
 
-A cache of 64 KiB blocks holds millions of entries, and a pass scans them all (with the host's
-count lock held, since the bound became strict). A variant is a source checkout (`--root`, put
-first on PYTHONPATH); each round makes a fresh cache directory of `--entries` entries of 16
-bytes (untimed), then every variant, in an order that alternates between rounds, runs in a
-fresh process on its own copy: after a fill that brings the cache to its bound (untimed: a new
-process's first fill counts the cache), the public row is one `get` whose fill takes the cache
-over it (its pass deletes ~10 % of the entries), after a scan of the entries alone
-(`_entries`).
+A cache of 64 KiB blocks holds millions of entries, and a pass scans them all. A variant is a
+source checkout (`--root`, put first on PYTHONPATH); each round makes a fresh cache directory of
+`--entries` entries of 16 bytes (untimed), then every variant, in an order that alternates
+between rounds, runs in a fresh process on its own copy: after a fill that brings the cache to
+its bound (untimed: a new process's first fill counts the cache), the public row is one `get`
+whose fill takes the cache over it (its pass deletes ~10 % of the entries), after a scan of the
+entries alone (`_entries`). While that `get` runs, a thread takes and lets go of the host's
+count lock (`DIR/.total`) again and again, as the fills of the host's other processes do:
+`fill_wait_s` is its longest wait, in seconds (not per 100k: the time a fill of another
+process stalls; it includes the GIL's switch interval, ~5 ms).
 Prints process CPU and wall per 100k entries, medians (range) per variant, and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -23,11 +26,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 CHILD = "--child"
-KEYS = ("fill_cpu_s", "fill_wall_s", "scan_cpu_s", "scan_wall_s")
+KEYS = ("fill_cpu_s", "fill_wall_s", "scan_cpu_s", "scan_wall_s", "fill_wait_s")
 
 
 def measure(root: Path, entries: int) -> dict[str, float]:
@@ -40,10 +44,25 @@ def measure(root: Path, entries: int) -> dict[str, float]:
     started, cpu = time.perf_counter(), time.process_time()
     cache._entries()
     scan = ((time.process_time() - cpu) * per, (time.perf_counter() - started) * per)
+    done, waits = threading.Event(), [0.0]
+
+    def other_fills() -> None:
+        """The count lock taken as another process's fill takes it, until the `get` is done."""
+        while not done.is_set():
+            waited = time.perf_counter()
+            with open(root / ".total", "a+") as counted:
+                fcntl.flock(counted, fcntl.LOCK_EX)
+                waits.append(time.perf_counter() - waited)
+            time.sleep(0.001)
+
+    waiter = threading.Thread(target=other_fills)
+    waiter.start()
     started, cpu = time.perf_counter(), time.process_time()
     cache.get("blocks/over", lambda: b"o" * 16, lambda data: True)
     fill = ((time.process_time() - cpu) * per, (time.perf_counter() - started) * per)
-    return dict(zip(KEYS, (*fill, *scan), strict=True))
+    done.set()
+    waiter.join()
+    return dict(zip(KEYS, (*fill, *scan, max(waits)), strict=True))
 
 
 def populate(root: Path, entries: int) -> None:
