@@ -167,7 +167,8 @@ def paused_pass(tmp_path):
         assert paused.wait(timeout=60)
         yield tmp_path, process, resume
     finally:
-        resume.set()
+        if process.exitcode is None:  # not if killed mid-wait: setting would wait for it to wake
+            resume.set()
         process.join(timeout=60)
         if process.exitcode is None:
             process.kill()
