@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -253,40 +254,62 @@ def paced_steps(url: str, expected: Plan) -> tuple[Any, list[float]]:
     return log, asked
 
 
+def on_time(run: Callable[[int], list]) -> list:
+    """The late fetches of `run(attempt)`, run again (on a fresh store: nothing fetched yet) up
+    to 3 times while some are late: a loaded machine can starve the fetch-ahead thread past a
+    paced step's 0.25 s, which only ever makes a fetch later; a feed that does not fetch ahead
+    is late every time."""
+    for attempt in range(3):
+        late = run(attempt)
+        if not late:
+            break
+    return late
+
+
 def test_the_next_steps_blocks_are_fetched_before_they_are_asked_for(tmp_path, gcs_bucket):
     """Every block a step s >= 3 reads first is requested before step s - 2 is asked for: the
     readers (2 steps ahead) cannot have asked for it yet, the fetch ahead (4 steps after
     them, `feed.fetch_ahead`) has. The batches are the plan's; the thread stops with the feed."""
-    local, url = store(tmp_path, gcs_bucket, "ahead", documents=1500, records=False)
-    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
-    log, asked = paced_steps(url, expected)
-    requested = block_requests(log)
-    ahead = [(block, step) for block, step in first_needed(expected, STEPS).items() if step >= 3]
-    assert len(ahead) >= 10  # the store is large enough for later steps to read new blocks
-    late = [(block, step) for block, step in ahead if not requested[block] < asked[step - 2]]
-    assert not late
+
+    def late(attempt: int) -> list:
+        local, url = store(tmp_path, gcs_bucket, f"ahead-{attempt}", documents=1500, records=False)
+        expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+        log, asked = paced_steps(url, expected)
+        requested = block_requests(log)
+        needed = first_needed(expected, STEPS).items()
+        ahead = [(block, step) for block, step in needed if step >= 3]
+        assert len(ahead) >= 10  # the store is large enough for later steps to read new blocks
+        return [(block, step) for block, step in ahead if not requested[block] < asked[step - 2]]
+
+    assert not on_time(late)
     assert "pipeline-fetch-ahead" not in {thread.name for thread in threading.enumerate()}
 
 
 def test_the_next_steps_whole_shards_are_fetched_ahead_too(tmp_path, gcs_bucket):
     """A store without sidecars: every shard a step s >= 3 reads first is downloaded before
     step s - 2 is asked for (the fetch ahead opens it, `TokenStore.flat_blocks`)."""
-    local, url = store(tmp_path, gcs_bucket, "whole-ahead", shards=16, flat=False, documents=40)
-    expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
-    first: dict[str, int] = {}
-    for step in range(STEPS):
-        for piece_store, shards, _, _ in expected.pieces(expected.draws(step), local=True):
-            for shard in shards.tolist():
-                first.setdefault(piece_store.manifest["shards"][shard]["file"], step)
-    log, asked = paced_steps(url, expected)
-    requested: dict[str, float] = {}
-    for request in sorted(log.requests, key=lambda r: r.start):
-        match = re.search(r"%2F([^/?]+\.array_record)\?", request.path)
-        if match:
-            requested.setdefault(match[1], request.start)
-    ahead = [(name, step) for name, step in first.items() if step >= 3]
-    assert len(ahead) >= 2  # later steps read shards no step read before
-    assert not [(name, step) for name, step in ahead if not requested[name] < asked[step - 2]]
+
+    def late(attempt: int) -> list:
+        local, url = store(
+            tmp_path, gcs_bucket, f"whole-ahead-{attempt}", shards=16, flat=False, documents=40
+        )
+        expected = Plan.from_config(parse_config(raw_config(local), origin="local.yaml"))
+        first: dict[str, int] = {}
+        for step in range(STEPS):
+            for piece_store, shards, _, _ in expected.pieces(expected.draws(step), local=True):
+                for shard in shards.tolist():
+                    first.setdefault(piece_store.manifest["shards"][shard]["file"], step)
+        log, asked = paced_steps(url, expected)
+        requested: dict[str, float] = {}
+        for request in sorted(log.requests, key=lambda r: r.start):
+            match = re.search(r"%2F([^/?]+\.array_record)\?", request.path)
+            if match:
+                requested.setdefault(match[1], request.start)
+        ahead = [(name, step) for name, step in first.items() if step >= 3]
+        assert len(ahead) >= 2  # later steps read shards no step read before
+        return [(name, step) for name, step in ahead if not requested[name] < asked[step - 2]]
+
+    assert not on_time(late)
 
 
 def test_a_mixed_plan_fetches_ahead_only_its_bucket_store_and_its_reader_reuses_the_draws(
