@@ -651,16 +651,23 @@ def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exi
 def evicting_opener(cache: Path, max_bytes: int, always: bool = False):
     """`open_reader`, after an eviction pass of another process of the host that deletes the
     shard copy about to be opened (`always`: at every try, else at its first only): that
-    process fills an entry nearly as large as the bound, and its pass deletes every other.
+    process fills an entry nearly as large as the bound, and its pass deletes every other. A
+    fill's pass is skipped while another thread's runs (one pass per host), which may have
+    scanned before the copy was there: the process fills again until a pass took the copy.
     Returns the opener and the copies it had evicted and then opened."""
     evicted: list[Path] = []
     opened: list[Path] = []
+    fillers = itertools.count()
 
     def opener(path: Path):
         if path.is_relative_to(cache) and (always or path not in evicted):
             evicted.append(path)
-            filler = f"blocks/filler-{len(evicted)}"
-            BlockCache(cache, max_bytes).get(filler, lambda: b"f" * max_bytes, lambda data: True)
+            for _ in range(100):
+                filler = f"blocks/filler-{next(fillers)}"
+                BlockCache(cache, max_bytes).get(filler, lambda: b"f" * max_bytes, lambda _: True)
+                if not path.exists():
+                    break
+                time.sleep(0.01)
             assert not path.exists()
         reader = open_reader(path)
         opened.append(path)
