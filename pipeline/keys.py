@@ -7,6 +7,9 @@ way `seed + epoch` does.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
+
+_COUNTERS = [str(i).encode() for i in range(16)]  # the last part of `keyed_hashes`' messages
 
 
 def keyed_hash(seed: int, purpose: str, *parts: object, bits: int = 64) -> int:
@@ -20,11 +23,23 @@ def keyed_hashes(seed: int, purpose: str, *parts: object, count: int) -> list[in
     """`keyed_hash(seed, purpose, *parts, i)` (64 bits) for i in range(count): the same
     values, the parts before i hashed once (a permutation's round keys are computed at every
     epoch of every source: a hash of the common prefix, copied, costs ~1/3 of six whole ones)."""
-    prefix = "\0".join([str(seed), purpose, *map(str, parts), ""]).encode()
-    common = hashlib.blake2b(prefix, digest_size=8)
-    out = []
-    for i in range(count):
-        digest = common.copy()
-        digest.update(str(i).encode())
-        out.append(int.from_bytes(digest.digest(), "little"))
-    return out
+    digests = keyed_digests([(seed, purpose, *parts)], count)
+    return [int.from_bytes(digests[i : i + 8], "little") for i in range(0, len(digests), 8)]
+
+
+def keyed_digests(keys: Iterable[Sequence[object]], count: int) -> bytes:
+    """`keyed_hashes(*key, count=count)` of each key (seed, purpose, *parts), as the 8
+    little-endian bytes of each value, joined: one buffer for one `numpy.frombuffer` (a
+    restore's first steps hash the round keys of dozens of orders at once, and an array or
+    an `int` per value cost more than the hashes)."""
+    counters = _COUNTERS[:count] if count <= len(_COUNTERS) else [b"%d" % i for i in range(count)]
+    blake2b, out = hashlib.blake2b, []
+    for seed, purpose, *parts in keys:
+        common = blake2b(
+            "\0".join([str(seed), purpose, *map(str, parts), ""]).encode(), digest_size=8
+        )
+        for counter in counters:
+            digest = common.copy()
+            digest.update(counter)
+            out.append(digest.digest())
+    return b"".join(out)

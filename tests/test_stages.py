@@ -92,3 +92,20 @@ def test_counters_stop_at_the_end_of_a_last_stage_that_ends():
     at_end = segment.counters_at(4)
     assert sum(at_end.values()) == 4 * 3  # four steps of three rows per lane
     assert segment.counters_at(5) == segment.counters_at(10**9) == at_end
+
+
+@SETTINGS
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2]), st.integers(1, 5))
+def test_a_stages_offsets_are_its_mixtures_counts_at_its_first_row(rep0, rep1, lanes, rows):
+    """A stage's offsets (what its draws' counters are counted from) are its mixture's counts
+    at its first row, taken as none without walking the mixture when it starts a step."""
+    stages = [
+        {"name": "warm", "steps": 2, "mix": {"s0": 1, "s1": 2}},
+        {"name": "blend", "epochs": {"s0": rep0, "s1": rep1}},  # may end inside a step
+        {"name": "rest", "mix": {"s0": 3, "s1": 1}},
+    ]
+    table = plan_of(setup(lanes, rows), stages=stages).segment_plan(0).table
+    for layout in table.stages:
+        counted = layout.mixture.counts(np.array([layout.start - layout.schedule_start]))[0]
+        assert layout.offsets.dtype == np.int64
+        np.testing.assert_array_equal(layout.offsets, counted)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cached_property, lru_cache, partial
+from functools import cached_property, lru_cache
 from operator import attrgetter
 from typing import ClassVar
 
@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError
 from pipeline.plan.epochs import Epochs, Transition
-from pipeline.plan.permutation import orders, permutations, permute, round_keys
+from pipeline.plan.permutation import many_round_keys, orders, permutations, permute, round_keys
 from pipeline.plan.row_layout import (
     NO_DOCUMENTS,
     NO_EXCLUSION,
@@ -47,6 +47,7 @@ from pipeline.wording import counted
 # (a few ms) and cached, so a draw is a lookup; above, each draw's window is computed on its own.
 SMALL_DOMAIN = 1 << 16
 OWN_ORDER_VALUES = 1 << 10  # a layout keeps its last orders of up to this many windows (8 KiB)
+LANE_ORDERS_KEPT = 4  # ... this many of them
 # What `window_draws` reads of each drawn source's layout, in one array.
 FIGURES = ("windows_per_lane", "first_counter", "first_epoch", "lane_tokens", "seq_len")
 _figures = attrgetter(*FIGURES)  # a layout's, in one C call (a restore lays out hundreds)
@@ -107,18 +108,28 @@ class SourceLayout(Epochs):
     def _piece_tables(self) -> Callable[[int], tuple[np.ndarray, int]]:
         return lru_cache(maxsize=64)(self._piece_table)
 
-    @cached_property
-    def _small_orders(self) -> Callable[[int, int, int], np.ndarray]:
-        return lru_cache(maxsize=4)(partial(window_order, self.seed, self.name))
+    # (epoch, lane) -> window order: made at the first draw (a dict, not an `lru_cache`,
+    # whose making costs ~5 us: a restore's first steps make one for each source they draw)
+    _lane_orders: dict[tuple[int, int], np.ndarray] | None = None
 
     def lane_order(self, epoch: int, lane: int) -> np.ndarray:
-        """The window order of (epoch, lane) of a small layout (`window_order`): the last few
-        kept on the layout when of at most `OWN_ORDER_VALUES` windows, so that a step of a big
-        mixture finds each drawn source's without the process cache's lock and bookkeeping
-        (`keyed_order`), which keeps the larger ones within its bound."""
-        if self.windows_per_lane <= OWN_ORDER_VALUES:
-            return self._small_orders(epoch, lane, self.windows_per_lane)
-        return window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
+        """The window order of (epoch, lane) of a small layout (`window_order`): the last
+        `LANE_ORDERS_KEPT` computed kept on the layout when of at most `OWN_ORDER_VALUES`
+        windows, so that a step of a big mixture finds each drawn source's without the process
+        cache's lock and bookkeeping (`keyed_order`), which keeps the larger ones within its
+        bound."""
+        if self.windows_per_lane > OWN_ORDER_VALUES:
+            return window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
+        kept = self._lane_orders
+        if kept is None:
+            kept = self._lane_orders = {}
+        order = kept.get((epoch, lane))
+        if order is None:
+            if len(kept) >= LANE_ORDERS_KEPT:
+                del kept[next(iter(kept))]  # the first computed
+            order = window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
+            kept[epoch, lane] = order
+        return order
 
     def continue_epochs(self, counter: int, epoch: int, transition: Transition | None) -> None:
         """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""
@@ -263,7 +274,7 @@ def keyed_order(
     if (seed, purpose, name, epoch - 1, lane, n) not in _orders:
         ahead = 1  # a restore's first draw: only its own (the next ones if it rolls over)
     epochs = range(epoch, epoch + ahead)
-    orders = permutations(n, np.stack([round_keys(seed, purpose, name, e, *lane) for e in epochs]))
+    orders = permutations(n, many_round_keys([(seed, purpose, name, e, *lane) for e in epochs]))
     orders.flags.writeable = False  # shared by every plan of the process
     _keep([((seed, purpose, name, e, lane, n), order) for e, order in zip(epochs, orders)])
     return orders[0]
@@ -299,9 +310,7 @@ def warm_orders(layouts: Sequence[SourceLayout], drawn: Iterable[tuple[int, int,
                 if key not in _orders and (*key[:3], epoch - 1, *key[4:]) not in _orders:
                     wanted[key] = None
     if len(wanted) > 1:
-        keys = np.stack(
-            [round_keys(seed, p, name, e, *part) for seed, p, name, e, part, _ in wanted]
-        )
+        keys = many_round_keys([(seed, p, name, e, *part) for seed, p, name, e, part, _ in wanted])
         _keep(list(zip(wanted, orders([key[5] for key in wanted], keys), strict=True)))
 
 

@@ -76,7 +76,11 @@ class StageLayout:
     @cached_property
     def offsets(self) -> np.ndarray:
         """[stage sources] the mixture's counts before the stage's first row (a draw's
-        counter is counted from there); asked for on every step, so computed once."""
+        counter is counted from there); asked for on every step, so computed once; none
+        when the stage starts with a step (rows before its schedule's first: a mixture of
+        hundreds of sources would walk its whole tree to find them 0)."""
+        if self.start == self.schedule_start:
+            return np.zeros(len(self.sources), dtype=np.int64)
         return self.mixture.counts(np.array([self.start - self.schedule_start]))[0]
 
 
