@@ -156,6 +156,10 @@ class ExcludingSourceLayout(SourceLayout):
     def served_edges(self, epoch: int, starts: np.ndarray) -> Intervals:
         return self._streams(epoch).real_edges(starts, self.seq_len)
 
+    def whole_shards(self, epoch: int) -> bool:
+        """Never: its streams leave the excluded documents out."""
+        return False
+
     def _shard_starts(self, epoch: int) -> tuple[np.ndarray, ...]:
         if self.transition is not None and epoch == self.transition.epoch:
             return super()._shard_starts(epoch)

@@ -48,6 +48,7 @@ from pipeline.wording import counted
 SMALL_DOMAIN = 1 << 16
 OWN_ORDER_VALUES = 1 << 10  # a layout keeps its last orders of up to this many windows (8 KiB)
 LANE_ORDERS_KEPT = 4  # ... this many of them
+PIECE_TABLES_KEPT = 64  # a layout's shard tables of epochs (`SourceLayout.keep_table`) kept
 # What `window_draws` reads of each drawn source's layout, in one array.
 FIGURES = ("windows_per_lane", "first_counter", "first_epoch", "lane_tokens", "seq_len")
 _figures = attrgetter(*FIGURES)  # a layout's, in one C call (a restore lays out hundreds)
@@ -104,10 +105,8 @@ class SourceLayout(Epochs):
     def _window_keys(self) -> Callable[[int, int], np.ndarray]:
         return lru_cache(maxsize=1024)(self._lane_keys)
 
-    @cached_property
-    def _piece_tables(self) -> Callable[[int], tuple[np.ndarray, int]]:
-        return lru_cache(maxsize=64)(self._piece_table)
-
+    # epoch -> `_piece_table`, and (epoch, lane) -> window order: dicts made at the first draw
+    _pieces_kept: dict[int, tuple[np.ndarray, int]] | None = None
     # (epoch, lane) -> window order: made at the first draw (a dict, not an `lru_cache`,
     # whose making costs ~5 us: a restore's first steps make one for each source they draw)
     _lane_orders: dict[tuple[int, int], np.ndarray] | None = None
@@ -135,7 +134,7 @@ class SourceLayout(Epochs):
         """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""
         super().continue_epochs(counter, epoch, transition)
         self.figures = _figures(self)
-        self._piece_tables.cache_clear()
+        self._pieces_kept = None
 
     @classmethod
     def build(
@@ -230,9 +229,30 @@ class SourceLayout(Epochs):
     def _piece_table(self, epoch: int) -> tuple[np.ndarray, int]:
         """`_shard_starts(epoch)` as `window_pieces` lays it end to end with other streams':
         one [3, pieces] array (stream start, shard, first token in the shard), and the
-        stream's end (cached: one concatenation a step, not three of a few arrays each)."""
+        stream's end (kept: one concatenation a step, not three of a few arrays each)."""
         order, starts, offsets = self._shard_starts(epoch)
         return np.stack([starts[:-1], order, offsets]).astype(np.int64), int(starts[-1])
+
+    def whole_shards(self, epoch: int) -> bool:
+        """Whether epoch `epoch`'s stream is every shard whole, in the epoch's shard order (not
+        a transitional epoch's rest), so its `_piece_table` may be laid out with others'
+        (`_whole_shard_tables`)."""
+        return self.transition is None or epoch != self.transition.epoch
+
+    def kept_table(self, epoch: int) -> tuple[np.ndarray, int] | None:
+        """`_piece_table(epoch)` if kept (`keep_table`), else None."""
+        return None if self._pieces_kept is None else self._pieces_kept.get(epoch)
+
+    def keep_table(self, epoch: int, table: tuple[np.ndarray, int]) -> tuple[np.ndarray, int]:
+        """Keep `table` as `_piece_table(epoch)`, the first kept dropped beyond
+        `PIECE_TABLES_KEPT`."""
+        kept = self._pieces_kept
+        if kept is None:
+            kept = self._pieces_kept = {}
+        elif len(kept) >= PIECE_TABLES_KEPT:
+            del kept[next(iter(kept))]
+        kept[epoch] = table
+        return table
 
 
 ORDERS_BYTES = 128 << 20  # the orders kept: 256 window orders of the largest, 16,384 of 1,024
@@ -446,7 +466,10 @@ def _streams(
     is a few Python calls, not ten numpy calls; an entry holds its tables, so their ids, in
     its key, stay theirs. A layout of stores of many shards is not kept
     (`STREAM_PIECES_KEPT`)."""
-    tables, ends = zip(*(layouts[k]._piece_tables(epoch) for k, epoch in numbers))
+    found = [layouts[k].kept_table(epoch) for k, epoch in numbers]
+    if None in found:
+        _fill_tables(layouts, list(numbers), found)
+    tables, ends = zip(*found)
     key = (*map(id, tables), *(k for k, _ in numbers))  # the owners are indexes of `layouts`
     kept = _laid.get(key)
     if kept is not None and all(a is b for a, b in zip(kept[0], tables)):
@@ -463,6 +486,48 @@ def _streams(
             _laid.clear()
         _laid[key] = (tables, laid)
     return laid
+
+
+def _fill_tables(
+    layouts: Sequence[SourceLayout],
+    streams: list[tuple[int, int]],
+    found: list[tuple[np.ndarray, int] | None],
+) -> None:
+    """The shard tables (`_piece_table`) of the (source, epoch) `streams` not kept (None in
+    `found`), computed, kept on their layouts and put in `found`: the streams of every shard
+    whole (`whole_shards`) in one pass over their shard orders laid end to end (a restore's
+    first steps draw dozens of sources, each a few numpy calls on its own), the others one by
+    one."""
+    whole = []
+    for i, (k, epoch) in enumerate(streams):
+        if found[i] is None:
+            layout = layouts[k]
+            if layout.whole_shards(epoch):
+                whole.append(i)
+            else:
+                found[i] = layout.keep_table(epoch, layout._piece_table(epoch))
+    if not whole:
+        return
+    mine = [layouts[streams[i][0]] for i in whole]
+    shard_orders = [
+        keyed_order(
+            layout.seed, "shard-order", layout.name, streams[i][1], (), layout.meta.num_shards
+        )
+        for i, layout in zip(whole, mine, strict=True)
+    ]
+    counts = np.array([layout.meta.num_shards for layout in mine], dtype=np.int64)
+    ends = np.cumsum(counts)
+    shard = np.concatenate(shard_orders)
+    tokens = np.concatenate([layout.meta.shard_tokens for layout in mine])
+    tokens = tokens[shard + np.repeat(ends - counts, counts)].astype(np.int64)  # in stream order
+    through = np.cumsum(tokens)  # each stream's starts: less the streams' before it
+    totals = np.diff(through[ends - 1], prepend=0)
+    starts = through - tokens - np.repeat(through[ends - 1] - totals, counts)
+    table = np.stack([starts, shard, np.zeros_like(shard)]).astype(np.int64)
+    bounds = [0, *ends.tolist()]
+    for j, (i, layout) in enumerate(zip(whole, mine, strict=True)):
+        piece = (table[:, bounds[j] : bounds[j + 1]], int(totals[j]))
+        found[i] = layout.keep_table(streams[i][1], piece)
 
 
 LAYOUT = SourceLayout

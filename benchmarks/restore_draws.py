@@ -1,0 +1,126 @@
+"""A restore's first steps' draws at K sources: thread CPU before any store is opened.
+
+    python benchmarks/restore_draws.py [--sources 1 256 1024] [--rounds 3] [--root DIR ...]
+
+What a restored feed's reader computes of its first step before it opens a store: the
+step's draws (`Plan.draws`: the mixture's rows, each source's epoch, window order and shard
+order) and their shard pieces (`layout.window_pieces`), then the same for the next 7 steps
+(the steps read and fetched ahead: a step of a big mixture draws sources the first did not).
+The mixtures are `mixture_bench.py`'s (K stores of 8 shards, equally weighted), planned from
+the host's summaries (`plan_stores`) once per process; each of 15 restores is a new plan at a
+step 10,000 steps past the previous one's, so every order it needs is new to the process (as
+in a restored process), and reports the least and the median thread CPU over them. Each
+(checkout, mixture) runs in a fresh process; `--root`: the checkouts to compare (default:
+this one), alternated round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESTORES = 15
+AHEAD = 7
+
+
+def measure(config_file: Path) -> dict[str, list[float]]:
+    """Thread CPU seconds of each restore's first step and of the `AHEAD` steps after it."""
+    import gc
+
+    import numpy as np
+
+    from pipeline.config import parse_config
+    from pipeline.plan.layout import window_pieces
+    from pipeline.plan.sources import plan_stores
+    from pipeline.read.plan import Plan
+
+    config = parse_config(json.loads(config_file.read_text()), origin=str(config_file))
+    stores = plan_stores(config)
+
+    def pieces(plan: Plan, step: int) -> None:
+        draws = plan.draws(step)
+        layouts = plan.segment_plan(draws.segment_index).ordered_layouts
+        drawn = draws.drawn
+        mine = [layouts[k] for k in drawn]
+        window_pieces(mine, np.searchsorted(drawn, draws.source), draws.epoch, draws.start)
+
+    pieces(Plan.from_config(config, stores), 0)  # numpy's and the modules' first calls
+    first, ahead = [], []
+    for k in range(RESTORES):
+        plan = Plan.from_config(config, stores)
+        step = 10**6 + 10_000 * k
+        gc.collect()
+        started = time.thread_time()
+        pieces(plan, step)
+        first.append(time.thread_time() - started)
+        started = time.thread_time()
+        for later in range(step + 1, step + 1 + AHEAD):
+            pieces(plan, later)
+        ahead.append((time.thread_time() - started) / AHEAD)
+    return {"first_s": first, "ahead_s": ahead}
+
+
+def child(root: Path, config_file: Path) -> dict[str, list[float]]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(config_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources", type=int, nargs="+", default=[1, 256, 1024])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--root", type=Path, action="append")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/mixture-bench"))
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return
+    sys.path[:0] = [str(HERE), str(HERE.parent)]
+    from mixture_bench import build, config_of  # beside this file: its stores
+
+    roots = [root.resolve() for root in args.root or [HERE.parent]]
+    configs = {}
+    for k in sorted(args.sources):
+        configs[k] = args.dir / f"start-k{k}.json"
+        configs[k].write_text(json.dumps(config_of(build(args.dir, k, 1 << 24))))
+    load = os.getloadavg()[0]
+    got: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for round_ in range(args.rounds):  # the checkouts' order alternates between rounds
+        for r in roots[:: 1 if round_ % 2 == 0 else -1]:
+            for k, config_file in configs.items():
+                for key, values in child(r, config_file).items():
+                    got.setdefault((roots.index(r), k), {}).setdefault(key, []).extend(values)
+    print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
+    print(
+        "checkout | sources | first step's draws + pieces, ms: least / median (x first "
+        "checkout's median) | each of the next 7 steps, ms: least / median (x)"
+    )
+    print("--- | ---: | ---: | ---:")
+    medians = {}
+    for (i, k), runs in sorted(got.items()):
+        cells = []
+        for key in ("first_s", "ahead_s"):
+            values = sorted(runs[key])
+            median = values[len(values) // 2]
+            medians[i, k, key] = median
+            base = medians.get((0, k, key), median)
+            cells.append(f"{values[0] * 1e3:.2f} / {median * 1e3:.2f} ({median / base:.2f}x)")
+        print(f"{roots[i]} | {k:,} | {cells[0]} | {cells[1]}")
+
+
+if __name__ == "__main__":
+    main()
