@@ -105,10 +105,8 @@ class SourceLayout(Epochs):
     def _window_keys(self) -> Callable[[int, int], np.ndarray]:
         return lru_cache(maxsize=1024)(self._lane_keys)
 
-    # epoch -> `_piece_table`, and (epoch, lane) -> window order: dicts made at the first draw
+    # epoch -> `_piece_table`, and (epoch, lane) -> window order (`_remember`)
     _pieces_kept: dict[int, tuple[np.ndarray, int]] | None = None
-    # (epoch, lane) -> window order: made at the first draw (a dict, not an `lru_cache`,
-    # whose making costs ~5 us: a restore's first steps make one for each source they draw)
     _lane_orders: dict[tuple[int, int], np.ndarray] | None = None
 
     def lane_order(self, epoch: int, lane: int) -> np.ndarray:
@@ -119,16 +117,16 @@ class SourceLayout(Epochs):
         bound."""
         if self.windows_per_lane > OWN_ORDER_VALUES:
             return window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
-        kept = self._lane_orders
-        if kept is None:
-            kept = self._lane_orders = {}
-        order = kept.get((epoch, lane))
+        order = None if self._lane_orders is None else self._lane_orders.get((epoch, lane))
         if order is None:
-            if len(kept) >= LANE_ORDERS_KEPT:
-                del kept[next(iter(kept))]  # the first computed
             order = window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
-            kept[epoch, lane] = order
+            self.keep_lane_order(epoch, lane, order)
         return order
+
+    def keep_lane_order(self, epoch: int, lane: int, order: np.ndarray) -> None:
+        """Keep `order` as `lane_order(epoch, lane)` if small (`warm_orders` computes it)."""
+        if self.windows_per_lane <= OWN_ORDER_VALUES:
+            self._lane_orders = _remember(self._lane_orders, (epoch, lane), order, LANE_ORDERS_KEPT)
 
     def continue_epochs(self, counter: int, epoch: int, transition: Transition | None) -> None:
         """`Epochs.continue_epochs`, and what the read path caches of the epochs forgotten."""
@@ -244,15 +242,21 @@ class SourceLayout(Epochs):
         return None if self._pieces_kept is None else self._pieces_kept.get(epoch)
 
     def keep_table(self, epoch: int, table: tuple[np.ndarray, int]) -> tuple[np.ndarray, int]:
-        """Keep `table` as `_piece_table(epoch)`, the first kept dropped beyond
-        `PIECE_TABLES_KEPT`."""
-        kept = self._pieces_kept
-        if kept is None:
-            kept = self._pieces_kept = {}
-        elif len(kept) >= PIECE_TABLES_KEPT:
-            del kept[next(iter(kept))]
-        kept[epoch] = table
+        """Keep `table` as `_piece_table(epoch)`."""
+        self._pieces_kept = _remember(self._pieces_kept, epoch, table, PIECE_TABLES_KEPT)
         return table
+
+
+def _remember(kept: dict | None, key: object, value: object, limit: int) -> dict:
+    """`kept` (a new dict for None) with `value` at `key`, the first kept dropped beyond
+    `limit`: a layout's own caches, made at its first draw (an `lru_cache` costs ~5 us to
+    make: a restore's first steps would make a few for each source they draw)."""
+    if kept is None:
+        kept = {}
+    elif len(kept) >= limit:
+        del kept[next(iter(kept))]
+    kept[key] = value
+    return kept
 
 
 ORDERS_BYTES = 128 << 20  # the orders kept: 256 window orders of the largest, 16,384 of 1,024
@@ -300,6 +304,17 @@ def keyed_order(
     return orders[0]
 
 
+def keyed_orders(keys: list[OrderKey]) -> list[np.ndarray]:
+    """`keyed_order(*key)` of each key, the kept ones found under one lock (a step's new
+    streams' shard orders, most computed together by `warm_orders`)."""
+    with _orders_lock:
+        found = [_orders.get(key) for key in keys]
+        for key, order in zip(keys, found, strict=True):
+            if order is not None:
+                _orders.move_to_end(key)
+    return [keyed_order(*key) if order is None else order for key, order in zip(keys, found)]
+
+
 def _keep(computed: list[tuple[OrderKey, np.ndarray]]) -> None:
     """Keep `computed` orders, made read-only, the least recently used dropped beyond
     `ORDERS_BYTES`."""
@@ -319,19 +334,23 @@ def warm_orders(layouts: Sequence[SourceLayout], drawn: Iterable[tuple[int, int,
     that no earlier draw led to (`keyed_order` computes one that follows a kept epoch with the
     next epochs'): a restore's first step draws from up to a row's worth of sources, each an
     order of its own (`permutation.orders`: one pass for all)."""
-    wanted = {}
+    wanted: dict[OrderKey, SourceLayout | None] = {}  # a window order's: its layout
     for source, epoch, lane in drawn:
         layout = layouts[source]
         if layout.windows_per_lane <= SMALL_DOMAIN:
-            lanes = ("window-order", (lane,), layout.windows_per_lane)
-            shards = ("shard-order", (), layout.meta.num_shards)
-            for purpose, part, n in (lanes, shards):
-                key = (layout.seed, purpose, layout.name, epoch, part, n)
-                if key not in _orders and (*key[:3], epoch - 1, *key[4:]) not in _orders:
-                    wanted[key] = None
+            seed, name = layout.seed, layout.name
+            window = (seed, "window-order", name, epoch, (lane,), layout.windows_per_lane)
+            shard = (seed, "shard-order", name, epoch, (), layout.meta.num_shards)
+            for key, owner in ((window, layout), (shard, None)):
+                if key not in _orders and (seed, key[1], name, epoch - 1, *key[4:]) not in _orders:
+                    wanted[key] = owner
     if len(wanted) > 1:
         keys = many_round_keys([(seed, p, name, e, *part) for seed, p, name, e, part, _ in wanted])
-        _keep(list(zip(wanted, orders([key[5] for key in wanted], keys), strict=True)))
+        computed = orders([key[5] for key in wanted], keys)
+        _keep(list(zip(wanted, computed, strict=True)))
+        for (key, owner), order in zip(wanted.items(), computed, strict=True):
+            if owner is not None:  # its draws find it on the layout, not in `_orders`
+                owner.keep_lane_order(key[3], key[4][0], order)
 
 
 def window_draws(
@@ -509,25 +528,30 @@ def _fill_tables(
     if not whole:
         return
     mine = [layouts[streams[i][0]] for i in whole]
-    shard_orders = [
-        keyed_order(
-            layout.seed, "shard-order", layout.name, streams[i][1], (), layout.meta.num_shards
+    epochs = [streams[i][1] for i in whole]
+    counts = [layout.meta.num_shards for layout in mine]
+    shard = np.concatenate(
+        keyed_orders(
+            [
+                (layout.seed, "shard-order", layout.name, epoch, (), count)
+                for layout, epoch, count in zip(mine, epochs, counts, strict=True)
+            ]
         )
-        for i, layout in zip(whole, mine, strict=True)
-    ]
-    counts = np.array([layout.meta.num_shards for layout in mine], dtype=np.int64)
-    ends = np.cumsum(counts)
-    shard = np.concatenate(shard_orders)
+    )
+    sizes = np.array(counts, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    firsts = np.repeat(ends - sizes, sizes)  # each stream's first shard in `tokens`
     tokens = np.concatenate([layout.meta.shard_tokens for layout in mine])
-    tokens = tokens[shard + np.repeat(ends - counts, counts)].astype(np.int64)  # in stream order
-    through = np.cumsum(tokens)  # each stream's starts: less the streams' before it
-    totals = np.diff(through[ends - 1], prepend=0)
-    starts = through - tokens - np.repeat(through[ends - 1] - totals, counts)
-    table = np.stack([starts, shard, np.zeros_like(shard)]).astype(np.int64)
+    tokens = tokens.take(shard + firsts).astype(np.int64, copy=False)  # in stream order
+    before = np.cumsum(tokens) - tokens  # each shard's start, less its stream's: below
+    table = np.zeros((3, shard.size), dtype=np.int64)  # stream start, shard, 0
+    table[0] = before - before.take(firsts)
+    table[1] = shard
     bounds = [0, *ends.tolist()]
-    for j, (i, layout) in enumerate(zip(whole, mine, strict=True)):
-        piece = (table[:, bounds[j] : bounds[j + 1]], int(totals[j]))
-        found[i] = layout.keep_table(streams[i][1], piece)
+    totals = (before.take(ends - 1) + tokens.take(ends - 1) - before.take(ends - sizes)).tolist()
+    for j, (layout, epoch) in enumerate(zip(mine, epochs, strict=True)):
+        lo, hi = bounds[j], bounds[j + 1]
+        found[whole[j]] = layout.keep_table(epoch, (table[:, lo:hi], totals[j]))
 
 
 LAYOUT = SourceLayout

@@ -115,19 +115,23 @@ def permutations(n: int, keys: np.ndarray) -> np.ndarray:
 def orders(ns: list[int], keys: np.ndarray) -> list[np.ndarray]:
     """`permutation(ns[g], keys[g])` of each g ([G, ROUNDS] keys), the orders of one width m
     computed in one pass of E over their tables and walked together: a restore's first steps
-    need the orders of dozens of sources at once, ~60 numpy calls each on its own."""
+    need the orders of dozens of sources at once, ~60 numpy calls each on its own. The orders
+    of one width are views of one array."""
     keys = np.asarray(keys, dtype=np.uint64)
     if keys.shape != (len(ns), ROUNDS):
         raise ValueError(f"keys must have shape ({len(ns)}, {ROUNDS})")
     out: list[np.ndarray] = [np.empty(0, np.int64)] * len(ns)
     widths: dict[int, list[int]] = {}
+    bits = {n: _bits(n) for n in set(ns)}  # a restore's orders have a few sizes
     for g, n in enumerate(ns):
-        widths.setdefault(_bits(n), []).append(g)
-    for bits, members in widths.items():
-        n = np.array([ns[g] for g in members], dtype=np.int64)
-        walked, ends = _walked(n, keys[members], bits), np.cumsum(n).tolist()
-        for g, lo, hi in zip(members, [0, *ends[:-1]], ends, strict=True):
-            out[g] = walked[lo:hi].copy()  # each its own buffer: a cache drops them one by one
+        widths.setdefault(bits[n], []).append(g)
+    for width, members in widths.items():
+        n = [ns[g] for g in members]
+        walked, ends = _walked(np.array(n, dtype=np.int64), keys[members], width), [0]
+        for size in n:
+            ends.append(ends[-1] + size)
+        for g, lo, hi in zip(members, ends, ends[1:]):
+            out[g] = walked[lo:hi]
     return out
 
 
