@@ -34,6 +34,7 @@ whole order in one pass of E over the 2^m values; the three give the same values
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -150,12 +151,14 @@ def _walked(n: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
     first = after[inside]  # each order's first step from its [0, n)
     inside = inside.reshape(-1)
     jump = np.where(inside, np.arange(table.size), after.reshape(-1))
+    for _ in range((size // int(n.min())).bit_length() - 1):  # ~2^m / n steps: not checked
+        jump = jump[jump]
     for _ in range(bits + 1):  # a walk is shorter than the 2^m values of its table
         walked = jump[first]
         if inside[walked].all():
             break
         jump = jump[jump]
-    return walked - np.repeat(np.arange(0, table.size, size), n)
+    return walked & (size - 1)
 
 
 def _tables(keys: np.ndarray, bits: int) -> np.ndarray:
@@ -167,19 +170,17 @@ def _tables(keys: np.ndarray, bits: int) -> np.ndarray:
     and every value's round is a lookup of it: the SplitMix64 products on a few values instead
     of all 2^m, and 5 numpy calls a round instead of 15 (the same numbers as `_encrypt`)."""
     count, size = len(keys), 1 << bits
-    high, low = (bits + 1) // 2, bits // 2
-    halves = [(high, low) if r % 2 == 0 else (low, high) for r in range(ROUNDS)]
-    right = np.arange(1 << high, dtype=np.uint64)  # R of the wider half: l or h bits
+    halves, right, masks, parts = _rounds(bits)
     z = keys.T[:, :, None] ^ right  # [ROUNDS, G, 2^h]: F's input (past 2^l: never looked up)
     z ^= z >> _S30
     z *= _M1
     z ^= z >> _S27
     z *= _M2
     z ^= z >> _S31
-    z &= np.array([(1 << h) - 1 for h, _ in halves], dtype=np.uint64)[:, None, None]
-    z |= right << np.array([h for h, _ in halves], dtype=np.uint64)[:, None, None]
+    z &= masks
+    z |= parts
     t = z.astype(np.int64).reshape(ROUNDS, -1)  # each round's T of (G, R), laid end to end
-    rows = np.repeat(np.arange(0, t.shape[1], 1 << high, dtype=np.int64), size)  # G's first T
+    rows = np.repeat(np.arange(0, t.shape[1], right.size, dtype=np.int64), size)  # G's first T
     x = np.arange(count * size, dtype=np.int64) & (size - 1)  # every value of each table
     for r, (_, lo) in enumerate(halves):
         at = x & ((1 << lo) - 1)
@@ -188,7 +189,21 @@ def _tables(keys: np.ndarray, bits: int) -> np.ndarray:
         x >>= lo
         x ^= t[r].take(at)
     return x.reshape(count, size)
-    return x
+
+
+@cache
+def _rounds(bits: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray]:
+    """What `_tables` needs of a width: each round's (h, l), the values of R (of the wider
+    half), each round's mask of F (mod 2^h) and R * 2^h of each R (read-only arrays)."""
+    high, low = (bits + 1) // 2, bits // 2
+    halves = [(high, low) if r % 2 == 0 else (low, high) for r in range(ROUNDS)]
+    right = np.arange(1 << high, dtype=np.uint64)
+    shifts = np.array([h for h, _ in halves], dtype=np.uint64)[:, None, None]
+    masks = (np.uint64(1) << shifts) - np.uint64(1)
+    parts = right << shifts
+    for array in (right, masks, parts):
+        array.flags.writeable = False
+    return halves, right, masks, parts
 
 
 def _bits(n: int) -> int:
