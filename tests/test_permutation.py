@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.keys import keyed_hash, keyed_hashes
+from pipeline.keys import keyed_digests, keyed_hash, keyed_hashes
 from pipeline.plan import layout as layout_module
 from pipeline.plan.layout import SourceLayout, keyed_order, warm_orders
 from pipeline.plan.permutation import (
     FEW,
     MAX_N,
     ROUNDS,
+    many_round_keys,
     orders,
     permutation,
     permutations,
@@ -105,9 +106,51 @@ def test_orders_of_several_sizes_at_once_equal_each_alone(pairs):
         np.testing.assert_array_equal(order, permute(np.arange(n), n, key))
 
 
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 8, 31, 33, 64, 65, 127, 500]) | sizes, keys),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_orders_of_a_restores_many_sources_equal_each_permutation(pairs):
+    """A restore's first step computes dozens of orders of a few sizes at once (`orders`):
+    each is the permutation of its own keys, whatever the others with it."""
+    ns = [n for n, _ in pairs]
+    together = orders(ns, np.array([key for _, key in pairs], dtype=np.uint64))
+    for (n, key), order in zip(pairs, together, strict=True):
+        np.testing.assert_array_equal(order, permutation(n, key))
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**63),
+            st.sampled_from(["window-order", "shard-order", ""]),
+            st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
+        ),
+        max_size=5,
+    ),
+    st.integers(1, 20),
+)
+def test_many_keys_hashed_into_one_buffer_equal_each_keys_hashes(names, count):
+    digests = keyed_digests([(seed, purpose, *parts) for seed, purpose, parts in names], count)
+    expected = [
+        keyed_hash(seed, purpose, *parts, i) for seed, purpose, parts in names for i in range(count)
+    ]
+    assert np.frombuffer(digests, "<u8").tolist() == expected
+    if count == ROUNDS:
+        keys = many_round_keys([(seed, purpose, *parts) for seed, purpose, parts in names])
+        assert keys.dtype == np.uint64 and keys.reshape(-1).tolist() == expected
+
+
 def test_a_restores_orders_warmed_together_are_each_their_own_keys_order():
     """`warm_orders` computes the first draws' shard and window orders of many sources in one
-    pass (no epoch before them kept): each is the permutation of its own round keys."""
+    pass (no epoch before them kept): each is the permutation of its own round keys, of the
+    drawn epoch alone (the next epochs' are computed when drawn), and each window order is
+    the one its layout's draws find (`lane_order`)."""
     metas = [
         StoreMeta(Path(f"/w{k}"), f"f{k}", np.full(3 + k, 40 + k), np.dtype("uint32"), {})
         for k in range(5)
@@ -123,11 +166,15 @@ def test_a_restores_orders_warmed_together_are_each_their_own_keys_order():
         ):
             key = (9, purpose, layout.name, epoch, part, n)
             assert key in layout_module._orders  # computed by warm_orders, not on demand
+            assert (9, purpose, layout.name, epoch + 1, part, n) not in layout_module._orders
             order = keyed_order(*key)
             np.testing.assert_array_equal(
                 order, permute(np.arange(n), n, round_keys(9, purpose, layout.name, epoch, *part))
             )
             assert not order.flags.writeable
+        assert layout.lane_order(epoch, lane) is keyed_order(
+            9, "window-order", layout.name, epoch, (lane,), layout.windows_per_lane
+        )
 
 
 def test_cached_orders_computed_ahead_are_each_their_own_keys_order():

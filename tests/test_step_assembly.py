@@ -161,3 +161,40 @@ def test_window_pieces_are_each_windows_pieces(seq_len, lanes, seed, draws, reve
         owner, *rest = (values.tolist() for values in got)
         assert [order[k] for k in owner] == [piece[0] for piece in expected]
         assert list(zip(*rest)) == [piece[1:] for piece in expected]
+
+
+@SETTINGS
+@given(
+    st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=6), min_size=1, max_size=6),
+    st.integers(2, 8),
+    st.integers(0, 2**31),
+    st.data(),
+)
+def test_new_streams_laid_out_together_are_each_streams_own(shards, seq_len, seed, data) -> None:
+    """A restore's first step finds the shard tables of many new (source, epoch) streams in
+    one pass (`window_pieces` on fresh layouts): each window's pieces are still those of its
+    own stream (`SourceLayout.pieces`), and so are a later step's, which finds them kept."""
+    metas = [
+        synthetic_meta(Path(f"s{k}"), [[t] for t in tokens]) for k, tokens in enumerate(shards)
+    ]
+    usable = [k for k, meta in enumerate(metas) if meta.num_tokens > seq_len]
+    if not usable:
+        return
+    layouts = [SourceLayout(f"s{k}", metas[k], seed, seq_len, 1) for k in usable]
+    draws = data.draw(
+        st.lists(st.tuples(st.integers(0, len(usable) - 1), st.integers(0, 5), st.integers(0, 99)))
+    )
+    for _ in range(2):  # new layouts, then the same ones with their tables kept
+        which, epochs, starts, expected = [], [], [], []
+        for source, epoch, k in draws:
+            layout = layouts[source]
+            start = k % layout.windows_per_lane * seq_len
+            which.append(source), epochs.append(epoch), starts.append(start)
+            column = 0
+            for shard, lo, hi in layout.pieces(epoch, start, start + seq_len + 1):
+                expected.append((source, shard, lo, hi, len(starts) - 1, column))
+                column += hi - lo
+        if not draws:
+            return
+        got = window_pieces(layouts, np.array(which), np.array(epochs), np.array(starts))
+        assert list(zip(*(values.tolist() for values in got))) == expected
