@@ -487,7 +487,9 @@ def _streams(
     (`STREAM_PIECES_KEPT`)."""
     found = [layouts[k].kept_table(epoch) for k, epoch in numbers]
     if None in found:
-        _fill_tables(layouts, list(numbers), found)
+        laid = _fill_tables(layouts, list(numbers), found)
+        if laid is not None:  # every stream new (a restore's first steps): laid out already
+            return laid
     tables, ends = zip(*found)
     key = (*map(id, tables), *(k for k, _ in numbers))  # the owners are indexes of `layouts`
     kept = _laid.get(key)
@@ -511,12 +513,13 @@ def _fill_tables(
     layouts: Sequence[SourceLayout],
     streams: list[tuple[int, int]],
     found: list[tuple[np.ndarray, int] | None],
-) -> None:
+) -> tuple[np.ndarray, ...] | None:
     """The shard tables (`_piece_table`) of the (source, epoch) `streams` not kept (None in
     `found`), computed, kept on their layouts and put in `found`: the streams of every shard
     whole (`whole_shards`) in one pass over their shard orders laid end to end (a restore's
     first steps draw dozens of sources, each a few numpy calls on its own), the others one by
-    one."""
+    one. When every stream is new and whole, `_streams`' answer (they are laid end to end in
+    its order already), else None."""
     whole = []
     for i, (k, epoch) in enumerate(streams):
         if found[i] is None:
@@ -526,7 +529,7 @@ def _fill_tables(
             else:
                 found[i] = layout.keep_table(epoch, layout._piece_table(epoch))
     if not whole:
-        return
+        return None
     mine = [layouts[streams[i][0]] for i in whole]
     epochs = [streams[i][1] for i in whole]
     counts = [layout.meta.num_shards for layout in mine]
@@ -552,6 +555,11 @@ def _fill_tables(
     for j, (layout, epoch) in enumerate(zip(mine, epochs, strict=True)):
         lo, hi = bounds[j], bounds[j + 1]
         found[whole[j]] = layout.keep_table(epoch, (table[:, lo:hi], totals[j]))
+    if len(whole) < len(streams):
+        return None
+    owners = np.repeat(np.array([k for k, _ in streams], dtype=np.int64), sizes)
+    end = before[-1:] + tokens[-1:]
+    return np.concatenate([before, end]), shard, table[2], owners, before.take(ends - sizes)
 
 
 LAYOUT = SourceLayout
