@@ -5,7 +5,9 @@
 What a restored feed's reader computes of its first step before it opens a store: the
 step's draws (`Plan.draws`: the mixture's rows, each source's epoch, window order and shard
 order) and their shard pieces (`layout.window_pieces`), then the same for the next 7 steps
-(the steps read and fetched ahead: a step of a big mixture draws sources the first did not).
+(the steps read and fetched ahead: a step of a big mixture draws sources the first did not),
+and, after `WARMUP` more steps, the same per step of a run's steady state over `STEADY`
+steps (where epochs roll over and a step draws mostly sources drawn before).
 The mixtures are `mixture_bench.py`'s (K stores of 8 shards, equally weighted), planned from
 the host's summaries (`plan_stores`) once per process; each of 15 restores is a new plan at a
 step 10,000 steps past the previous one's, so every order it needs is new to the process (as
@@ -27,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESTORES = 15
 AHEAD = 7
+WARMUP, STEADY = 300, 300
 
 
 def measure(config_file: Path) -> dict[str, list[float]]:
@@ -63,7 +66,15 @@ def measure(config_file: Path) -> dict[str, list[float]]:
         for later in range(step + 1, step + 1 + AHEAD):
             pieces(plan, later)
         ahead.append((time.thread_time() - started) / AHEAD)
-    return {"first_s": first, "ahead_s": ahead}
+    step += 1 + AHEAD
+    for later in range(step, step + WARMUP):
+        pieces(plan, later)
+    steady = []
+    for later in range(step + WARMUP, step + WARMUP + STEADY):
+        started = time.thread_time()
+        pieces(plan, later)
+        steady.append(time.thread_time() - started)
+    return {"first_s": first, "ahead_s": ahead, "steady_s": steady}
 
 
 def child(root: Path, config_file: Path) -> dict[str, list[float]]:
@@ -107,19 +118,20 @@ def main() -> None:
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(
         "checkout | sources | first step's draws + pieces, ms: least / median (x first "
-        "checkout's median) | each of the next 7 steps, ms: least / median (x)"
+        "checkout's median) | each of the next 7 steps, ms: least / median (x) | a steady "
+        "step, ms: least / median (x)"
     )
-    print("--- | ---: | ---: | ---:")
+    print("--- | ---: | ---: | ---: | ---:")
     medians = {}
     for (i, k), runs in sorted(got.items()):
         cells = []
-        for key in ("first_s", "ahead_s"):
+        for key in ("first_s", "ahead_s", "steady_s"):
             values = sorted(runs[key])
             median = values[len(values) // 2]
             medians[i, k, key] = median
             base = medians.get((0, k, key), median)
             cells.append(f"{values[0] * 1e3:.2f} / {median * 1e3:.2f} ({median / base:.2f}x)")
-        print(f"{roots[i]} | {k:,} | {cells[0]} | {cells[1]}")
+        print(f"{roots[i]} | {k:,} | {' | '.join(cells)}")
 
 
 if __name__ == "__main__":
