@@ -34,12 +34,12 @@ def keyed_digests(keys: Iterable[Sequence[object]], count: int) -> bytes:
     an `int` per value cost more than the hashes)."""
     counters = _COUNTERS[:count] if count <= len(_COUNTERS) else [b"%d" % i for i in range(count)]
     blake2b, out = hashlib.blake2b, []
-    for seed, purpose, *parts in keys:
-        common = blake2b(
-            "\0".join([str(seed), purpose, *map(str, parts), ""]).encode(), digest_size=8
-        )
+    append = out.append
+    for key in keys:
+        # "seed\0purpose\0part\0...\0", as `keyed_hashes` joins it: %s is str() (~2x a join)
+        common = blake2b(("%s\0" * len(key) % tuple(key)).encode(), digest_size=8)
         for counter in counters:
             digest = common.copy()
             digest.update(counter)
-            out.append(digest.digest())
+            append(digest.digest())
     return b"".join(out)
