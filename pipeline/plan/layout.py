@@ -316,12 +316,11 @@ def keyed_orders(keys: list[OrderKey]) -> list[np.ndarray]:
 
 
 def _keep(computed: list[tuple[OrderKey, np.ndarray]]) -> None:
-    """Keep `computed` orders, made read-only, the least recently used dropped beyond
-    `ORDERS_BYTES`."""
+    """Keep `computed` orders (read-only: shared by every plan of the process), the least
+    recently used dropped beyond `ORDERS_BYTES`."""
     global _orders_bytes
     with _orders_lock:
         for key, order in computed:
-            order.flags.writeable = False
             if key not in _orders:
                 _orders[key] = order
                 _orders_bytes += order.nbytes

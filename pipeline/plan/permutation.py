@@ -117,7 +117,7 @@ def orders(ns: list[int], keys: np.ndarray) -> list[np.ndarray]:
     """`permutation(ns[g], keys[g])` of each g ([G, ROUNDS] keys), the orders of one width m
     computed in one pass of E over their tables and walked together: a restore's first steps
     need the orders of dozens of sources at once, ~60 numpy calls each on its own. The orders
-    of one width are views of one array."""
+    of one width are read-only views of one array."""
     keys = np.asarray(keys, dtype=np.uint64)
     if keys.shape != (len(ns), ROUNDS):
         raise ValueError(f"keys must have shape ({len(ns)}, {ROUNDS})")
@@ -129,6 +129,7 @@ def orders(ns: list[int], keys: np.ndarray) -> list[np.ndarray]:
     for width, members in widths.items():
         n = [ns[g] for g in members]
         walked, ends = _walked(np.array(n, dtype=np.int64), keys[members], width), [0]
+        walked.flags.writeable = False  # and so are its views
         for size in n:
             ends.append(ends[-1] + size)
         for g, lo, hi in zip(members, ends, ends[1:]):
