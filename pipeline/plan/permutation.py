@@ -43,6 +43,7 @@ from pipeline.keys import keyed_digests
 ROUNDS = 6  # Luby-Rackoff: 4 rounds of a pseudorandom F make a strong pseudorandom permutation
 MIN_BITS = 6
 MAX_N = 1 << 62
+JUMP_VALUES = 1 << 16  # `_walked` jumps pointers on tables of up to this many values in all
 FEW = 64  # up to this many indices, `permute` walks them in plain integers (measured crossover)
 
 _MASK64 = (1 << 64) - 1
@@ -141,17 +142,27 @@ def _walked(n: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
     """The orders of G tables of width `bits` (n[g] values of table g, under keys[g]) end to
     end: E of every value of each table (`_tables`), then every walk at once.
 
-    The walks jump pointers: `jump[v]` is v itself for a value v inside its [0, n) (where a
-    walk stops) and E(v) for one outside; each pass squares `jump` (`jump[jump]`), so pass t
-    carries a walk 2^t steps on or to its end, and the longest of hundreds of walks (~40 steps
-    of E for n = 8 on 64 values) takes ~6 passes of one gather, not ~6 numpy calls a step."""
+    Small tables' walks jump pointers: `jump[v]` is v itself for a value v inside its [0, n)
+    (where a walk stops) and E(v) for one outside; each pass squares `jump` (`jump[jump]`), so
+    pass t carries a walk 2^t steps on or to its end, and the longest of hundreds of walks
+    (~40 steps of E for n = 8 on 64 values) takes ~6 passes of one gather, not ~6 numpy calls
+    a step. Above `JUMP_VALUES` values, where a pass over the tables costs more than its
+    calls, the unfinished walks step on together, fewer each step."""
     size = 1 << bits
     table = _tables(keys, bits)
     inside = np.arange(size) < n[:, None]  # [G, 2^m]: where a walk stops
     after = table + np.arange(0, table.size, size, dtype=np.int64)[:, None]  # laid end to end
     first = after[inside]  # each order's first step from its [0, n)
-    inside = inside.reshape(-1)
-    jump = np.where(inside, np.arange(table.size), after.reshape(-1))
+    inside, after = inside.reshape(-1), after.reshape(-1)
+    if after.size > JUMP_VALUES:
+        todo = np.flatnonzero(~inside[first])
+        for _ in range(size):  # a walk is shorter than the 2^m values of its table
+            if not todo.size:
+                break
+            first[todo] = after[first[todo]]
+            todo = todo[~inside[first[todo]]]
+        return first & (size - 1)
+    jump = np.where(inside, np.arange(after.size), after)
     for _ in range((size // int(n.min())).bit_length() - 1):  # ~2^m / n steps: not checked
         jump = jump[jump]
     for _ in range(bits + 1):  # a walk is shorter than the 2^m values of its table
