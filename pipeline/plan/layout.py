@@ -234,7 +234,7 @@ class SourceLayout(Epochs):
     def whole_shards(self, epoch: int) -> bool:
         """Whether epoch `epoch`'s stream is every shard whole, in the epoch's shard order (not
         a transitional epoch's rest), so its `_piece_table` may be laid out with others'
-        (`_whole_shard_tables`)."""
+        (`_fill_tables`)."""
         return self.transition is None or epoch != self.transition.epoch
 
     def kept_table(self, epoch: int) -> tuple[np.ndarray, int] | None:

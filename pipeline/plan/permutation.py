@@ -149,6 +149,8 @@ def _walked(n: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
     a step. Above `JUMP_VALUES` values, where a pass over the tables costs more than its
     calls, the unfinished walks step on together, fewer each step."""
     size = 1 << bits
+    if not n.size:
+        return np.empty(0, np.int64)
     table = _tables(keys, bits)
     inside = np.arange(size) < n[:, None]  # [G, 2^m]: where a walk stops
     after = table + np.arange(0, table.size, size, dtype=np.int64)[:, None]  # laid end to end
