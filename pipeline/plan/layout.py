@@ -110,8 +110,8 @@ class SourceLayout(Epochs):
     _lane_orders: dict[tuple[int, int], np.ndarray] | None = None
 
     def lane_order(self, epoch: int, lane: int) -> np.ndarray:
-        """The window order of (epoch, lane) of a small layout (`window_order`): the last
-        `LANE_ORDERS_KEPT` computed kept on the layout when of at most `OWN_ORDER_VALUES`
+        """The window order of (epoch, lane) of a small layout (`window_order`): up to
+        `LANE_ORDERS_KEPT` of them kept on the layout when of at most `OWN_ORDER_VALUES`
         windows, so that a step of a big mixture finds each drawn source's without the process
         cache's lock and bookkeeping (`keyed_order`), which keeps the larger ones within its
         bound."""
@@ -248,13 +248,15 @@ class SourceLayout(Epochs):
 
 
 def _remember(kept: dict | None, key: object, value: object, limit: int) -> dict:
-    """`kept` (a new dict for None) with `value` at `key`, the first kept dropped beyond
+    """`kept` (a new dict for None) with `value` at `key`, emptied first when it holds
     `limit`: a layout's own caches, made at its first draw (an `lru_cache` costs ~5 us to
-    make: a restore's first steps would make a few for each source they draw)."""
+    make: a restore's first steps would make a few for each source they draw). Emptied whole,
+    as `_laid` is, since the readers and the fetch-ahead thread draw from the same layouts at
+    once (each call here is one dict operation; a race loses an entry, computed again)."""
     if kept is None:
         kept = {}
     elif len(kept) >= limit:
-        del kept[next(iter(kept))]
+        kept.clear()
     kept[key] = value
     return kept
 
