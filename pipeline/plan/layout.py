@@ -117,7 +117,8 @@ class SourceLayout(Epochs):
         bound."""
         if self.windows_per_lane > OWN_ORDER_VALUES:
             return window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
-        order = None if self._lane_orders is None else self._lane_orders.get((epoch, lane))
+        kept = self._lane_orders  # read once: another thread may replace it
+        order = None if kept is None else kept.get((epoch, lane))
         if order is None:
             order = window_order(self.seed, self.name, epoch, lane, self.windows_per_lane)
             self.keep_lane_order(epoch, lane, order)
@@ -239,7 +240,8 @@ class SourceLayout(Epochs):
 
     def kept_table(self, epoch: int) -> tuple[np.ndarray, int] | None:
         """`_piece_table(epoch)` if kept (`keep_table`), else None."""
-        return None if self._pieces_kept is None else self._pieces_kept.get(epoch)
+        kept = self._pieces_kept  # read once: `continue_epochs` may drop it meanwhile
+        return None if kept is None else kept.get(epoch)
 
     def keep_table(self, epoch: int, table: tuple[np.ndarray, int]) -> tuple[np.ndarray, int]:
         """Keep `table` as `_piece_table(epoch)`."""
