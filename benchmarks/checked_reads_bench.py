@@ -15,6 +15,9 @@ the stores' tokens the steps read. `--block-bytes` prepares the stores with anot
 (in its own `--cache-dir`: the bench's cache keeps stores of the size prepare writes).
 `--processes N` measures in N new processes in turn and prints the median of their medians and
 their range: the figure of one process moved with its memory layout by more than the cost.
+`--by-store` adds a line per store after each: the share of its tokens the steps served, its
+reads and checks (reads that hash) per step, the bytes a check hashes and the bytes hashed per
+token it served, counted (no clock): what a mixture's figure is made of.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=1, help="measure in this many new processes in turn"
     )
+    parser.add_argument("--by-store", action="store_true", help="and the checks' counts by store")
     args = parser.parse_args()
     if args.block_bytes is not None:
         from pipeline.store import writer
@@ -65,6 +69,53 @@ def main() -> None:
             f"to {max(costs):+.4f}; {time.perf_counter() - start:.0f} s)",
             flush=True,
         )
+        if args.by_store:
+            for line in by_store(config, steps):
+                print(f"  {line}", flush=True)
+
+
+def by_store(config: dict, steps: int) -> list[str]:
+    """A line per store of what the checks of `steps` steps from freshly opened stores do:
+    tokens served (and their share of the store's), reads and checks (reads that found a block
+    not checked yet, each one `google_crc32c` call) per step, bytes hashed per check and per
+    token served. Counted around `FlatBlocks.read` for the steps, so the load moves none of it."""
+    from pipeline.config import parse_config
+    from pipeline.read.plan import Plan
+    from pipeline.store.flat_blocks import FlatBlocks
+
+    counts: dict[str, list[int]] = {}  # sidecar folder -> [tokens served, reads, checks]
+    read = FlatBlocks.read
+
+    def counted(blocks: FlatBlocks, start: int, stop: int) -> np.ndarray:
+        last = ((stop - 1) >> blocks.shift) + 1
+        fresh = blocks.checked.find(0, start >> blocks.shift, last) >= 0
+        count = counts.setdefault(str(Path(blocks._path).parent), [0, 0, 0])
+        count[0], count[1], count[2] = count[0] + stop - start, count[1] + 1, count[2] + fresh
+        return read(blocks, start, stop)
+
+    plan = Plan.from_config(parse_config(config, origin="bench"))  # verify: read, the default
+    rows = np.arange(config["global_batch_size"])
+    FlatBlocks.read = counted  # type: ignore[method-assign]
+    try:
+        for step in range(steps):
+            plan.batch(step, rows)
+    finally:
+        FlatBlocks.read = read  # type: ignore[method-assign]
+    lines = []
+    for store in plan.stores():
+        flats = [store.flat_blocks(shard) for shard in range(store.num_shards)]
+        hashed = sum(  # to within a block: the last may be shorter
+            min(f.checked.count(1) * f.block_bytes, f.tokens.nbytes) for f in flats if f is not None
+        )
+        served, reads, checks = counts.get(str(store.path), [0, 0, 0])
+        lines.append(
+            f"{store.path.name}: {served:,} tokens served ({served / store.num_tokens:.0%} of "
+            f"its {store.num_tokens:,}); per step {reads / steps:.1f} reads, {checks / steps:.1f} "
+            f"checks of {hashed / max(checks, 1) / 1024:.0f} KiB; hashes "
+            f"{hashed / max(served, 1):.2f} bytes per token served"
+        )
+        store.close()
+    return lines
 
 
 def hashed_per_token(config: dict, steps: int) -> float:

@@ -730,15 +730,25 @@ def test_the_checked_reads_cost_is_the_checks_work(tmp_path, monkeypatch):
 
 def test_the_checked_reads_bench_prints_a_line_per_step_count(tmp_path):
     """benchmarks/checked_reads_bench.py, whose lines docs/benchmarks.md quotes: one per
-    `--check-steps`, for stores prepared with the `--block-bytes` asked for."""
+    `--check-steps`, for stores prepared with the `--block-bytes` asked for, each followed
+    (`--by-store`) by its store's counts: 2 steps of 4 x 33 uint32 tokens in 512-byte blocks
+    (128 tokens) make at most 8 reads, each hashing at most two blocks, so at most 2 KiB per
+    check, and at least one block a step."""
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "benchmarks/checked_reads_bench.py", "--cache-dir", str(tmp_path),
                "--synthetic-tokens", "20000", "--synthetic-doc-len", "60", "--rows", "4",
                "--seq-len", "32", "--check-steps", "2", "3", "--rounds", "1",
-               "--block-bytes", "512", "--processes", "2"]  # fmt: skip
+               "--block-bytes", "512", "--processes", "2", "--by-store"]  # fmt: skip
     out = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    every = out.stdout.splitlines()
+    lines, stores = every[0::2], every[1::2]
+    assert len(stores) == 2 and all(line.startswith("  synthetic-20000-60: ") for line in stores)
+    assert "264 tokens served (1% of its " in stores[0], stores  # 2 steps x 4 rows x 33
+    assert "; per step 4.0 reads, " in stores[0], stores
+    checks = float(stores[0].split("reads, ")[1].split(" checks")[0])
+    assert 1 <= checks <= 4, stores  # every read of the first step is of a fresh store
+    assert float(stores[0].split(" checks of ")[1].split(" KiB")[0]) <= 2, stores
     assert len(lines) == 2 and all("blocks of 512 bytes" in line for line in lines), lines
     assert all("1 rounds in each of 2 processes" in line for line in lines), lines
     hashed = [float(line.split("hashes ")[1].split(" bytes per token served")[0]) for line in lines]
