@@ -17,12 +17,15 @@ the stores' tokens the steps read. `--block-bytes` prepares the stores with anot
 their range: the figure of one process moved with its memory layout by more than the cost.
 `--by-store` adds a line per store after each: the share of its tokens the steps served, its
 reads and checks (reads that hash) per step, the bytes a check hashes and the bytes hashed per
-token it served, counted (no clock): what a mixture's figure is made of.
+token it served, counted (no clock): what a mixture's figure is made of. `--unit-costs` first
+prints what a check's parts cost in this process (`unit_costs`): its call, and its bytes from
+memory and from the cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import multiprocessing
 import statistics
 import sys
@@ -46,6 +49,7 @@ def main() -> None:
         "--processes", type=int, default=1, help="measure in this many new processes in turn"
     )
     parser.add_argument("--by-store", action="store_true", help="and the checks' counts by store")
+    parser.add_argument("--unit-costs", action="store_true", help="first, a check's parts' costs")
     args = parser.parse_args()
     if args.block_bytes is not None:
         from pipeline.store import writer
@@ -57,6 +61,8 @@ def main() -> None:
     config = bench.config_mapping(sources, args)
     tokens = sum(TokenStore(path).num_tokens for path, _ in sources.values())
     block = TokenStore(next(iter(sources.values()))[0]).manifest["shards"][0]["flat_block_bytes"]
+    if args.unit_costs:
+        print(unit_costs([path for path, _ in sources.values()], args.rounds), flush=True)
     for steps in args.check_steps:
         start = time.perf_counter()
         costs = [c * 1e6 for c in per_process(config, steps, args.rounds, args.processes)]
@@ -116,6 +122,69 @@ def by_store(config: dict, steps: int) -> list[str]:
         )
         store.close()
     return lines
+
+
+def unit_costs(stores: list[Path], rounds: int) -> str:
+    """What a check's parts cost in this process, CPU per block, on the stores' sidecars, each
+    mapped afresh per round as a fresh store maps it: a window's 4 KiB (at most the block)
+    copied out of every block (what `verify: off` does), against the block hashed, then the
+    window copied (what a block's first checked read does: its bytes come from memory, not
+    the cache); a block hashed over and over (from the core's cache: the hash's own speed);
+    and a check's call with its slice on no bytes. Medians of `rounds` rounds, alternating
+    which of the first two goes first."""
+    import google_crc32c
+
+    from pipeline.store.token_store import TokenStore
+
+    flats = []
+    for path in stores:
+        with TokenStore(path) as store:
+            shards = store.manifest["shards"]
+        flats += [(path / shard["flat"], shard["flat_block_bytes"]) for shard in shards]
+    row = np.empty(min(4096, flats[0][1]), np.uint8)  # a 2,049-token uint16 window's bytes
+
+    def blocks(hash_first: bool) -> tuple[float, int]:
+        """CPU s of one pass over every block of every sidecar, freshly mapped; blocks."""
+        spent, count = 0.0, 0
+        for path, size in flats:
+            with path.open("rb") as file:
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            tokens = np.frombuffer(mapped, np.uint8)
+            ends = range(size, tokens.size + 1, size)  # whole blocks only
+            start = time.process_time()
+            for end in ends:
+                if hash_first:
+                    google_crc32c.extend(0, tokens[end - size : end])
+                row[:] = tokens[end - row.size : end]
+            spent += time.process_time() - start
+            count += len(ends)
+        return spent, count
+
+    checked, off = [], []
+    for round_ in range(rounds):
+        for hash_first in (True, False) if round_ % 2 == 0 else (False, True):
+            spent, count = blocks(hash_first)
+            (checked if hash_first else off).append(spent / count)
+    block, empty = np.zeros(flats[0][1], np.uint8), np.zeros(0, np.uint8)
+    calls, hot = 100_000, []
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(1000):
+            google_crc32c.extend(0, block)
+        hot.append((time.process_time() - start) / 1000)
+    start = time.process_time()
+    for _ in range(calls):
+        google_crc32c.extend(0, empty[0:0])
+    call = (time.process_time() - start) / calls
+    size = flats[0][1]
+    first = statistics.median(c - o for c, o in zip(checked, off))
+    return (
+        f"a check's parts, CPU per block of {size} bytes ({count:,} blocks, {rounds} rounds): "
+        f"first read (hashed, then {row.size} bytes copied) {first * 1e6:.2f} us more than the "
+        f"copy alone ({size / first / 1e9:.1f} GB/s); from the cache "
+        f"{statistics.median(hot) * 1e6:.2f} us; the call and its slice on no bytes "
+        f"{call * 1e6:.2f} us"
+    )
 
 
 def hashed_per_token(config: dict, steps: int) -> float:

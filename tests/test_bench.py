@@ -733,15 +733,17 @@ def test_the_checked_reads_bench_prints_a_line_per_step_count(tmp_path):
     `--check-steps`, for stores prepared with the `--block-bytes` asked for, each followed
     (`--by-store`) by its store's counts: 2 steps of 4 x 33 uint32 tokens in 512-byte blocks
     (128 tokens) make at most 8 reads, each hashing at most two blocks, so at most 2 KiB per
-    check, and at least one block a step."""
+    check, and at least one block a step; first (`--unit-costs`), a check's parts."""
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "benchmarks/checked_reads_bench.py", "--cache-dir", str(tmp_path),
                "--synthetic-tokens", "20000", "--synthetic-doc-len", "60", "--rows", "4",
-               "--seq-len", "32", "--check-steps", "2", "3", "--rounds", "1",
-               "--block-bytes", "512", "--processes", "2", "--by-store"]  # fmt: skip
+               "--seq-len", "32", "--check-steps", "2", "3", "--rounds", "1", "--by-store",
+               "--block-bytes", "512", "--processes", "2", "--unit-costs"]  # fmt: skip
     out = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
-    every = out.stdout.splitlines()
+    parts, *every = out.stdout.splitlines()
+    assert parts.startswith("a check's parts, CPU per block of 512 bytes ("), parts
+    assert "blocks, 1 rounds): first read (hashed, then 512 bytes copied) " in parts, parts
     lines, stores = every[0::2], every[1::2]
     assert len(stores) == 2 and all(line.startswith("  synthetic-20000-60: ") for line in stores)
     assert "264 tokens served (1% of its " in stores[0], stores  # 2 steps x 4 rows x 33
