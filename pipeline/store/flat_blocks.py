@@ -12,14 +12,18 @@ start over its bytes must give the recorded CRC at its end, one C call (`google_
 whatever the run's length. Checked blocks are marked in a bitmap (one byte per block), so a
 later read of them costs one `bytearray.find`.
 
-Why 64 KiB blocks: a check costs its Python calls (~1-2 us: the call, the slice, the bitmap)
-and the CRC of its bytes (~8 GB/s). With 64 KiB blocks an epoch makes one check per 16
-2,049-token uint16 windows and hashes each byte once; the first read of a block hashes more
-than it serves (4 KiB of 64), work the next reads into it skip. Smaller blocks hash less for a
-run that reads a small share of its store but make a check of every window's first read, dearer
-over an epoch, the common run (2 KiB against 64 KiB: docs/benchmarks.md, "The cost of checked
-reads"). Stores of another block size are read and checked in their own (the manifest's
-`flat_block_bytes`).
+Why 64 KiB blocks: a check costs its Python calls (~1 us: the call and its slice ~0.5, the
+bitmap) and the CRC of its bytes, which a block's first read brings from memory (~6 us a
+64 KiB block, ~11 GB/s, where the cache gives ~20 GB/s: `checked_reads_bench.py
+--unit-costs`). With 64 KiB blocks an epoch makes one check per 16 2,049-token uint16 windows
+and hashes each byte once; the first read of a block hashes more than it serves (4 KiB of 64),
+work the next reads into it skip. So a run that reads a small share of its stores pays for
+bytes it never serves: the bench's mixture, whose first 100 steps read 13 % of its biggest
+store, hashes 8.5 bytes per token served from memory (python-code's 3.7), its checks' whole
+cost. Smaller blocks hash less there but make a check of every window's first read, dearer
+over an epoch, the common run, and no cheaper at a fifth in Python (4 and 16 KiB against 64:
+docs/benchmarks.md, "Checked reads on the mixture"). Stores of another block size are read and
+checked in their own (the manifest's `flat_block_bytes`).
 
 A store prepared before block checksums existed has none: with checks on, a shard's sidecar is
 then hashed whole against the manifest's `flat_sha256` on its first read, so nothing is served
