@@ -1,0 +1,186 @@
+"""A prototype, not adopted: a step's block checks in one compiled call over 4 KiB recorded CRCs.
+
+    .venv/bin/python benchmarks/compiled_check.py --shares 0.13 0.27 1.0 --rounds 7
+
+What checked reads would cost with finer recorded CRCs and no Python call per window
+(docs/benchmarks.md, "Checked reads on the mixture"). `check_step` (numba, nogil) takes a step's
+window starts in one sidecar, finds the 4 KiB blocks they touch that are not checked yet and
+checks each against the recorded running CRC32Cs (`flat_blocks.prefix_crcs`): the CRC at its
+start, extended over its bytes by the SSE4.2 `crc32` instruction, must give the CRC at its end.
+Blocks are independent chains, so three are hashed at once (the instruction's latency is three
+times its throughput). A mismatch returns the block before anything is marked.
+
+The measurement: the sidecars of a built-in store (`--store`, the bench's cache) laid end to end
+in one file, padded to whole 4 KiB blocks (the prototype checks whole blocks only), mapped afresh
+per round; random 2,049-token windows making `share` of its tokens, 32 a step, each step's
+windows copied as `piece_reads` copies them (one `np.concatenate` into an int32 batch). Four
+ways, in alternating order each round: no check; `FlatBlocks.read` per window on 64 KiB blocks
+(today's) and on 4 KiB blocks; `check_step` then the copy. Prints the unchecked CPU per window
+and what each check adds, medians of `--rounds`. x86-64 with SSE4.2 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # benchmarks/bench.py, beside this file
+
+from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
+
+BLOCK = 4096  # bytes per recorded CRC of the prototype's format
+WINDOW = 2049  # tokens per window: a 2,048-token row and its next token
+ROWS = 32  # windows per step
+MASK = np.uint64(0xFFFFFFFF)
+
+
+@intrinsic
+def _crc64(typingctx, crc, word):
+    """The CRC32C of `crc` extended by one 8-byte word: one SSE4.2 `crc32` instruction."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.64.64")
+        return builder.call(fn, list(args))
+
+    return types.uint64(types.uint64, types.uint64), codegen
+
+
+@njit(nogil=True, cache=True)
+def _extend(crcs, words, block, words_per_block):
+    """Whether block `block` (its words) extends recorded CRC `block` to recorded CRC
+    `block + 1` (CRC32C: the state is the CRC inverted)."""
+    crc = np.uint64(crcs[block]) ^ MASK
+    at = block * words_per_block
+    for w in range(words_per_block):
+        crc = _crc64(crc, words[at + w])
+    return (crc ^ MASK) & MASK == crcs[block + 1]
+
+
+@njit(nogil=True, cache=True)
+def check_step(words, crcs, checked, starts, length, shift, words_per_block, todo):
+    """Check the blocks not checked yet (`checked[b] == 0`) that tokens [s, s + length) of
+    each of `starts` touch (a block holds 1 << `shift` tokens), three at a time, and mark them
+    checked; -1, or the first block that fails (then nothing is marked). `todo`: scratch of at
+    least as many entries as the windows touch blocks."""
+    n = 0
+    for s in starts:
+        for block in range(s >> shift, ((s + length - 1) >> shift) + 1):
+            if checked[block] == 0:
+                checked[block] = 2  # queued: a block two windows share is hashed once
+                todo[n] = block
+                n += 1
+    failed = -1
+    i = 0
+    while i + 3 <= n and failed < 0:
+        a, b, c = todo[i], todo[i + 1], todo[i + 2]
+        ca, cb, cc = np.uint64(crcs[a]) ^ MASK, np.uint64(crcs[b]) ^ MASK, np.uint64(crcs[c]) ^ MASK
+        pa, pb, pc = a * words_per_block, b * words_per_block, c * words_per_block
+        for w in range(words_per_block):
+            ca = _crc64(ca, words[pa + w])
+            cb = _crc64(cb, words[pb + w])
+            cc = _crc64(cc, words[pc + w])
+        for block, crc in ((a, ca), (b, cb), (c, cc)):
+            if failed < 0 and (crc ^ MASK) & MASK != crcs[block + 1]:
+                failed = block
+        i += 3
+    while i < n and failed < 0:
+        if not _extend(crcs, words, todo[i], words_per_block):
+            failed = todo[i]
+        i += 1
+    for k in range(n):
+        checked[todo[k]] = 1 if failed < 0 else 0
+    return failed
+
+
+def joined_sidecars(store: Path, folder: Path) -> Path:
+    """The store's flat sidecars end to end in one file, padded to whole blocks."""
+    from pipeline.store.token_store import TokenStore
+
+    with TokenStore(store) as opened:
+        shards = opened.manifest["shards"]
+    path = folder / "joined.flat.bin"
+    with path.open("wb") as out:
+        for shard in shards:
+            out.write((store / shard["flat"]).read_bytes())
+        out.write(b"\0" * (-out.tell() % BLOCK))
+    return path
+
+
+def per_window(path: Path, crcs: dict[int, np.ndarray], way: str, share: float, seed: int) -> float:
+    """CPU s per window of reading `share` of the joined sidecar at `path`, mapped afresh, in
+    steps of `ROWS` random windows, checked `way`."""
+    with path.open("rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    tokens = np.frombuffer(mapped, np.uint16)
+    windows = tokens.size // WINDOW - 1
+    starts = np.random.default_rng(seed).choice(windows, int(windows * share), replace=False)
+    steps = (starts[: len(starts) // ROWS * ROWS].reshape(-1, ROWS) * WINDOW).tolist()
+    batch = np.empty(ROWS * WINDOW, np.int32)
+    if way == "compiled":
+        words, recorded = np.frombuffer(mapped, np.uint64), crcs[BLOCK]
+        checked, todo = np.zeros(recorded.size - 1, np.uint8), np.empty(ROWS * 3, np.int64)
+        shift = (BLOCK // tokens.itemsize).bit_length() - 1
+        as_arrays = [np.array(step, np.int64) for step in steps]  # what a plan's step holds
+        start = time.process_time()
+        for step, at in zip(steps, as_arrays):
+            if check_step(words, recorded, checked, at, WINDOW, shift, BLOCK // 8, todo) >= 0:
+                raise SystemExit(f"{path}: a block does not match its recorded CRC")
+            np.concatenate([tokens[s : s + WINDOW] for s in step], out=batch, casting="unsafe")
+        return (time.process_time() - start) / (len(steps) * ROWS)
+    size = {"off": 65536, "python 64 KiB": 65536, "python 4 KiB": BLOCK}[way]
+    flat = FlatBlocks(
+        path, tokens, crcs[size], block_bytes=size, whole_sha256="", check=way != "off"
+    )
+    start = time.process_time()
+    for step in steps:
+        np.concatenate([flat.read(s, s + WINDOW) for s in step], out=batch, casting="unsafe")
+    return (time.process_time() - start) / (len(steps) * ROWS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default="python-tests", help="a built-in store of the bench")
+    parser.add_argument("--shares", type=float, nargs="+", default=[0.13, 0.27, 1.0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cache-dir", type=Path, default=bench.CACHE, help="the bench's stores")
+    args = parser.parse_args()
+    ways = ["off", "python 64 KiB", "python 4 KiB", "compiled"]
+    with tempfile.TemporaryDirectory() as folder:
+        path = joined_sidecars(bench.builtin_store(args.store, args.cache_dir), Path(folder))
+        crcs = {size: prefix_crcs(path, size) for size in (BLOCK, 65536)}
+        per_window(path, crcs, "compiled", 0.01, 0)  # compiled (or loaded from numba's cache)
+        for share in args.shares:
+            spent: dict[str, list[float]] = {way: [] for way in ways}
+            for round_ in range(args.rounds):
+                for way in ways if round_ % 2 == 0 else ways[::-1]:
+                    spent[way].append(per_window(path, crcs, way, share, round_))
+            off = statistics.median(spent["off"])
+            added = {way: statistics.median(spent[way]) - off for way in ways[1:]}
+            print(
+                f"{args.store} ({os.path.getsize(path):,} bytes), {share:.0%} of its windows: "
+                f"unchecked {off * 1e6:.2f} us per window; checks add "
+                + ", ".join(
+                    f"{way} {extra * 1e6:+.2f} us ({extra / WINDOW * 1e9:+.3f} ns per token)"
+                    for way, extra in added.items()
+                )
+                + f" ({args.rounds} rounds)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
