@@ -11,12 +11,13 @@ Blocks are independent chains, so three are hashed at once (the instruction's la
 times its throughput). A mismatch returns the block before anything is marked.
 
 The measurement: the sidecars of a built-in store (`--store`, the bench's cache) laid end to end
-in one file, padded to whole 4 KiB blocks (the prototype checks whole blocks only), mapped afresh
+in one file, padded to whole 64 KiB blocks (the prototype checks whole blocks only), mapped afresh
 per round; random 2,049-token windows making `share` of its tokens, 32 a step, each step's
-windows copied as `piece_reads` copies them (one `np.concatenate` into an int32 batch). Four
+windows copied as `piece_reads` copies them (one `np.concatenate` into an int32 batch). Five
 ways, in alternating order each round: no check; `FlatBlocks.read` per window on 64 KiB blocks
-(today's) and on 4 KiB blocks; `check_step` then the copy. Prints the unchecked CPU per window
-and what each check adds, medians of `--rounds`. x86-64 with SSE4.2 only.
+(today's) and on 4 KiB blocks; `check_step` then the copy, on 4 KiB blocks (`compiled`) and on
+64 KiB ones (what a compiled check saves on today's stores). Prints the unchecked CPU per
+window and what each check adds, medians of `--rounds`. x86-64 with SSE4.2 only.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import bench  # benchmarks/bench.py, beside this file
 from pipeline.store.flat_blocks import FlatBlocks, prefix_crcs
 
 BLOCK = 4096  # bytes per recorded CRC of the prototype's format
+PADDED = 65536  # the joined sidecar is whole blocks of both sizes
 WINDOW = 2049  # tokens per window: a 2,048-token row and its next token
 ROWS = 32  # windows per step
 MASK = np.uint64(0xFFFFFFFF)
@@ -116,7 +118,7 @@ def joined_sidecars(store: Path, folder: Path) -> Path:
     with path.open("wb") as out:
         for shard in shards:
             out.write((store / shard["flat"]).read_bytes())
-        out.write(b"\0" * (-out.tell() % BLOCK))
+        out.write(b"\0" * (-out.tell() % PADDED))
     return path
 
 
@@ -130,14 +132,15 @@ def per_window(path: Path, crcs: dict[int, np.ndarray], way: str, share: float, 
     starts = np.random.default_rng(seed).choice(windows, int(windows * share), replace=False)
     steps = (starts[: len(starts) // ROWS * ROWS].reshape(-1, ROWS) * WINDOW).tolist()
     batch = np.empty(ROWS * WINDOW, np.int32)
-    if way == "compiled":
-        words, recorded = np.frombuffer(mapped, np.uint64), crcs[BLOCK]
+    if way.startswith("compiled"):
+        size = BLOCK if way == "compiled" else PADDED
+        words, recorded = np.frombuffer(mapped, np.uint64), crcs[size]
         checked, todo = np.zeros(recorded.size - 1, np.uint8), np.empty(ROWS * 3, np.int64)
-        shift = (BLOCK // tokens.itemsize).bit_length() - 1
+        shift = (size // tokens.itemsize).bit_length() - 1
         as_arrays = [np.array(step, np.int64) for step in steps]  # what a plan's step holds
         start = time.process_time()
         for step, at in zip(steps, as_arrays):
-            if check_step(words, recorded, checked, at, WINDOW, shift, BLOCK // 8, todo) >= 0:
+            if check_step(words, recorded, checked, at, WINDOW, shift, size // 8, todo) >= 0:
                 raise SystemExit(f"{path}: a block does not match its recorded CRC")
             np.concatenate([tokens[s : s + WINDOW] for s in step], out=batch, casting="unsafe")
         return (time.process_time() - start) / (len(steps) * ROWS)
@@ -158,10 +161,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cache-dir", type=Path, default=bench.CACHE, help="the bench's stores")
     args = parser.parse_args()
-    ways = ["off", "python 64 KiB", "python 4 KiB", "compiled"]
+    ways = ["off", "python 64 KiB", "python 4 KiB", "compiled", "compiled 64 KiB"]
     with tempfile.TemporaryDirectory() as folder:
         path = joined_sidecars(bench.builtin_store(args.store, args.cache_dir), Path(folder))
-        crcs = {size: prefix_crcs(path, size) for size in (BLOCK, 65536)}
+        crcs = {size: prefix_crcs(path, size) for size in (BLOCK, PADDED)}
         per_window(path, crcs, "compiled", 0.01, 0)  # compiled (or loaded from numba's cache)
         for share in args.shares:
             spent: dict[str, list[float]] = {way: [] for way in ways}
