@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -108,6 +108,110 @@ def check_step(words, crcs, checked, starts, length, shift, words_per_block, tod
     return failed
 
 
+@intrinsic
+def _pointer(typingctx, address):
+    """The int64 `address` as a void pointer, for `numba.carray`."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return types.voidptr(address), codegen
+
+
+@njit(nogil=True, cache=True)
+def _words(table, s):
+    """Shard `s`'s whole blocks as 8-byte words (`native_read`'s table row)."""
+    return carray(_pointer(table[s, 0]), (table[s, 10] * table[s, 11],), np.uint64)
+
+
+@njit(nogil=True, cache=True)
+def check_pieces(table, slot, lo, hi):
+    """`native_read._unchecked`'s contract (the pieces `FlatBlocks.read` must read first),
+    checking here what it can: every whole block a piece touches that is not checked yet,
+    against the shard's recorded CRCs (columns 8-11 of `native_read`'s table), three blocks at
+    once, then marked. Left to `FlatBlocks.read`: pieces touching a shard's short last block,
+    a shard without block CRCs, or a block that fails (unmarked, so that its read raises the
+    one-line error)."""
+    span = 0
+    for i in range(slot.size):
+        span += ((hi[i] - 1) >> table[slot[i], 7]) - (lo[i] >> table[slot[i], 7]) + 1
+    queued = np.empty((span, 3), np.int64)  # (shard slot, block, piece)
+    python = np.empty(slot.size + span, np.int64)
+    q = count = 0
+    for i in range(slot.size):
+        s = slot[i]
+        checked = carray(_pointer(table[s, 5]), (table[s, 6],), np.uint8)
+        shift = table[s, 7]
+        handed = False
+        for block in range(lo[i] >> shift, ((hi[i] - 1) >> shift) + 1):
+            if checked[block] == 0:
+                if table[s, 8] == 0 or block >= table[s, 11]:
+                    handed = True
+                else:
+                    checked[block] = 2  # queued: a block two pieces share is hashed once
+                    queued[q, 0], queued[q, 1], queued[q, 2] = s, block, i
+                    q += 1
+        if handed:
+            python[count] = i
+            count += 1
+    passed = np.zeros(q, np.bool_)
+    k = 0
+    while k < q:
+        lanes = min(3, q - k)
+        crc = np.empty(3, np.uint64)
+        for lane in range(lanes):
+            s, block = queued[k + lane, 0], queued[k + lane, 1]
+            crcs = carray(_pointer(table[s, 8]), (table[s, 9],), np.uint32)
+            crc[lane] = np.uint64(crcs[block]) ^ MASK
+        if lanes == 3:
+            a, b, c = queued[k, 0], queued[k + 1, 0], queued[k + 2, 0]
+            wa, wb, wc = _words(table, a), _words(table, b), _words(table, c)
+            pa, pb, pc = (
+                queued[k, 1] * table[a, 10],
+                queued[k + 1, 1] * table[b, 10],
+                queued[k + 2, 1] * table[c, 10],
+            )
+            ca, cb, cc = crc[0], crc[1], crc[2]
+            for w in range(min(table[a, 10], table[b, 10], table[c, 10])):
+                ca = _crc64(ca, wa[pa + w])
+                cb = _crc64(cb, wb[pb + w])
+                cc = _crc64(cc, wc[pc + w])
+            crc[0], crc[1], crc[2] = ca, cb, cc
+            # blocks of unequal sizes (stores of several block sizes): the rest one by one
+            for lane, (s, at) in enumerate(((a, pa), (b, pb), (c, pc))):
+                words = _words(table, s)
+                for w in range(min(table[a, 10], table[b, 10], table[c, 10]), table[s, 10]):
+                    crc[lane] = _crc64(crc[lane], words[at + w])
+        else:
+            for lane in range(lanes):
+                s, block = queued[k + lane, 0], queued[k + lane, 1]
+                words, at = _words(table, s), block * table[s, 10]
+                for w in range(table[s, 10]):
+                    crc[lane] = _crc64(crc[lane], words[at + w])
+        for lane in range(lanes):
+            s, block = queued[k + lane, 0], queued[k + lane, 1]
+            crcs = carray(_pointer(table[s, 8]), (table[s, 9],), np.uint32)
+            passed[k + lane] = (crc[lane] ^ MASK) & MASK == crcs[block + 1]
+        k += lanes
+    for k in range(q):
+        s, block = queued[k, 0], queued[k, 1]
+        checked = carray(_pointer(table[s, 5]), (table[s, 6],), np.uint8)
+        checked[block] = 1 if passed[k] else 0
+        if not passed[k]:
+            python[count] = queued[k, 2]
+            count += 1
+    return python[:count]
+
+
+def use() -> None:
+    """`native_read`'s compiled assembly in this process's read path, its blocks checked by
+    `check_pieces` rather than `FlatBlocks.read`."""
+    import native_read  # beside this file
+
+    native_read.use()
+    native_read._unchecked = check_pieces
+
+
 def joined_sidecars(store: Path, folder: Path) -> Path:
     """The store's flat sidecars end to end in one file, padded to whole blocks."""
     from pipeline.store.token_store import TokenStore
@@ -154,13 +258,66 @@ def per_window(path: Path, crcs: dict[int, np.ndarray], way: str, share: float, 
     return (time.process_time() - start) / (len(steps) * ROWS)
 
 
+def _differences(config: dict, steps: int, rounds: int, compiled: bool) -> list[float]:
+    """`bench.checked_reads_differences` in this (new) process, through the compiled assembly
+    and check when `compiled`."""
+    if compiled:
+        use()
+    return bench.checked_reads_differences(config, steps, rounds)
+
+
+def in_path(args: argparse.Namespace) -> None:
+    """The checks alone of `pipeline bench` (`bench.checked_reads_differences`: `Plan.batch`
+    from fresh stores, `verify: read` less `verify: off`) on `--in-path-store`, by block size
+    and path: the Python path, and `native_read`'s compiled assembly with `check_pieces` (its
+    `verify: off` side the compiled assembly too). Each figure the median of `--processes` new
+    processes' medians, the four run in turn, alternating."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from pipeline.store import writer
+
+    configs = {}
+    for size in (65536, BLOCK):
+        writer.BLOCK_BYTES = size  # the stores prepared (once) with this block size
+        parser = argparse.ArgumentParser()
+        bench.add_arguments(parser)
+        cache = args.cache_dir if size == 65536 else args.cache_dir / f"blocks-{size}"
+        options = parser.parse_args(["--store", args.in_path_store, "--cache-dir", str(cache)])
+        configs[size] = bench.config_mapping(bench.resolve_sources(options), options)
+    ways = [(size, compiled) for size in configs for compiled in (False, True)]
+    medians: dict[tuple[int, bool], list[float]] = {way: [] for way in ways}
+    for process in range(args.processes):
+        for size, compiled in ways if process % 2 == 0 else ways[::-1]:
+            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                work = pool.submit(_differences, configs[size], args.in_path, args.rounds, compiled)
+                medians[size, compiled].append(statistics.median(work.result()))
+    for (size, compiled), found in medians.items():
+        path = "compiled assembly and check" if compiled else "Python path"
+        print(
+            f"{args.in_path_store}, {args.in_path} steps, blocks of {size} bytes, {path}: checks "
+            f"alone {statistics.median(found) * 1e6:+.4f} CPU s per M tokens ({args.rounds} "
+            f"rounds in each of {len(found)} processes, from {min(found) * 1e6:+.4f} to "
+            f"{max(found) * 1e6:+.4f})",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="python-tests", help="a built-in store of the bench")
     parser.add_argument("--shares", type=float, nargs="+", default=[0.13, 0.27, 1.0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cache-dir", type=Path, default=bench.CACHE, help="the bench's stores")
+    parser.add_argument(
+        "--in-path", type=int, metavar="STEPS", help="instead, the checks alone in Plan.batch"
+    )
+    parser.add_argument("--in-path-store", default="mixture", help="the bench's --store")
+    parser.add_argument("--processes", type=int, default=3, help="new processes (--in-path)")
     args = parser.parse_args()
+    if args.in_path:
+        in_path(args)
+        return
     ways = ["off", "python 64 KiB", "python 4 KiB", "compiled", "compiled 64 KiB"]
     with tempfile.TemporaryDirectory() as folder:
         path = joined_sidecars(bench.builtin_store(args.store, args.cache_dir), Path(folder))

@@ -33,7 +33,7 @@ from pipeline.store.piece_reads import PieceSource
 _KINDS = {np.dtype(np.uint16): 0, np.dtype(np.uint32): 1, np.dtype(np.int32): 2}
 
 
-_Entry = tuple[FlatBlocks, tuple[int, ...], np.ndarray, np.ndarray]
+_Entry = tuple[FlatBlocks, tuple[int, ...], np.ndarray, np.ndarray, np.ndarray | None]
 _ENTRIES: dict[int, _Entry] = {}  # id(FlatBlocks) -> its entry; checked by identity
 _MAX_ENTRIES = 4096
 
@@ -42,8 +42,10 @@ def _entry(store: PieceSource, shard: int) -> _Entry | None:
     """(flat blocks, table row, arrays the row points into) of a shard served from a local
     flat sidecar of a supported dtype, else None. The row: the tokens' address, size and
     kind, the document index's address and size, the checked bitmap's address and size, the
-    block shift. Kept per `FlatBlocks` (a few numpy attribute reads each), at most
-    `_MAX_ENTRIES` (their sidecars stay mapped while kept)."""
+    block shift; then, for a compiled check (`compiled_check.use`), the recorded CRCs'
+    address and size (0 without them), the 8-byte words a block holds and the whole blocks.
+    Kept per `FlatBlocks` (a few numpy attribute reads each), at most `_MAX_ENTRIES` (their
+    sidecars stay mapped while kept)."""
     if getattr(store, "remote", False) or not 0 <= shard < store.num_shards:
         return None
     flat = store.flat_blocks(shard)  # every step, as read_pieces: the open shards' recency
@@ -55,13 +57,16 @@ def _entry(store: PieceSource, shard: int) -> _Entry | None:
     docs = np.ascontiguousarray(store.doc_offsets(shard), np.int64)
     checked = np.frombuffer(flat.checked, np.uint8)
     tokens = flat.tokens
+    crcs = None if flat._crcs is None else np.frombuffer(flat._crcs, np.uint32)
     row = (
         tokens.ctypes.data, tokens.size, _KINDS[tokens.dtype], docs.ctypes.data, docs.size,
         checked.ctypes.data, checked.size, flat.shift,
+        0 if crcs is None else crcs.ctypes.data, 0 if crcs is None else crcs.size,
+        flat.block_bytes // 8, tokens.nbytes // flat.block_bytes,
     )  # fmt: skip
     if len(_ENTRIES) >= _MAX_ENTRIES:
         _ENTRIES.clear()
-    entry = _ENTRIES[id(flat)] = (flat, row, docs, checked)
+    entry = _ENTRIES[id(flat)] = (flat, row, docs, checked, crcs)
     return entry
 
 

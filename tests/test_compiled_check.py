@@ -1,7 +1,9 @@
 """benchmarks/compiled_check.py's compiled step check (numba, a prototype, not adopted) checks
 what `FlatBlocks.read` checks: every block a window touches against the recorded running
 CRC32Cs (`prefix_crcs`, `google_crc32c`), whichever of its three interleaved chains or its
-remainder hashes the block; a flipped byte is refused, and nothing is marked then."""
+remainder hashes the block; a flipped byte is refused, and nothing is marked then. In the read
+path (`use`: `native_read`'s compiled assembly, its blocks checked by `check_pieces`), the
+batches are the Python path's and a flipped byte is refused with its error at the same step."""
 
 from __future__ import annotations
 
@@ -12,9 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.config import parse_config
+from pipeline.errors import StoreError
+from pipeline.read import windows
+from pipeline.read.plan import Plan
 from pipeline.store.flat_blocks import prefix_crcs
+from tests.test_checked_reads import flip, masked_store, middle_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHON = windows._assemble
 TOKENS_PER_BLOCK = 2048  # uint16 tokens in a 4 KiB block
 BLOCKS = 12
 
@@ -82,3 +90,45 @@ def test_a_flipped_byte_in_a_block_no_window_touches_is_not_read(compiled_check,
     data = bytearray(sidecar.read_bytes())
     data[4 * 4096 + 99] ^= 0x01  # block 4: between the two windows
     assert check(compiled_check, bytes(data), crcs, STARTS, LENGTH)[0] == -1
+
+
+@pytest.fixture
+def in_path(monkeypatch, compiled_check):
+    """`compiled_check.use()` in this process; the Python read path restored after."""
+    native_read = importlib.import_module("native_read")
+    monkeypatch.setattr(windows, "_assemble", PYTHON)
+    monkeypatch.setattr(native_read, "_unchecked", native_read._unchecked)
+    compiled_check.use()
+    assert native_read._unchecked is compiled_check.check_pieces
+    return windows._assemble
+
+
+def test_in_the_read_path_a_flipped_byte_is_refused_as_the_python_path_refuses_it(
+    tmp_path: Path, in_path
+) -> None:
+    def plan(store: Path) -> Plan:
+        raw = {"seed": 1, "seq_len": 63, "global_batch_size": 8,
+               "sources": {"code": {"path": str(store)}}, "mix": {"code": 1}}  # fmt: skip
+        return Plan.from_config(parse_config(raw, origin="check.yaml"))
+
+    clean = {}
+    for assemble in (PYTHON, in_path):
+        windows._assemble = assemble
+        fresh = plan(masked_store(tmp_path / f"store-{len(clean)}"))
+        clean[assemble] = [fresh.read(fresh.draws(step)) for step in range(12)]
+    for python, compiled in zip(*clean.values()):
+        assert python.keys() == compiled.keys()
+        assert all(np.array_equal(python[key], compiled[key]) for key in python)
+    damaged = masked_store(tmp_path / "damaged")
+    sidecar = damaged / "shard-00001-of-00002.flat.bin"
+    flip(sidecar, middle_offsets(sidecar, 2)["high"])
+    errors = []
+    for assemble in (PYTHON, in_path):
+        windows._assemble = assemble
+        fresh = plan(damaged)
+        with pytest.raises(StoreError) as error:
+            for step in range(40):
+                fresh.read(fresh.draws(step))
+        errors.append((step, str(error.value)))
+    assert errors[0] == errors[1]
+    assert "do not match their block checksums" in errors[0][1]
