@@ -23,8 +23,9 @@ store, hashes 8.5 bytes per token served from memory (python-code's 3.7), its ch
 cost. Smaller blocks hash less there but make a check of every window's first read, dearer
 over an epoch, the common run, and no cheaper at a fifth in Python (4 and 16 KiB against 64:
 docs/benchmarks.md, "Checked reads on the mixture"; 4 KiB blocks checked a step at a time in
-compiled code cost next to nothing there, a prototype: `benchmarks/compiled_check.py`). Stores
-of another block size are read and checked in their own (the manifest's `flat_block_bytes`).
+compiled code cost half as much at a fifth and next to nothing over an epoch, a prototype:
+`benchmarks/compiled_check.py`). Stores of another block size are read and checked in their
+own (the manifest's `flat_block_bytes`).
 
 A store prepared before block checksums existed has none: with checks on, a shard's sidecar is
 then hashed whole against the manifest's `flat_sha256` on its first read, so nothing is served
