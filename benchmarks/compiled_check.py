@@ -268,17 +268,17 @@ def _differences(config: dict, steps: int, rounds: int, compiled: bool) -> list[
 
 def in_path(args: argparse.Namespace) -> None:
     """The checks alone of `pipeline bench` (`bench.checked_reads_differences`: `Plan.batch`
-    from fresh stores, `verify: read` less `verify: off`) on `--in-path-store`, by block size
-    and path: the Python path, and `native_read`'s compiled assembly with `check_pieces` (its
-    `verify: off` side the compiled assembly too). Each figure the median of `--processes` new
-    processes' medians, the four run in turn, alternating."""
+    from fresh stores, `verify: read` less `verify: off`) on `--in-path-store`, on 64 KiB blocks
+    and on `--in-path-block`, by path: the Python path, and `native_read`'s compiled assembly
+    with `check_pieces` (its `verify: off` side the compiled assembly too). Each figure the
+    median of `--processes` new processes' medians, the four run in turn, alternating."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     from pipeline.store import writer
 
     configs = {}
-    for size in (65536, BLOCK):
+    for size in (65536, args.in_path_block):
         writer.BLOCK_BYTES = size  # the stores prepared (once) with this block size
         parser = argparse.ArgumentParser()
         bench.add_arguments(parser)
@@ -313,6 +313,7 @@ def main() -> None:
         "--in-path", type=int, metavar="STEPS", help="instead, the checks alone in Plan.batch"
     )
     parser.add_argument("--in-path-store", default="mixture", help="the bench's --store")
+    parser.add_argument("--in-path-block", type=int, default=BLOCK, help="the finer block size")
     parser.add_argument("--processes", type=int, default=3, help="new processes (--in-path)")
     args = parser.parse_args()
     if args.in_path:
