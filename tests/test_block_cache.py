@@ -1,5 +1,6 @@
-"""The host cache's bound (`block_cache`): after every fill, of any process, the cache holds at
-most `max_bytes`, least recently used entries deleted first. On the real disk, no mocks."""
+"""The host cache's bound (`block_cache`): once the passes that fills over it make due are done,
+the cache holds at most `max_bytes`, least recently used entries deleted first; a fill does not
+wait for a pass. On the real disk, no mocks."""
 
 from __future__ import annotations
 
@@ -46,10 +47,10 @@ def fill(cache: BlockCache, key: str, size: int) -> Path:
 )
 def test_after_every_fill_of_any_process_the_cache_holds_at_most_its_bound(sizes, uses):
     """Three processes' caches on one directory (each its own object, made before any fill, as
-    processes start together), used in any order: after each use, the entries on the disk
-    weigh at most the bound, unless the entry just filled is alone larger: then it is the one
-    entry left. Each process counting only its own fills let the host's cache grow to the
-    bound times the number of processes."""
+    processes start together), used in any order: after each use and its pass, the entries on
+    the disk weigh at most the bound, unless the entry just filled is alone larger: then it is
+    the one entry left. Each process counting only its own fills let the host's cache grow to
+    the bound times the number of processes."""
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
         caches = [BlockCache(root, BOUND) for _ in range(3)]
@@ -57,6 +58,7 @@ def test_after_every_fill_of_any_process_the_cache_holds_at_most_its_bound(sizes
             name = f"shards/{key}"
             path = fill(caches[process], name, sizes[key])
             assert path.read_bytes() == name.encode()[-1:] * sizes[key]
+            assert BlockCache.settle()
             held = entries(root)
             assert sum(held.values()) <= BOUND or held == {name: sizes[key]}, held
 
@@ -78,11 +80,14 @@ def test_a_pass_deletes_the_least_recently_used_and_keeps_the_entry_just_filled(
     for key, ago in (("shards/b", 30), ("shards/c", 20), ("shards/a", 10)):
         used(key, ago)
     fill(cache, "shards/d", 500)  # 3500: deleted down to <= 2700, b first
+    assert BlockCache.settle()
     assert entries(root) == {"shards/a": 1000, "shards/c": 1000, "shards/d": 500}
     fill(cache, "shards/e", 4000)  # alone over the bound: all the others go
+    assert BlockCache.settle()
     assert entries(root) == {"shards/e": 4000}
     used("shards/e", 10)
     fill(cache, "shards/f", 100)
+    assert BlockCache.settle()
     assert entries(root) == {"shards/f": 100}
 
 
@@ -119,6 +124,7 @@ def test_processes_filling_one_cache_at_once_keep_it_counted_high_and_within_its
     count, disk = count_and_disk(tmp_path)
     assert 0 < disk <= count
     fill(BlockCache(tmp_path, BOUND), "shards/last", 2 * BOUND)  # a pass with no fill racing it
+    assert BlockCache.settle()
     assert entries(tmp_path) == {"shards/last": 2 * BOUND}
 
 
@@ -126,7 +132,9 @@ class _PausedPass(BlockCache):
     """A cache whose pass stops after its first deletion until `resume` is set (the test's
     stand-in for a pass over millions of entries)."""
 
-    def __init__(self, root: Path, paused: Event, resume: Event) -> None:
+    def __init__(
+        self, root: Path, paused: Event | threading.Event, resume: Event | threading.Event
+    ) -> None:
         super().__init__(root, BOUND)
         self.paused, self.resume = paused, resume
 
@@ -138,8 +146,10 @@ class _PausedPass(BlockCache):
 
 
 def _pass_paused(root: str, paused: Event, resume: Event) -> None:
-    """Fill the entry that takes the cache at `root` over its bound; its pass pauses."""
+    """Fill the entry that takes the cache at `root` over its bound; its pass pauses (the
+    process waits for it)."""
     fill(_PausedPass(Path(root), paused, resume), "shards/over", 1000)
+    assert BlockCache.settle()
 
 
 def pass_lock_held(root: Path) -> bool:
@@ -177,8 +187,8 @@ def paused_pass(tmp_path):
 def test_a_fill_does_not_wait_for_a_pass_of_another_process(paused_pass):
     """While another process's pass is under way (scan done, deleting), a fill that takes the
     cache over its bound again completes: it neither waits for the count's lock held by the
-    pass, nor for the pass lock (the running pass brings the count down). The pass then sets
-    the count high, never low, and a pass after it leaves the cache within its bound."""
+    pass, nor for the pass lock (its own pass, due, waits for it). The pass then sets the count
+    high, never low, and a pass after it leaves the cache within its bound."""
     root, process, resume = paused_pass
     done = threading.Event()
 
@@ -194,10 +204,11 @@ def test_a_fill_does_not_wait_for_a_pass_of_another_process(paused_pass):
     assert count >= disk
     resume.set()
     process.join(timeout=60)
-    assert process.exitcode == 0 and not pass_lock_held(root)
+    assert process.exitcode == 0 and BlockCache.settle() and not pass_lock_held(root)
     count, disk = count_and_disk(root)
     assert count >= disk and "shards/racing" in entries(root)
     fill(BlockCache(root, BOUND), "shards/next", BOUND)
+    assert BlockCache.settle()
     assert entries(root) == {"shards/next": BOUND}
 
 
@@ -211,6 +222,75 @@ def test_a_process_killed_mid_pass_leaves_the_cache_usable_and_counted_high(paus
     count, disk = count_and_disk(root)
     assert count >= disk and disk < count
     fill(BlockCache(root, BOUND), "shards/after", 1500)
+    assert BlockCache.settle()
     assert sum(entries(root).values()) <= BOUND and "shards/after" in entries(root)
     count, disk = count_and_disk(root)
     assert count >= disk
+
+
+@pytest.fixture
+def own_paused_pass(tmp_path):
+    """A cache at its bound (a, b, c: 1000 bytes each, least recently used first) and a fill of
+    this process, in a thread, that takes it over: (root, the fill's thread, the event set once
+    its pass has paused after its first deletion, the event that resumes it)."""
+    plain = BlockCache(tmp_path, BOUND)
+    for ago, key in zip((40, 30, 20), "abc", strict=True):
+        fill(plain, f"shards/{key}", 1000)
+        os.utime(tmp_path / "shards" / key, (time.time() - ago,) * 2)
+    paused, resume = threading.Event(), threading.Event()
+    cache = _PausedPass(tmp_path, paused, resume)
+    filler = threading.Thread(target=fill, args=(cache, "shards/over", 1000), daemon=True)
+    filler.start()
+    try:
+        yield tmp_path, filler, paused, resume
+    finally:
+        resume.set()
+        assert BlockCache.settle()
+
+
+def test_a_fill_that_takes_the_cache_over_returns_while_its_pass_runs(own_paused_pass):
+    """The fill that takes the count over the bound returns while its pass (paused here, as one
+    over millions of entries takes seconds) is still running in the background; the cache is
+    above its bound meanwhile, and within it once the pass is done."""
+    root, filler, paused, resume = own_paused_pass
+    filler.join(timeout=30)
+    assert not filler.is_alive() and paused.wait(timeout=30) and pass_lock_held(root)
+    assert sum(entries(root).values()) == 3000  # a deleted; b next, once resumed
+    resume.set()
+    assert BlockCache.settle()
+    assert entries(root) == {"shards/c": 1000, "shards/over": 1000}
+
+
+def test_a_fill_over_the_bound_while_a_pass_runs_gets_a_pass_after_it(own_paused_pass):
+    """A fill that takes the cache over its bound again while this process's pass runs (after
+    its scan) is not lost: another pass runs after it and brings the cache within its bound.
+    Skipping it (the pass lock was held) left the cache over its bound until some later fill."""
+    root, _, paused, resume = own_paused_pass
+    assert paused.wait(timeout=30)
+    fill(BlockCache(root, BOUND), "shards/more", 1500)  # the first pass leaves c, over, more
+    resume.set()
+    assert BlockCache.settle() and not pass_lock_held(root)
+    assert entries(root) == {"shards/over": 1000, "shards/more": 1500}
+    count, disk = count_and_disk(root)
+    assert count >= disk
+
+
+def _fill_over_and_settle(root: str) -> None:
+    """In a child forked mid-pass: a fill over the bound, whose pass must run once the parent's
+    is done (the child has no pass thread, and must not hold the parent's pass lock)."""
+    fill(BlockCache(Path(root), BOUND), "shards/child", 2000)
+    assert BlockCache.settle(timeout_s=30)
+
+
+def test_a_child_forked_mid_pass_runs_its_own_passes_and_holds_no_pass_lock(own_paused_pass):
+    """A process forked while its parent's pass thread runs (and holds the host's pass lock)
+    starts its own pass thread, and lets go of its copy of the lock's descriptor: else the
+    child thinks a pass thread runs, and its copy holds the host's pass lock for its life."""
+    root, _, paused, resume = own_paused_pass
+    assert paused.wait(timeout=30)
+    child = multiprocessing.get_context("fork").Process(target=_fill_over_and_settle, args=(root,))
+    child.start()
+    resume.set()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert BlockCache.settle() and sum(entries(root).values()) <= BOUND

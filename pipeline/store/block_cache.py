@@ -19,19 +19,24 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
   over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
   death.
-* **Bounded, strictly, without stalling fills.** The host's processes keep one count of the
-  cache's bytes (`_TOTAL`, under its `flock`, held for microseconds): a fill adds its entry and
-  renames it in under that lock (a process killed in between leaves the count high, never low),
-  and when that takes the count over `max_bytes`, it runs an eviction pass unless another
-  process of the host is running one (`_PASS`, locked without waiting): the least recently
-  used entries (by modification time, which a read refreshes) are deleted down to 90 % of the
-  bound counted by the pass's scan. The scan and deletions hold no lock the fills take: the
+* **Bounded, without stalling fills.** The host's processes keep one count of the cache's
+  bytes (`_TOTAL`, under its `flock`, held for microseconds): a fill adds its entry and renames
+  it in under that lock (a process killed in between leaves the count high, never low), and
+  when that takes the count over `max_bytes`, it makes an eviction pass due and returns: the
+  pass runs in the process's one background thread (`_Passes`), after the host's pass lock
+  (`_PASS`: one pass per host at a time). A pass that finds the count over the bound deletes
+  the least recently used entries (by modification time, which a read refreshes) down to 90 %
+  of the bound counted by its scan. The scan and deletions hold no lock the fills take: the
   pass then sets the count to what its scan left plus what fills added meanwhile (counted
-  possibly twice: high, never low). After a pass the cache holds at most `max_bytes`, unless
-  fills raced in or the entry just filled is alone larger than that: it is kept for its
-  caller, alone, and goes at the next pass. A whole shard's path handed out by `get_file` may
-  be deleted by a pass before its caller opens it: the caller takes the copy again
-  (`remote_shards.open_copy`); once a file is open, deleting it takes nothing from its reader.
+  possibly twice: high, never low). A fill over the bound while a pass runs (in any process)
+  makes another pass due after it, which looks at the count again. So the cache stands above
+  `max_bytes` while a pass is due or running, by the fills made meanwhile; once its passes are
+  done (`settle`) it holds at most `max_bytes`, unless the entry filled last is alone larger
+  than that: it is kept for its caller, alone, and goes at the next pass. A process killed
+  mid-pass (kill -9, or at exit: the thread is a daemon) leaves the count high. A whole
+  shard's path handed out by `get_file` may be deleted by a pass before its caller opens it:
+  the caller takes the copy again (`remote_shards.open_copy`); once a file is open, deleting
+  it takes nothing from its reader.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -117,7 +123,7 @@ class BlockCache:
     def _filled(self, path: Path, found: Callable[[], T | None], fill: Callable[[Path], T]) -> T:
         """Fill the entry at `path` under its lock, unless `found()` finds it filled by another
         process meanwhile: `fill(partial)` writes (and checks) a partial file, renamed over the
-        entry once whole; then evict if the cache is over its bound."""
+        entry once whole; then a pass is due if the cache is over its bound."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + _LOCK), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
@@ -138,14 +144,15 @@ class BlockCache:
 
     def _store(self, partial: Path, path: Path) -> None:
         """Rename the whole file `partial` over the entry `path`, counted in the host's total
-        first; then, if that is over the bound, evict down to 90 % of it (sparing `path`)."""
+        first; then, if that is over the bound, make a pass due (sparing `path`): it runs in
+        the background, this fill does not wait for it."""
         size = partial.stat().st_size
         with self._counted() as descriptor:
             total = self._count(descriptor) + size
             os.pwrite(descriptor, b"%020d" % total, 0)
             os.replace(partial, path)
         if total > self.max_bytes:
-            self._pass(path)
+            _passes.request(self, path)
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[int]:
@@ -162,30 +169,29 @@ class BlockCache:
         counted = os.pread(descriptor, 20, 0)
         return int(counted) if len(counted) == 20 and counted.isdigit() else self._scan()
 
+    @staticmethod
+    def settle(timeout_s: float = 60.0) -> bool:
+        """Wait until this process's eviction passes are done, those due included (a test, or a
+        benchmark, that must see the cache's end state); False if still running at `timeout_s`."""
+        return _passes.settle(timeout_s)
+
     def _pass(self, keep: Path) -> None:
-        """Evict down to 90 % of the bound, `keep` spared, unless another process of the host is
-        running a pass (it brings the count down) or has just run one. Only reading and setting
-        the count hold its lock, so the host's fills do not wait for the scan and deletions."""
-        descriptor = os.open(self.root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
-            with self._counted() as counted:
-                before = self._count(counted)
-            if before <= self.max_bytes:
-                return
-            left = self._evict(keep)
-            with self._counted() as counted:
-                now = os.pread(counted, 20, 0)
-                if len(now) == 20 and now.isdigit() and int(now) >= before:
-                    left += int(now) - before  # fills since `before`, some maybe also scanned
-                else:  # damaged, or counted again on the disk meanwhile
-                    left = self._scan()
-                os.pwrite(counted, b"%020d" % left, 0)
-        finally:
-            os.close(descriptor)
+        """Evict down to 90 % of the bound, `keep` spared, if the cache is still over it (a pass
+        that ran meanwhile may have brought it down). Runs with the host's pass lock held (in
+        `_Passes`); only reading and setting the count hold its lock, so the host's fills do not
+        wait for the scan and deletions."""
+        with self._counted() as counted:
+            before = self._count(counted)
+        if before <= self.max_bytes:
+            return
+        left = self._evict(keep)
+        with self._counted() as counted:
+            now = os.pread(counted, 20, 0)
+            if len(now) == 20 and now.isdigit() and int(now) >= before:
+                left += int(now) - before  # fills since `before`, some maybe also scanned
+            else:  # damaged, or counted again on the disk meanwhile
+                left = self._scan()
+            os.pwrite(counted, b"%020d" % left, 0)
 
     def _read_checked(self, path: Path, check: Callable[[bytes], bool]) -> bytes | None:
         try:
@@ -266,3 +272,77 @@ class BlockCache:
         for gone in (path, path + _LOCK):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(gone)
+
+
+class _Passes:
+    """This process's eviction passes: run by one background thread, started by the fill that
+    takes a cache over its bound (which returns at once) and gone once no pass is due. A fill
+    over the bound while a pass runs makes another due, run after it (it looks at the count
+    first: it may find the cache brought down already). The thread waits for the host's pass
+    lock (`_PASS`: one pass per host; waiting costs no fill anything). A daemon: one killed at
+    exit mid-pass leaves the count high, as kill -9 does."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(
+            before=lambda: self.lock.acquire(),
+            after_in_parent=lambda: self.lock.release(),
+            after_in_child=self.forked,
+        )
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.due: dict[Path, tuple[BlockCache, Path]] = {}  # by root: the latest fill's
+        self.running = False
+        self.held: int | None = None  # the pass lock's descriptor while open
+
+    def request(self, cache: BlockCache, keep: Path) -> None:
+        """Make a pass of `cache` due, sparing `keep` (the entry just filled, for its caller)."""
+        with self.lock:
+            self.due[cache.root] = (cache, keep)
+            if not self.running:
+                self.running = True
+                threading.Thread(target=self.run, name="block-cache-pass", daemon=True).start()
+
+    def settle(self, timeout_s: float) -> bool:
+        with self.lock:
+            return self.idle.wait_for(lambda: not self.running, timeout_s)
+
+    def run(self) -> None:
+        """The passes due, one at a time, until none is."""
+        while True:
+            with self.lock:
+                if not self.due:
+                    self.running = False
+                    self.idle.notify_all()
+                    return
+                cache, keep = self.due.pop(next(iter(self.due)))
+            # a cache whose directory went (a temporary one removed at exit) or cannot be
+            # written: no pass; the next fill over the bound tries again
+            with contextlib.suppress(OSError), self.host_lock(cache.root):
+                cache._pass(keep)
+
+    @contextlib.contextmanager
+    def host_lock(self, root: Path) -> Iterator[None]:
+        """The host's pass lock of the cache at `root`, waited for. Its descriptor is opened and
+        closed with `lock` held, which a fork takes first: a child closes it (`forked`), where
+        its copy would hold the host's lock for the child's life."""
+        with self.lock:
+            self.held = os.open(root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.held, fcntl.LOCK_EX)
+            yield
+        finally:
+            with self.lock:
+                os.close(self.held)
+                self.held = None
+
+    def forked(self) -> None:
+        """In a child forked from this process: no pass thread, nothing due, no lock held."""
+        if self.held is not None:
+            os.close(self.held)
+        self.reset()
+
+
+_passes = _Passes()
