@@ -652,10 +652,10 @@ def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exi
 def evicting_opener(cache: Path, max_bytes: int, always: bool = False):
     """`open_reader`, after an eviction pass of another process of the host that deletes the
     shard copy about to be opened (`always`: at every try, else at its first only): that
-    process fills an entry nearly as large as the bound, and its pass deletes every other. A
-    fill's pass is skipped while another thread's runs (one pass per host), which may have
-    scanned before the copy was there: the process fills again until a pass took the copy.
-    Returns the opener and the copies it had evicted and then opened."""
+    process fills an entry as large as the bound, and once its pass is done (`settle`: it runs
+    in the background), every other entry is gone. A fetch-ahead thread may fill the copy
+    again meanwhile: the process fills again until the copy is gone. Returns the opener and the
+    copies it had evicted and then opened."""
     evicted: list[Path] = []
     opened: list[Path] = []
     fillers = itertools.count()
@@ -666,9 +666,9 @@ def evicting_opener(cache: Path, max_bytes: int, always: bool = False):
             for _ in range(100):
                 filler = f"blocks/filler-{next(fillers)}"
                 BlockCache(cache, max_bytes).get(filler, lambda: b"f" * max_bytes, lambda _: True)
+                assert BlockCache.settle()
                 if not path.exists():
                     break
-                time.sleep(0.01)
             assert not path.exists()
         reader = open_reader(path)
         opened.append(path)
@@ -699,6 +699,7 @@ def test_a_shard_copy_evicted_before_its_reader_opens_it_is_fetched_again(
     assert evicted and set(evicted) <= set(opened)  # each one opened once fetched again
     shards = [r for r in log.requests if ".array_record" in r.path and "alt=media" in r.path]
     assert len(shards) >= 2 * len(evicted)
+    assert BlockCache.settle()
     assert sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) <= max_gb * (1 << 30)
 
 
