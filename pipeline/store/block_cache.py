@@ -303,7 +303,7 @@ class _Passes:
             self.due[cache.root] = (cache, keep)
             if not self.running:
                 self.running = True
-                threading.Thread(target=self.run, name="block-cache-pass", daemon=True).start()
+                threading.Thread(target=self.run, name="pipeline-cache-pass", daemon=True).start()
 
     def settle(self, timeout_s: float) -> bool:
         with self.lock:
