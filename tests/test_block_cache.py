@@ -145,11 +145,11 @@ class _PausedPass(BlockCache):
             self.resume.wait(timeout=60)
 
 
-def _pass_paused(root: str, paused: Event, resume: Event) -> None:
-    """Fill the entry that takes the cache at `root` over its bound; its pass pauses (the
-    process waits for it)."""
+def _pass_paused(root: str, paused: Event, resume: Event, exit_mid_pass: bool = False) -> None:
+    """Fill the entry that takes the cache at `root` over its bound; its pass pauses. The
+    process waits for its pass, or (`exit_mid_pass`) exits once it has paused."""
     fill(_PausedPass(Path(root), paused, resume), "shards/over", 1000)
-    assert BlockCache.settle()
+    assert paused.wait(timeout=60) if exit_mid_pass else BlockCache.settle()
 
 
 def pass_lock_held(root: Path) -> bool:
@@ -162,13 +162,18 @@ def pass_lock_held(root: Path) -> bool:
         return False
 
 
-@pytest.fixture
-def paused_pass(tmp_path):
-    """A cache at its bound (3 entries of 1000 bytes) whose next fill, by another process, runs
-    a pass paused after its first deletion: (root, the process, the event that resumes it)."""
-    cache = BlockCache(tmp_path, BOUND)
+def full_cache(root: Path) -> None:
+    """A cache at its bound: 3 entries of 1000 bytes."""
+    cache = BlockCache(root, BOUND)
     for key in "abc":
         fill(cache, f"shards/{key}", 1000)
+
+
+@pytest.fixture
+def paused_pass(tmp_path):
+    """A cache at its bound whose next fill, by another process, runs a pass paused after its
+    first deletion: (root, the process, the event that resumes it)."""
+    full_cache(tmp_path)
     spawn = multiprocessing.get_context("spawn")
     paused, resume = spawn.Event(), spawn.Event()
     process = spawn.Process(target=_pass_paused, args=(str(tmp_path), paused, resume))
@@ -226,6 +231,24 @@ def test_a_process_killed_mid_pass_leaves_the_cache_usable_and_counted_high(paus
     assert sum(entries(root).values()) <= BOUND and "shards/after" in entries(root)
     count, disk = count_and_disk(root)
     assert count >= disk
+
+
+def test_a_process_that_exits_mid_pass_leaves_the_count_high(tmp_path):
+    """The pass thread is a daemon: a process that exits while its pass runs (paused here) does
+    not wait for it, and leaves the pass lock free and the count high, never low."""
+    full_cache(tmp_path)
+    spawn = multiprocessing.get_context("spawn")
+    paused, resume = spawn.Event(), spawn.Event()
+    process = spawn.Process(target=_pass_paused, args=(str(tmp_path), paused, resume, True))
+    process.start()
+    process.join(timeout=30)
+    if process.exitcode is None:  # waited for its pass
+        resume.set()
+        process.join(timeout=60)
+    assert process.exitcode == 0 and paused.is_set() and not resume.is_set()
+    assert not pass_lock_held(tmp_path)
+    count, disk = count_and_disk(tmp_path)
+    assert count == 4000 and disk == 3000  # one entry deleted, the count not set
 
 
 @pytest.fixture

@@ -306,6 +306,7 @@ class _Passes:
                 threading.Thread(target=self.run, name="pipeline-cache-pass", daemon=True).start()
 
     def settle(self, timeout_s: float) -> bool:
+        """Whether the thread is gone (nothing due or running) within `timeout_s`."""
         with self.lock:
             return self.idle.wait_for(lambda: not self.running, timeout_s)
 
@@ -329,13 +330,13 @@ class _Passes:
         closed with `lock` held, which a fork takes first: a child closes it (`forked`), where
         its copy would hold the host's lock for the child's life."""
         with self.lock:
-            self.held = os.open(root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
+            self.held = descriptor = os.open(root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self.held, fcntl.LOCK_EX)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
         finally:
             with self.lock:
-                os.close(self.held)
+                os.close(descriptor)
                 self.held = None
 
     def forked(self) -> None:
