@@ -251,19 +251,25 @@ def test_a_process_that_exits_mid_pass_leaves_the_count_high(tmp_path):
     assert count == 4000 and disk == 3000  # one entry deleted, the count not set
 
 
-@pytest.fixture
-def own_paused_pass(tmp_path):
-    """A cache at its bound (a, b, c: 1000 bytes each, least recently used first) and a fill of
-    this process, in a thread, that takes it over: (root, the fill's thread, the event set once
-    its pass has paused after its first deletion, the event that resumes it)."""
-    plain = BlockCache(tmp_path, BOUND)
+def own_pass_paused(root: Path) -> tuple[threading.Thread, threading.Event, threading.Event]:
+    """A cache at `root` at its bound (a, b, c: 1000 bytes each, least recently used first) and
+    a fill of this process, in a thread, that takes it over: (the fill's thread, the event set
+    once its pass has paused after its first deletion, the event that resumes it)."""
+    plain = BlockCache(root, BOUND)
     for ago, key in zip((40, 30, 20), "abc", strict=True):
         fill(plain, f"shards/{key}", 1000)
-        os.utime(tmp_path / "shards" / key, (time.time() - ago,) * 2)
+        os.utime(root / "shards" / key, (time.time() - ago,) * 2)
     paused, resume = threading.Event(), threading.Event()
-    cache = _PausedPass(tmp_path, paused, resume)
+    cache = _PausedPass(root, paused, resume)
     filler = threading.Thread(target=fill, args=(cache, "shards/over", 1000), daemon=True)
     filler.start()
+    return filler, paused, resume
+
+
+@pytest.fixture
+def own_paused_pass(tmp_path):
+    """`own_pass_paused`: (root, the fill's thread, paused, resume); resumed and settled after."""
+    filler, paused, resume = own_pass_paused(tmp_path)
     try:
         yield tmp_path, filler, paused, resume
     finally:
@@ -305,15 +311,26 @@ def _fill_over_and_settle(root: str) -> None:
     assert BlockCache.settle(timeout_s=30)
 
 
-def test_a_child_forked_mid_pass_runs_its_own_passes_and_holds_no_pass_lock(own_paused_pass):
-    """A process forked while its parent's pass thread runs (and holds the host's pass lock)
-    starts its own pass thread, and lets go of its copy of the lock's descriptor: else the
-    child thinks a pass thread runs, and its copy holds the host's pass lock for its life."""
-    root, _, paused, resume = own_paused_pass
+def _fork_mid_pass(root: str) -> None:
+    """Fork a child (`_fill_over_and_settle`) while this process's pass is paused, then resume
+    it. Run in a process of its own: the test's may have started JAX's threads, and a fork of
+    that process could deadlock."""
+    _, paused, resume = own_pass_paused(Path(root))
     assert paused.wait(timeout=30)
     child = multiprocessing.get_context("fork").Process(target=_fill_over_and_settle, args=(root,))
     child.start()
     resume.set()
     child.join(timeout=60)
-    assert child.exitcode == 0
-    assert BlockCache.settle() and sum(entries(root).values()) <= BOUND
+    assert child.exitcode == 0 and BlockCache.settle()
+
+
+def test_a_child_forked_mid_pass_runs_its_own_passes_and_holds_no_pass_lock(tmp_path):
+    """A process forked while its parent's pass thread runs (and holds the host's pass lock)
+    starts its own pass thread, and lets go of its copy of the lock's descriptor: else the
+    child thinks a pass thread runs, and its copy holds the host's pass lock for its life."""
+    spawn = multiprocessing.get_context("spawn")
+    parent = spawn.Process(target=_fork_mid_pass, args=(str(tmp_path),))
+    parent.start()
+    parent.join(timeout=120)
+    assert parent.exitcode == 0
+    assert sum(entries(tmp_path).values()) <= BOUND and not pass_lock_held(tmp_path)
