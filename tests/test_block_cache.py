@@ -193,12 +193,13 @@ def test_a_fill_does_not_wait_for_a_pass_of_another_process(paused_pass):
     """While another process's pass is under way (scan done, deleting), a fill that takes the
     cache over its bound again completes: it neither waits for the count's lock held by the
     pass, nor for the pass lock (its own pass, due, waits for it). The pass then sets the count
-    high, never low, and a pass after it leaves the cache within its bound."""
+    high, never low, and over the bound still (by the racing fill): the racing fill's pass, run
+    after it, brings the cache within its bound; skipped, it left the cache over it."""
     root, process, resume = paused_pass
     done = threading.Event()
 
     def racing() -> None:
-        fill(BlockCache(root, BOUND), "shards/racing", 700)  # 4700 counted: over the bound
+        fill(BlockCache(root, BOUND), "shards/racing", 1500)  # 5500 counted: over the bound
         done.set()
 
     filler = threading.Thread(target=racing, daemon=True)
@@ -211,7 +212,8 @@ def test_a_fill_does_not_wait_for_a_pass_of_another_process(paused_pass):
     process.join(timeout=60)
     assert process.exitcode == 0 and BlockCache.settle() and not pass_lock_held(root)
     count, disk = count_and_disk(root)
-    assert count >= disk and "shards/racing" in entries(root)
+    assert count >= disk  # the paused pass left c, over and racing: 3500; the next took c
+    assert entries(root) == {"shards/over": 1000, "shards/racing": 1500}
     fill(BlockCache(root, BOUND), "shards/next", BOUND)
     assert BlockCache.settle()
     assert entries(root) == {"shards/next": BOUND}
