@@ -7,14 +7,20 @@ at a shard's first use, is named by the same key (`Plan.read`, `keyed`, `Plan.st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
 from pipeline.config import DataConfig, SourceSpec
 from pipeline.errors import ConfigError, StoreError
-from pipeline.store.formats import check_index, load_meta, local_meta, open_store
+from pipeline.store.formats import (
+    check_index,
+    load_meta,
+    local_meta,
+    local_metas,
+    open_store,
+)
 from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import Summaries
 from pipeline.store.remote_reads import configure, together
@@ -44,13 +50,16 @@ def plan_stores(
     to the first batch)."""
     configure_remote_reads(config)
     summaries = _summaries(config)
+    local = [s for s in config.sources if s.format == "store" and s.name not in config.in_buckets]
+    vouched = local_metas([spec.path for spec in local], summaries)
+    known = {spec.name: meta for spec, meta in zip(local, vouched) if meta is not None}
 
     def load(spec: SourceSpec) -> TokenStore | StoreMeta:
         if spec.name in config.in_buckets:
             return open_store(spec.path, check_reads=config.feed.check_reads)
         return local_meta(spec.path, summaries)
 
-    stores = _each_source(config, load)
+    stores: dict[str, TokenStore | StoreMeta] = _each_source(config, load, known)
     summaries.save()
     return stores
 
@@ -93,9 +102,12 @@ def keyed(config: DataConfig, name: str) -> Iterator[None]:
         raise StoreError(f"{path_key(config, name)}: {error}") from error
 
 
-def _each_source(config: DataConfig, load: Callable[[SourceSpec], T]) -> dict[str, T]:
-    """`load` of every source, by name; sources in buckets all at once (one round trip for
-    any number of them, `together`)."""
+def _each_source(
+    config: DataConfig, load: Callable[[SourceSpec], T], known: Mapping[str, T] | None = None
+) -> dict[str, T]:
+    """`load` of every source but those `known` (by name: taken as they are), by name;
+    sources in buckets all at once (one round trip for any number of them, `together`)."""
+    known = known or {}
 
     def one(spec: SourceSpec) -> T:
         try:
@@ -105,8 +117,10 @@ def _each_source(config: DataConfig, load: Callable[[SourceSpec], T]) -> dict[st
         except StoreError as error:
             raise ConfigError(f"{path_key(config, spec.name)}: {error}") from error
 
+    todo = [spec for spec in config.sources if spec.name not in known]
     if config.in_buckets:
-        values = together(*(partial(one, spec) for spec in config.sources))
+        values = together(*(partial(one, spec) for spec in todo))
     else:
-        values = [one(spec) for spec in config.sources]
-    return {spec.name: value for spec, value in zip(config.sources, values, strict=True)}
+        values = [one(spec) for spec in todo]
+    loaded = dict(zip((spec.name for spec in todo), values, strict=True))
+    return {name: known[name] if name in known else loaded[name] for name in config.source_names}

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,18 @@ class Summaries:
         if meta is not None:
             self._fresh[key] = (stat, meta)
         return meta
+
+    def metas(
+        self, paths: Sequence[Path], keys: Sequence[str], stats: Sequence[Stat | None]
+    ) -> list[StoreMeta | None]:
+        """`meta` of each store at `paths` (`keys`: their str, `stats`: their manifests'
+        identities): one pass, for a mixture's hundreds."""
+        metas = self._read.metas(paths, keys, stats)
+        fresh = self._fresh
+        for key, stat, meta in zip(keys, stats, metas):
+            if meta is not None:
+                fresh[key] = (stat, meta)  # type: ignore[assignment]
+        return metas
 
     def keep(self, meta: StoreMeta, stat: Stat | None) -> None:
         """Keep `meta`, read from the manifest file of identity `stat` (taken before the
@@ -184,16 +197,34 @@ class _Read:
     def meta(self, key: str, path: Path, stat: Stat) -> StoreMeta | None:
         """The metadata of the store at `path` (`key`: its str) if kept with the manifest
         identity `stat`."""
-        row = self.rows.get(key)
-        if row is None:
-            return None
-        mtime, ctime, shards, tokenizer, masked, total = self.ints[row]
-        if self.ids[row] != [*stat[:3]] or mtime != stat[3] or ctime != stat[4]:
-            return None
-        header, end = self.header, self.ends[row]
-        fields = (self.counts[end - shards : end], self.dtypes[header["dtypes"][row]])
-        values = (path, header["fingerprints"][row], *fields, header["tokenizers"][tokenizer])
-        return StoreMeta.kept((*values, masked != 0), total, header["digests"][row])
+        return self.metas((path,), (key,), (stat,))[0]
+
+    def metas(
+        self, paths: Sequence[Path], keys: Sequence[str], stats: Sequence[Stat | None]
+    ) -> list[StoreMeta | None]:
+        """`meta` of each store, in one loop of plain operations (a restore asks it of
+        hundreds)."""
+        out: list[StoreMeta | None] = []
+        rows, ids, ints, ends, counts = self.rows, self.ids, self.ints, self.ends, self.counts
+        header, dtypes, kept = self.header, self.dtypes, StoreMeta.kept
+        names, fingerprints = header["dtypes"], header["fingerprints"]
+        tokenizers, digests = header["tokenizers"], header["digests"]
+        for path, key, stat in zip(paths, keys, stats):
+            row = rows.get(key)
+            if row is None or stat is None:
+                out.append(None)
+                continue
+            mtime, ctime, shards, tokenizer, masked, total = ints[row]
+            if ids[row] != [*stat[:3]] or mtime != stat[3] or ctime != stat[4]:
+                out.append(None)
+                continue
+            end = ends[row]
+            values = (
+                path, fingerprints[row], counts[end - shards : end], dtypes[names[row]],
+                tokenizers[tokenizer], masked != 0,
+            )  # fmt: skip
+            out.append(kept(values, total, digests[row]))
+        return out
 
 
 def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
