@@ -31,7 +31,7 @@ from pipeline.config.schedule import WeightSchedule
 from pipeline.errors import ConfigError, LedgerError
 from pipeline.plan.clock import StepClock
 from pipeline.plan.mix_table import quantize
-from pipeline.plan.mixing import Mixture, Steered
+from pipeline.plan.mixing import Mixture, Steered, mixture_of
 from pipeline.plan.token_mix import TokenClock, TokenMixture
 
 
@@ -108,7 +108,7 @@ class StageTable:
             schedule_start = int(clock.position(first_step))
             if spec.epochs is not None:
                 draws = np.array([reps * windows_per_lane[n] for n, reps in spec.epochs], float)
-                mixture = Mixture(np.zeros((0, len(sources))), draws, 1)
+                mixture = mixture_of(np.zeros((0, len(sources))), draws, 1)
                 end: int | None = start + int(draws.sum())
             elif spec.mix_unit == "tokens":  # by virtual finish time (token_mix.py)
                 at = counters[list(sources)]
@@ -261,7 +261,7 @@ def _scheduled_mixture(spec: StageSpec, clock: StepClock, first_step: int, where
             f"'{spec.name}'; at least one source needs a positive weight at every step"
         )
     rows = clock.rows_per_lane(first_step + steps[:-1])
-    return Mixture(weights[:-1], weights[-1], rows, steps[:-1], horizon)
+    return mixture_of(weights[:-1], weights[-1], rows, steps[:-1], horizon)
 
 
 def _weights(schedules: list[WeightSchedule], varying: list[int], steps: np.ndarray) -> np.ndarray:

@@ -93,8 +93,7 @@ def local_metas(paths: Sequence[Path], summaries: Summaries) -> list[StoreMeta |
     finds it (a store with an in-place index has none), in one pass for a mixture's hundreds;
     None where `local_meta` reads the store (new, changed, in place, or missing)."""
     keys = [os.fspath(path) for path in paths]
-    stats = [manifest_stat(key) if _in_place_local(key) is None else None for key in keys]
-    return summaries.metas(paths, keys, stats)
+    return summaries.vouched(paths, keys, [cls.RECORD for cls in IN_PLACE.values()])
 
 
 def check_index(kind: str, path: Path, column: str | None = None, data: Path | None = None) -> None:

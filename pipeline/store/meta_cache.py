@@ -93,17 +93,31 @@ class Summaries:
             self._fresh[key] = (stat, meta)
         return meta
 
-    def metas(
-        self, paths: Sequence[Path], keys: Sequence[str], stats: Sequence[Stat | None]
+    def vouched(
+        self, paths: Sequence[Path], keys: Sequence[str], records: Sequence[str]
     ) -> list[StoreMeta | None]:
-        """`meta` of each store at `paths` (`keys`: their str, `stats`: their manifests'
-        identities): one pass, for a mixture's hundreds."""
-        metas = self._read.metas(paths, keys, stats)
-        fresh = self._fresh
-        for key, stat, meta in zip(keys, stats, metas):
-            if meta is not None:
-                fresh[key] = (stat, meta)  # type: ignore[assignment]
-        return metas
+        """`meta` of each local store at `paths` (`keys`: their str) that holds none of the
+        files `records` (an in-place index's), its manifest stated here: one loop of plain
+        calls for a mixture's hundreds (two `access`, one `stat` a store). None where the
+        caller reads the store (`formats.local_meta`: in place, new, changed or missing)."""
+        read, fresh, out = self._read, self._fresh, []
+        rows, idents, stat, access, exists = read.rows, read.idents, os.stat, os.access, os.F_OK
+        probes = [f"/{record}" for record in records]
+        for path, key in zip(paths, keys):
+            row = rows.get(key)
+            meta = None
+            if row is not None and not any([access(key + probe, exists) for probe in probes]):
+                try:
+                    s = stat(f"{key}/{MANIFEST}")
+                except OSError:
+                    s = None
+                if s is not None:
+                    ident = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                    if idents[row] == ident:
+                        meta = read.meta_of(row, path)
+                        fresh[key] = (ident, meta)
+            out.append(meta)
+        return out
 
     def keep(self, meta: StoreMeta, stat: Stat | None) -> None:
         """Keep `meta`, read from the manifest file of identity `stat` (taken before the
@@ -162,7 +176,9 @@ class _Read:
     def __init__(self, header: dict[str, Any], ids: np.ndarray, ints: np.ndarray, counts) -> None:
         self.header = header
         self.rows = {path: row for row, path in enumerate(header["paths"])}
-        self.ids, self.ints = ids.tolist(), ints.tolist()
+        self.ints = ints.tolist()
+        # each store's manifest identity (`Stat`), as `manifest_stat` gives it
+        self.idents = list(zip(*ids.T.tolist(), *ints[:, :2].T.tolist()))
         self.ends = np.cumsum(ints[:, 2]).tolist()  # where each store's counts end in `counts`
         self.counts = counts
         self.dtypes = {name: np.dtype(name) for name in set(header["dtypes"])}
@@ -197,34 +213,18 @@ class _Read:
     def meta(self, key: str, path: Path, stat: Stat) -> StoreMeta | None:
         """The metadata of the store at `path` (`key`: its str) if kept with the manifest
         identity `stat`."""
-        return self.metas((path,), (key,), (stat,))[0]
+        row = self.rows.get(key)
+        return None if row is None or self.idents[row] != stat else self.meta_of(row, path)
 
-    def metas(
-        self, paths: Sequence[Path], keys: Sequence[str], stats: Sequence[Stat | None]
-    ) -> list[StoreMeta | None]:
-        """`meta` of each store, in one loop of plain operations (a restore asks it of
-        hundreds)."""
-        out: list[StoreMeta | None] = []
-        rows, ids, ints, ends, counts = self.rows, self.ids, self.ints, self.ends, self.counts
-        header, dtypes, kept = self.header, self.dtypes, StoreMeta.kept
-        names, fingerprints = header["dtypes"], header["fingerprints"]
-        tokenizers, digests = header["tokenizers"], header["digests"]
-        for path, key, stat in zip(paths, keys, stats):
-            row = rows.get(key)
-            if row is None or stat is None:
-                out.append(None)
-                continue
-            mtime, ctime, shards, tokenizer, masked, total = ints[row]
-            if ids[row] != [*stat[:3]] or mtime != stat[3] or ctime != stat[4]:
-                out.append(None)
-                continue
-            end = ends[row]
-            values = (
-                path, fingerprints[row], counts[end - shards : end], dtypes[names[row]],
-                tokenizers[tokenizer], masked != 0,
-            )  # fmt: skip
-            out.append(kept(values, total, digests[row]))
-        return out
+    def meta_of(self, row: int, path: Path) -> StoreMeta:
+        """The metadata of store `row`, at `path`."""
+        _, _, shards, tokenizer, masked, total = self.ints[row]
+        header, end = self.header, self.ends[row]
+        values = (
+            path, header["fingerprints"][row], self.counts[end - shards : end],
+            self.dtypes[header["dtypes"][row]], header["tokenizers"][tokenizer], masked != 0,
+        )  # fmt: skip
+        return StoreMeta.kept(values, total, header["digests"][row])
 
 
 def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
