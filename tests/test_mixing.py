@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.plan.mixing import Mixture, Steered
+from pipeline.plan.mixing import Mixture, Steered, mixture_of
 
 weights = st.floats(0.0, 10.0, allow_nan=False)
 
@@ -236,3 +236,23 @@ def random_mixture(sources: int, pieces: int, rows: int, seed: int, kind: str) -
     starts = np.cumsum(rng.integers(1, 50, pieces)) if pieces else np.zeros(0, np.int64)
     horizon = int(starts[-1]) + 7 if pieces else 0
     return Mixture(weights[:-1], weights[-1], rows, starts, horizon)
+
+
+@settings(max_examples=50, deadline=None)
+@given(mixtures(max_sources=9), st.integers(0, 10**6))
+def test_a_mixture_of_the_same_numbers_is_made_once_and_counts_as_a_fresh_one(mix, far):
+    """A feed lays its config out again (adopt, set_mix, another feed): the mixture of the
+    same numbers is the one made before (`mixture_of`), shared read-only, and counts and
+    draws what a mixture made afresh does; other numbers make another."""
+    matrix, tail, rows = mix
+    kept = mixture_of(matrix, tail, rows)
+    assert mixture_of(matrix.copy(), tail.copy(), rows) is kept
+    assert not kept.weights.flags.writeable and not kept._tree.children.flags.writeable
+    fresh = Mixture(matrix, tail, rows)
+    positions = far + np.arange(64)
+    np.testing.assert_array_equal(kept.counts(positions), fresh.counts(positions))
+    for got, want in zip(kept.sources(positions), fresh.sources(positions)):
+        np.testing.assert_array_equal(got, want)
+    other = tail.copy()
+    other[-1] += 1.0
+    assert mixture_of(matrix, other, rows) is not kept

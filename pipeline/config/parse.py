@@ -330,7 +330,7 @@ def _sources(
     offered: tuple[Path, ...] = (),
 ) -> tuple[SourceSpec, ...]:
     sources = []
-    directories: dict[str, str] = {}  # the stores' parents, resolved once (`paths.resolved`)
+    directories: dict[str, tuple[str, Path]] = {}  # stores' parents, resolved once (`resolved`)
     for name, entry in where.mapping(raw, parent).items():
         key = f"{parent}.{name}"
         if not isinstance(name, str) or not name.isidentifier():

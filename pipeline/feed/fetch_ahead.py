@@ -27,7 +27,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,9 +37,9 @@ from pipeline.store.piece_reads import fetch_blocks
 from pipeline.urls import is_url
 
 if TYPE_CHECKING:
+    from pipeline.config import DataConfig
     from pipeline.plan.draws import Draws
     from pipeline.read.plan import Plan
-    from pipeline.store.meta import StoreMeta
 
 PARALLEL = 32
 """Requests in flight at once from one pass."""
@@ -48,10 +48,14 @@ KEPT = 4
 log = logging.getLogger("pipeline")
 
 
-def in_buckets(metas: Iterable[StoreMeta]) -> bool:
-    """Whether any of the stores of `metas` is in a bucket (asked once a feed: a fetcher and
-    more reader threads for it, `FetchAhead.of`, `readers.reader_count`)."""
-    return any(is_url(meta.path) for meta in metas)
+def in_buckets(plan: Plan, config: DataConfig | None = None) -> bool:
+    """Whether any of the stores of `plan` is in a bucket (asked once a feed: a fetcher and
+    more reader threads for it, `FetchAhead.of`, `readers.reader_count`); `config`: the one
+    config the plan was made of (its stores are the plan's), which knows it without a look
+    at each of hundreds of stores (`DataConfig.in_buckets`)."""
+    if config is not None:
+        return bool(config.in_buckets)
+    return any(is_url(meta.path) for meta in plan.store_set.metas())
 
 
 class FetchAhead:
