@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -242,8 +245,9 @@ def random_mixture(sources: int, pieces: int, rows: int, seed: int, kind: str) -
 @given(mixtures(max_sources=9), st.integers(0, 10**6))
 def test_a_mixture_of_the_same_numbers_is_made_once_and_counts_as_a_fresh_one(mix, far):
     """A feed lays its config out again (adopt, set_mix, another feed): the mixture of the
-    same numbers is the one made before (`mixture_of`), shared read-only, and counts and
-    draws what a mixture made afresh does; other numbers make another."""
+    same numbers is the one made before while it is held (`mixture_of`), shared read-only,
+    and counts and draws what a mixture made afresh does; other numbers make another, and
+    one that nothing holds any more is not kept."""
     matrix, tail, rows = mix
     kept = mixture_of(matrix, tail, rows)
     assert mixture_of(matrix.copy(), tail.copy(), rows) is kept
@@ -256,3 +260,7 @@ def test_a_mixture_of_the_same_numbers_is_made_once_and_counts_as_a_fresh_one(mi
     other = tail.copy()
     other[-1] += 1.0
     assert mixture_of(matrix, other, rows) is not kept
+    gone = weakref.ref(kept)
+    del kept
+    gc.collect()
+    assert gone() is None  # the cache does not keep it

@@ -29,8 +29,10 @@ a step costs the same with 256 sources as with 2.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 
@@ -237,31 +239,31 @@ def mixture_of(
     starts: np.ndarray | None = None,
     horizon: int | None = None,
 ) -> Mixture:
-    """`Mixture(weights, tail, step_rows, starts, horizon)`, the one made before while it is
-    among the last few of the process (`_kept`): a mixture is a pure function of these
-    numbers, and a feed lays the same one out at its start and again at a restore's `adopt`,
-    a `set_mix`, a second feed of the config (~2.5 us a source at 1,024 sources)."""
+    """`Mixture(weights, tail, step_rows, starts, horizon)`, the one made before while a plan
+    still holds it (`_live`): a mixture is a pure function of these numbers, and a feed lays
+    the same one out at its start and again at a restore's `adopt`, a `set_mix`, a second
+    feed of the config (~2.5 us a source at 1,024 sources). Shared, so read-only; kept by
+    nothing but its plans (a schedule of many pieces weighs megabytes)."""
     weights = np.asarray(weights, dtype=np.float64)
     pieces = weights.shape[0]
     rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
     starts = np.arange(pieces, dtype=np.int64) if starts is None else np.asarray(starts)
-    ends = np.asarray(tail, dtype=np.float64), rows, starts.astype(np.int64)
+    tail = np.asarray(tail, dtype=np.float64)
     horizon = pieces if horizon is None else int(horizon)
-    return _kept(weights.shape, weights.tobytes(), *(a.tobytes() for a in ends), horizon)
+    arrays = (weights, tail, rows, starts.astype(np.int64))
+    key = (weights.shape, *(a.tobytes() for a in arrays), horizon)
+    with _lock:
+        kept = _live.get(key)
+    if kept is None:
+        views = [np.frombuffer(k, a.dtype).reshape(a.shape) for k, a in zip(key[1:], arrays)]
+        kept = Mixture(*views, horizon)
+        with _lock:
+            kept = _live.setdefault(key, kept)
+    return kept
 
 
-@lru_cache(maxsize=8)
-def _kept(
-    shape: tuple[int, int], weights: bytes, tail: bytes, rows: bytes, starts: bytes, horizon: int
-) -> Mixture:
-    """The `Mixture` of these arrays' bytes (`mixture_of`), read-only: it is shared."""
-    return Mixture(
-        np.frombuffer(weights).reshape(shape),
-        np.frombuffer(tail),
-        np.frombuffer(rows, np.int64),
-        np.frombuffer(starts, np.int64),
-        horizon,
-    )
+_live: weakref.WeakValueDictionary[tuple, Mixture] = weakref.WeakValueDictionary()
+_lock = threading.Lock()
 
 
 def _rounded(share: np.ndarray, cum: np.ndarray | None) -> np.ndarray:
