@@ -45,16 +45,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from pipeline.config import DataConfig, SourceSpec
+from pipeline.config import DataConfig
 from pipeline.errors import ConfigError, LedgerError
-from pipeline.plan import exclusion, row_layout
+from pipeline.plan import row_layout
 from pipeline.plan.carry import holder
 from pipeline.plan.clock import StepClock
 from pipeline.plan.draws import Draws
+from pipeline.plan.lazy_layouts import Layouts
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.objective import stage_objectives
-from pipeline.plan.row_layout import OpenStore, RowLayout, layout_kind
+from pipeline.plan.row_layout import OpenStore, RowLayout
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.plan.token_mix import TokenClock
@@ -97,21 +98,19 @@ class SegmentPlan:
         # served steps: its step t is plan step t + shift (`Ledger.shift`)
         self.anchor = segment.stages_from - shift
         self.clock = StepClock(config.batch_sizes, config.lanes)
-        try:
-            self.layouts = {
-                spec.name: _layout(spec, metas[spec.name], config, open_store)
-                for spec in config.sources
-            }
-        except ConfigError as error:
-            raise ConfigError(f"{config.origin}: {error}") from error
-        for name, before in (previous or {}).items():  # a geometry change: epochs go on
-            self.layouts[name] = continued(before, self.layouts[name], segment.counters[name])
-        # in source order, as draws index them (one list for every step, not one a step)
-        self.ordered_layouts = tuple(self.layouts[name] for name in config.source_names)
+        previous = previous or {}
+        # laid out at their first use, but those the stage table lays out its mixtures from
+        self.layouts = Layouts(config, metas, open_store, {*previous, *_staged(config)})
+        for name, before in previous.items():  # a geometry change: epochs go on
+            after = continued(before, self.layouts[name], segment.counters[name])
+            self.layouts.replace(name, after)
+        # in source order, as draws index them (one list for every step, not one a step),
+        # None until laid out (`Layouts.ready`)
+        self.ordered_layouts = self.layouts.ordered
         # each one's class and kind of rows, for a step's draws to group its sources by
         # (`row_layout.by_kind`)
-        self.layout_types = tuple(type(layout) for layout in self.ordered_layouts)
-        self.row_kinds = tuple(layout.row_kind for layout in self.ordered_layouts)
+        self.layout_types = tuple(self.layouts.types)
+        self.row_kinds = tuple(kind.row_kind for kind in self.layout_types)
         carried = np.array([segment.counters[name] for name in config.source_names])
         joined = self.anchor != segment.start_step
         if joined:  # continue the layout where it places the start
@@ -180,11 +179,12 @@ class SegmentPlan:
     def _table(self, counters: np.ndarray, mixes: MixTable = NO_MIXES) -> StageTable:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
         config = self.config
-        windows = {name: layout.windows_per_lane for name, layout in self.layouts.items()}
+        staged = _staged(config)  # laid out now (`Layouts`): an epochized blend's, a tokens mix's
+        windows = {name: self.layouts[name].windows_per_lane for name in staged}
         overrides = self._overrides(mixes) if mixes else None
         clocks = None
         if any(stage.mix_unit == "tokens" for stage in config.stages):  # token_mix.py
-            clocks = {n: TokenClock(layout, config.origin) for n, layout in self.layouts.items()}
+            clocks = {n: TokenClock(self.layouts[n], config.origin) for n in staged}
         return StageTable(
             config.stages,
             config.source_names,
@@ -515,6 +515,7 @@ class DrawPlan:
         lane, position = plan.positions(step, rows)
         stage, source, counter = plan.table.draws(position)
         names, drawn = plan.config.source_names, sorted(set(source.tolist()))
+        plan.layouts.ready(drawn)  # laid out at their first draw (`lazy_layouts`)
         epoch, window, start = row_layout.draw(
             plan.ordered_layouts, source, counter, lane, drawn, plan.layout_types
         )
@@ -538,11 +539,12 @@ class DrawPlan:
             return self.store_set.meta(path, fingerprint, self.check_reads)
 
 
-def _layout(
-    spec: SourceSpec, meta: StoreMeta, config: DataConfig, open_store: OpenStore
-) -> RowLayout:
-    """Source `spec`'s layout, by the kind its `packing` names (without the documents it
-    excludes, `exclusion.build`)."""
-    if spec.exclude is not None:
-        return exclusion.build(spec, meta, config, open_store)
-    return layout_kind(spec.packing).build(spec, meta, config, open_store)
+def _staged(config: DataConfig) -> set[str]:
+    """The sources whose layouts a stage lays its mixture out from: an epochized blend's (its
+    windows per lane) and a `mix_unit: tokens` stage's (`TokenClock`)."""
+    return {
+        name
+        for stage in config.stages
+        if stage.epochs is not None or stage.mix_unit == "tokens"
+        for name in stage.source_names
+    }

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, RowLayout
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS
 
 SEGMENT_SHIFT = 16
 UNTRAINED = 1 << 15
@@ -33,9 +33,10 @@ MAX_SEQ_LEN = POSITION_MASK  # a window's positions (< seq_len + 1) fit in 15 bi
 NAMES = {WINDOWS: ("tokens", "bounds"), DOCUMENTS: ("inputs", "targets", "bounds")}
 
 
-def form(layouts: Iterable[RowLayout], seq_len: int) -> str | None:
-    """The compact form of a segment whose sources have `layouts`; None: the six fields."""
-    kinds = {layout.row_kind for layout in layouts}
+def form(row_kinds: Iterable[str], seq_len: int) -> str | None:
+    """The compact form of a segment whose sources' layouts make rows of `row_kinds`
+    (`RowLayout.row_kind`); None: the six fields."""
+    kinds = set(row_kinds)
     if seq_len > MAX_SEQ_LEN or len(kinds) != 1 or not kinds <= NAMES.keys():
         return None
     return kinds.pop()
