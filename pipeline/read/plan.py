@@ -67,6 +67,7 @@ class Plan(DrawPlan):
         whole-document source's rows on their own (`document_fields`); into zeros when
         several share the rows."""
         plan = self.segment_plan(draws.segment_index)
+        plan.layouts.ready(draws.drawn)  # laid out at their first draw, whichever plan drew
         layouts, open_store = plan.ordered_layouts, self.store_set.open
         kinds = by_kind(plan.row_kinds, draws.drawn, READERS)
         groups = _readers(layouts, open_store, draws.source, kinds, packed, draws.found)
@@ -88,6 +89,7 @@ class Plan(DrawPlan):
         (`piece_reads.fetch_blocks`), so a store on disk is not opened for it; what it finds
         is kept for the reader of the same draws (`Draws.found`)."""
         plan = self.segment_plan(draws.segment_index)
+        plan.layouts.ready(draws.drawn)
         layouts = plan.ordered_layouts
         drawn = draws.drawn if local else [k for k in draws.drawn if is_url(layouts[k].meta.path)]
         arrays = (draws.source, draws.epoch, draws.window, draws.start)
