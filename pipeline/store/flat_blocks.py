@@ -80,8 +80,8 @@ class FlatBlocks:
     both check a run, which is harmless)."""
 
     __slots__ = (
-        "_bytes", "_crcs", "_lock", "_path", "_remedy", "_whole_sha256", "block_bytes", "checked",
-        "shift", "tokens",
+        "_bytes", "_crcs", "_identify", "_lock", "_path", "_remedy", "_whole_sha256",
+        "block_bytes", "checked", "shift", "tokens",
     )  # fmt: skip
 
     def __init__(
@@ -94,6 +94,7 @@ class FlatBlocks:
         whole_sha256: str,
         check: bool = True,
         remedy: str = "the sidecar was altered or damaged; prepare the store again",
+        identify: Callable[[], None] | None = None,
     ) -> None:
         self.tokens = tokens
         self.block_bytes = block_bytes
@@ -105,7 +106,17 @@ class FlatBlocks:
         # 4 bytes a block (a list of Python ints would take ~36), read as Python ints
         self._crcs = None if crcs is None else array.array("I", crcs.astype(np.uint32).tobytes())
         self._path, self._whole_sha256, self._remedy = path, whole_sha256, remedy
+        self._identify = identify
         self._lock = threading.Lock()  # one hash of a whole sidecar at a time
+
+    def identify(self) -> None:
+        """The identity check its shard's first use left to the reads (`identify`: it raises
+        for the sidecar of another store, which a block check would only call altered), until
+        it passes once; run before an altered block is refused, and by a caller that reads
+        `tokens` unchecked."""
+        if self._identify is not None:
+            self._identify()
+            self._identify = None
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) (a non-empty range) of the sidecar, their blocks checked: the
@@ -132,6 +143,7 @@ class FlatBlocks:
     def _refuse(self, first: int, last: int) -> None:
         """Blocks [first, last) do not extend the recorded CRC at their start to the one at
         their end: the sidecar was altered."""
+        self.identify()
         size = self.block_bytes
         end = min(last * size, self._bytes.size)
         raise StoreError(
@@ -145,6 +157,7 @@ class FlatBlocks:
             if self.checked.find(0) < 0:  # another thread hashed it meanwhile
                 return
             if hashlib.sha256(self._bytes).hexdigest() != self._whole_sha256:
+                self.identify()
                 raise StoreError(
                     f"{self._path}: does not match its checksum (flat_sha256) in the manifest: "
                     "the sidecar was altered or damaged; prepare the store again"

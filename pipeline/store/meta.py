@@ -225,15 +225,20 @@ def read_manifest(
     path: Path, identity: Any = None, checked: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """`load_manifest`'s manifest and the SHA-256 of the bytes it was read from."""
+    data = manifest_data(path, identity)
+    digest = hashlib.sha256(data).hexdigest()
+    return parse_manifest(data, f"{path}/{MANIFEST}", digest, checked), digest
+
+
+def manifest_data(path: Path, identity: Any = None) -> bytes:
+    """The bytes of the manifest of the store at `path` (`load_manifest`'s read), refused in
+    one line that says what is there instead when there are none."""
     manifest_path = f"{path}/{MANIFEST}"  # not a `pathlib` join: ~3 us of a store's open
     try:
         if is_url(path) and identity is not None:
             version = (identity.version[0], identity.size)
-            data = manifest_bytes(manifest_path, version)
-        else:
-            data = read_bytes(manifest_path)
-        digest = hashlib.sha256(data).hexdigest()
-        manifest = json.loads(data)
+            return manifest_bytes(manifest_path, version)
+        return read_bytes(manifest_path)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as error:
         if path.exists() and not path.is_dir():
             raise StoreError(
@@ -251,7 +256,18 @@ def read_manifest(
             else f"{path}: not a token store ({MANIFEST} is missing; an interrupted prepare "
             "never leaves one: run `pipeline prepare` again)"
         ) from error
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+    except OSError as error:
+        raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
+
+
+def parse_manifest(
+    data: bytes, manifest_path: str, digest: str, checked: str | None = None
+) -> dict[str, Any]:
+    """The manifest of bytes `data` (of SHA-256 `digest`, read from `manifest_path`), checked
+    (`load_manifest`) unless they are the bytes of SHA-256 `checked`."""
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise StoreError(f"{manifest_path}: unreadable manifest: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
@@ -265,4 +281,4 @@ def read_manifest(
         check_manifest(
             manifest, manifest_path, masked=manifest["format_version"] == MASKED_FORMAT_VERSION
         )
-    return manifest, digest
+    return manifest

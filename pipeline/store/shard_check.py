@@ -40,6 +40,7 @@ from pipeline.store.store_files import (
     FileIdentity,
     identity_of,
     sha256_of,
+    wrong_flat_size,
 )
 from pipeline.urls import is_url, read_local
 
@@ -165,43 +166,55 @@ def load_mask(root: str, entry: dict[str, Any]) -> np.ndarray:
 
 
 def map_flat(
-    root: str,
-    entry: dict[str, Any],
-    known: FileIdentity | None,
-    dtype: np.dtype,
-    offsets: np.ndarray,
-) -> np.ndarray:
-    """A shard's flat sidecar, memory-mapped, after checking that it is the file seen at open
-    (`known`) and that its sampled records match the manifest's `sample_sha256` (a sidecar of
-    another store or an older prepare is refused; `TokenStore.verify` checks every byte)."""
+    root: str, number: int, entry: dict[str, Any], known: FileIdentity | None, dtype: np.dtype
+) -> tuple[np.ndarray, FileIdentity]:
+    """Shard `number`'s flat sidecar (its manifest entry `entry`), memory-mapped, and its
+    identity: at the shard's first use (`known` None) it must have the manifest's size, at a
+    later one be the file seen then (`known`). Its identity is the descriptor's mapped, not a
+    `stat` of its name. Its content is checked by `check_sample` and as it is read
+    (`flat_blocks`)."""
     path = f"{root}/{entry['flat']}"
     try:  # the file mapped is the one checked: its `fstat`, not a `stat` of its name
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise _replaced(path) from None
+        raise _replaced(path) if known else _wrong_size(root, number, entry, None, dtype) from None
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
     try:  # the map outlives the descriptor; np.memmap costs 0.2 ms more per shard
-        if identity_of(os.fstat(fd)) != known:
-            raise _replaced(path)
+        found = identity_of(os.fstat(fd))
         size = int(entry["tokens"])
+        if known is None and found.size != size * dtype.itemsize:
+            raise _wrong_size(root, number, entry, found, dtype)
+        if known is not None and found != known:
+            raise _replaced(path)
         if not size:  # an empty shard's sidecar is an empty file, which cannot be mapped
-            return np.empty(0, dtype)
+            return np.empty(0, dtype), found
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except OSError as error:
         raise StoreError(f"{path}: cannot read: {error.strerror}") from None
     finally:
         os.close(fd)
-    flat = np.frombuffer(mapped, dtype, size)
+    return np.frombuffer(mapped, dtype, size), found
+
+
+def _wrong_size(
+    root: str, number: int, entry: dict[str, Any], found: FileIdentity | None, dtype: np.dtype
+) -> StoreError:
+    return StoreError(wrong_flat_size(root, number, entry, found, dtype))
+
+
+def check_sample(root: str, entry: dict[str, Any], flat: np.ndarray, offsets: np.ndarray) -> None:
+    """Refuse a mapped sidecar whose sampled records (record `offsets`) do not match the
+    manifest's `sample_sha256`: another store's, or an older prepare's."""
     sample = sample_digest(
         len(offsets) - 1, lambda record: flat[offsets[record] : offsets[record + 1]].tobytes()
     )
     if sample != entry["sample_sha256"]:
         raise StoreError(
-            f"{path}: its sampled records do not match the manifest's sample_sha256: the "
-            "sidecar is another store's or was altered; prepare the store again"
+            f"{root}/{entry['flat']}: its sampled records do not match the manifest's "
+            "sample_sha256: the sidecar is another store's or was altered; prepare the store "
+            "again"
         )
-    return flat
 
 
 def _replaced(path: str) -> StoreError:
@@ -212,13 +225,21 @@ def _replaced(path: str) -> StoreError:
     )
 
 
-def flat_blocks(root: str, entry: dict[str, Any], tokens: np.ndarray, check: bool) -> FlatBlocks:
+def flat_blocks(
+    root: str, entry: dict[str, Any], tokens: np.ndarray, offsets: np.ndarray, check: bool
+) -> FlatBlocks:
     """A shard's mapped sidecar `tokens` as served (`FlatBlocks`): with `check`, each block is
     checked on its first read against the shard's block checksum file (loaded here, checked
-    against the manifest), or the whole sidecar against `flat_sha256` when the store has none."""
+    against the manifest), or the whole sidecar against `flat_sha256` when the store has none.
+    Its sampled records (`check_sample`, record index `offsets`) are checked here when its
+    reads are not; when they are, every byte served is checked anyway, and the sample only
+    when a read finds a block altered, to name a sidecar of another store as such."""
     crcs, block_bytes = None, entry.get("flat_block_bytes", BLOCK_BYTES)
     if check and "flat_blocks" in entry:
         crcs = _block_crcs(root, entry, tokens.nbytes, block_bytes)
+    identify = functools.partial(check_sample, root, entry, tokens, offsets)
+    if not check:
+        identify()
     return FlatBlocks(
         f"{root}/{entry['flat']}",
         tokens,
@@ -226,6 +247,7 @@ def flat_blocks(root: str, entry: dict[str, Any], tokens: np.ndarray, check: boo
         block_bytes=block_bytes,
         whole_sha256=entry["flat_sha256"],
         check=check,
+        identify=identify if check else None,
     )
 
 

@@ -140,7 +140,7 @@ def shard_identity(root: str, entry: dict[str, Any]) -> FileIdentity:
     return identity
 
 
-def _wrong_flat_size(
+def wrong_flat_size(
     root: str, number: int, entry: dict[str, Any], found: FileIdentity | None, dtype: np.dtype
 ) -> str:
     """Why shard `number`'s sidecar is not the size its manifest entry says. A sidecar that
@@ -171,9 +171,10 @@ def shard_files(
     their identities, by manifest key. Taken at the shard's first use (`TokenStore`), so an
     open costs the same whatever the number of shards, as a cloud store's always did. `root`
     is a string: joins of `pathlib` paths cost more than the `stat`s (~10 a shard). The files
-    under the keys `read`, which the caller reads whole right after (a missing one refused
-    there, in the same words), are not asked for first: a restore's first step uses dozens
-    of shards."""
+    under the keys `read`, which the caller reads whole or maps right after (a missing one
+    refused there, in the same words; a sidecar's size and identity taken from the descriptor
+    it maps, `shard_check.map_flat`), are not asked for first: a restore's first step uses
+    dozens of shards."""
     identity = {"file": shard_identity(root, entry)}
     for key, kind in LISTED_ARRAYS.items():
         if key not in entry or key in read:
@@ -181,12 +182,12 @@ def shard_files(
         path = f"{root}/{entry[key]}"
         if not os.access(path, os.F_OK):  # `exists` without its `stat` result: ~1 us less
             raise StoreError(f"{path}: {kind} listed in the manifest is missing")
-    if "flat" in entry:
+    if "flat" in entry and "flat" not in read:
         flat = f"{root}/{entry['flat']}"
         size = entry["tokens"] * dtype.itemsize
         identity["flat"] = local_identity(flat)
         if identity["flat"] is None or identity["flat"].size != size:
-            raise StoreError(_wrong_flat_size(root, number, entry, identity["flat"], dtype))
+            raise StoreError(wrong_flat_size(root, number, entry, identity["flat"], dtype))
     return identity
 
 

@@ -19,11 +19,11 @@ the manifest lists one (no per-record Python loop), and reads ArrayRecord record
 both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
 
 `TokenStore` is the public API and holds what a store knows of its shards; the work is done
-by one module per job: `store_files` (the files' identities and checksums: opened, replaced?),
-`shard_check` (a shard's first-use checks of its indexes, mask, sidecar and records),
-`shard_readers` (the ArrayRecord readers, the bound on open shards, retries) and `piece_reads`
-(`read_pieces`, the batched copy); `read_pieces`, `READER_OPTIONS` and `file_sha256` are
-importable from here too.
+by one module per job: `manifest_text` (a checked manifest parsed as asked), `store_files`
+(the files' identities and checksums), `shard_check` (a shard's first-use checks),
+`shard_readers` (the ArrayRecord readers, the bound on open shards, retries), `piece_reads`
+(`read_pieces`, the batched copy) and `store_verify` (the full pass); `read_pieces`,
+`READER_OPTIONS` and `file_sha256` are importable from here too.
 """
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipeline.errors import StoreError
 from pipeline.store.flat_blocks import FlatBlocks
-from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest, read_manifest
+from pipeline.store.manifest_text import ManifestText
+from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.remote_reads import RemoteFlat, together
 from pipeline.store.remote_shards import local_shard, open_copy
@@ -61,15 +63,14 @@ from pipeline.store.shard_readers import (
 )
 from pipeline.store.spans import spans_in_ranges
 from pipeline.store.store_files import (
-    CHECKSUMS,
     FileIdentity,
     file_sha256,
     files_unchanged,
     local_identity,
-    sha256_of,
     shard_files,
     store_identity,
 )
+from pipeline.store.store_verify import check_all_records, check_checksums
 from pipeline.urls import is_url, location
 
 __all__ = [
@@ -83,11 +84,12 @@ __all__ = [
 ]
 
 DEFAULT_RETRY = RetryPolicy()
-# The files a local shard's first use reads whole (`_open_shard_locked`), which `shard_files`
-# then need not ask for: its indexes, its loss mask if any, and its block checksums when its
-# sidecar is served with its reads checked.
+# The files a local shard's first use reads whole or maps (`_open_shard_locked`), which
+# `shard_files` then need not ask for: its indexes, its loss mask if any, its sidecar when it
+# is served from it, and its block checksums when its reads are checked.
 _READ = ("index", "docs", "untrained")
-_READ_WITH_BLOCKS = (*_READ, "flat_blocks")
+_READ_FLAT = (*_READ, "flat")  # and its sidecar, mapped
+_READ_WITH_BLOCKS = (*_READ_FLAT, "flat_blocks")
 
 
 @dataclass(frozen=True)
@@ -101,16 +103,15 @@ class TokenSpan:
 class TokenStore(StoreFacts):
     """A verified, read-only view of a token store. Cheap to open; shards open on first read.
 
-    Opening checks the manifest (its checksum and fields) and reads no shard file, so an open
-    costs the same whatever the number of shards (a mixture's restore opens the stores its
-    first steps draw). A shard's first use (`_open_shard`) checks that its files exist and have
-    the manifest's sizes (`store_files.shard_files`, whose identities its later uses and
-    `same_as` compare), that the manifest was not replaced since the open, the record and
-    document indexes (checksums, lengths, totals), a masked store's loss mask (checksum, shape,
-    ranges) and the sampled-record identity of what the shard is served from: its flat sidecar
-    when it has one, else its ArrayRecord records, whose count and sample are checked by the
-    first read through its reader (`_check_records`); the checks are `shard_check`'s.
-    `verify()` is the full pass: every byte and every record.
+    Opening checks the manifest (its checksum and fields; bytes a host checked before, of
+    SHA-256 `known.checked`, are parsed only as asked: `ManifestText`) and reads no shard file.
+    A shard's first use (`_open_shard`) checks that the manifest was not replaced since, that
+    its files exist and have the manifest's sizes (`shard_files`; identities its later uses
+    and `same_as` compare), its record and document indexes and a masked store's loss mask
+    (`shard_check`). What it serves is checked as it is read: a flat sidecar's blocks against
+    their checksums (its sampled records, `sample_sha256`, at its first use where its reads
+    are not checked: `flat_blocks`), ArrayRecord records by their count and sample at the
+    first read through its reader (`_check_records`). `verify()` reads every byte and record.
 
     `path` is a directory or a `gs://` URL. `known`: the store's metadata as a plan read it
     (`StoreMeta.load`), whose manifest the open takes instead of reading and checking it again
@@ -153,32 +154,22 @@ class TokenStore(StoreFacts):
         self._identity_lock = threading.Lock()
         self._identity_check: Future | None = None  # the identity request in flight, shared
         self._identity = self._bucket_identity() if self.remote else self._local_identity()
-        manifest = None if known is None else known.manifest_if(self.path, self._identity)
-        if manifest is None:  # bytes the host checked before (`meta_cache`) are only parsed
-            checked = known.checked if known is not None and known.path == self.path else None
-            self.manifest, digest = read_manifest(self.path, self._identity, checked)
-            same = digest == checked  # then `known` was made of these very bytes
-            self.meta = known if same else StoreMeta.from_manifest(self.path, self.manifest)
-        else:
-            self.manifest, self.meta = manifest, known
+        self._text = ManifestText.read(self.path, self._identity, known)
+        self.meta = self._text.meta
         self.dtype = self.meta.dtype
-        self.eod_id: int = self.manifest["tokenizer"]["eod_id"]
-        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
-        shards = self.manifest["shards"]
+        self.eod_id: int = self.meta.tokenizer["eod_id"]
+        self.vocab_size: int = self.meta.tokenizer["vocab_size"]
+        count = self.meta.num_shards
         self.shard_tokens = self.meta.shard_tokens
         self.masked = self.meta.masked
         # What a shard's first use loads, per shard: its indexes, loss mask and sidecar map.
         self._loaded: dict[str, list[np.ndarray | FlatBlocks | RemoteFlat | None]] = {
-            key: [None] * len(shards) for key in ("index", "docs", "untrained", "flat")
+            key: [None] * count for key in ("index", "docs", "untrained", "flat")
         }
-        # A cloud store is served from its sidecars' checked blocks (`remote_reads`) when it has
-        # block checksums, else from whole shards downloaded (`remote_shards`): never through
-        # ArrayRecord's gs:// reader, which would download far more than it serves.
-        self._use_flat = [
-            flat and "flat" in e and (not self.remote or "flat_blocks" in e) for e in shards
-        ]
+        self._flat = flat
+        self._use_flat: list[bool | None] = [None] * count  # `_served_flat`, once asked
         self._readers = ShardReaders(
-            len(shards),
+            count,
             max_open_shards,
             retry,
             new_reader=self._new_reader,
@@ -186,12 +177,12 @@ class TokenStore(StoreFacts):
             on_drop=self._forget,
             name=self.shard_file,
         )
-        self._opened = [False] * len(shards)  # the shard's first-use checks passed
-        self._records_checked = [False] * len(shards)  # and those of its ArrayRecord records
+        self._opened = [False] * count  # the shard's first-use checks passed
+        self._records_checked = [False] * count  # and those of its ArrayRecord records
         # The identities of a local shard's files (`shard_files`), taken at its first use: its
         # later uses and `same_as` compare them. A cloud store has none: its shards are checked
         # by content.
-        self._file_identities: list[dict[str, FileIdentity | None]] = [{} for _ in shards]
+        self._file_identities: list[dict[str, FileIdentity | None]] = [{} for _ in range(count)]
         if verify:
             self.verify()
 
@@ -220,6 +211,24 @@ class TokenStore(StoreFacts):
         """Documents per shard (int64 [num_shards])."""
         return np.array([s["documents"] for s in self.manifest["shards"]], dtype=np.int64)
 
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The store's manifest, parsed whole when first asked (`ManifestText`: a feed's
+        reads ask only for the entries of the shards they use)."""
+        return self._text.manifest()
+
+    def _served_flat(self, shard: int) -> bool:
+        """Whether the shard is served from its flat sidecar. A cloud store is when it has
+        block checksums (`remote_reads`), else from whole shards downloaded (`remote_shards`):
+        never through ArrayRecord's gs:// reader, which would download far more than it
+        serves."""
+        use = self._use_flat[shard]
+        if use is None:
+            entry = self._text.entry(shard)
+            use = self._flat and "flat" in entry and (not self.remote or "flat_blocks" in entry)
+            self._use_flat[shard] = use
+        return use
+
     def _bucket_identity(self) -> Hashable | None:
         """A cloud store's `store_identity` now: callers at the same moment (a batch's shards,
         opened at once) share one request."""
@@ -245,21 +254,22 @@ class TokenStore(StoreFacts):
         opened and checked, may stand in for it."""
         return (
             self.path == other.path
-            and self.manifest == other.manifest
+            and self._text.digest == other._text.digest  # the same manifest bytes
             and self._identity == other._identity
-            and self._use_flat == other._use_flat
+            and self._flat == other._flat
             and self._readers.max_open == other._readers.max_open
             and self.retry == other.retry
             and self.check_reads == other.check_reads
             and all(
-                files_unchanged(self._root, entry, identities)
-                for entry, identities in zip(self.manifest["shards"], self._file_identities)
+                files_unchanged(self._root, self._text.entry(shard), identities)
+                for shard, identities in enumerate(self._file_identities)
+                if identities
             )
         )
 
     def shard_file(self, shard: int) -> Path:
         """The ArrayRecord file of shard `shard`."""
-        return self.path / self.manifest["shards"][self.check_shard(shard)]["file"]
+        return self.path / self._text.entry(self.check_shard(shard))["file"]
 
     def check_shard(self, shard: int) -> int:
         """`shard`, refused unless the store has it: a negative index would silently read
@@ -358,7 +368,10 @@ class TokenStore(StoreFacts):
         shard's first use but its blocks not (read through `flat_blocks` to serve them); None
         for a shard read through ArrayRecord (`read_record_list`)."""
         blocks = self.flat_blocks(shard)
-        return None if blocks is None else blocks.tokens
+        if blocks is None:
+            return None
+        blocks.identify()  # the sampled records: its blocks are not checked here
+        return blocks.tokens
 
     def opened(self, shard: int) -> bool:
         """Whether the shard's first use is done (its indexes loaded, its files checked): its
@@ -370,7 +383,7 @@ class TokenStore(StoreFacts):
         read (unless the store was opened with `check_reads=False`); None for a shard read
         through ArrayRecord (`read_record_list`). A cloud shard of that kind is opened here,
         so downloaded, as `piece_reads` asks for a batch's sidecars: all at once."""
-        if not self._use_flat[shard]:
+        if not self._served_flat(shard):
             return self._open_shard(shard, "flat") if self.remote else None
         blocks = self._loaded["flat"][shard]
         if blocks is None:
@@ -419,20 +432,18 @@ class TokenStore(StoreFacts):
         token id below the tokenizer's vocabulary size. Reads those shards whole, once.
         """
         for shard in range(self.num_shards) if shards is None else shards:
-            entry = self.manifest["shards"][self.check_shard(shard)]
+            entry = self._text.entry(self.check_shard(shard))
             if self.remote:  # the object hashed as it is downloaded, into the copy opened and
                 self._local_copy(shard, fresh=True)  # read below (not a copy cached before)
             self._open_shard(shard)
-            for key, checksum_key in CHECKSUMS:
-                if key not in entry or (key == "file" and self.remote):
-                    continue
-                path = self.path / entry[key]
-                if sha256_of(path) != entry[checksum_key]:
-                    raise StoreError(
-                        f"{path}: content checksum does not match {self.path / MANIFEST}; the "
-                        "file was altered or truncated: prepare the store again"
-                    )
-            self._verify_records(shard)
+            check_checksums(self.path, entry, self.remote)
+            check_all_records(
+                self.shard_file(shard),
+                self.record_offsets(shard),
+                self.dtype,
+                self.vocab_size,
+                lambda first, last, shard=shard: self._read_records(shard, first, last),
+            )
 
     def close(self) -> None:
         """Close every open shard reader; a reader of a damaged file may fail to close."""
@@ -459,43 +470,17 @@ class TokenStore(StoreFacts):
             shard, lambda reader: reader.read(first, last), f"{first}..{last - 1}"
         )
 
-    def _verify_records(self, shard: int, batch: int = 4096) -> None:
-        offsets = self.record_offsets(shard)
-        itemsize = self.dtype.itemsize
-        for first in range(0, len(offsets) - 1, batch):
-            last = min(first + batch, len(offsets) - 1)
-            records = self._read_records(shard, first, last)
-            lengths = np.array([len(r) for r in records], dtype=np.int64)
-            expected = np.diff(offsets[first : last + 1]) * itemsize
-            wrong = np.flatnonzero(lengths != expected)
-            if wrong.size:
-                record = first + int(wrong[0])
-                raise StoreError(
-                    f"{self.shard_file(shard)}: record {record} holds {lengths[wrong[0]]} bytes, "
-                    f"the index and manifest say {expected[wrong[0]] // itemsize} tokens of "
-                    f"{self.manifest['dtype']}; the store is corrupt: prepare it again"
-                )
-            tokens = np.frombuffer(b"".join(records), dtype=self.dtype)
-            if tokens.size and int(tokens.max()) >= self.vocab_size:
-                raise StoreError(
-                    f"{self.shard_file(shard)}: token id {int(tokens.max())} in records "
-                    f"{first}..{last - 1} is not below the vocabulary size {self.vocab_size}; "
-                    "the store is corrupt: prepare it again"
-                )
-
     def _open_shard(self, shard: int, key: str = "index") -> np.ndarray | FlatBlocks | None:
         """First use of a shard: check it is still the store's, and is what the manifest says;
         returns what it loaded under `key` (`_loaded`), taken with the shard's lock held, so
         that another thread closing the shard once the lock is released cannot take it away.
 
-        Costs a few `stat`s, reading the two small indexes, and hashing four records of what
-        the shard serves from: the manifest and the shard must be the files seen when the store
-        was opened (a store replaced under a running feed stops here), the indexes must match
-        their checksums and the manifest's counts, and the sampled records their digest (a
-        same-size shard of another store). A shard served from its flat sidecar hashes the
-        sidecar's bytes and opens no ArrayRecord reader; the first read through ArrayRecord
-        checks the records it reads from (`_check_records`).
-        """
+        Costs its manifest entry's parse, a few `stat`s, reading and hashing its small
+        indexes and mapping its sidecar: the manifest and the shard must be the files seen
+        when the store was opened (a store replaced under a running feed stops here), the
+        indexes must match their checksums and the manifest's counts. A shard served from its
+        sidecar opens no ArrayRecord reader; the first read through ArrayRecord checks the
+        records it reads from (`_check_records`)."""
         self._readers.touch(shard)  # an opened shard counts against the bound on open readers
         with self._readers.locks[shard]:
             self._open_shard_locked(shard)
@@ -505,25 +490,27 @@ class TokenStore(StoreFacts):
         """`_open_shard` with the shard's lock held."""
         if self._opened[shard]:
             return
-        entry, root = self.manifest["shards"][shard], self._root
+        entry, root, flat = self._text.entry(shard), self._root, self._served_flat(shard)
+        identities, tokens = self._file_identities[shard], None
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
-            if not self._file_identities[shard]:  # the shard's first use: its files' sizes
-                read = _READ_WITH_BLOCKS if self._use_flat[shard] and self.check_reads else _READ
-                self._file_identities[shard] = shard_files(root, shard, entry, self.dtype, read)
-            elif (
-                local_identity(file := f"{root}/{entry['file']}")
-                != (self._file_identities[shard]["file"])
-            ):
+            if not identities:  # the shard's first use: its files' sizes
+                read = (_READ_WITH_BLOCKS if self.check_reads else _READ_FLAT) if flat else _READ
+                identities = shard_files(root, shard, entry, self.dtype, read)
+                self._file_identities[shard] = identities
+            elif local_identity(file := f"{root}/{entry['file']}") != identities["file"]:
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
                 )
+            if flat:  # its identity: the descriptor's mapped, at its first use
+                known = identities.get("flat")
+                tokens, identities["flat"] = map_flat(root, shard, entry, known, self.dtype)
         # A cloud shard is checked by content, not by generation: served from its sidecar's
         # blocks (each checked against the store's CRCs), else downloaded whole and checked
         # against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local disk.
-        served_remotely = self.remote and self._use_flat[shard]
-        downloaded = self.remote and not self._use_flat[shard]
+        served_remotely = self.remote and flat
+        downloaded = self.remote and not flat
         loads = (
             lambda: self.check_unchanged() if self.remote else None,
             lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
@@ -538,10 +525,9 @@ class TokenStore(StoreFacts):
         )
         if remote is not None:
             self._loaded["flat"][shard] = remote
-        elif self._use_flat[shard]:
-            seen = self._file_identities[shard].get("flat")
-            tokens = map_flat(root, entry, seen, self.dtype, offsets)
-            self._loaded["flat"][shard] = flat_blocks(root, entry, tokens, self.check_reads)
+        elif tokens is not None:
+            blocks = flat_blocks(root, entry, tokens, offsets, self.check_reads)
+            self._loaded["flat"][shard] = blocks
         else:
             self._check_records(shard, offsets)
         self._loaded["index"][shard] = offsets
@@ -556,7 +542,7 @@ class TokenStore(StoreFacts):
         if self._records_checked[shard]:
             return
         file = self.shard_file(shard)
-        entry = self.manifest["shards"][shard]
+        entry = self._text.entry(shard)
         reader = self._readers.take(shard)
         check_records(reader, file, entry, offsets, self.dtype, self.retry)
         self._readers.put(shard, reader)
@@ -579,14 +565,14 @@ class TokenStore(StoreFacts):
     def _local_copy(self, shard: int, fresh: bool = False) -> Path:
         """A cloud shard's local copy, checked against its SHA-256 (`remote_shards`; `fresh`:
         downloaded again even when cached)."""
-        entry = self.manifest["shards"][shard]
+        entry = self._text.entry(shard)
         return local_shard(str(self.shard_file(shard)), entry["sha256"], entry["bytes"], fresh)
 
     def _new_reader(self, shard: int) -> ArrayRecordReader:
         """A reader of the shard's file, or (a cloud shard) of its local copy, downloaded
         again if the cache evicted it since, or before the reader held it (`open_copy`)."""
         if self.remote:
-            entry, url = self.manifest["shards"][shard], str(self.shard_file(shard))
+            entry, url = self._text.entry(shard), str(self.shard_file(shard))
             return open_copy(url, entry["sha256"], entry["bytes"], open_reader)
         return open_reader(self.shard_file(shard))
 
