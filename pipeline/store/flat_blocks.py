@@ -104,7 +104,9 @@ class FlatBlocks:
         self.checked = bytearray(b"\x01" * count if not check else count)
         self._bytes = tokens.view(np.uint8)
         # 4 bytes a block (a list of Python ints would take ~36), read as Python ints
-        self._crcs = None if crcs is None else array.array("I", crcs.astype(np.uint32).tobytes())
+        self._crcs = (
+            None if crcs is None else array.array("I", crcs.astype("=u4", copy=False).tobytes())
+        )
         self._path, self._whole_sha256, self._remedy = path, whole_sha256, remedy
         self._identify = identify
         self._lock = threading.Lock()  # one hash of a whole sidecar at a time
