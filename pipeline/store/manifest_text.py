@@ -20,8 +20,6 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline.store.meta import MANIFEST, StoreMeta, manifest_data, parse_manifest
 
 _SHARDS = b'"shards": [\n'  # the shards list as `write_manifest` writes it (indent 2)
@@ -90,22 +88,21 @@ def _entry_spans(data: bytes, shards: int) -> list[tuple[int, int]]:
     JSON whose `shards` is a list of `shards` objects: bytes checked before), or [] when
     that cannot be told without parsing it all.
 
-    Why a span is its entry: R, from the `[` after `"shards": ` to the first newline, two
-    spaces and `]` after it, holds one `[` and one `]` byte, and `data` with R replaced by
-    `[]` parses to an object whose "shards" is []. R contains a newline, which no JSON string
-    does, so R does not start inside a string; `[` starts a value there (it does in the
-    replaced text, whose parse up to R is the same); with no other bracket in R, that array
-    ends at R's last byte, and the text after it parses as after `[]`: R is the value of the
-    top-level "shards" (a manifest's list is never empty, so not another value that the
-    replacement left []). R then holds each entry's `{` and `}`; with exactly `shards` of
-    each, there are no others (no nested object, no brace in a string), and the k-th pair
-    bounds entry k."""
+    Why a span is its entry: R, from the `[` after `"shards": ` to the last newline, two
+    spaces and `]`, holds no other `[` or `]` byte, and `data` with R replaced by `[]` parses
+    to an object whose "shards" is []. R contains a newline, which no JSON string does, so R
+    does not start inside a string; `[` starts a value there (it does in the replaced text,
+    whose parse up to R is the same); with no other bracket in R, that array ends at R's last
+    byte, and the text after it parses as after `[]`: R is the value of the top-level "shards"
+    (a manifest's list is never empty, so not another value that the replacement left []).
+    R then holds each entry's `{` and `}`; with exactly `shards` of each, there are no others
+    (no nested object, no brace in a string), and the k-th pair bounds entry k."""
     at = data.find(_SHARDS)
-    end = data.find(_END, at) + len(_END)
-    if at < 0 or end < len(_END):
-        return []
+    end = data.rfind(_END) + len(_END)  # the last: a region of another `]` is refused below
     start = at + len(_SHARDS) - 2  # the `[`
-    if data.count(b"[", start, end) != 1 or data.count(b"]", start, end) != 1:
+    if at < 0 or end <= start:
+        return []
+    if data.find(b"[", start + 1, end) >= 0 or data.find(b"]", start, end - 1) >= 0:
         return []
     try:
         head = json.loads(data[:start] + b"[]" + data[end:])
@@ -113,9 +110,17 @@ def _entry_spans(data: bytes, shards: int) -> list[tuple[int, int]]:
         return []
     if not isinstance(head, dict) or head.get("shards") != []:
         return []
-    region = np.frombuffer(data, np.uint8, end - start, start)
-    opens = np.flatnonzero(region == ord("{"))
-    closes = np.flatnonzero(region == ord("}"))
+    opens, closes = _positions(data, b"{", start, end), _positions(data, b"}", start, end)
     if len(opens) != shards or len(closes) != shards:
         return []
-    return list(zip((opens + start).tolist(), (closes + start + 1).tolist()))
+    return [(first, last + 1) for first, last in zip(opens, closes)]
+
+
+def _positions(data: bytes, byte: bytes, start: int, end: int) -> list[int]:
+    """Where `byte` is in `data[start:end]`: a `find` each (~0.2 us; a split, numpy or a regular
+    expression cost more at a few dozen entries, and no more than a whole parse at thousands)."""
+    found, at = [], data.find(byte, start, end)
+    while at >= 0:  # bounded: `at` grows
+        found.append(at)
+        at = data.find(byte, at + 1, end)
+    return found
