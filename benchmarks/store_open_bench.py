@@ -5,9 +5,11 @@
 Over `mixture_bench.py`'s K stores (8 shards each): each store's metadata taken from the host's
 summary (`formats.load_meta` with `Summaries`, as a restore plans), then, timed by thread CPU,
 every store opened as a feed's first draw opens it (`open_store(path, known=meta)`), and every
-shard's first use (`shard_view`: its files checked, indexes loaded, sidecar mapped). Each
-(checkout, round) runs in a fresh process and reports the least CPU per store open and per
-shard first use of 7 passes over all the stores (each pass opens them afresh and closes them).
+shard's first use (`shard_view`: its files checked, indexes loaded, sidecar mapped); then, as a
+restore's first step uses its stores, each store opened and one of its shards used. Each
+(checkout, round) runs in a fresh process and reports the least CPU per store open, per shard
+first use and per store opened with one shard used, of 7 passes over all the stores (each pass
+opens them afresh and closes them).
 `--root`: the source checkouts to compare (default: this one), alternated round by round.
 """
 
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KEYS = ("open_us", "first_use_us")
+KEYS = ("open_us", "first_use_us", "one_shard_us")
 
 
 def measure(directory: Path) -> dict[str, float]:
@@ -38,8 +40,16 @@ def measure(directory: Path) -> dict[str, float]:
     summaries.save()  # then the next pass takes every store's metadata from the summary
     summaries = Summaries(paths)
     metas = [load_meta(path, summaries) for path in paths]
-    opens, uses = [], []
+    opens, uses, ones = [], [], []
     for _ in range(7):
+        gc.collect()
+        started = time.thread_time()
+        stores = [open_store(meta.path, check_reads=True, known=meta) for meta in metas]
+        for store in stores:  # as a restore's first step: one shard of each store
+            store.shard_view(len(paths) % store.num_shards)
+        ones.append((time.thread_time() - started) / len(stores))
+        for store in stores:
+            store.close()
         gc.collect()
         started = time.thread_time()
         stores = [open_store(meta.path, check_reads=True, known=meta) for meta in metas]
@@ -52,7 +62,11 @@ def measure(directory: Path) -> dict[str, float]:
         uses.append((time.thread_time() - started) / shards)
         for store in stores:
             store.close()
-    return {"open_us": min(opens) * 1e6, "first_use_us": min(uses) * 1e6}
+    return {
+        "open_us": min(opens) * 1e6,
+        "first_use_us": min(uses) * 1e6,
+        "one_shard_us": min(ones) * 1e6,
+    }
 
 
 def child(root: Path, directory: Path) -> dict[str, float]:
@@ -89,11 +103,14 @@ def main() -> None:
         for r in roots[:: 1 if round_ % 2 == 0 else -1]:
             got.setdefault(roots.index(r), []).append(child(r, directory))
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
-    print("checkout | store open, us CPU | shard first use, us CPU (least of the rounds)")
-    print("--- | ---: | ---:")
+    print(
+        "checkout | store open, us CPU | shard first use, us CPU | a store's open and one "
+        "shard's first use, us CPU (least of the rounds)"
+    )
+    print("--- | ---: | ---: | ---:")
     for i, runs in sorted(got.items()):
-        opens, uses = (min(run[key] for run in runs) for key in KEYS)
-        print(f"{roots[i]} | {opens:.1f} | {uses:.1f}")
+        opens, uses, ones = (min(run[key] for run in runs) for key in KEYS)
+        print(f"{roots[i]} | {opens:.1f} | {uses:.1f} | {ones:.1f}")
 
 
 if __name__ == "__main__":
