@@ -429,6 +429,26 @@ class _CloseOtherOnRelease:
             close_other()
 
 
+def test_a_twin_sidecar_is_refused_by_its_sampled_records_before_a_byte_is_served(tmp_path):
+    """With checked reads a shard's first use maps its sidecar without hashing its sample
+    (every byte served is checked against its block checksums first): the first read of a
+    twin store's sidecar is refused, naming its sampled records. Without checked reads, and
+    before `flat_tokens` hands out the unchecked map, the sample is checked as before."""
+    path = _prepare_jsonl(tmp_path, [f"text number {i}" for i in range(30)], 2, seed=0)
+    sidecar = path / TokenStore(path).manifest["shards"][0]["flat"]
+    data = sidecar.read_bytes()
+    sidecar.write_bytes(data[4:] + data[:4])  # same size, other tokens
+    blocks = TokenStore(path).flat_blocks(0)  # the first use: sizes and indexes
+    with pytest.raises(StoreError, match=f"{sidecar}: its sampled records do not match"):
+        blocks.read(0, 4)
+    for first_use in (
+        lambda: TokenStore(path, check_reads=False).flat_blocks(0),
+        lambda: TokenStore(path).flat_tokens(0),
+    ):
+        with pytest.raises(StoreError, match=f"{sidecar}: its sampled records do not match"):
+            first_use()
+
+
 @pytest.mark.parametrize("read", ["flat_tokens", "doc_offsets"])
 def test_a_shard_closed_right_after_its_first_use_still_serves_that_read(tmp_path, read) -> None:
     """With one open shard allowed, another thread reading shard 1 just after shard 0's first
