@@ -76,6 +76,8 @@ class FlatBlocks:
     blocks this process has checked. `crcs` are the sidecar's recorded running CRC32Cs at its
     block boundaries (`prefix_crcs`), None for a store prepared without them (then the sidecar
     is hashed whole against `whole_sha256`); `check` False marks every block checked.
+    `identify` raises for a sidecar of another store (`shard_check.check_sample`), run before
+    an altered block is refused, so that the error says which (`identify`).
     Thread-safe without a lock: a block is marked only once it has passed (two threads may
     both check a run, which is harmless)."""
 

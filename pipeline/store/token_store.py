@@ -364,9 +364,10 @@ class TokenStore(StoreFacts):
         return self.read_shard_tokens(shard, int(docs[index]), int(docs[index + 1])).tokens
 
     def flat_tokens(self, shard: int) -> np.ndarray | None:
-        """The shard's tokens from its flat sidecar, memory-mapped, its identity checked by the
-        shard's first use but its blocks not (read through `flat_blocks` to serve them); None
-        for a shard read through ArrayRecord (`read_record_list`)."""
+        """The shard's tokens from its flat sidecar, memory-mapped, its sampled records checked
+        (here, where its first use left them to its checked reads) but its blocks not (read
+        through `flat_blocks` to serve them); None for a shard read through ArrayRecord
+        (`read_record_list`)."""
         blocks = self.flat_blocks(shard)
         if blocks is None:
             return None
