@@ -495,18 +495,19 @@ class TokenStore(StoreFacts):
         identities, tokens = self._file_identities[shard], None
         if not self.remote:  # a cloud store's: with its files' downloads, below
             self.check_unchanged()
-            if not identities:  # the shard's first use: its files' sizes
+            if not identities:  # the shard's first use: its files' sizes, its sidecar mapped
                 read = (_READ_WITH_BLOCKS if self.check_reads else _READ_FLAT) if flat else _READ
-                identities = shard_files(root, shard, entry, self.dtype, read)
-                self._file_identities[shard] = identities
+                found = shard_files(root, shard, entry, self.dtype, read)
+                if flat:  # its identity: the descriptor's mapped
+                    tokens, found["flat"] = map_flat(root, shard, entry, None, self.dtype)
+                self._file_identities[shard] = found  # whole: `same_as` may read it meanwhile
             elif local_identity(file := f"{root}/{entry['file']}") != identities["file"]:
                 raise StoreError(
                     f"{file}: the shard was replaced or changed after the store was opened; "
                     "restart the job, or prepare the store again"
                 )
-            if flat:  # its identity: the descriptor's mapped, at its first use
-                known = identities.get("flat")
-                tokens, identities["flat"] = map_flat(root, shard, entry, known, self.dtype)
+            elif flat:  # the file its first use mapped
+                tokens, _ = map_flat(root, shard, entry, identities["flat"], self.dtype)
         # A cloud shard is checked by content, not by generation: served from its sidecar's
         # blocks (each checked against the store's CRCs), else downloaded whole and checked
         # against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local disk.
