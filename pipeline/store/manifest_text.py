@@ -24,6 +24,7 @@ from pipeline.store.meta import MANIFEST, StoreMeta, manifest_data, parse_manife
 
 _SHARDS = b'"shards": [\n'  # the shards list as `write_manifest` writes it (indent 2)
 _END = b"\n  ]"  # and its end
+_SCAN = json.JSONDecoder().scan_once  # the C scanner that `json.loads` runs in Python wrappers
 
 
 class ManifestText:
@@ -76,7 +77,7 @@ class ManifestText:
                 spans = self._spans = _entry_spans(self.data, len(self._entries))
             if spans:
                 start, end = spans[shard]
-                entry = json.loads(self.data[start:end])
+                entry = _loads(self.data[start:end])
         if entry is None:
             entry = self.manifest()["shards"][shard]
         self._entries[shard] = entry
@@ -105,7 +106,7 @@ def _entry_spans(data: bytes, shards: int) -> list[tuple[int, int]]:
     if data.find(b"[", start + 1, end) >= 0 or data.find(b"]", start, end - 1) >= 0:
         return []
     try:
-        head = json.loads(data[:start] + b"[]" + data[end:])
+        head = _loads(data[:start] + b"[]" + data[end:])
     except ValueError:
         return []
     if not isinstance(head, dict) or head.get("shards") != []:
@@ -124,3 +125,18 @@ def _positions(data: bytes, byte: bytes, start: int, end: int) -> list[int]:
         found.append(at)
         at = data.find(byte, at + 1, end)
     return found
+
+
+def _loads(data: bytes) -> Any:
+    """`json.loads(data)`, by the C scanner alone where `data` is UTF-8 text of one value
+    (~5 us against ~7.6 us for an entry or a manifest's head: its wrappers guess the encoding
+    and match whitespace in Python); any other bytes by `json.loads`, whose value or error
+    they give."""
+    try:
+        text = data.decode()
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError):  # not a value at 0 (a BOM, other text): loads' answer
+        return json.loads(data)
+    if text[end:].strip(" \t\n\r"):  # json's whitespace; anything else is loads' error
+        return json.loads(data)
+    return value

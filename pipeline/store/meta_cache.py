@@ -100,24 +100,33 @@ class Summaries:
         files `records` (an in-place index's), its manifest stated here: one loop of plain
         calls for a mixture's hundreds (two `access`, one `stat` a store). None where the
         caller reads the store (`formats.local_meta`: in place, new, changed or missing)."""
-        read, fresh, out = self._read, self._fresh, []
-        rows, idents, stat, access, exists = read.rows, read.idents, os.stat, os.access, os.F_OK
+        read, out = self._read, []
+        rows, access, exists = read.rows, os.access, os.F_OK
         probes = [f"/{record}" for record in records]
         for path, key in zip(paths, keys):
-            row = rows.get(key)
-            meta = None
-            if row is not None and not any([access(key + probe, exists) for probe in probes]):
-                try:
-                    s = stat(f"{key}/{MANIFEST}")
-                except OSError:
-                    s = None
-                if s is not None:
-                    ident = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-                    if idents[row] == ident:
-                        meta = read.meta_of(row, path)
-                        fresh[key] = (ident, meta)
+            row, meta = rows.get(key), None
+            if row is not None:
+                for probe in probes:  # a loop, not `any` of a list: ~0.6 us a store less
+                    if access(key + probe, exists):
+                        break
+                else:
+                    meta = self._unchanged(read, row, path, key)
             out.append(meta)
         return out
+
+    def _unchanged(self, read: _Read, row: int, path: Path, key: str) -> StoreMeta | None:
+        """`vouched`'s answer for a store of no in-place record: its kept row's metadata if
+        its manifest file's identity is the row's."""
+        try:
+            s = os.stat(f"{key}/{MANIFEST}")
+        except OSError:
+            return None
+        ident = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        if read.idents[row] != ident:
+            return None
+        meta = read.meta_of(row, path)
+        self._fresh[key] = (ident, meta)
+        return meta
 
     def keep(self, meta: StoreMeta, stat: Stat | None) -> None:
         """Keep `meta`, read from the manifest file of identity `stat` (taken before the
