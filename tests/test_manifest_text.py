@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.store.formats import load_meta
-from pipeline.store.manifest_text import ManifestText, _entry_spans
+from pipeline.store.manifest_text import ManifestText, _entry_spans, _loads
 from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import CACHE_ENV, Summaries
 from pipeline.store.token_store import TokenStore
@@ -116,3 +116,28 @@ def test_layouts_that_look_like_the_writers_are_parsed_as_json_parses_them() -> 
         shards = json.loads(data)["shards"]
         text = text_of(data, len(shards))
         assert [text.entry(k) for k in range(len(shards))] == shards, data
+
+
+def _answer(parse, data: bytes) -> object:
+    try:
+        return ("value", parse(data))
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        return ("error", type(error), str(error))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    VALUE,
+    st.sampled_from(["", " ", "\n", "\ufeff", " x", "]", "\t\r\n "]),
+    st.sampled_from(["", " ", "\n  "]),
+    st.sampled_from(["utf-8", "utf-16", "utf-8-sig"]),
+    st.integers(0, 12),
+)
+def test_a_parse_by_the_scanner_alone_gives_json_loads_value_or_error(
+    value: object, tail: str, head: str, encoding: str, cut: int
+) -> None:
+    """`_loads` is `json.loads` of any bytes: a value, text after it, whitespace or a BOM
+    before it, other encodings, bytes cut short."""
+    text = (head + json.dumps(value, indent=2, ensure_ascii=False) + tail).encode(encoding)
+    for data in (text, text[: len(text) - cut]):
+        assert _answer(_loads, data) == _answer(json.loads, data)
