@@ -18,15 +18,14 @@ this one), alternated round by round.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import checkouts  # beside this file
+
+JAX = {"JAX_PLATFORMS": "cpu"}  # the child's JAX
 RESTORES = 15
 AHEAD = 7
 WARMUP, STEADY = 300, 300
@@ -77,44 +76,21 @@ def measure(config_file: Path) -> dict[str, list[float]]:
     return {"first_s": first, "ahead_s": ahead, "steady_s": steady}
 
 
-def child(root: Path, config_file: Path) -> dict[str, list[float]]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(config_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = checkouts.parser(__doc__.splitlines()[0])
     parser.add_argument("--sources", type=int, nargs="+", default=[1, 256, 1024])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--root", type=Path, action="append")
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/mixture-bench"))
-    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    sys.path[:0] = [str(HERE), str(HERE.parent)]
-    from mixture_bench import build, config_of  # beside this file: its stores
-
-    roots = [root.resolve() for root in args.root or [HERE.parent]]
-    configs = {}
-    for k in sorted(args.sources):
-        configs[k] = args.dir / f"start-k{k}.json"
-        configs[k].write_text(json.dumps(config_of(build(args.dir, k, 1 << 24))))
+    roots = checkouts.roots(args.root)
+    configs = checkouts.mixture_configs(args.dir, args.sources)
     load = os.getloadavg()[0]
     got: dict[tuple[int, int], dict[str, list[float]]] = {}
-    for round_ in range(args.rounds):  # the checkouts' order alternates between rounds
-        for r in roots[:: 1 if round_ % 2 == 0 else -1]:
-            for k, config_file in configs.items():
-                for key, values in child(r, config_file).items():
-                    got.setdefault((roots.index(r), k), {}).setdefault(key, []).extend(values)
+    for i, root in checkouts.alternated(roots, args.rounds):
+        for k, config_file in configs.items():
+            for key, values in checkouts.child(__file__, root, config_file, **JAX).items():
+                got.setdefault((i, k), {}).setdefault(key, []).extend(values)
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(
         "checkout | sources | first step's draws + pieces, ms: least / median (x first "

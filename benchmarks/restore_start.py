@@ -16,15 +16,14 @@ CPU, not wall, and the least, so that the other work of a shared machine moves i
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import checkouts  # beside this file
+
+JAX = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 KEYS = ("parse_s", "start_s", "first_s")
 
 
@@ -60,44 +59,20 @@ def measure(config_file: Path) -> dict[str, float]:
     return {"parse_s": min(parses), "start_s": min(starts), "first_s": min(firsts)}
 
 
-def child(root: Path, config_file: Path) -> dict[str, float]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(config_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = checkouts.parser(__doc__.splitlines()[0])
     parser.add_argument("--sources", type=int, nargs="+", default=[1, 256, 1024])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--root", type=Path, action="append")
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/mixture-bench"))
-    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    sys.path[:0] = [str(HERE), str(HERE.parent)]
-    from mixture_bench import build, config_of  # beside this file: its stores
-
-    roots = [root.resolve() for root in args.root or [HERE.parent]]
-    configs = {}
-    for k in sorted(args.sources):
-        configs[k] = args.dir / f"start-k{k}.json"
-        configs[k].write_text(json.dumps(config_of(build(args.dir, k, 1 << 24))))
+    roots = checkouts.roots(args.root)
+    configs = checkouts.mixture_configs(args.dir, args.sources)
     load = os.getloadavg()[0]
     got: dict[tuple[int, int], list[dict]] = {}
-    for round_ in range(args.rounds):  # the checkouts' order alternates between rounds
-        for r in roots[:: 1 if round_ % 2 == 0 else -1]:
-            for k, config_file in configs.items():
-                got.setdefault((roots.index(r), k), []).append(child(r, config_file))
+    for i, root in checkouts.alternated(roots, args.rounds):
+        for k, config_file in configs.items():
+            got.setdefault((i, k), []).append(checkouts.child(__file__, root, config_file, **JAX))
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(
         "checkout | sources | parse_config, ms (us a source) | DataFeed start, ms (us a source) "

@@ -15,13 +15,13 @@ opens them afresh and closes them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import checkouts  # beside this file
 
 HERE = Path(__file__).resolve().parent
 KEYS = ("open_us", "first_use_us", "one_shard_us")
@@ -69,25 +69,9 @@ def measure(directory: Path) -> dict[str, float]:
     }
 
 
-def child(root: Path, directory: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(directory)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = checkouts.parser(__doc__.splitlines()[0])
     parser.add_argument("--sources", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--root", type=Path, action="append")
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/mixture-bench"))
-    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child)))
@@ -95,13 +79,12 @@ def main() -> None:
     sys.path[:0] = [str(HERE), str(HERE.parent)]
     from mixture_bench import build  # beside this file: its stores
 
-    roots = [root.resolve() for root in args.root or [HERE.parent]]
+    roots = checkouts.roots(args.root)
     directory = build(args.dir, args.sources, 1 << 24)[0].parent
     load = os.getloadavg()[0]
     got: dict[int, list[dict[str, float]]] = {}
-    for round_ in range(args.rounds):  # the checkouts' order alternates between rounds
-        for r in roots[:: 1 if round_ % 2 == 0 else -1]:
-            got.setdefault(roots.index(r), []).append(child(r, directory))
+    for i, root in checkouts.alternated(roots, args.rounds):
+        got.setdefault(i, []).append(checkouts.child(__file__, root, directory))
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
     print(
         "checkout | store open, us CPU | shard first use, us CPU | a store's open and one "
