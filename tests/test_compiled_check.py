@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.errors import StoreError
 from pipeline.read import windows
 from pipeline.read.plan import Plan
 from pipeline.store.flat_blocks import prefix_crcs
-from tests.test_checked_reads import flip, masked_store, middle_offsets
+from tests.test_checked_reads import masked_store
+from tests.test_native_read import refusals
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = windows._assemble
@@ -119,16 +119,6 @@ def test_in_the_read_path_a_flipped_byte_is_refused_as_the_python_path_refuses_i
     for python, compiled in zip(*clean.values()):
         assert python.keys() == compiled.keys()
         assert all(np.array_equal(python[key], compiled[key]) for key in python)
-    damaged = masked_store(tmp_path / "damaged")
-    sidecar = damaged / "shard-00001-of-00002.flat.bin"
-    flip(sidecar, middle_offsets(sidecar, 2)["high"])
-    errors = []
-    for assemble in (PYTHON, in_path):
-        windows._assemble = assemble
-        fresh = plan(damaged)
-        with pytest.raises(StoreError) as error:
-            for step in range(40):
-                fresh.read(fresh.draws(step))
-        errors.append((step, str(error.value)))
+    errors = refusals(tmp_path, plan, (PYTHON, in_path))
     assert errors[0] == errors[1]
     assert "do not match their block checksums" in errors[0][1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -137,19 +138,28 @@ def test_uint16_sidecars_and_a_flipped_byte(tmp_path: Path, compiled) -> None:
     for step in range(12):
         for python, native in both(checked, step, compiled):
             assert_same(python, native)
+    errors = refusals(tmp_path, plan, (PYTHON, compiled))
+    assert errors[0] == errors[1]
+    assert "do not match their block checksums" in errors[0][1]
+
+
+def refusals(
+    tmp_path: Path, plan: Callable[[Path], Plan], assembles: tuple[Callable, ...]
+) -> list[tuple[int, str]]:
+    """The step and the error at which each of `assembles` (`windows._assemble`) refuses a
+    masked store with a byte flipped in a block of a sidecar."""
     damaged = masked_store(tmp_path / "damaged")
     sidecar = damaged / "shard-00001-of-00002.flat.bin"
     flip(sidecar, middle_offsets(sidecar, 2)["high"])
     errors = []
-    for assemble in (PYTHON, compiled):
+    for assemble in assembles:
         windows._assemble = assemble
         fresh = plan(damaged)
         with pytest.raises(StoreError) as error:
             for step in range(40):
                 fresh.read(fresh.draws(step))
         errors.append((step, str(error.value)))
-    assert errors[0] == errors[1]
-    assert "do not match their block checksums" in errors[0][1]
+    return errors
 
 
 def test_pieces_it_does_not_serve_are_read_in_python(tmp_path: Path, compiled, native_read) -> None:
