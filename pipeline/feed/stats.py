@@ -58,9 +58,9 @@ class StepRead:
         """`rows` [source index of the segment] read from `started` to `finished` (now)."""
         length, names = segment.config.seq_len, segment.config.source_names
         drawn = np.flatnonzero(rows)  # the sources read, not every source of the mix
-        layouts = segment.ordered_layouts
+        layouts = segment.layouts  # by name: laid out when asked (`lazy_layouts`)
         served = tuple(
-            (names[k], n, n * length, n * (length + 1) * layouts[k].meta.dtype.itemsize)
+            (names[k], n, n * length, n * (length + 1) * layouts[names[k]].meta.dtype.itemsize)
             for k, n in zip(drawn.tolist(), rows[drawn].tolist())
         )
         return cls(served, started, time.perf_counter() if finished is None else finished)
