@@ -318,7 +318,9 @@ class _WriteShard(beam.DoFn):
         self.ids = options.ids
         self.stagings = {split: str(path) for split, path in stagings.items()}
 
-    def process(self, group: tuple[tuple[str, int], Iterable[Any]]) -> Iterator[tuple]:
+    def process(
+        self, group: tuple[tuple[str, int], Iterable[Any]]
+    ) -> Iterator[tuple[str, int, ShardInfo, int, int]]:
         (split, shard), values = group
         entries, counts = [], {EMPTY: 0, BAD: 0}
         for value in values:
