@@ -258,13 +258,14 @@ def _build(
         | "Tokenize" >> beam.ParDo(_TokenizeAndPlace(options, validated))
     )
     placeholders = pipeline | "EveryShard" >> beam.Create(every_shard, reshuffle=False)
+    staged = {split: str(path) for split, path in stagings.items()}  # local or URL, as text
     _ = (
         (documents, placeholders)
         | "Flatten" >> beam.Flatten()
         | "ByShard" >> beam.GroupByKey()
         | "WriteShard" >> beam.ParDo(_WriteShard(options, validated, stagings))
         | "AllShards" >> beam.combiners.ToList()
-        | "Commit" >> beam.Map(_commit, options, validated, stagings)
+        | "Commit" >> beam.Map(_commit, options, validated, staged)
     )
 
 
@@ -356,9 +357,10 @@ def _commit(
     results: list[tuple[str, int, ShardInfo, int, int]],
     options: PrepareOptions,
     validated: Validated,
-    stagings: dict[str, Path],
+    stagings: dict[str, str],
 ) -> None:
-    """After every shard: the manifests and the atomic renames, as the local runner does."""
+    """After every shard: the manifests and the atomic renames, as the local runner does.
+    (`stagings` as text, local or URL: Beam checks a side argument against its annotation.)"""
     shards, empty = {}, {}
     for split in stagings:
         mine = sorted((r for r in results if r[0] == split), key=lambda r: r[1])
