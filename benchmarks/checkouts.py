@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +63,18 @@ def mixture_configs(directory: Path, sources: list[int]) -> dict[int, Path]:
         configs[k] = directory / f"start-k{k}.json"
         configs[k].write_text(json.dumps(config_of(build(directory, k, 1 << 24))))
     return configs
+
+
+def mixtures_start(
+    description: str, measure: Callable[[Path], Any]
+) -> tuple[argparse.Namespace, list[Path], dict[int, Path]] | None:
+    """A benchmark over `mixture_bench.py`'s mixtures (`--sources`): in its child, `measure`
+    of the config file printed as JSON, and None; else the arguments, the checkouts and each
+    mixture's config file."""
+    parsed = parser(description)
+    parsed.add_argument("--sources", type=int, nargs="+", default=[1, 256, 1024])
+    args = parsed.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return None
+    return args, roots(args.root), mixture_configs(args.dir, args.sources)

@@ -77,14 +77,10 @@ def measure(config_file: Path) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    parser = checkouts.parser(__doc__.splitlines()[0])
-    parser.add_argument("--sources", type=int, nargs="+", default=[1, 256, 1024])
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.child)))
+    started = checkouts.mixtures_start(__doc__.splitlines()[0], measure)
+    if started is None:  # the child measured
         return
-    roots = checkouts.roots(args.root)
-    configs = checkouts.mixture_configs(args.dir, args.sources)
+    args, roots, configs = started
     load = os.getloadavg()[0]
     got: dict[tuple[int, int], dict[str, list[float]]] = {}
     for i, root in checkouts.alternated(roots, args.rounds):
