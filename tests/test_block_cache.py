@@ -110,6 +110,28 @@ def _fill_many(root: str, first: int) -> None:
         assert count >= disk, (key, count, disk)
 
 
+def test_a_pass_that_raises_does_not_stop_the_passes_after_it(tmp_path, monkeypatch):
+    """A pass that fails in a way no one foresaw ends its thread, not the process's eviction:
+    the next fill over the bound runs a pass, and the cache is within its bound again."""
+    root = tmp_path / "cache"
+    cache = BlockCache(root, BOUND)
+    passes = BlockCache._pass
+
+    def failing(self: BlockCache, keep: Path) -> None:
+        monkeypatch.setattr(BlockCache, "_pass", passes)  # once
+        raise RuntimeError("an unforeseen failure")
+
+    monkeypatch.setattr(BlockCache, "_pass", failing)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # its traceback: expected
+    for key in ("shards/a", "shards/b", "shards/c", "shards/d"):
+        fill(cache, key, 1000)  # d takes it over: its pass fails
+    assert BlockCache.settle(timeout_s=30)
+    assert len(entries(root)) == 4
+    fill(cache, "shards/e", 1000)
+    assert BlockCache.settle(timeout_s=30)
+    assert sum(entries(root).values()) <= BOUND
+
+
 def test_processes_filling_one_cache_at_once_keep_it_counted_high_and_within_its_bound(tmp_path):
     """Three processes fill one cache at the same time, ~6700 bytes each into a bound of 3000,
     their passes racing their fills: the count, read after any fill, is never below the bytes on

@@ -311,18 +311,23 @@ class _Passes:
             return self.idle.wait_for(lambda: not self.running, timeout_s)
 
     def run(self) -> None:
-        """The passes due, one at a time, until none is."""
-        while True:
+        """The passes due, one at a time, until none is. A pass that raises ends the thread
+        (its traceback printed) as one that finds none due: the next fill over the bound
+        starts another, where a thread left marked running would let the cache grow."""
+        try:
+            while True:
+                with self.lock:
+                    if not self.due:
+                        return
+                    cache, keep = self.due.pop(next(iter(self.due)))
+                # a cache whose directory went (a temporary one removed at exit) or cannot be
+                # written: no pass; the next fill over the bound tries again
+                with contextlib.suppress(OSError), self.host_lock(cache.root):
+                    cache._pass(keep)
+        finally:
             with self.lock:
-                if not self.due:
-                    self.running = False
-                    self.idle.notify_all()
-                    return
-                cache, keep = self.due.pop(next(iter(self.due)))
-            # a cache whose directory went (a temporary one removed at exit) or cannot be
-            # written: no pass; the next fill over the bound tries again
-            with contextlib.suppress(OSError), self.host_lock(cache.root):
-                cache._pass(keep)
+                self.running = False
+                self.idle.notify_all()
 
     @contextlib.contextmanager
     def host_lock(self, root: Path) -> Iterator[None]:
