@@ -25,11 +25,17 @@ BOUND = 3000
 
 
 def entries(root: Path) -> dict[str, int]:
-    """{key: bytes} of the cache's entries (not its lock, partial and count files)."""
+    """{key: bytes} of the cache's entries (not its lock, partial and count files); an entry
+    another process's pass deletes while they are listed is not one."""
     found = {}
     for path in root.rglob("*"):
-        if path.is_file() and path.parent != root and path.suffix not in (".lock", ".partial"):
-            found[str(path.relative_to(root))] = path.stat().st_size
+        if path.parent == root or path.suffix in (".lock", ".partial"):
+            continue
+        try:
+            if path.is_file():
+                found[str(path.relative_to(root))] = path.stat().st_size
+        except FileNotFoundError:
+            continue
     return found
 
 
