@@ -52,6 +52,18 @@ def child(script: str, root: Path, arg: Path, **env: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def measured(
+    script: str, checkouts: list[Path], configs: dict[int, Path], rounds: int, **env: str
+) -> Iterator[tuple[int, int, Any]]:
+    """(checkout index, sources, the child's measurement) of every config in every checkout,
+    the checkouts alternated (`alternated`), after printing the load average."""
+    print(f"load average at the start {os.getloadavg()[0]:.1f}")
+    for i, root in alternated(checkouts, rounds):
+        for k, config_file in configs.items():
+            yield i, k, child(script, root, config_file, **env)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}\n")
+
+
 def mixture_configs(directory: Path, sources: list[int]) -> dict[int, Path]:
     """The config file of `mixture_bench.py`'s mixture of each number of sources (its stores
     built in `directory` if missing)."""

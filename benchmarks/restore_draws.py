@@ -19,7 +19,6 @@ this one), alternated round by round.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -81,13 +80,10 @@ def main() -> None:
     if started is None:  # the child measured
         return
     args, roots, configs = started
-    load = os.getloadavg()[0]
     got: dict[tuple[int, int], dict[str, list[float]]] = {}
-    for i, root in checkouts.alternated(roots, args.rounds):
-        for k, config_file in configs.items():
-            for key, values in checkouts.child(__file__, root, config_file, **JAX).items():
-                got.setdefault((i, k), {}).setdefault(key, []).extend(values)
-    print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
+    for i, k, measures in checkouts.measured(__file__, roots, configs, args.rounds, **JAX):
+        for key, values in measures.items():
+            got.setdefault((i, k), {}).setdefault(key, []).extend(values)
     print(
         "checkout | sources | first step's draws + pieces, ms: least / median (x first "
         "checkout's median) | each of the next 7 steps, ms: least / median (x) | a steady "

@@ -17,7 +17,6 @@ CPU, not wall, and the least, so that the other work of a shared machine moves i
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -64,12 +63,9 @@ def main() -> None:
     if started is None:  # the child measured
         return
     args, roots, configs = started
-    load = os.getloadavg()[0]
     got: dict[tuple[int, int], list[dict]] = {}
-    for i, root in checkouts.alternated(roots, args.rounds):
-        for k, config_file in configs.items():
-            got.setdefault((i, k), []).append(checkouts.child(__file__, root, config_file, **JAX))
-    print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}\n")
+    for i, k, measures in checkouts.measured(__file__, roots, configs, args.rounds, **JAX):
+        got.setdefault((i, k), []).append(measures)
     print(
         "checkout | sources | parse_config, ms (us a source) | DataFeed start, ms (us a source) "
         "| start + first batch, ms (x 1 source)"
