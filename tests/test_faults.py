@@ -1188,8 +1188,9 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
         def replace() -> None:
             """Both processes wait at step 2: what reads the manifest's metadata now is the
             watchers' identity check. After the replacement, `go` waits for the checker's next
-            check: otherwise the other process may first fail to read the replaced shard (its
-            reader asks for the generation it opened) and stop with that line instead."""
+            check (or its stop, when its check met the replacement under way): otherwise the
+            other process may first fail to read the replaced shard (its reader asks for the
+            generation it opened) and stop with that line instead."""
             start = len(log.read_text().splitlines())
             time.sleep(2.0)
             counts.extend(asked(process, start) for process in range(2))
@@ -1197,8 +1198,16 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
             assert main([*argv, "--no-progress"]) == 0
             replaced = len(log.read_text().splitlines())
             deadline = time.monotonic() + 60
-            while not asked(checker, replaced) and time.monotonic() < deadline:
+            while (
+                not (asked(checker, replaced) or stopped(checker)) and time.monotonic() < deadline
+            ):
                 time.sleep(0.05)
+
+        def stopped(process: int) -> bool:
+            """`process` has stopped on the replacement already: its check ran while `prepare`
+            was replacing the store (then it asks nothing more)."""
+            logs = tmp_path.glob(f"spec-*-{process}.log")
+            return any("replaced or changed" in path.read_text() for path in logs)
 
         raw = config_over(tmp_path, {"s": url}, lanes=2, global_batch_size=4)
         task = {"kind": "stop", "fault": "replace", "faulty": None}
