@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 # multi-process tests first (xdist would otherwise start the files with the most tests first)
 PARALLEL := -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
+# the 15 slowest tests are listed at the end: the suite's time is watched (under 12 minutes)
 test: setup
-	$(BIN)/python -m pytest -q $(PARALLEL)
+	$(BIN)/python -m pytest -q $(PARALLEL) --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q $(PARALLEL) -m "not multiprocess"
