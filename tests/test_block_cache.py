@@ -364,3 +364,58 @@ def test_a_child_forked_mid_pass_runs_its_own_passes_and_holds_no_pass_lock(tmp_
     parent.join(timeout=120)
     assert parent.exitcode == 0
     assert sum(entries(tmp_path).values()) <= BOUND and not pass_lock_held(tmp_path)
+
+
+class _PausedCount(BlockCache):
+    """A cache whose first count (a fill's: the entry's lock and the host's count lock held)
+    stops until `resume` is set."""
+
+    def __init__(self, root: Path, paused: threading.Event, resume: threading.Event) -> None:
+        super().__init__(root, BOUND)
+        self.paused, self.resume = paused, resume
+
+    def _count(self, descriptor: int) -> int:
+        if not self.paused.is_set():
+            self.paused.set()
+            self.resume.wait(timeout=60)
+        return super()._count(descriptor)
+
+
+def _fill_two(root: str) -> None:
+    """In a child forked mid-fill: a fill of another entry (it takes the host's count lock), and
+    the parent's entry filled again (its lock)."""
+    cache = BlockCache(Path(root), BOUND)
+    fill(cache, "shards/child", 100)
+    cache.get_file("shards/parent", lambda partial: partial.write_bytes(b"t" * 100), bool, True)
+
+
+def _fork_mid_fill(root: str) -> None:
+    """Fork a child (`_fill_two`) while a thread of this process fills an entry, its count
+    paused, then resume that fill. In a process of its own, as `_fork_mid_pass`."""
+    paused, resume = threading.Event(), threading.Event()
+    cache = _PausedCount(Path(root), paused, resume)
+    filler = threading.Thread(target=fill, args=(cache, "shards/parent", 100), daemon=True)
+    filler.start()
+    assert paused.wait(timeout=30)
+    child = multiprocessing.get_context("fork").Process(target=_fill_two, args=(root,))
+    child.start()
+    resume.set()
+    filler.join(timeout=30)
+    child.join(timeout=30)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0 and not filler.is_alive()
+
+
+def test_a_child_forked_mid_fill_holds_none_of_the_hosts_locks(tmp_path):
+    """A process forked while a thread of its parent fills an entry (the entry's lock and the
+    host's count lock held) fills entries, that one too: its copies of the locks' descriptors
+    held both locks for the child's life, so every fill of the host waited for the child."""
+    spawn = multiprocessing.get_context("spawn")
+    parent = spawn.Process(target=_fork_mid_fill, args=(str(tmp_path),))
+    parent.start()
+    parent.join(timeout=120)
+    assert parent.exitcode == 0
+    assert entries(tmp_path) == {"shards/parent": 100, "shards/child": 100}
+    count, disk = count_and_disk(tmp_path)
+    assert count >= disk == 200 and not pass_lock_held(tmp_path)

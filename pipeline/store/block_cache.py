@@ -14,7 +14,9 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
   entry's lock file) and looks again once it has it: the processes of a host that want the
   same block wait for the first one's download instead of making their own; fills of other
   entries do not wait. (An evicted entry's lock file goes with it: a fill racing that eviction
-  may download the block a second time, never serve a part.)
+  may download the block a second time, never serve a part.) A child forked mid-fill holds
+  none of the host's locks (`host_locks`) and has no pass thread of its parent's: it fills and
+  evicts as any process.
 * **Atomic, safe under kill -9.** A fill writes a uniquely named partial file and renames it
   over the entry: an entry is whole or absent. A process killed mid-fill leaves a partial file
   (never read; removed by a later eviction pass once it is old) and releases its lock with its
@@ -42,16 +44,16 @@ bytes (`get`); a whole shard, which ArrayRecord reads from the disk, is a file (
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from pipeline.errors import StoreError
+from pipeline.store.host_locks import locked
 
 _LOCK = ".lock"  # beside each entry: its fills' lock file (empty)
 _PARTIAL = ".partial"
@@ -125,8 +127,7 @@ class BlockCache:
         process meanwhile: `fill(partial)` writes (and checks) a partial file, renamed over the
         entry once whole; then a pass is due if the cache is over its bound."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + _LOCK), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        with locked(path.with_name(path.name + _LOCK)):
             result = found()  # another process filled it meanwhile
             if result is not None:
                 return result
@@ -154,15 +155,9 @@ class BlockCache:
         if total > self.max_bytes:
             _passes.request(self, path)
 
-    @contextlib.contextmanager
-    def _counted(self) -> Iterator[int]:
-        """The host's count file, open and locked (released when closed, or the process dies)."""
-        descriptor = os.open(self.root / _TOTAL, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            yield descriptor
-        finally:
-            os.close(descriptor)
+    def _counted(self) -> contextlib.AbstractContextManager[int]:
+        """The host's count file, open and locked."""
+        return locked(self.root / _TOTAL)
 
     def _count(self, descriptor: int) -> int:
         """The count in the locked count file; one missing or damaged is counted on the disk."""
@@ -284,18 +279,13 @@ class _Passes:
 
     def __init__(self) -> None:
         self.reset()
-        os.register_at_fork(
-            before=lambda: self.lock.acquire(),
-            after_in_parent=lambda: self.lock.release(),
-            after_in_child=self.forked,
-        )
+        os.register_at_fork(after_in_child=self.reset)  # a child has no pass thread
 
     def reset(self) -> None:
         self.lock = threading.Lock()
         self.idle = threading.Condition(self.lock)
         self.due: dict[Path, tuple[BlockCache, Path]] = {}  # by root: the latest fill's
         self.running = False
-        self.held: int | None = None  # the pass lock's descriptor while open
 
     def request(self, cache: BlockCache, keep: Path) -> None:
         """Make a pass of `cache` due, sparing `keep` (the entry just filled, for its caller)."""
@@ -322,33 +312,12 @@ class _Passes:
                     cache, keep = self.due.pop(next(iter(self.due)))
                 # a cache whose directory went (a temporary one removed at exit) or cannot be
                 # written: no pass; the next fill over the bound tries again
-                with contextlib.suppress(OSError), self.host_lock(cache.root):
+                with contextlib.suppress(OSError), locked(cache.root / _PASS):
                     cache._pass(keep)
         finally:
             with self.lock:
                 self.running = False
                 self.idle.notify_all()
-
-    @contextlib.contextmanager
-    def host_lock(self, root: Path) -> Iterator[None]:
-        """The host's pass lock of the cache at `root`, waited for. Its descriptor is opened and
-        closed with `lock` held, which a fork takes first: a child closes it (`forked`), where
-        its copy would hold the host's lock for the child's life."""
-        with self.lock:
-            self.held = descriptor = os.open(root / _PASS, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            yield
-        finally:
-            with self.lock:
-                os.close(descriptor)
-                self.held = None
-
-    def forked(self) -> None:
-        """In a child forked from this process: no pass thread, nothing due, no lock held."""
-        if self.held is not None:
-            os.close(self.held)
-        self.reset()
 
 
 _passes = _Passes()
