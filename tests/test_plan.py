@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.plan.draws import DrawSummary
-from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, by_kind
+from pipeline.plan.row_layout import DOCUMENTS, WINDOWS, SourceKinds, by_kind
 from pipeline.plan.rows import host_rows
 from pipeline.read.plan import READERS, Plan, _readers
 from tests.storegen import doc_starts, synthetic_meta, write_synthetic_store
@@ -223,7 +225,7 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
     kinds = [WINDOWS, "new", DOCUMENTS, WINDOWS, "new"]
     layouts = [SimpleNamespace(row_kind=kind, meta=k) for k, kind in enumerate(kinds)]
     which = np.array([4, 0, 2, 3, 1, 0, 4])
-    grouped = by_kind(tuple(kinds), np.unique(which).tolist(), READERS)
+    grouped = by_kind(SourceKinds(kinds), np.unique(which).tolist(), READERS)
     groups = _readers(layouts, lambda meta: f"store {meta}", which, grouped, False, {})
     rows = {}
     for read, mine in groups:
@@ -235,5 +237,62 @@ def test_rows_go_to_the_reader_of_their_layouts_row_kind(monkeypatch):
         rows.update(dict.fromkeys(mine.tolist(), sources))
     assert sorted(rows) == list(range(len(which)))
     assert len(groups) == 4  # the windows together, the document source, each "new" source
-    only = _readers(layouts, None, np.array([3, 0, 3]), by_kind(tuple(kinds), [0, 3]), False, {})
+    only = _readers(
+        layouts, None, np.array([3, 0, 3]), by_kind(SourceKinds(kinds), [0, 3]), False, {}
+    )
     assert len(only) == 1 and only[0][1] == slice(None)
+
+
+class Looks(Sequence):
+    """A plan's kinds of its sources (`layout_types`, `row_kinds`), counting the sources whose
+    kind a step looks at in `seen`."""
+
+    def __init__(self, kinds: Sequence, seen: list[int]) -> None:
+        self.kinds, self.seen = kinds, seen
+
+    def __getitem__(self, k):
+        self.seen.append(k)
+        return self.kinds[k]
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __getattr__(self, name: str):
+        return getattr(self.kinds, name)
+
+
+def kinds_looked_at(directory: Path, sources: int, mixed: bool, steps: int) -> int:
+    """How many sources' kinds `steps` steps of a mixture of `sources` sources (every other one
+    `best_fit` when `mixed`) look at, to draw, read (both forms) and list their pieces."""
+    names = [f"s{i}" for i in range(sources)]
+    raw: dict = {"seed": 3, "seq_len": 16, "lanes": 2, "global_batch_size": 8}
+    raw["sources"] = {name: {"path": str(directory / name)} for name in names}
+    for name in names[1::2] if mixed else ():
+        raw["sources"][name]["packing"] = "best_fit"
+    raw["mix"] = dict.fromkeys(names, 1)
+    for name in names:
+        write_synthetic_store(directory / name, [[5, 17, 9, 12, 3, 16]])
+    plan = Plan.from_config(parse_config(raw, origin="test.yaml"))
+    segment, seen = plan.segment_plan(0), []
+    segment.layout_types = Looks(segment.layout_types, seen)
+    segment.row_kinds = Looks(segment.row_kinds, seen)
+    for step in range(steps):
+        draws = plan.draws(step)
+        plan.read(draws)
+        plan.read_compact(draws)
+        plan.pieces(draws, local=True)
+    return len(seen)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_steps_grouping_of_its_sources_by_kind_looks_at_its_rows_not_every_source(
+    tmp_path, mixed
+):
+    """A step groups the sources it draws by their kind of layout and of rows (`by_kind`,
+    `compact.form`) without looking at the kind of every source of the mixture: at most each
+    drawn source's, once per grouping (4 a step here), whatever the number of sources (the
+    design's per-step cost; a plain count over the sources' kinds was one look per source)."""
+    steps, rows = 3, 8
+    for sources in (4, 64):
+        looked = kinds_looked_at(tmp_path / str(sources), sources, mixed, steps)
+        assert looked <= 4 * steps * rows, (sources, looked)

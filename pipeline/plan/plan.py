@@ -55,7 +55,7 @@ from pipeline.plan.lazy_layouts import Layouts
 from pipeline.plan.ledger import Ledger, MixEntry, Segment
 from pipeline.plan.mix_table import NO_MIXES, MixTable
 from pipeline.plan.objective import stage_objectives
-from pipeline.plan.row_layout import OpenStore, RowLayout
+from pipeline.plan.row_layout import OpenStore, RowLayout, SourceKinds
 from pipeline.plan.sources import keyed, open_stores
 from pipeline.plan.stages import Overrides, StageTable
 from pipeline.plan.token_mix import TokenClock
@@ -109,8 +109,8 @@ class SegmentPlan:
         self.ordered_layouts = self.layouts.ordered
         # each one's class and kind of rows, for a step's draws to group its sources by
         # (`row_layout.by_kind`)
-        self.layout_types = tuple(self.layouts.types)
-        self.row_kinds = tuple(kind.row_kind for kind in self.layout_types)
+        self.layout_types = SourceKinds(self.layouts.types)
+        self.row_kinds = SourceKinds(kind.row_kind for kind in self.layout_types)
         carried = np.array([segment.counters[name] for name in config.source_names])
         joined = self.anchor != segment.start_step
         if joined:  # continue the layout where it places the start

@@ -104,15 +104,28 @@ def order_key(entry: Mapping[str, str]) -> list[str] | None:
     return layout_kind(entry.get("packing", "concat")).order_key(entry)
 
 
-def by_kind(kinds: Sequence[Any], drawn: list[int], order: Iterable = ()) -> dict[Any, list[int]]:
+class SourceKinds(tuple):
+    """Each source's kind (its layout's class, or its kind of rows), in source order, and `only`:
+    the kind every source has (None: several). Made once per plan, so that a step groups the
+    sources it draws (`by_kind`) without a look at every source of the mixture."""
+
+    only: Any
+
+    def __new__(cls, kinds: Iterable[Any]) -> SourceKinds:
+        made = super().__new__(cls, kinds)
+        made.only = made[0] if made and made.count(made[0]) == len(made) else None
+        return made
+
+
+def by_kind(kinds: SourceKinds, drawn: list[int], order: Iterable = ()) -> dict[Any, list[int]]:
     """The drawn sources (`drawn`, ascending) grouped by their kind (`kinds[k]`: source k's,
-    of every source: `SegmentPlan.layout_types`, `row_kinds`): the kinds of `order` first, in
-    its order, then as drawn; only kinds that draw. A plan of one kind (the common one) is one
-    group without a look at each drawn source."""
+    `SegmentPlan.layout_types`, `row_kinds`): the kinds of `order` first, in its order, then as
+    drawn; only kinds that draw. Work in the drawn sources, none in a plan of one kind (the
+    common one)."""
     if not drawn:
         return {}
-    if kinds.count(kinds[drawn[0]]) == len(kinds):
-        return {kinds[drawn[0]]: drawn}
+    if kinds.only is not None:
+        return {kinds.only: drawn}
     groups: dict[Any, list[int]] = {key: [] for key in order}
     for k in drawn:
         groups.setdefault(kinds[k], []).append(k)
@@ -135,7 +148,7 @@ def draw(
     counter: np.ndarray,
     lane: np.ndarray,
     drawn: list[int],
-    types: Sequence[type],
+    types: SourceKinds,
 ) -> Arrays:
     """`RowLayout.draw` of draws of any sources (`drawn`: those `which` names, ascending;
     `types`: each layout's class): each kind's rows in one call."""

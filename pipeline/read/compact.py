@@ -33,13 +33,12 @@ MAX_SEQ_LEN = POSITION_MASK  # a window's positions (< seq_len + 1) fit in 15 bi
 NAMES = {WINDOWS: ("tokens", "bounds"), DOCUMENTS: ("inputs", "targets", "bounds")}
 
 
-def form(row_kinds: Iterable[str], seq_len: int) -> str | None:
-    """The compact form of a segment whose sources' layouts make rows of `row_kinds`
-    (`RowLayout.row_kind`); None: the six fields."""
-    kinds = set(row_kinds)
-    if seq_len > MAX_SEQ_LEN or len(kinds) != 1 or not kinds <= NAMES.keys():
+def form(row_kind: str | None, seq_len: int) -> str | None:
+    """The compact form of a segment whose sources' layouts all make rows of `row_kind`
+    (`RowLayout.row_kind`; None: of several kinds, `SourceKinds.only`); None: the six fields."""
+    if seq_len > MAX_SEQ_LEN or row_kind not in NAMES:
         return None
-    return kinds.pop()
+    return row_kind
 
 
 def pack(segments: np.ndarray, positions: np.ndarray) -> np.ndarray:

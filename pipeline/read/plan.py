@@ -46,7 +46,7 @@ class Plan(DrawPlan):
         """The drawn rows in their compact form (`pipeline.read.compact`), read-only as `read`'s
         fields; None when their ledger segment has none (the caller reads the six fields)."""
         plan = self.segment_plan(draws.segment_index)
-        if compact.form(plan.row_kinds, plan.config.seq_len) is None:
+        if compact.form(plan.row_kinds.only, plan.config.seq_len) is None:
             return None
         return self._keyed(draws, packed=True)
 
