@@ -83,21 +83,7 @@ def identity_of(stat: os.stat_result) -> FileIdentity:
     return FileIdentity((stat.st_dev, stat.st_ino, stat.st_mtime_ns), stat.st_size)
 
 
-def _file_identity(path: str | Path) -> FileIdentity:
-    if is_url(path):
-        try:
-            found = object_version(path)
-        except StoreError:
-            raise
-        except Exception as error:  # gcsfs retried what was transient
-            raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
-        if found is None:
-            raise FileNotFoundError(path)
-        return FileIdentity((found[0],), found[1])
-    return identity_of(os.stat(path))
-
-
-def local_identity(path: str) -> FileIdentity | None:
+def local_identity(path: str | Path) -> FileIdentity | None:
     """A local file's identity; None for a missing one (`identity_or_none` without asking
     whether `path` is a URL: a shard's first use takes several)."""
     try:
@@ -108,10 +94,15 @@ def local_identity(path: str) -> FileIdentity | None:
 
 def identity_or_none(path: str | Path) -> FileIdentity | None:
     """A local file's or a cloud object's identity; None for a missing one."""
+    if not is_url(path):
+        return local_identity(path)
     try:
-        return _file_identity(path)
-    except OSError:
-        return None
+        found = object_version(path)
+    except StoreError:
+        raise
+    except Exception as error:  # gcsfs retried what was transient
+        raise StoreError(f"{path}: cannot read the object's metadata: {error}") from None
+    return None if found is None else FileIdentity((found[0],), found[1])
 
 
 def store_identity(path: Path) -> Hashable | None:
