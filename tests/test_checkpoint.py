@@ -165,10 +165,11 @@ def test_a_declared_switch_is_recorded_in_the_ledger(tmp_path):
     assert data_state.load_ledger(step_dir / "data" / "data_state.json") == ledger
 
 
-def test_the_switch_is_logged_once_the_whole_restore_succeeded(tmp_path, caplog):
+def test_the_restore_and_its_switch_are_logged_once_the_whole_restore_succeeded(tmp_path, caplog):
     """Orbax restores the data item before the model state ('data' < 'state'): a model state
-    that does not fit fails the restore after the switch was made, and the log must not say
-    the run switched; the restore that succeeds says it once, when the run asks for data."""
+    that does not fit fails the restore after the switch was made, and the log must say
+    neither that the run switched nor that it restored its data state; the restore that
+    succeeds says both once, when the run asks for data."""
     config = two_stage_config(tmp_path / "stores")
     with DataFeed(config, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
         feed.seek(4)
@@ -182,7 +183,8 @@ def test_the_switch_is_logged_once_the_whole_restore_succeeded(tmp_path, caplog)
         mngr.restore(4, args=ocp.args.Composite(state=model, data=data))
 
     def switches() -> list[str]:
-        return [r.getMessage() for r in caplog.records if "ledger switch" in r.getMessage()]
+        said = ("ledger switch", "restored the data state")
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)]
 
     caplog.set_level(logging.INFO, logger="pipeline")
     with DataFeed(changed, mesh()) as feed, manager(tmp_path / "ckpt", async_save=False) as mngr:
@@ -193,8 +195,9 @@ def test_the_switch_is_logged_once_the_whole_restore_succeeded(tmp_path, caplog)
         restore((4,))
         assert switches() == []  # the trainer has not taken the restored state yet
         next(feed), next(feed)
-        (line,) = switches()
-        assert line.startswith("ledger switch at step 4: stages changed; carried counters ")
+        switch, restored = switches()
+        assert switch.startswith("ledger switch at step 4: stages changed; carried counters ")
+        assert restored == "restored the data state at step 4 (2 ledger segments)"
 
 
 def test_a_save_before_the_first_next_logs_the_switch_it_records(tmp_path, caplog):

@@ -389,9 +389,9 @@ class DataFeed:
     def adopt(self, ledger: Ledger, step: int, events: Sequence[str] = ()) -> None:
         """Follow `ledger` (a restored, reconciled one) from `step` on; the runtime settings
         (`feed:`) stay the config in force's, never the ledger's recorded defaults. `events`
-        (the switch or skip the restore made) wait for `log_restore_events`: an Orbax item
-        restored after this one may still fail, and a run that did not switch must not say
-        it did."""
+        (the restore's lines: its switch or skip, the state restored) wait for
+        `log_restore_events`: an Orbax item restored after this one may still fail, and a run
+        that did not switch (or restore) must not say it did."""
         self._ensure_open()
         self._adopted = tuple(events)
         self._plan = Plan(ledger, self._plan.store_set, exclude_files=self._plan.exclude_files)
@@ -431,8 +431,8 @@ class DataFeed:
             raise
 
     def log_restore_events(self) -> None:
-        """Log the switch or skip the last restore made, once: at the first `next()` (the
-        whole restore succeeded), or at a save before it, whose checkpoint records them."""
+        """Log the last restore's lines (`adopt`), once: at the first `next()` (the whole
+        restore succeeded), or at a save before it, whose checkpoint records them."""
         for line in self._adopted:
             log.info("%s", line)
         self._adopted = ()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 
 import jax
 import numpy as np
@@ -20,8 +19,6 @@ from pipeline.plan.data_state import DataState
 from pipeline.plan.resume import reconcile
 from pipeline.plan.skips import Skip
 from pipeline.read.plan import Plan
-
-log = logging.getLogger("pipeline")
 
 
 def current_state(feed: DataFeed) -> DataState:
@@ -54,7 +51,10 @@ def restore_state(
     _check_processes_agree(state, feed, switch, skip)
     plan = Plan(state.ledger, feed.plan.store_set, exclude_files=feed.plan.exclude_files)
     data_state.verify(state, plan, checkpoint_step, saved_after_step=saved_after_step)
-    events: list[str] = []  # the switch or skip: logged at the first next() or save, not now
+    # the switch or skip, then the state restored: logged once the whole restore succeeded (at
+    # the first next() or a save, `DataFeed.log_restore_events`), not while Orbax (or Grain's
+    # handler in MaxText) may still fail to restore the checkpoint's other items
+    events: list[str] = []
     reconciled = reconcile(
         plan,
         feed.config,
@@ -65,14 +65,13 @@ def restore_state(
         skip_at=skip.at,
         events=events,
     )
+    segments = len(reconciled.segments)
+    events.append(
+        f"restored the data state at step {state.step} "
+        f"({segments} ledger segment{'' if segments == 1 else 's'})"
+    )
     feed.adopt(reconciled, state.step, events)
     feed.start_prefetch()  # read the first batch while Orbax restores the other items
-    log.info(
-        "restored the data state at step %d (%d ledger segment%s)",
-        state.step,
-        len(reconciled.segments),
-        "" if len(reconciled.segments) == 1 else "s",
-    )
     return current_state(feed)
 
 
