@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.store.formats import load_meta
-from pipeline.store.manifest_text import ManifestText, _entry_spans, _loads
+from pipeline.store.manifest_spans import entry_spans, loads
+from pipeline.store.manifest_text import ManifestText
 from pipeline.store.meta import StoreMeta
 from pipeline.store.meta_cache import CACHE_ENV, Summaries
 from pipeline.store.token_store import TokenStore
@@ -70,7 +71,7 @@ def test_the_layout_write_manifest_writes_is_cut_entry_by_entry(tmp_path: Path) 
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["created"] = {"inputs": ["a{b]", "c"], "row_format": {"x": [1, {"y": "}"}]}}
     data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
-    spans = _entry_spans(data, 3)
+    spans = entry_spans(data, 3)
     assert len(spans) == 3
     assert [json.loads(data[a:b]) for a, b in spans] == manifest["shards"]
 
@@ -99,6 +100,46 @@ def test_a_store_opened_from_a_summary_reads_a_shard_without_parsing_its_manifes
     assert store.manifest == reference.manifest == json.loads((path / "manifest.json").read_text())
     store.close()
     reference.close()
+
+
+def summarised(tmp_path: Path, monkeypatch) -> tuple[Path, StoreMeta]:
+    """A store of three shards and its metadata as a restart plans it: from the summary."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "s"
+    write_synthetic_store(path, [[5, 9], [3, 4], [7, 2]]).close()
+    summaries = Summaries([path])
+    load_meta(path, summaries)
+    summaries.save()
+    return path, load_meta(path, Summaries([path]))
+
+
+def test_a_summary_records_where_the_entries_are_and_an_open_takes_them(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The summary (version 3) keeps each entry's position in the checked bytes: the open of
+    a store planned from it starts with them, and each entry cut there is the whole parse's."""
+    path, meta = summarised(tmp_path, monkeypatch)
+    data = (path / "manifest.json").read_bytes()
+    assert meta.spans == entry_spans(data, 3) != []
+    store = TokenStore(path, known=meta)
+    assert store._text._spans == meta.spans  # before any entry is asked for
+    assert [store._text.entry(k) for k in range(3)] == json.loads(data)["shards"]
+    store.close()
+
+
+def test_recorded_positions_that_hold_no_entry_are_looked_for_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Positions that do not bound an object in the bytes (a summary of a bug's, its checksum
+    redone) are not parsed as entries: the entries are found in the bytes, as without them."""
+    path, meta = summarised(tmp_path, monkeypatch)
+    data = (path / "manifest.json").read_bytes()
+    for wrong in (np.zeros(6, np.int64), np.array([1, 40, 2, 9, 0, len(data)], np.int64)):
+        object.__setattr__(meta, "_spans", wrong)
+        store = TokenStore(path, known=meta)
+        assert [store._text.entry(k) for k in range(3)] == json.loads(data)["shards"]
+        assert store._text._spans == entry_spans(data, 3)
+        store.close()
 
 
 TRICKY = [  # (manifest bytes, its shards): layouts a cut by brackets alone would misread
@@ -136,8 +177,8 @@ def _answer(parse, data: bytes) -> object:
 def test_a_parse_by_the_scanner_alone_gives_json_loads_value_or_error(
     value: object, tail: str, head: str, encoding: str, cut: int
 ) -> None:
-    """`_loads` is `json.loads` of any bytes: a value, text after it, whitespace or a BOM
+    """`loads` is `json.loads` of any bytes: a value, text after it, whitespace or a BOM
     before it, other encodings, bytes cut short."""
     text = (head + json.dumps(value, indent=2, ensure_ascii=False) + tail).encode(encoding)
     for data in (text, text[: len(text) - cut]):
-        assert _answer(_loads, data) == _answer(json.loads, data)
+        assert _answer(loads, data) == _answer(json.loads, data)

@@ -241,3 +241,21 @@ def test_a_summary_file_of_another_version_is_rebuilt_not_read(tmp_path, cache, 
     assert facts(again) == facts(first)
     header = file.read_bytes().partition(b"\n")[2].partition(b"\n")[0]  # the JSON line
     assert json.loads(header)["version"] == VERSION
+
+
+def test_a_version_2_summary_without_entry_positions_is_rebuilt(tmp_path, cache, caplog):
+    """Version 2 kept no positions of the manifests' shard entries: its file, whole and
+    checksummed, is rewritten as this version's, which has them."""
+    config = parse_config(mixture(tmp_path), origin="mix.yaml")
+    first = load_metas(config)
+    (file,) = cache.iterdir()
+    line, _, blob = file.read_bytes().partition(b"\n")[2].partition(b"\n")
+    header = {**json.loads(line), "version": 2}
+    body = json.dumps(header).encode() + b"\n" + blob
+    file.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        again = load_metas(config)
+    assert f"version 2, this version writes {VERSION}" in caplog.text
+    assert facts(again) == facts(first)
+    kept = load_metas(config)
+    assert all(meta.spans is not None and len(meta.spans) == 2 for meta in kept.values())

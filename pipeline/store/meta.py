@@ -22,6 +22,7 @@ from pipeline.errors import StoreError
 from pipeline.in_place import hint
 from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
+from pipeline.store.manifest_spans import entry_spans
 from pipeline.store.remote_reads import manifest_bytes
 from pipeline.urls import is_url, location, read_bytes
 
@@ -31,7 +32,7 @@ FORMAT_VERSION = 3
 # readers refuse it rather than train on every token; a store without a mask stays version 3.
 MASKED_FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
-_KEPT = ("_read", "_checked")  # what a StoreMeta keeps of its reading, not pickled
+_KEPT = ("_read", "_checked", "_spans")  # what a StoreMeta keeps of its reading, not pickled
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,19 +70,20 @@ class StoreMeta:
         values: tuple[Path, str, np.ndarray, np.dtype, dict, bool],
         num_tokens: int,
         checked: str,
+        spans: np.ndarray | None = None,
     ) -> StoreMeta:
         """The metadata of field `values` (in field order) as a host's summary kept them
-        (`meta_cache`), with their `num_tokens` and the SHA-256 of the manifest bytes they were
-        `checked` from: set as a frozen instance's fields are, without the dataclass's
-        `__init__` (~3 us, of each of a restore's hundreds of sources) nor a `zip` of the
-        names (~1 us): a field added to `StoreMeta` and not here stops the import (`_FIELDS`),
-        never takes its default."""
+        (`meta_cache`), with their `num_tokens`, the SHA-256 of the manifest bytes they were
+        `checked` from and where its shard entries are in them (`spans`): set as a frozen
+        instance's fields are, without the dataclass's `__init__` (~3 us, of each of a
+        restore's hundreds of sources) nor a `zip` of the names (~1 us): a field added to
+        `StoreMeta` and not here stops the import (`_FIELDS`), never takes its default."""
         path, fingerprint, shard_tokens, dtype, tokenizer, masked = values
         meta = _new(cls)
         _set(meta, "__dict__", {
             "path": path, "fingerprint": fingerprint, "shard_tokens": shard_tokens,
             "dtype": dtype, "tokenizer": tokenizer, "masked": masked,
-            "num_tokens": num_tokens, "_checked": checked,
+            "num_tokens": num_tokens, "_checked": checked, "_spans": spans,
         })  # fmt: skip
         return meta
 
@@ -90,13 +92,17 @@ class StoreMeta:
         """The metadata of the store at `path` (a directory or a `gs://` URL), reading its
         manifest only. With the manifest file's `identity` (`store_files.store_identity`, taken
         before the read), the checked manifest stays with the metadata, so that opening the
-        unchanged store at its first draw does not read and check it again (`manifest_if`)."""
+        unchanged store at its first draw does not read and check it again (`manifest_if`), and
+        where its shard entries are in the bytes, for the host's summary (`spans`)."""
         path = location(path)
-        manifest, digest = read_manifest(path)
+        manifest, digest, data = read_manifest(path)
         meta = cls.from_manifest(path, manifest)
         meta.vouch(digest)
         if identity is not None:  # not a field: a plan pickles its metadata without manifests
             object.__setattr__(meta, "_read", (identity, manifest))
+            spans = entry_spans(data, len(manifest["shards"]))  # ~17 us, for the summary
+            flat = np.array(spans, np.int64).reshape(-1) if spans else None
+            object.__setattr__(meta, "_spans", flat)
         return meta
 
     def vouch(self, digest: str) -> None:
@@ -109,6 +115,17 @@ class StoreMeta:
         """The SHA-256 of the manifest bytes this metadata was read from, checked (`load`, or
         a host's summary of them: `meta_cache`); None when not known."""
         return self.__dict__.get("_checked")
+
+    @property
+    def spans(self) -> list[tuple[int, int]] | None:
+        """Where each shard's entry is in the manifest bytes of SHA-256 `checked`
+        (`manifest_spans.entry_spans`, recorded by `load` and the host's summary); None when
+        not known."""
+        flat = self.__dict__.get("_spans")
+        if flat is None:
+            return None
+        flat = flat.tolist()
+        return list(zip(flat[0::2], flat[1::2]))
 
     def manifest_if(self, path: Path, identity: Hashable | None) -> dict[str, Any] | None:
         """The manifest `load` read, if it was read at `path` from the file of `identity` (the
@@ -223,11 +240,11 @@ def load_manifest(path: Path, identity: Any = None, checked: str | None = None) 
 
 def read_manifest(
     path: Path, identity: Any = None, checked: str | None = None
-) -> tuple[dict[str, Any], str]:
-    """`load_manifest`'s manifest and the SHA-256 of the bytes it was read from."""
+) -> tuple[dict[str, Any], str, bytes]:
+    """`load_manifest`'s manifest, the SHA-256 of the bytes it was read from, and the bytes."""
     data = manifest_data(path, identity)
     digest = hashlib.sha256(data).hexdigest()
-    return parse_manifest(data, f"{path}/{MANIFEST}", digest, checked), digest
+    return parse_manifest(data, f"{path}/{MANIFEST}", digest, checked), digest, data
 
 
 def manifest_data(path: Path, identity: Any = None) -> bytes:

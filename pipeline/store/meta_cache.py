@@ -14,15 +14,19 @@ A file is read in one piece whatever the number of stores (a restore of 1,024 so
 ~270 kB of JSON, a list per store, ~5 ms): a JSON line of the strings (paths, fingerprints,
 digests, dtypes; each distinct tokenizer once, the stores of a mixture share one) and the
 numbers as arrays after it (each manifest's identity; shard, tokenizer and mask columns; every
-store's token counts), read as a few lists and one array (`_Read`); a store's `StoreMeta` is
-made when the plan asks for it, its counts a read-only view of that array.
+store's token counts; where each shard's entry is in the manifest's bytes), read as a few lists
+and arrays (`_Read`); a store's `StoreMeta` is made when the plan asks for it, its counts and
+entry positions read-only views of those arrays. The positions (`StoreMeta.spans`, version 3)
+are found once in the checked bytes (`manifest_spans.entry_spans`) and kept with their digest:
+a restore's store opens parse the entries they use without looking for them (~17 us a store).
 
 A summary never stands for the store itself: the store is opened at its first draw, which
 reads its manifest again and takes the summary's word only for bytes of the checked SHA-256
 (`TokenStore`); other bytes are checked in full and must have the planned fingerprint, or the
 store is refused in one line naming the source and the store (`store_set.open_at`). A file
 is used only whole and as written: it carries the SHA-256 of its body and its format version;
-anything else (damaged, another version's) is logged and rewritten. Files are written
+anything else (damaged, another version's: version 2 had no entry positions) is logged and
+rewritten. Files are written
 atomically; the least recently used beyond `MAX_FILES` are removed.
 """
 
@@ -46,14 +50,15 @@ from pipeline.urls import cache_directory, cache_entries, write_atomically
 log = logging.getLogger("pipeline")
 
 CACHE_ENV = "PIPELINE_MANIFEST_CACHE"
-VERSION = 2  # bump when the file's layout, an entry's fields or StoreMeta's meaning change
+VERSION = 3  # bump when the file's layout, an entry's fields or StoreMeta's meaning change
 MAX_FILES = 64  # sets of stores kept (one file each, ~0.2 kB per store)
 SUFFIX = ".summary"
 # an entry's name (version 1 wrote `.json`: evicted, never read); anything else is left alone
 ENTRY = re.compile(r"[0-9a-f]{32}\.(?:summary|json)")
 IDS = np.dtype("<u8")  # per store: the manifest's device, inode and size
-INTS = np.dtype("<i8")  # per store: mtime_ns, ctime_ns, shards, tokenizer, masked, tokens; counts
-COLUMNS = 6  # of INTS a store
+# per store: mtime_ns, ctime_ns, shards, tokenizer, masked, tokens, spanned; counts; spans
+INTS = np.dtype("<i8")
+COLUMNS = 7  # of INTS a store
 
 Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
@@ -182,14 +187,17 @@ class _Read:
     """A file's stores, by path (`rows`): each one's `StoreMeta` made when asked (`meta`),
     from the file's columns (as Python lists: a few calls whatever the number of stores)."""
 
-    def __init__(self, header: dict[str, Any], ids: np.ndarray, ints: np.ndarray, counts) -> None:
+    def __init__(
+        self, header: dict[str, Any], ids: np.ndarray, ints: np.ndarray, counts, spans
+    ) -> None:
         self.header = header
         self.rows = {path: row for row, path in enumerate(header["paths"])}
         self.ints = ints.tolist()
         # each store's manifest identity (`Stat`), as `manifest_stat` gives it
         self.idents = list(zip(*ids.T.tolist(), *ints[:, :2].T.tolist()))
         self.ends = np.cumsum(ints[:, 2]).tolist()  # where each store's counts end in `counts`
-        self.counts = counts
+        self.counts = counts  # and its entries' (start, end) pairs in `spans`, at twice that
+        self.spans = spans
         self.dtypes = {name: np.dtype(name) for name in set(header["dtypes"])}
 
     @classmethod
@@ -212,12 +220,13 @@ class _Read:
         ids = np.frombuffer(blob, IDS, 3 * n).reshape(n, 3)
         ints = np.frombuffer(blob, INTS, COLUMNS * n, ids.nbytes).reshape(n, COLUMNS)
         size = int(ints[:, 2].sum())
-        if len(blob) != ids.nbytes + ints.nbytes + size * INTS.itemsize:
+        if len(blob) != ids.nbytes + ints.nbytes + 3 * size * INTS.itemsize:
             raise ValueError("its arrays are not of the lengths its header gives")
         if n and (ints[:, 2:].min() < 0 or ints[:, 3].max() >= len(header["tokenizers"])):
             raise ValueError("a store's shards, tokenizer or totals are out of range")
         counts = np.frombuffer(blob, INTS, size, ids.nbytes + ints.nbytes)
-        return cls(header, ids, ints, counts)
+        spans = np.frombuffer(blob, INTS, 2 * size, ids.nbytes + ints.nbytes + counts.nbytes)
+        return cls(header, ids, ints, counts, spans)
 
     def meta(self, key: str, path: Path, stat: Stat) -> StoreMeta | None:
         """The metadata of the store at `path` (`key`: its str) if kept with the manifest
@@ -227,25 +236,30 @@ class _Read:
 
     def meta_of(self, row: int, path: Path) -> StoreMeta:
         """The metadata of store `row`, at `path`."""
-        _, _, shards, tokenizer, masked, total = self.ints[row]
+        _, _, shards, tokenizer, masked, total, spanned = self.ints[row]
         header, end = self.header, self.ends[row]
         values = (
             path, header["fingerprints"][row], self.counts[end - shards : end],
             self.dtypes[header["dtypes"][row]], header["tokenizers"][tokenizer], masked != 0,
         )  # fmt: skip
-        return StoreMeta.kept(values, total, header["digests"][row])
+        spans = self.spans[2 * (end - shards) : 2 * end] if spanned else None
+        return StoreMeta.kept(values, total, header["digests"][row], spans)
 
 
 def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
     """A file's body: a JSON line of the stores' strings (each distinct tokenizer once), then
-    their numbers as little-endian arrays (`_Read.decode`)."""
+    their numbers as little-endian arrays (`_Read.decode`): a store's entry positions are
+    zeros, not spanned, where they are not known."""
     tokenizers: dict[str, int] = {}  # a tokenizer's canonical JSON -> its index
-    ids, ints, counts = [], [], []
+    ids, ints, counts, spans = [], [], [], []
     for stat, meta in entries.values():
         index = tokenizers.setdefault(json.dumps(meta.tokenizer, sort_keys=True), len(tokenizers))
+        found = meta.spans
         ids.append(stat[:3])
-        ints.append([*stat[3:], meta.num_shards, index, int(meta.masked), meta.num_tokens])
+        ints.append([*stat[3:], meta.num_shards, index, int(meta.masked), meta.num_tokens,
+                     int(found is not None)])  # fmt: skip
         counts.append(meta.shard_tokens)
+        spans.append(np.zeros((meta.num_shards, 2), INTS) if found is None else found)
     metas = [meta for _, meta in entries.values()]
     header = {
         "version": VERSION,
@@ -259,6 +273,7 @@ def _encode(entries: dict[str, tuple[Any, StoreMeta]]) -> bytes:
         np.array(ids, IDS).reshape(-1, 3),
         np.array(ints, INTS).reshape(-1, COLUMNS),
         np.concatenate([np.zeros(0, INTS), *counts]).astype(INTS),
+        np.array([span for found in spans for span in found], INTS).reshape(-1),
     )
     return json.dumps(header).encode() + b"\n" + b"".join(a.tobytes() for a in arrays)
 
