@@ -122,8 +122,8 @@ def test_a_summary_records_where_the_entries_are_and_an_open_takes_them(
     data = (path / "manifest.json").read_bytes()
     assert meta.spans == entry_spans(data, 3) != []
     store = TokenStore(path, known=meta)
-    assert store._text._spans == meta.spans  # before any entry is asked for
     assert [store._text.entry(k) for k in range(3)] == json.loads(data)["shards"]
+    assert store._text._spans == meta.spans
     store.close()
 
 
@@ -135,7 +135,7 @@ def test_recorded_positions_that_hold_no_entry_are_looked_for_again(
     path, meta = summarised(tmp_path, monkeypatch)
     data = (path / "manifest.json").read_bytes()
     for wrong in (np.zeros(6, np.int64), np.array([1, 40, 2, 9, 0, len(data)], np.int64)):
-        object.__setattr__(meta, "_spans", wrong)
+        object.__setattr__(meta, "_spans", (wrong, 0))
         store = TokenStore(path, known=meta)
         assert [store._text.entry(k) for k in range(3)] == json.loads(data)["shards"]
         assert store._text._spans == entry_spans(data, 3)

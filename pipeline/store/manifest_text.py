@@ -53,10 +53,8 @@ class ManifestText:
         checked = known.checked if known is not None and known.path == path else None
         data = manifest_data(path, identity)
         digest = hashlib.sha256(data).hexdigest()
-        if digest == checked:
-            text = cls(data, digest, known, None)
-            text._spans = known.spans  # found in these bytes, or None: found at the first entry
-            return text
+        if digest == checked:  # `known.spans` were found in these bytes, if recorded
+            return cls(data, digest, known, None)
         manifest = parse_manifest(data, f"{path}/{MANIFEST}", digest, checked)
         return cls(None, digest, StoreMeta.from_manifest(path, manifest), manifest)
 
@@ -76,7 +74,7 @@ class ManifestText:
         if self._manifest is None:
             entry = self._cut(shard)
             if entry is None and self._spans:  # recorded where no entry is: looked for here
-                self._spans = None
+                self._spans = entry_spans(self.data, len(self._entries))
                 entry = self._cut(shard)
         if entry is None:
             entry = self.manifest()["shards"][shard]
@@ -87,8 +85,8 @@ class ManifestText:
         """The entry at its span (found, or recorded with these bytes' digest); None where
         the layout has no spans, or the span holds no object."""
         spans = self._spans
-        if spans is None:
-            spans = self._spans = entry_spans(self.data, len(self._entries))
+        if spans is None:  # recorded with these bytes' digest (`StoreMeta.spans`), else found
+            spans = self._spans = self.meta.spans or entry_spans(self.data, len(self._entries))
         if not spans:
             return None
         start, end = spans[shard]

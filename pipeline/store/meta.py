@@ -70,11 +70,12 @@ class StoreMeta:
         values: tuple[Path, str, np.ndarray, np.dtype, dict, bool],
         num_tokens: int,
         checked: str,
-        spans: np.ndarray | None = None,
+        spans: tuple[np.ndarray, int] | None = None,
     ) -> StoreMeta:
         """The metadata of field `values` (in field order) as a host's summary kept them
         (`meta_cache`), with their `num_tokens`, the SHA-256 of the manifest bytes they were
-        `checked` from and where its shard entries are in them (`spans`): set as a frozen
+        `checked` from and where its shard entries are in them (`spans`: the summary's array
+        of (start, end) pairs and where this store's begin in it, not sliced here): set as a frozen
         instance's fields are, without the dataclass's `__init__` (~3 us, of each of a
         restore's hundreds of sources) nor a `zip` of the names (~1 us): a field added to
         `StoreMeta` and not here stops the import (`_FIELDS`), never takes its default."""
@@ -101,7 +102,7 @@ class StoreMeta:
         if identity is not None:  # not a field: a plan pickles its metadata without manifests
             object.__setattr__(meta, "_read", (identity, manifest))
             spans = entry_spans(data, len(manifest["shards"]))  # ~17 us, for the summary
-            flat = np.array(spans, np.int64).reshape(-1) if spans else None
+            flat = (np.array(spans, np.int64).reshape(-1), 0) if spans else None
             object.__setattr__(meta, "_spans", flat)
         return meta
 
@@ -121,10 +122,11 @@ class StoreMeta:
         """Where each shard's entry is in the manifest bytes of SHA-256 `checked`
         (`manifest_spans.entry_spans`, recorded by `load` and the host's summary); None when
         not known."""
-        flat = self.__dict__.get("_spans")
-        if flat is None:
+        kept = self.__dict__.get("_spans")
+        if kept is None:
             return None
-        flat = flat.tolist()
+        pairs, first = kept
+        flat = pairs[first : first + 2 * self.num_shards].tolist()
         return list(zip(flat[0::2], flat[1::2]))
 
     def manifest_if(self, path: Path, identity: Hashable | None) -> dict[str, Any] | None:

@@ -492,8 +492,10 @@ class TokenStore(StoreFacts):
         if self._opened[shard]:
             return
         entry, root, flat = self._text.entry(shard), self._root, self._served_flat(shard)
-        identities, tokens = self._file_identities[shard], None
-        if not self.remote:  # a cloud store's: with its files' downloads, below
+        identities, tokens, remote = self._file_identities[shard], None, None
+        if self.remote:  # its files at once, checked by content (`_fetch_shard`)
+            offsets, docs, untrained, remote = self._fetch_shard(shard, entry, flat)
+        else:  # direct calls: a restore's first step makes dozens of first uses
             self.check_unchanged()
             if not identities:  # the shard's first use: its files' sizes, its sidecar mapped
                 read = (_READ_WITH_BLOCKS if self.check_reads else _READ_FLAT) if flat else _READ
@@ -508,23 +510,9 @@ class TokenStore(StoreFacts):
                 )
             elif flat:  # the file its first use mapped
                 tokens, _ = map_flat(root, shard, entry, identities["flat"], self.dtype)
-        # A cloud shard is checked by content, not by generation: served from its sidecar's
-        # blocks (each checked against the store's CRCs), else downloaded whole and checked
-        # against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local disk.
-        served_remotely = self.remote and flat
-        downloaded = self.remote and not flat
-        loads = (
-            lambda: self.check_unchanged() if self.remote else None,
-            lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
-            lambda: load_index(root, entry, "docs", "docs_sha256", entry["documents"]),
-            lambda: load_mask(root, entry) if self.masked else None,
-            lambda: remote_flat(root, entry, self.dtype) if served_remotely else None,
-            lambda: self._local_copy(shard) if downloaded else None,
-        )
-        # a cloud shard's files are downloaded at once: one round trip (`remote_reads`)
-        _, offsets, docs, untrained, remote, _ = (
-            together(*loads) if self.remote else [load() for load in loads]
-        )
+            offsets = load_index(root, entry, "index", "index_sha256", entry["records"])
+            docs = load_index(root, entry, "docs", "docs_sha256", entry["documents"])
+            untrained = load_mask(root, entry) if self.masked else None
         if remote is not None:
             self._loaded["flat"][shard] = remote
         elif tokens is not None:
@@ -536,6 +524,25 @@ class TokenStore(StoreFacts):
         self._loaded["docs"][shard] = docs
         self._loaded["untrained"][shard] = untrained
         self._opened[shard] = True
+
+    def _fetch_shard(
+        self, shard: int, entry: dict[str, Any], flat: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, RemoteFlat | None]:
+        """A cloud shard's first-use loads, all at once (one round trip, `remote_reads`): its
+        indexes, loss mask and sidecar, checked by content, not by generation: served from its
+        sidecar's blocks (each checked against the store's CRCs), else downloaded whole and
+        checked against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local
+        disk. The store's identity is asked with them."""
+        root = self._root
+        _, offsets, docs, untrained, remote, _ = together(
+            self.check_unchanged,
+            lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
+            lambda: load_index(root, entry, "docs", "docs_sha256", entry["documents"]),
+            lambda: load_mask(root, entry) if self.masked else None,
+            lambda: remote_flat(root, entry, self.dtype) if flat else None,
+            lambda: None if flat else self._local_copy(shard),
+        )
+        return offsets, docs, untrained, remote
 
     def _check_records(self, shard: int, offsets: np.ndarray) -> None:
         """First read of a shard through ArrayRecord (call with its lock held): open its reader
