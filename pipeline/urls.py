@@ -88,15 +88,21 @@ def check_reachable(url: Any) -> None:
     _reached.add((host, port))
 
 
-def read_local(path: str) -> bytes:
+def read_local(path: str, checked: bool = False) -> bytes:
     """A local file's bytes, by plain system calls (a shard's first use reads three small
     files: `pathlib` and buffered I/O cost more than the reads). Read in chunks of at least
     64 KiB, shrunk to the file: an exact-size read of a small file puts the bytes an open
     shard keeps (its indexes) in Python's small-object pools among short-lived objects, which
-    then stay mapped: +28 MB of RSS at 256 sources of 8 shards (docs/benchmarks.md)."""
+    then stay mapped: +28 MB of RSS at 256 sources of 8 shards (docs/benchmarks.md).
+    `checked`: the caller compares the bytes with a digest (a store's manifest and small
+    files), so a first read shorter than asked is taken as the end of the file, without the
+    read that confirms it (a system call, ~1-2 us, three a shard's first use): a regular file
+    reads short only at its end, and bytes cut short otherwise fail the digest."""
     fd = os.open(path, os.O_RDONLY)
     try:  # to its end: a file that grew since the fstat, a pipe or /proc file (of size 0)
         parts = [os.read(fd, 1 << 16)]  # a small file: no `fstat` (a system call, ~1 us)
+        if checked and len(parts[0]) < 1 << 16:
+            return parts[0]
         chunk = 1 << 16 if len(parts[0]) < 1 << 16 else max(os.fstat(fd).st_size, 1 << 16)
         while parts[-1] and (data := os.read(fd, chunk)):
             parts.append(data)

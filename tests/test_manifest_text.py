@@ -5,6 +5,7 @@ reads a shard without parsing its whole manifest."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,34 @@ def test_a_parse_by_the_scanner_alone_gives_json_loads_value_or_error(
     text = (head + json.dumps(value, indent=2, ensure_ascii=False) + tail).encode(encoding)
     for data in (text, text[: len(text) - cut]):
         assert _answer(loads, data) == _answer(json.loads, data)
+
+
+def test_an_open_and_a_first_use_read_each_small_file_in_one_read(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Bytes that are then hashed and compared with a digest (the manifest at the open, a
+    shard's indexes and block checksums at its first use) are read by one `read` a file: a
+    short read is the file's end, not confirmed by another; what it reads is what a read to
+    the end gives (the tokens served, equal)."""
+    path, meta = summarised(tmp_path, monkeypatch)
+    reference = TokenStore(path)
+    expected = reference.read_shard_tokens(1, 0, 7).tokens
+    reads: list[int] = []
+    real = os.read
+
+    def counted(fd: int, size: int) -> bytes:
+        data = real(fd, size)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counted)
+    store = TokenStore(path, known=meta)
+    assert store._text._entries[1] is None  # nothing of shard 1 read yet
+    store.shard_view(1)
+    files = 1 + len([key for key in ("index", "docs", "flat_blocks", "untrained")
+                     if key in store._text.entry(1)])  # fmt: skip
+    assert len(reads) == files and 0 not in reads
+    monkeypatch.undo()
+    np.testing.assert_array_equal(store.read_shard_tokens(1, 0, 7).tokens, expected)
+    store.close()
+    reference.close()

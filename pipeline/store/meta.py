@@ -24,7 +24,7 @@ from pipeline.store.doc_ids import has_ids, shard_ids
 from pipeline.store.identity import check_manifest, tokenizer_identity
 from pipeline.store.manifest_spans import entry_spans
 from pipeline.store.remote_reads import manifest_bytes
-from pipeline.urls import is_url, location, read_bytes
+from pipeline.urls import is_url, location, read_bytes, read_local
 
 FORMAT_NAME = "pipeline-token-store"
 FORMAT_VERSION = 3
@@ -254,7 +254,9 @@ def manifest_data(path: Path, identity: Any = None) -> bytes:
     one line that says what is there instead when there are none."""
     manifest_path = f"{path}/{MANIFEST}"  # not a `pathlib` join: ~3 us of a store's open
     try:
-        if is_url(path) and identity is not None:
+        if not is_url(path):  # bytes the caller hashes: compared with a digest, or checked
+            return read_local(manifest_path, checked=True)
+        if identity is not None:
             version = (identity.version[0], identity.size)
             return manifest_bytes(manifest_path, version)
         return read_bytes(manifest_path)

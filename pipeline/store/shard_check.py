@@ -108,7 +108,7 @@ def _load_npy(
         data = checked_file(path, entry[checksum_key], checksum_key)
         return path, _parsed(path, data)
     try:  # one read, both hashed and parsed
-        data = read_local(path)
+        data = read_local(path, checked=True)
     except FileNotFoundError:
         missing = f"{path}: {LISTED_ARRAYS[key]} listed in the manifest is missing"
         raise StoreError(missing) from None
