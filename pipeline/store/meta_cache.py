@@ -26,8 +26,8 @@ reads its manifest again and takes the summary's word only for bytes of the chec
 store is refused in one line naming the source and the store (`store_set.open_at`). A file
 is used only whole and as written: it carries the SHA-256 of its body and its format version;
 anything else (damaged, another version's: version 2 had no entry positions) is logged and
-rewritten. Files are written
-atomically; the least recently used beyond `MAX_FILES` are removed.
+rewritten. Files are written atomically; the least recently used beyond `MAX_FILES` are
+removed.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ CACHE_ENV = "PIPELINE_MANIFEST_CACHE"
 VERSION = 3  # bump when the file's layout, an entry's fields or StoreMeta's meaning change
 MAX_FILES = 64  # sets of stores kept (one file each, ~0.2 kB per store)
 SUFFIX = ".summary"
-_MANIFEST = f"/{MANIFEST}"  # joined to a store's path
 # an entry's name (version 1 wrote `.json`: evicted, never read); anything else is left alone
 ENTRY = re.compile(r"[0-9a-f]{32}\.(?:summary|json)")
 IDS = np.dtype("<u8")  # per store: the manifest's device, inode and size
@@ -106,8 +105,8 @@ class Summaries:
         files `records` (an in-place index's), its manifest stated here: one loop of plain
         calls for a mixture's hundreds (two `access`, one `stat` a store). None where the
         caller reads the store (`formats.local_meta`: in place, new, changed or missing)."""
-        read, out, fresh = self._read, [], self._fresh
-        rows, idents, access, stat, exists = read.rows, read.idents, os.access, os.stat, os.F_OK
+        read, out = self._read, []
+        rows, access, exists = read.rows, os.access, os.F_OK
         probes = [f"/{record}" for record in records]
         for path, key in zip(paths, keys):
             row, meta = rows.get(key), None
@@ -115,23 +114,24 @@ class Summaries:
                 for probe in probes:  # a loop, not `any` of a list: ~0.6 us a store less
                     if access(key + probe, exists):
                         break
-                else:  # no in-place record: the kept row's if its manifest is the same file
-                    try:
-                        s = stat(key + _MANIFEST)
-                    except OSError:
-                        s = None
-                    ident = idents[row]  # kept, not a tuple made a store (`_fresh` holds it)
-                    if s is not None and ident == (
-                        s.st_dev,
-                        s.st_ino,
-                        s.st_size,
-                        s.st_mtime_ns,
-                        s.st_ctime_ns,
-                    ):
-                        meta = read.meta_of(row, path)
-                        fresh[key] = (ident, meta)
+                else:
+                    meta = self._unchanged(read, row, path, key)
             out.append(meta)
         return out
+
+    def _unchanged(self, read: _Read, row: int, path: Path, key: str) -> StoreMeta | None:
+        """`vouched`'s answer for a store of no in-place record: its kept row's metadata if
+        its manifest file's identity is the row's."""
+        try:
+            s = os.stat(f"{key}/{MANIFEST}")
+        except OSError:
+            return None
+        ident = read.idents[row]  # kept by `_fresh`: not a tuple made a store
+        if ident != (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns):
+            return None
+        meta = read.meta_of(row, path)
+        self._fresh[key] = (ident, meta)
+        return meta
 
     def keep(self, meta: StoreMeta, stat: Stat | None) -> None:
         """Keep `meta`, read from the manifest file of identity `stat` (taken before the
