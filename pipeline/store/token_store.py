@@ -182,7 +182,7 @@ class TokenStore(StoreFacts):
         # The identities of a local shard's files (`shard_files`), taken at its first use: its
         # later uses and `same_as` compare them. A cloud store has none: its shards are checked
         # by content.
-        self._file_identities: list[dict[str, FileIdentity | None]] = [{} for _ in range(count)]
+        self._file_identities: list[dict[str, FileIdentity | None] | None] = [None] * count
         if verify:
             self.verify()
 
