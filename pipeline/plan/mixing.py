@@ -82,14 +82,11 @@ class Mixture:
         starts: np.ndarray | None = None,
         horizon: int | None = None,
     ) -> None:
-        self.weights = np.asarray(weights, dtype=np.float64)
-        self.tail = np.asarray(tail, dtype=np.float64)
-        pieces = self.weights.shape[0]
-        self.starts = np.arange(pieces, dtype=np.int64) if starts is None else np.asarray(starts)
-        self.horizon = pieces if horizon is None else int(horizon)
+        self.weights, self.tail, rows, self.starts, self.horizon = _numbers(
+            weights, tail, step_rows, starts, horizon
+        )
         self.num_sources = self.tail.shape[0]
-        self._steps = np.append(self.starts, self.horizon).astype(np.int64)  # [P + 1]
-        rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
+        self._steps = np.append(self.starts, self.horizon)  # [P + 1]
         self.piece_starts = np.concatenate([[0], np.cumsum(np.diff(self._steps) * rows)])
         self._pieces = np.vstack([self.weights, self.tail])  # [P + 1, K]: what `_build` splits
         self._levels = self._build()  # the splits, a level of the tree at a time
@@ -244,14 +241,8 @@ def mixture_of(
     the same one out at its start and again at a restore's `adopt`, a `set_mix`, a second
     feed of the config (~2.5 us a source at 1,024 sources). Shared, so read-only; kept by
     nothing but its plans (a schedule of many pieces weighs megabytes)."""
-    weights = np.asarray(weights, dtype=np.float64)
-    pieces = weights.shape[0]
-    rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
-    starts = np.arange(pieces, dtype=np.int64) if starts is None else np.asarray(starts)
-    tail = np.asarray(tail, dtype=np.float64)
-    horizon = pieces if horizon is None else int(horizon)
-    arrays = (weights, tail, rows, starts.astype(np.int64))
-    key = (weights.shape, *(a.tobytes() for a in arrays), horizon)
+    *arrays, horizon = _numbers(weights, tail, step_rows, starts, horizon)
+    key = (arrays[0].shape, *(a.tobytes() for a in arrays), horizon)
     with _lock:
         kept = _live.get(key)
     if kept is None:
@@ -260,6 +251,24 @@ def mixture_of(
         with _lock:
             kept = _live.setdefault(key, kept)
     return kept
+
+
+def _numbers(
+    weights: np.ndarray,
+    tail: np.ndarray,
+    step_rows: int | np.ndarray,
+    starts: np.ndarray | None,
+    horizon: int | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """A mixture's numbers as it keeps them: float weights [P, K] and tail [K], the rows of
+    each piece's steps [P], int64 starts [P] (default: piece j at step j) and the horizon
+    (default: P)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    pieces = weights.shape[0]
+    rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), (pieces,))
+    starts = np.arange(pieces) if starts is None else np.asarray(starts)
+    horizon = pieces if horizon is None else int(horizon)
+    return weights, np.asarray(tail, dtype=np.float64), rows, starts.astype(np.int64), horizon
 
 
 _live: weakref.WeakValueDictionary[tuple, Mixture] = weakref.WeakValueDictionary()
