@@ -99,8 +99,9 @@ class SegmentPlan:
         self.anchor = segment.stages_from - shift
         self.clock = StepClock(config.batch_sizes, config.lanes)
         previous = previous or {}
-        # laid out at their first use, but those the stage table lays out its mixtures from
-        self.layouts = Layouts(config, metas, open_store, {*previous, *_staged(config)})
+        # laid out at their first use, but those a stage lays its mixture out from (`_table`)
+        self.staged = _staged(config)
+        self.layouts = Layouts(config, metas, open_store, {*previous, *self.staged})
         for name, before in previous.items():  # a geometry change: epochs go on
             after = continued(before, self.layouts[name], segment.counters[name])
             self.layouts.replace(name, after)
@@ -179,7 +180,7 @@ class SegmentPlan:
     def _table(self, counters: np.ndarray, mixes: MixTable = NO_MIXES) -> StageTable:
         """The stage table from `counters` at the anchor, with the weights `mixes` set."""
         config = self.config
-        staged = _staged(config)  # laid out now (`Layouts`): an epochized blend's, a tokens mix's
+        staged = self.staged  # laid out at the start (`Layouts`)
         windows = {name: self.layouts[name].windows_per_lane for name in staged}
         overrides = self._overrides(mixes) if mixes else None
         clocks = None
