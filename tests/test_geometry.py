@@ -9,6 +9,7 @@ lane tails (concat) and every document is used exactly once (best_fit).
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.errors import LedgerError
-from pipeline.plan import data_state
+from pipeline.plan import data_state, repack, transition
 from pipeline.plan.ledger import Ledger
 from pipeline.plan.resume import reconcile
 from pipeline.plan.row_layout import WINDOWS
@@ -113,6 +114,32 @@ def test_a_mid_epoch_switch_to_seq_len_64_on_2_lanes_serves_no_sequence_twice(st
         counts = np.bincount(np.concatenate(documents), minlength=len(new["chat"].doc_tokens))
         assert (counts == 1).all(), (epoch, np.flatnonzero(counts != 1))
     data_state.verify_ledger(plan.ledger, plan, "<switched>")  # counters re-derive
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "carried", "nothing", "unit"),
+    [  # concat: the edges served before the switch; best_fit: the documents used
+        ("web", transition, "served", transition.NONE, "tokens"),
+        ("chat", repack, "used_documents", transition.NONE[0], "document"),
+    ],
+)
+def test_verify_reports_a_switch_that_serves_part_of_the_epoch_again(
+    stores, monkeypatch, source, module, carried, nothing, unit
+):
+    """A transition that forgot what epoch 0 had served before the switch lays all of it out
+    again under the new geometry: the audit (`pipeline verify`) names the source, the epoch
+    and both steps, though no window of either layout is drawn twice."""
+    forgot = getattr(module, carried)
+    monkeypatch.setattr(
+        module, carried, lambda layout, counter: (forgot(layout, counter)[0], nothing)
+    )
+    report = audit(switched(stores), 0, 60)
+    assert not report.ok
+    mine = [v for v in report.violations if v.startswith(f"source {source} epoch 0: {unit} ")]
+    assert mine and all("served twice in an epoch" in v for v in mine)
+    assert not any("window" in v and "used again" in v for v in report.violations)
+    steps = [int(n) for n in re.search(r"steps (\d+) and (\d+)", mine[0]).groups()]
+    assert steps[0] < SWITCH <= steps[1]  # once before the switch, once in the transition
 
 
 def test_the_steps_before_the_switch_are_unchanged_and_the_ledger_records_version_6(stores):

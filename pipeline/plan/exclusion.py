@@ -126,7 +126,7 @@ class ExcludingSourceLayout(SourceLayout):
     whole epoch stream (the shards in the epoch's order) less their token ranges, the runs left
     laid end to end (a `transition.Stream`) and cut into lanes and windows as any epoch stream.
     A window across a joint begins a document there (`read.windows`), as the excluded document
-    ended one. Transitional epochs stay in the whole stream's coordinates (`served_edges`,
+    ended one. Transitional epochs stay in the whole stream's coordinates (`edge_pieces`,
     `removed_ranges`), so exclusions and geometry changes chain."""
 
     def __init__(
@@ -153,8 +153,8 @@ class ExcludingSourceLayout(SourceLayout):
         base = bounds[position[shard]]
         return merged(base + lo, base + hi)
 
-    def served_edges(self, epoch: int, starts: np.ndarray) -> Intervals:
-        return self._streams(epoch).real_edges(starts, self.seq_len)
+    def edge_pieces(self, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self._streams(epoch).edge_pieces(starts, self.seq_len)
 
     def whole_shards(self, epoch: int) -> bool:
         """Never: its streams leave the excluded documents out."""

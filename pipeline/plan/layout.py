@@ -202,11 +202,13 @@ class SourceLayout(Epochs):
             return self.transition.shard_table(self)  # type: ignore[attr-defined]
         return self.stream_shards(epoch)
 
-    def served_edges(self, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def edge_pieces(self, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, ...]:
         """The edges (token pairs) of the whole epoch stream (`stream_shards`) that windows at
-        `starts` of regular epoch `epoch` cover, as [lo, hi) ranges: the windows themselves,
-        as the epoch stream is the whole one (a layout that excludes documents maps them)."""
-        return starts, starts + self.seq_len
+        `starts` of regular epoch `epoch` cover, as (window, lo, hi) pieces: the windows
+        themselves, as the epoch stream is the whole one (a layout that excludes documents
+        maps them, a piece per run of what it keeps)."""
+        starts = np.asarray(starts, np.int64)
+        return np.arange(starts.size), starts, starts + self.seq_len
 
     def removed_ranges(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The token ranges of the whole epoch stream it never serves, sorted and disjoint

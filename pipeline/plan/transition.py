@@ -90,6 +90,10 @@ class Stream:
     def real_edges(self, starts: np.ndarray, edges: int) -> Intervals:
         """The epoch stream's edges that windows of `edges` edges at `starts` of this stream
         cover (a window across a joint covers no edge there)."""
+        return self.edge_pieces(starts, edges)[1:]
+
+    def edge_pieces(self, starts: np.ndarray, edges: int) -> tuple[np.ndarray, ...]:
+        """`real_edges` piece by piece, with the window of each: (window, lo, hi)."""
         starts = np.asarray(starts, np.int64)
         ends = self.virtual[1:] - 1  # run i's edges: [virtual[i], ends[i]) here
         first = np.searchsorted(self.virtual, starts, side="right") - 1
@@ -101,7 +105,7 @@ class Stream:
         hi = np.minimum(starts[window] + edges, ends[run])
         shift = self.real[run] - self.virtual[run]
         keep = hi > lo
-        return lo[keep] + shift[keep], hi[keep] + shift[keep]
+        return window[keep], lo[keep] + shift[keep], hi[keep] + shift[keep]
 
     def shard_table(self, order: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, ...]:
         """`SourceLayout._shard_starts` of this stream, from the epoch stream's (shards in
@@ -188,7 +192,17 @@ def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
         for lane in range(layout.lanes)
     ]
     first = np.concatenate(starts).astype(np.int64)
-    return epoch, merged(*layout.served_edges(epoch, first))
+    return epoch, merged(*layout.edge_pieces(epoch, first)[1:])
+
+
+def window_edges(layout: SourceLayout, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(window, lo, hi): the edges of epoch `epoch`'s whole stream that `layout`'s windows at
+    `starts` (their `Draws.start`) cover, a piece per run a window spans. Every layout of a
+    store numbers an epoch's edges alike, so the audit compares what each served."""
+    transition = layout.transition
+    if isinstance(transition, StreamTransition) and epoch == transition.epoch:
+        return transition.stream.edge_pieces(starts, layout.seq_len)
+    return layout.edge_pieces(epoch, starts)
 
 
 def unjoinable(taken: Intervals, edges: int) -> Intervals:

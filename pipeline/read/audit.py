@@ -7,6 +7,10 @@ For every step in the range the audit computes the whole global batch and checks
   lane, no window is drawn twice in one epoch, and every epoch that begins and rolls over
   inside the range drew each of its windows exactly once, the windows a skip inside the range
   passed over (docs/steering.md) counting as drawn;
+* across layouts: per source (name, store content) and epoch, whatever layouts drew it (a
+  switch in mid-epoch lays the rest out anew), no pair of consecutive tokens of the epoch
+  stream is in two served windows (concat: so no token sequence is served twice) and no
+  document is in two packed rows (best_fit);
 * no padding: every field is [global_batch_size, seq_len], segment ids are never 0 (targets of
   a masked store's untrained tokens excepted), and the targets are the inputs shifted by one;
 * whole documents (`packing: best_fit` rows): segments numbered 1, 2, ... then only padding
@@ -33,6 +37,7 @@ from pipeline.errors import ConfigError
 from pipeline.plan.packing import PackingStats
 from pipeline.plan.row_layout import DOCUMENTS
 from pipeline.plan.rows import host_rows
+from pipeline.plan.transition import window_edges
 from pipeline.progress import progress_bar
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
@@ -87,7 +92,8 @@ class AuditReport:
             "against the single-host rows"
         )
         lines.append(
-            "ok: no window repeats, no incomplete epoch, no padding"
+            "ok: no window repeats, nothing served twice in an epoch, no incomplete epoch, "
+            "no padding"
             + (" outside whole-document row tails" if self.packing else "")
             + ", hosts agree"
             if self.ok
@@ -128,9 +134,10 @@ def audit(
     hosts: dict[int, Plan] = {}
     keys: dict[tuple[str, str, tuple[int, ...]], int] = {}
     names: list[str] = []
+    stores: list[str] = []  # the store fingerprint of each key
     layouts: list[Any] = []
-    # key, lane, epoch, window, step, row in lane, counter: one entry per drawn row
-    columns: list[list[np.ndarray]] = [[] for _ in range(7)]
+    # key, lane, epoch, window, step, row in lane, counter, stream start: one entry per row
+    columns: list[list[np.ndarray]] = [[] for _ in range(8)]
     used_counts: set[int] = set()
     for step in range(start, stop) if counts else ():  # every count against every size, first
         size, lanes = plan.batch_size(step), plan.segment_plan_at(step).config.lanes
@@ -175,6 +182,7 @@ def audit(
             if ident not in keys:
                 keys[ident] = len(keys)
                 names.append(name)
+                stores.append(ident[1])
                 layouts.append(seg.layouts[name])
             key[draws.source == s] = keys[ident]
         lane_rows = draws.rows % seg.rows_per_lane(step)
@@ -187,14 +195,17 @@ def audit(
                 np.full_like(key, step),
                 lane_rows,
                 draws.counter,
+                draws.start,
             )
         ):
             columns[column].append(np.asarray(values, dtype=np.int64))
     report.process_counts = tuple(sorted(used_counts))
     report.hosts_checked = sum(used_counts)
     passed = _skipped_counters(plan, start, stop, keys)
-    _check_windows(report, [np.concatenate(c) for c in columns], names, layouts, passed)
-    _check_documents(report, [np.concatenate(c) for c in columns], names, layouts)
+    drawn = [np.concatenate(c) for c in columns]
+    _check_windows(report, drawn[:7], names, layouts, passed)
+    _check_documents(report, drawn, names, layouts)
+    _check_served_once(report, drawn, names, stores, layouts)
     return report
 
 
@@ -370,3 +381,52 @@ def _check_windows(
     for (k, _), done in complete.items():
         if len(done) == lanes[k]:
             report.epochs_completed[names[k]] = report.epochs_completed.get(names[k], 0) + 1
+
+
+def _check_served_once(
+    report: AuditReport,
+    columns: list[np.ndarray],
+    names: list[str],
+    stores: list[str],
+    layouts: list[Any],
+) -> None:
+    """Per source (name, store content) and epoch, over every layout that drew it: no edge of
+    the epoch stream in two windows, no document in two packed rows. Each distinct drawn row
+    counts once (a row drawn twice is `_check_windows`' report), as [lo, hi) pieces: a
+    window's edges (`transition.window_edges`), a document d as [d, d + 1)."""
+    key, lane, epoch, window, step, _, _, start = columns
+    pieces: dict[tuple[str, str, str, int], list[tuple[np.ndarray, ...]]] = {}
+    for k, layout in enumerate(layouts):
+        mine = key == k
+        for e in np.unique(epoch[mine]).tolist():
+            rows = np.flatnonzero(mine & (epoch == e))
+            rows = rows[
+                np.unique(np.stack([lane[rows], window[rows]]), axis=1, return_index=True)[1]
+            ]
+            if layout.row_kind == DOCUMENTS:
+                documents = layout.documents_of(window[rows])
+                sizes = layout.row_offsets[window[rows] + 1] - layout.row_offsets[window[rows]]
+                found = (documents, documents + 1, np.repeat(step[rows], sizes))
+            else:
+                owner, lo, hi = window_edges(layout, e, start[rows])
+                found = (lo, hi, step[rows][owner])
+            pieces.setdefault((names[k], stores[k], layout.row_kind, e), []).append(found)
+    for (name, _, kind, e), found in pieces.items():
+        lo, hi, steps = (np.concatenate(parts) for parts in zip(*found))
+        order = np.argsort(lo, kind="stable")
+        lo, hi, steps = lo[order], hi[order], steps[order]
+        reach = np.maximum.accumulate(hi)
+        # the piece that reaches furthest so far: the latest whose end is the running reach
+        holder = np.maximum.accumulate(np.where(hi == reach, np.arange(hi.size), 0))
+        for i in (np.flatnonzero(lo[1:] < reach[:-1]) + 1).tolist():
+            when = " and ".join(map(str, sorted({int(steps[holder[i - 1]]), int(steps[i])})))
+            what = (
+                f"document {lo[i]} is in rows of steps {when}"
+                if kind == DOCUMENTS
+                else f"tokens {lo[i]}..{min(hi[i], reach[i - 1])} of its epoch stream are in "
+                f"windows of steps {when}"
+            )
+            report.violate(
+                f"source {name} epoch {e}: {what} (nothing is served twice in an epoch, across "
+                "switches too)"
+            )
