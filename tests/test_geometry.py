@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import DataConfig, parse_config
 from pipeline.errors import LedgerError
@@ -140,6 +142,21 @@ def test_verify_reports_a_switch_that_serves_part_of_the_epoch_again(
     assert not any("window" in v and "used again" in v for v in report.violations)
     steps = [int(n) for n in re.search(r"steps (\d+) and (\d+)", mine[0]).groups()]
     assert steps[0] < SWITCH <= steps[1]  # once before the switch, once in the transition
+
+
+GEOMETRIES = st.tuples(st.sampled_from([16, 32, 48, 64]), st.sampled_from([1, 2, 4]))
+
+
+@settings(max_examples=15, deadline=None)
+@given(first=GEOMETRIES, second=GEOMETRIES, at=st.integers(1, 40), gap=st.integers(1, 30))
+def test_verify_passes_any_chain_of_geometry_switches(stores, first, second, at, gap):
+    """The audit's cross-layout check never reports a correct plan: two switches to random
+    geometries at random steps (mid-epoch or not), audited on 1 and 2 hosts past both."""
+    run = Plan.from_config(config(stores))
+    plan = Plan(reconcile(run, config(stores, *first), at, switch=True), run.stores())
+    plan = Plan(reconcile(plan, config(stores, *second), at + gap, switch=True), run.stores())
+    report = audit(plan, 0, at + gap + 40, process_counts=[1, 2])
+    assert report.ok, report.violations[:3]
 
 
 def test_the_steps_before_the_switch_are_unchanged_and_the_ledger_records_version_6(stores):
