@@ -33,6 +33,7 @@ from pipeline.plan import data_state
 from pipeline.plan.resume import reconcile
 from pipeline.read.batch import FIELDS
 from pipeline.read.plan import Plan
+from pipeline.store import remote_reads
 from pipeline.store.token_store import READER_OPTIONS, TokenStore, is_store
 from pipeline.urls import copy_file, location
 from tests.feedstores import two_stage_config
@@ -345,14 +346,17 @@ def test_a_missing_or_damaged_bucket_shard_is_named(prefix, corpus):
 
 
 def test_a_bucket_store_replaced_after_open_is_named(prefix, corpus):
-    """Objects have no inode: the manifest's generation number, taken at open, is compared
-    whenever a shard is opened and by the feed's watcher (`check_unchanged`)."""
+    """Objects have no inode: the manifest's generation number, taken at open, is compared by
+    the feed's watcher (`check_unchanged`) and whenever a shard's files fail their checks at
+    its first use (they are checked by content against the manifest read at open, so nothing
+    of a new store is served), so the replacement is named as such."""
     store = location(f"{prefix}/web")
     prepare(PrepareOptions([corpus], store, num_shards=2, progress=False))
     opened = TokenStore(str(store))
     opened.read_shard_tokens(0, 0, 1)
     opened.check_unchanged()  # the feed's watcher asks this every few seconds
     prepare(PrepareOptions([corpus], store, num_shards=2, seed=1, progress=False, overwrite=True))
+    remote_reads.forget()  # not the bytes of an equal store another test had this process fetch
     with pytest.raises(StoreError, match=f"{store}/manifest.json: the store was replaced"):
         opened.read_shard_tokens(1, 0, 1)
     with pytest.raises(StoreError, match=f"{store}/manifest.json: the store was replaced"):

@@ -532,16 +532,21 @@ class TokenStore(StoreFacts):
         indexes, loss mask and sidecar, checked by content, not by generation: served from its
         sidecar's blocks (each checked against the store's CRCs), else downloaded whole and
         checked against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local
-        disk. The store's identity is asked with them."""
+        disk. All checked against the manifest read at open, so a store replaced since cannot
+        be served: its identity is asked only when a check fails, to name the replacement (not
+        at every first use on every host: twice a restart's requests)."""
         root = self._root
-        _, offsets, docs, untrained, remote, _ = together(
-            self.check_unchanged,
-            lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
-            lambda: load_index(root, entry, "docs", "docs_sha256", entry["documents"]),
-            lambda: load_mask(root, entry) if self.masked else None,
-            lambda: remote_flat(root, entry, self.dtype) if flat else None,
-            lambda: None if flat else self._local_copy(shard),
-        )
+        try:
+            offsets, docs, untrained, remote, _ = together(
+                lambda: load_index(root, entry, "index", "index_sha256", entry["records"]),
+                lambda: load_index(root, entry, "docs", "docs_sha256", entry["documents"]),
+                lambda: load_mask(root, entry) if self.masked else None,
+                lambda: remote_flat(root, entry, self.dtype) if flat else None,
+                lambda: None if flat else self._local_copy(shard),
+            )
+        except StoreError:
+            self.check_unchanged()  # a replaced store is named as such, not by one of its files
+            raise
         return offsets, docs, untrained, remote
 
     def _check_records(self, shard: int, offsets: np.ndarray) -> None:
