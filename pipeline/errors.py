@@ -21,6 +21,11 @@ class StoreError(PipelineError):
     """A token store is missing, incomplete, corrupt or not a store."""
 
 
+class UnreachableError(StoreError):
+    """Object storage did not answer (no connection, or no answer within `feed.read_timeout_s`):
+    nothing is known of the store itself."""
+
+
 class PrepareError(PipelineError):
     """`prepare` cannot turn its inputs into a store (missing input, empty corpus, ...)."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline.errors import StoreError
+from pipeline.errors import StoreError, UnreachableError
 from pipeline.extras import require
 
 # A scheme followed by ":/" also catches a URL that a Path already collapsed ("gs:/b/x").
@@ -81,7 +81,7 @@ def check_reachable(url: Any) -> None:
         socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S).close()
     except OSError as error:
         reason = error.strerror or str(error) or type(error).__name__
-        raise StoreError(
+        raise UnreachableError(
             f"{text}: cannot connect to Cloud Storage at {host}:{port} ({reason}); check the "
             "network (or STORAGE_EMULATOR_HOST for an emulator)"
         ) from None
@@ -207,7 +207,7 @@ def bounded(url: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fsspec.asyn.sync(fs.loop, call, *args, timeout=timeout, **kwargs)
     except fsspec.asyn.FSTimeoutError:
-        raise StoreError(
+        raise UnreachableError(
             f"{url}: no answer from Cloud Storage at {storage_endpoint()} within {timeout:g} s "
             "(feed.read_timeout_s); check the network"
         ) from None

@@ -607,6 +607,10 @@ def test_a_shard_download_that_gets_no_answer_fails_in_one_line_within_the_limit
     assert len(message.splitlines()) == 1
     assert re.search(rf"{url}/shard-\d+-of-00004\.array_record: no answer", message), message
     assert f"{endpoint} within 1.5 s (feed.read_timeout_s)" in message
+    # the store's identity at its open only: a download that got no answer checked nothing, so
+    # it does not ask whether the store was replaced (another request to wait out)
+    identities = [r for r in log.requests if r.path.endswith("manifest.json")]
+    assert len(identities) == 1, identities
 
 
 def test_without_a_cache_shards_are_kept_in_a_temporary_directory_removed_at_exit(tmp_path, proxy):

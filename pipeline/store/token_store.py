@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipeline.errors import StoreError
+from pipeline.errors import StoreError, UnreachableError
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.manifest_text import ManifestText
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
@@ -529,12 +529,10 @@ class TokenStore(StoreFacts):
         self, shard: int, entry: dict[str, Any], flat: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, RemoteFlat | None]:
         """A cloud shard's first-use loads, all at once (one round trip, `remote_reads`): its
-        indexes, loss mask and sidecar, checked by content, not by generation: served from its
-        sidecar's blocks (each checked against the store's CRCs), else downloaded whole and
-        checked against its SHA-256 (`remote_shards`), which ArrayRecord then reads from local
-        disk. All checked against the manifest read at open, so a store replaced since cannot
-        be served: its identity is asked only when a check fails, to name the replacement (not
-        at every first use on every host: twice a restart's requests)."""
+        indexes, loss mask and sidecar, checked by content against the manifest read at open
+        (blocks against the store's CRCs, a whole download against its SHA-256 for ArrayRecord
+        to read from disk: `remote_shards`), so nothing of a replacement is served; the store's
+        identity is asked when a check fails, to name it (not at every first use on every host)."""
         root = self._root
         try:
             offsets, docs, untrained, remote, _ = together(
@@ -544,6 +542,8 @@ class TokenStore(StoreFacts):
                 lambda: remote_flat(root, entry, self.dtype) if flat else None,
                 lambda: None if flat else self._local_copy(shard),
             )
+        except UnreachableError:
+            raise  # nothing was checked: asking the identity would wait out the bound again
         except StoreError:
             self.check_unchanged()  # a replaced store is named as such, not by one of its files
             raise
