@@ -4,7 +4,7 @@
         python benchmarks/profile_feed.py --store python-code [--steps 200] [--top 14]
 
 Same store, config and mesh as `pipeline bench` (8 simulated devices, 32 x 2048). First the
-task a reader thread runs per step (`_read_step`: `Plan.read` of the process's rows and one
+task a reader thread runs per step (`step_task.read_step`: `Plan.read` of the process's rows and one
 transfer call, as a feed that logs events runs it) is run in the main thread under cProfile, so
 the profile sees it; then the training thread's `next(feed)` with a 30 ms simulated step
 between calls (the prefetch is ahead), also under cProfile (the thread CPU per step it prints
@@ -65,22 +65,23 @@ def main() -> None:
     from jax.sharding import Mesh
 
     from pipeline.config import parse_config
-    from pipeline.feed.data_feed import DataFeed, _read_rows, _read_step
+    from pipeline.feed.data_feed import DataFeed
+    from pipeline.feed.step_task import read_rows, read_step
 
     config = parse_config(bench.config_mapping(bench.resolve_sources(args), args), origin="bench")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     with DataFeed(config, mesh) as feed:
         plan, geometry = feed.plan, feed._geometry_at(0)
         scheduled = feed._scheduled
-        host = _read_rows(plan, 0, geometry.rows, (), False).batch
+        host = read_rows(plan, 0, geometry.rows, (), False).batch
         parts = {
             "Plan.draws": lambda s: plan.draws(s, geometry.rows),
             "Plan.read (draws + read + fields)": lambda s: (
-                _read_rows(plan, s, geometry.rows, (), False).batch
+                read_rows(plan, s, geometry.rows, (), False).batch
             ),
             "one transfer of the six fields": lambda s: geometry.to_global(host),
-            "the reader task (_read_step), run inline": lambda s: (
-                _read_step(plan, s, geometry, (), True, scheduled).batch
+            "the reader task (read_step), run inline": lambda s: (
+                read_step(plan, s, geometry, (), True, scheduled).batch
             ),
             # the same task in the feed's reader thread, handed over to this one
             "DataFeed next(), free-running": lambda s: next(feed),
@@ -94,7 +95,7 @@ def main() -> None:
             print(f"{name}: {cpu:.2f} ms CPU, {switches:.1f} voluntary context switches per step")
         handover = statistics.median(
             a[0] - b[0] for a, b in zip(rounds["DataFeed next(), free-running"],
-                                        rounds["the reader task (_read_step), run inline"])
+                                        rounds["the reader task (read_step), run inline"])
         )  # fmt: skip
         print(
             f"the hand-over between the reader thread and this one: {handover:.2f} ms CPU per "
@@ -104,7 +105,7 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for step in range(1, args.steps + 1):
-            batch = _read_step(plan, step, geometry, (), True, scheduled).batch
+            batch = read_step(plan, step, geometry, (), True, scheduled).batch
         jax.block_until_ready(batch)
         profile.disable()
         print(f"\nthe reader task, {args.steps} steps:")
@@ -151,7 +152,7 @@ def main() -> None:
             scheduled = feed._scheduled
             if fresh:
                 profile.enable()
-            jax.block_until_ready(_read_step(feed.plan, 10**6, geometry, (), True, scheduled).batch)
+            jax.block_until_ready(read_step(feed.plan, 10**6, geometry, (), True, scheduled).batch)
             profile.disable()
     print("the first step of a fresh feed (4 fresh feeds, after one warm-up):")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)

@@ -20,12 +20,12 @@ work, including meshes where devices also replicate the batch over a model axis.
 Reading, host assembly and the device transfer run ahead in reader threads: at most `prefetch`
 steps are in flight, each one task (`min(threads, prefetch)` persistent threads fed by a queue,
 `pipeline.feed.readers`, work on different steps; `threads: auto`, the default, is one thread
-when every store planned at the start is local, 4 when one is remote: `reader_count`). A task reads
-the step's local rows with one `Plan.read` and transfers every field as
-`jax.make_array_from_process_local_data` would, without its per-array Python
+when every store planned at the start is local, 4 when one is remote: `reader_count`). A task
+(`pipeline.feed.step_task`) reads the step's local rows with one `Plan.read` and transfers
+every field as `jax.make_array_from_process_local_data` would, without its per-array Python
 (`pipeline.feed.placer`; `feed: {expand: device}`: the rows' compact form, expanded to the six
-fields on the devices, `pipeline.feed.expand`), so `next()` in the training
-thread only hands over arrays that are already on the devices (prefetched batches occupy device
+fields on the devices, `pipeline.feed.expand`), so `next()` in the training thread only hands
+over arrays that are already on the devices (prefetched batches occupy device
 memory, as with any device prefetch). The rows of a step are a pure function of (ledger, step,
 row), so the result never depends on depth, threads, timing or restart history; `seek` only
 moves the step. Over stores in buckets, one more thread fetches the blocks of the steps after
@@ -52,8 +52,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +68,12 @@ from pipeline.feed.geometry import Geometry, geometry
 from pipeline.feed.host_stop import stop_periods
 from pipeline.feed.mix_agreement import check_same_call
 from pipeline.feed.readers import Readers, reader_count
-from pipeline.feed.stats import FeedStats, Recorder, StepRead
+from pipeline.feed.stats import FeedStats, Recorder
+from pipeline.feed.step_task import read_step
 from pipeline.feed.store_check import BackgroundVerify, verify_share
 from pipeline.feed.stragglers import Peers, wait_until_ready
 from pipeline.feed.watcher import HostStop
-from pipeline.plan.draws import Draws, DrawSummary
+from pipeline.plan.draws import DrawSummary
 from pipeline.plan.ledger import Ledger, MixEntry, quantize
 from pipeline.plan.report import ScheduledSources, batch_span
 from pipeline.plan.sources import plan_stores
@@ -85,65 +85,6 @@ if TYPE_CHECKING:
     from pipeline.feed.metrics import MetricsServer
 
 log = logging.getLogger("pipeline")
-
-
-@dataclass
-class _StepRows:
-    """One step's rows as a reader task read them, with what `next()` needs besides."""
-
-    batch: dict[str, Any]  # the six fields and the provenance asked for (host, then global)
-    read: StepRead | None  # None when the feed keeps no statistics
-    # for the event log (None: no log): the step's stages and epochs, and the sources with a
-    # scheduled share at it; found here, in the reader thread, so that next() makes no numpy
-    # call for them, and not at all for a feed that logs no events
-    events: tuple[DrawSummary, frozenset[str]] | None = None
-
-
-def _read_rows(
-    plan: Plan,
-    step: int,
-    rows: np.ndarray,
-    provenance: tuple[str, ...],
-    measure: bool,
-    scheduled: ScheduledSources | None = None,
-    compact: bool = False,
-    draws_of: Callable[[Plan, int, np.ndarray], Draws] = Plan.draws,
-) -> _StepRows:
-    """This process's `rows` of `step`, read on the host (`_read_step` then transfers them);
-    `compact`: in their compact form where the step has one (`Plan.read_compact`; the
-    devices build the six fields, `pipeline.feed.expand`); `measure`: counted for the feed's
-    statistics; `draws_of`: the rows' draws (a feed's `FetchAhead.draws`: its thread's)."""
-    started = time.perf_counter()
-    draws = draws_of(plan, step, rows)
-    batch = plan.read_compact(draws) if compact else None
-    if batch is None:
-        batch = plan.read(draws)
-    for name, values in draws.provenance(provenance).items():
-        if values.size and values.max() > np.iinfo(np.int32).max:
-            raise FeedError(f"step {step}: provenance field {name} exceeds int32")
-        batch[name] = values.astype(np.int32)
-    batch.update(objective.row_fields(plan, draws))  # loss_weights' inputs, if an objective
-    read = StepRead.of(plan, draws, started) if measure else None
-    events = None if scheduled is None else (draws.summary(), scheduled(step))
-    return _StepRows(batch, read, events)
-
-
-def _read_step(
-    plan: Plan,
-    step: int,
-    geometry: Geometry,
-    provenance: tuple[str, ...],
-    measure: bool,
-    scheduled: ScheduledSources | None = None,
-    expand_mode: str = "auto",
-    draws_of: Callable[[Plan, int, np.ndarray], Draws] = Plan.draws,
-) -> _StepRows:
-    """A reader thread's task: one step's local rows, read and transferred to the devices
-    (`expand_mode`: the `feed.expand` of the config in force, never a ledger's)."""
-    compact = expand.on_device(expand_mode, geometry)
-    rows = _read_rows(plan, step, geometry.rows, provenance, measure, scheduled, compact, draws_of)
-    rows.batch = expand.to_global(geometry, rows.batch)
-    return rows
 
 
 def _plan_on_every_process(config: DataConfig) -> Plan:
@@ -521,7 +462,7 @@ class DataFeed:
             step = self._queued
             geometry = self._geometry_at(step)  # also builds the segment in this thread
             task = partial(
-                _read_step, self._plan, step, geometry, self.provenance, measure, scheduled,
+                read_step, self._plan, step, geometry, self.provenance, measure, scheduled,
                 self.config.feed.expand, self._ahead.draws,
             )  # fmt: skip
             self._readers.submit(step, task, self._served)
