@@ -19,8 +19,9 @@ the manifest lists one (no per-record Python loop), and reads ArrayRecord record
 both give the same tokens. ArrayRecord stays the canonical store, the one Grain and TFDS read.
 
 `TokenStore` is the public API and holds what a store knows of its shards; the work is done
-by one module per job: `manifest_text` (a checked manifest parsed as asked), `store_files`
-(the files' identities and checksums), `shard_check` (a shard's first-use checks),
+by one module per job: `manifest_text` (a checked manifest parsed as asked), `opened_identity`
+(the store's manifest as seen at open, and whether it still is), `store_files` (the files'
+identities and checksums), `shard_check` (a shard's first-use checks),
 `shard_readers` (the ArrayRecord readers, the bound on open shards, retries), `piece_reads`
 (`read_pieces`, the batched copy) and `store_verify` (the full pass); `read_pieces`,
 `READER_OPTIONS` and `file_sha256` are importable from here too.
@@ -28,9 +29,7 @@ by one module per job: `manifest_text` (a checked manifest parsed as asked), `st
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Hashable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +42,7 @@ from pipeline.errors import StoreError, UnreachableError
 from pipeline.store.flat_blocks import FlatBlocks
 from pipeline.store.manifest_text import ManifestText
 from pipeline.store.meta import MANIFEST, StoreFacts, StoreMeta, load_manifest
+from pipeline.store.opened_identity import OpenedIdentity
 from pipeline.store.piece_reads import read_pieces
 from pipeline.store.remote_reads import RemoteFlat, together
 from pipeline.store.remote_shards import local_shard, open_copy
@@ -68,7 +68,6 @@ from pipeline.store.store_files import (
     files_unchanged,
     local_identity,
     shard_files,
-    store_identity,
 )
 from pipeline.store.store_verify import check_all_records, check_checksums
 from pipeline.urls import is_url, location
@@ -151,10 +150,8 @@ class TokenStore(StoreFacts):
         self.check_reads = check_reads
         # Before the read: a manifest replaced in between then reads as replaced, never as ours.
         self.remote = is_url(self._root)
-        self._identity_lock = threading.Lock()
-        self._identity_check: Future | None = None  # the identity request in flight, shared
-        self._identity = self._bucket_identity() if self.remote else self._local_identity()
-        self._text = ManifestText.read(self.path, self._identity, known)
+        self._identity = OpenedIdentity(self.path, self._manifest_file, self.remote)
+        self._text = ManifestText.read(self.path, self._identity.value, known)
         self.meta = self._text.meta
         self.dtype = self.meta.dtype
         self.eod_id: int = self.meta.tokenizer["eod_id"]
@@ -187,18 +184,10 @@ class TokenStore(StoreFacts):
             self.verify()
 
     def check_unchanged(self) -> None:
-        """Refuse a store that is no longer the one opened (`store_identity` changed): checked
-        at each shard's first use, and by a running feed every few seconds."""
-        found = self._bucket_identity() if self.remote else self._local_identity()
-        if found != self._identity:
-            raise StoreError(
-                f"{self._manifest_file}: the store was replaced or changed after it was opened "
-                "(by `prepare --overwrite`?); restart the job to read the new store"
-            )
-
-    def _local_identity(self) -> FileIdentity | None:
-        """A local store's `store_identity` now."""
-        return local_identity(self._manifest_file)
+        """Refuse a store that is no longer the one opened (`OpenedIdentity`): checked at a
+        local shard's first use (a cloud shard's when its files fail their checks), and by a
+        running feed every few seconds."""
+        self._identity.check()
 
     @property
     def shard_starts(self) -> np.ndarray:
@@ -229,24 +218,6 @@ class TokenStore(StoreFacts):
             self._use_flat[shard] = use
         return use
 
-    def _bucket_identity(self) -> Hashable | None:
-        """A cloud store's `store_identity` now: callers at the same moment (a batch's shards,
-        opened at once) share one request."""
-        with self._identity_lock:
-            shared = self._identity_check
-            mine = shared is None
-            if mine:
-                shared = self._identity_check = Future()
-        if mine:
-            try:
-                shared.set_result(store_identity(self.path))
-            except BaseException as error:
-                shared.set_exception(error)
-            finally:
-                with self._identity_lock:
-                    self._identity_check = None
-        return shared.result()
-
     def same_as(self, other: TokenStore) -> bool:
         """Whether `other`, opened later with the same options, found this store's path and
         manifest unchanged, and the files of the shards this one has used are unchanged too
@@ -255,7 +226,7 @@ class TokenStore(StoreFacts):
         return (
             self.path == other.path
             and self._text.digest == other._text.digest  # the same manifest bytes
-            and self._identity == other._identity
+            and self._identity.value == other._identity.value
             and self._flat == other._flat
             and self._readers.max_open == other._readers.max_open
             and self.retry == other.retry
