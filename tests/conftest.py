@@ -39,25 +39,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def packing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """best_fit packings are kept in a session directory, not the user's cache (workers started
     by tests inherit it)."""
-    yield from _session_dir(tmp_path_factory, "PIPELINE_PACKING_CACHE", "packings")
+    directory = tmp_path_factory.mktemp("packings")
+    yield from _session_env({"PIPELINE_PACKING_CACHE": str(directory)}, directory)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def manifest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Manifest summaries (`meta_cache`) too: a session directory, not the user's cache."""
-    yield from _session_dir(tmp_path_factory, "PIPELINE_MANIFEST_CACHE", "manifests")
+    directory = tmp_path_factory.mktemp("manifests")
+    yield from _session_env({"PIPELINE_MANIFEST_CACHE": str(directory)}, directory)
 
 
-def _session_dir(factory: pytest.TempPathFactory, variable: str, name: str) -> Iterator[Path]:
-    """$`variable` names a new session directory while the session runs."""
-    directory = factory.mktemp(name)
-    previous = os.environ.get(variable)
-    os.environ[variable] = str(directory)
+COMPILATION_CACHE = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the trainer's are many small ones
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(2**30),  # a limit: reads and writes take a file lock
+}
+"""JAX's persistent compilation cache for the processes that tests start (trainers, workers):
+a cold launch of the trainer compiled the same ~80 small programs as every other, about half of
+its 10 s. A hit loads the executable an earlier launch compiled, so what it computes is the
+same; the lock keeps a process from reading an entry that another one is still writing."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache for the run, shared by its xdist workers (their base temporary directories
+    are in the run's), empty at the start: a run compiles each program once."""
+    base = tmp_path_factory.getbasetemp()
+    directory = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "jax-cache"
+    directory.mkdir(exist_ok=True)
+    yield from _session_env({**COMPILATION_CACHE, "JAX_COMPILATION_CACHE_DIR": str(directory)},
+                            directory)  # fmt: skip
+
+
+def _session_env(variables: dict[str, str], directory: Path) -> Iterator[Path]:
+    """Set `variables` in the environment while the session runs; yields `directory`."""
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     yield directory
-    if previous is None:
-        del os.environ[variable]
-    else:
-        os.environ[variable] = previous
+    for name, value in previous.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 FIXTURE_TRAIN_TEXT = "\n".join(
