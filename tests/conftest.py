@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -51,14 +52,14 @@ def manifest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 COMPILATION_CACHE = {
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the trainer's are many small ones
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-    "JAX_COMPILATION_CACHE_MAX_SIZE": str(2**30),  # a limit: reads and writes take a file lock
+    "jax_persistent_cache_min_compile_time_secs": 0.0,  # the trainer's are many small ones
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+    "jax_compilation_cache_max_size": 2**30,  # a limit: reads and writes take a file lock
 }
-"""JAX's persistent compilation cache for the processes that tests start (trainers, workers):
-a cold launch of the trainer compiled the same ~80 small programs as every other, about half of
-its 10 s. A hit loads the executable an earlier launch compiled, so what it computes is the
-same; the lock keeps a process from reading an entry that another one is still writing."""
+"""JAX's persistent compilation cache, for the test processes and the processes tests start
+(trainers, workers): a cold launch of the trainer compiled the same ~80 small programs as every
+other, about half of its 10 s. A hit loads the executable an earlier compilation wrote, so what
+it computes is the same; the lock keeps a process from reading an entry another is writing."""
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -68,8 +69,13 @@ def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     base = tmp_path_factory.getbasetemp()
     directory = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "jax-cache"
     directory.mkdir(exist_ok=True)
-    yield from _session_env({**COMPILATION_CACHE, "JAX_COMPILATION_CACHE_DIR": str(directory)},
-                            directory)  # fmt: skip
+    settings = {**COMPILATION_CACHE, "jax_compilation_cache_dir": str(directory)}
+    if "jax" in sys.modules:  # imported as the tests were collected: it read its environment
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    yield from _session_env({k.upper(): str(v) for k, v in settings.items()}, directory)
 
 
 def _session_env(variables: dict[str, str], directory: Path) -> Iterator[Path]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import random
 import re
@@ -22,6 +25,7 @@ from pipeline.ingest.prepare import PrepareOptions, prepare
 from pipeline.plan import data_state
 from pipeline.plan.resume import reconcile
 from pipeline.read.plan import Plan
+from tests.test_gs_paths import trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multiprocess  # every test here starts trainer processes
@@ -41,29 +45,69 @@ def run_dir(tmp_path_factory) -> Path:
     return root
 
 
-def command(run_dir: Path, config: str, steps: int, *extra: str, name: str) -> list[str]:
+def arguments(run_dir: Path, config: str, steps: int, *extra: str, name: str) -> list[str]:
+    """scripts/train.py's arguments for run `name` (its checkpoints, metrics)."""
     return [
-        sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
-        str(run_dir / config), "--checkpoint-dir", str(run_dir / f"{name}-ckpt"), "--steps",
-        str(steps), "--save-every", "10", "--width", "32", "--metrics",
-        str(run_dir / f"{name}.jsonl"), *extra,
+        "--data-config", str(run_dir / config), "--checkpoint-dir",
+        str(run_dir / f"{name}-ckpt"), "--steps", str(steps), "--save-every", "10", "--width",
+        "32", "--metrics", str(run_dir / f"{name}.jsonl"), *extra,
     ]  # fmt: skip
+
+
+TRAINER = trainer()
+"""scripts/train.py, loaded once: `train` runs its `main` in this process."""
 
 
 def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
           ) -> subprocess.CompletedProcess:  # fmt: skip
-    argv = command(run_dir, config, steps, *extra, name=name)
+    """scripts/train.py's `main` run in this process as its command line runs it, with the
+    heartbeat file named in its environment: exit status, stdout and stderr (what it prints
+    and logs). This process has JAX imported and the trainer's programs in its compilation
+    cache, which a new process would spend ~5 s on; the runs killed mid-way (kill -9) are new
+    processes (`train_until_killed`) and resume from the checkpoints runs here write."""
+    argv = arguments(run_dir, config, steps, *extra, name=name)
     beat = {"PIPELINE_HEARTBEAT": str(run_dir / f"{name}.heartbeat")}  # scripts/heartbeat.py
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=300, env={**os.environ, **beat}
-    )
+    return run_in_process(TRAINER.main, argv, beat)
+
+
+def run_in_process(main, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`main(argv)` with `env` added to the environment, its output captured as a process's
+    would be: stdout, and stderr with the log lines (the format scripts/train.py gives them).
+    The logging level, the environment and the SIGTERM handler (the trainer records SIGTERM
+    itself when it is one process) are put back after."""
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root, level = logging.getLogger(), logging.getLogger().level
+    previous = {name: os.environ.get(name) for name in env}
+    sigterm = signal.getsignal(signal.SIGTERM)
+    root.addHandler(handler)  # before main's logging.basicConfig, which adds none then
+    root.setLevel(logging.INFO)
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as stop:  # argparse's refusals
+                code = stop.code
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def train_until_killed(run_dir: Path, config: str, saved: int, *extra: str, name: str) -> str:
     """Run train.py and SIGKILL it once its checkpoint `saved` is committed (as a preemption
     without notice would, a step or two later); its stderr."""
     log, checkpoint = run_dir / f"{name}.stderr", run_dir / f"{name}-ckpt" / str(saved)
-    argv = command(run_dir, config, saved + 100, *extra, name=name)
+    argv = [sys.executable, str(ROOT / "scripts" / "train.py"),
+            *arguments(run_dir, config, saved + 100, *extra, name=name)]  # fmt: skip
     with (
         open(log, "w") as err,
         subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err) as run,
@@ -372,15 +416,10 @@ def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
     assert capsys.readouterr().out == "step 0 | loss 5.5\nstep 1 | loss 5.4\n"
 
 
-def in_process(argv: list[str], capsys) -> tuple[int, str]:
+def in_process(argv: list[str]) -> tuple[int, str]:
     """scripts/train.py's `main(argv)` in this process: (exit status, stderr)."""
-    from tests.test_gs_paths import trainer
-
-    try:
-        code = trainer().main(argv)
-    except SystemExit as stop:  # argparse's refusals
-        code = stop.code
-    return code, capsys.readouterr().err
+    done = run_in_process(TRAINER.main, argv, {})
+    return done.returncode, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -399,21 +438,19 @@ def in_process(argv: list[str], capsys) -> tuple[int, str]:
          "argument --skip-at: expected an integer >= 0, got -2"),
     ],
 )  # fmt: skip
-def test_the_trainers_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, extra, said):
+def test_the_trainers_usage_errors_name_the_flag_and_exit_2(tmp_path, extra, said):
     argv = ["--data-config", str(tmp_path / "d.yaml"), "--checkpoint-dir", str(tmp_path / "c")]
-    code, error = in_process([*argv, *extra], capsys)
+    code, error = in_process([*argv, *extra])
     assert code == 2 and said in error.splitlines()[-1], error
 
 
-def test_a_checkpoint_dir_in_an_unreachable_bucket_is_one_line_exit_2(
-    tmp_path, capsys, monkeypatch
-):
+def test_a_checkpoint_dir_in_an_unreachable_bucket_is_one_line_exit_2(tmp_path, monkeypatch):
     from tests.test_gs_paths import closed_port
 
     port = closed_port()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
     argv = ["--data-config", str(tmp_path / "d.yaml"), "--checkpoint-dir", "gs://b/run"]
-    code, error = in_process(argv, capsys)
+    code, error = in_process(argv)
     assert (code, error.count("\n")) == (2, 1), error
     assert error.startswith(
         f"error: gs://b/run: cannot connect to Cloud Storage at 127.0.0.1:{port}"
