@@ -524,12 +524,12 @@ def test_a_held_out_signal_steers_and_a_kill_resumed_on_one_process_replays(held
     after the kill, is the batch `pipeline dump --ledger` replays from the last checkpoint."""
     ckpt, metrics = held_dir / "ckpt", held_dir / "held.jsonl"
     common = [
-        sys.executable, str(ROOT / "scripts" / "train.py"), "--data-config",
-        str(held_dir / "held.yaml"), "--checkpoint-dir", str(ckpt), "--save-every", "8",
-        "--width", "16", "--depth", "1", "--metrics", str(metrics), "--adaptive-mix", "4",
-        "--adaptive-rate", "20", "--adaptive-signal", "eval",
+        "--data-config", str(held_dir / "held.yaml"), "--checkpoint-dir", str(ckpt),
+        "--save-every", "8", "--width", "16", "--depth", "1", "--metrics", str(metrics),
+        "--adaptive-mix", "4", "--adaptive-rate", "20", "--adaptive-signal", "eval",
     ]  # fmt: skip
-    two = [*common, "--steps", "1000", "--num-processes", "2", "--devices-per-process", "2"]
+    two = [sys.executable, str(ROOT / "scripts" / "train.py"), *common, "--steps", "1000",
+           "--num-processes", "2", "--devices-per-process", "2"]  # fmt: skip
     launcher = subprocess.Popen(two, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)  # fmt: skip
     try:
@@ -545,8 +545,7 @@ def test_a_held_out_signal_steers_and_a_kill_resumed_on_one_process_replays(held
     assert set(killed[3]["held_out_loss"]) == {"docs", "strings"}
     assert killed[3]["mix"] == pytest.approx({"docs": 0.5, "strings": 0.5})  # the reference
     assert killed[7]["mix"]["docs"] != pytest.approx(0.5, abs=1e-3)  # the held-out losses moved it
-    resumed = subprocess.run([*common, "--steps", "20", "--resume"], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+    resumed = run_in_process(TRAINER.main, [*common, "--steps", "20", "--resume"], {})
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed at step 8" in resumed.stderr
     seen = latest_records(metrics)
