@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ from pipeline.read.plan import Plan
 from tests.test_gs_paths import trainer
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.multiprocess  # every test here starts trainer processes
+pytestmark = pytest.mark.multiprocess  # trainer processes: killed (kill -9), and 2 of them
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,11 @@ def arguments(run_dir: Path, config: str, steps: int, *extra: str, name: str) ->
     ]  # fmt: skip
 
 
-TRAINER = trainer()
-"""scripts/train.py, loaded once: `train` runs its `main` in this process."""
+@functools.cache
+def trainer_main():
+    """scripts/train.py's `main`, the script loaded once (at the first run, not as the tests
+    are collected: it puts scripts/ on sys.path)."""
+    return trainer().main
 
 
 def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
@@ -67,7 +71,7 @@ def train(run_dir: Path, config: str, steps: int, *extra: str, name: str = "run"
     processes (`train_until_killed`) and resume from the checkpoints runs here write."""
     argv = arguments(run_dir, config, steps, *extra, name=name)
     beat = {"PIPELINE_HEARTBEAT": str(run_dir / f"{name}.heartbeat")}  # scripts/heartbeat.py
-    return run_in_process(TRAINER.main, argv, beat)
+    return run_in_process(trainer_main(), argv, beat)
 
 
 def run_in_process(main, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -418,7 +422,7 @@ def test_the_launcher_drops_gloo_lines_also_when_two_threads_split_one(capsys):
 
 def in_process(argv: list[str]) -> tuple[int, str]:
     """scripts/train.py's `main(argv)` in this process: (exit status, stderr)."""
-    done = run_in_process(TRAINER.main, argv, {})
+    done = run_in_process(trainer_main(), argv, {})
     return done.returncode, done.stderr
 
 
@@ -545,7 +549,7 @@ def test_a_held_out_signal_steers_and_a_kill_resumed_on_one_process_replays(held
     assert set(killed[3]["held_out_loss"]) == {"docs", "strings"}
     assert killed[3]["mix"] == pytest.approx({"docs": 0.5, "strings": 0.5})  # the reference
     assert killed[7]["mix"]["docs"] != pytest.approx(0.5, abs=1e-3)  # the held-out losses moved it
-    resumed = run_in_process(TRAINER.main, [*common, "--steps", "20", "--resume"], {})
+    resumed = run_in_process(trainer_main(), [*common, "--steps", "20", "--resume"], {})
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed at step 8" in resumed.stderr
     seen = latest_records(metrics)
