@@ -1175,6 +1175,7 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
         fingerprint = StoreMeta.load(url).fingerprint
         checker = next(i for i in range(2) if host_stop.checks_remote(fingerprint, i, 2))
         manifest = f"/o/{quote(f'replaced/{MANIFEST}', safe='')}"
+        prefix = f"/storage/v1/b/{bucket.removeprefix('gs://')}"  # a metadata or delete request
 
         def asked(process: int, since: int) -> int:
             """Metadata reads of the manifest by `process` after log line `since` (a download
@@ -1187,16 +1188,19 @@ def test_a_bucket_store_is_checked_by_one_process_and_its_replacement_stops_both
 
         def replace() -> None:
             """Both processes wait at step 2: what reads the manifest's metadata now is the
-            watchers' identity check. After the replacement, `go` waits for the checker's next
-            check (or its stop, when its check met the replacement under way): otherwise the
-            other process may first fail to read the replaced shard (its reader asks for the
-            generation it opened) and stop with that line instead."""
+            watchers' identity check. After the replacement, `go` waits for the checker's first
+            check since `--overwrite` deleted the manifest (it finds none, or the new one: either
+            stops it), or its stop: otherwise the other process may first fail to read the
+            replaced shard and stop with that line instead."""
             start = len(log.read_text().splitlines())
             time.sleep(2.0)
             counts.extend(asked(process, start) for process in range(2))
             argv = ["prepare", str(new), "--out", url, "--num-shards", "1", "--overwrite"]
             assert main([*argv, "--no-progress"]) == 0
-            replaced = len(log.read_text().splitlines())
+            lines = log.read_text().splitlines()
+            replaced = max(
+                i for i, line in enumerate(lines) if f"DELETE {prefix}{manifest}" in line
+            )
             deadline = time.monotonic() + 60
             while (
                 not (asked(checker, replaced) or stopped(checker)) and time.monotonic() < deadline
