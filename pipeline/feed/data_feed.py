@@ -176,7 +176,9 @@ class DataFeed:
         shared = self._plan.store_set if self._shared else StoreSet()
         self._release = weakref.finalize(self, shared_stores.release_all, shared)
         # decided once, from the stores planned now: a later switch to a remote store keeps it
-        remote = fetch_ahead.in_buckets(self._plan, self.config if self._shared else None)
+        remote = (
+            bool(self.config.in_buckets) if self._shared else fetch_ahead.in_buckets(self._plan)
+        )
         self.reader_threads = reader_count(self.threads, self.prefetch, remote)
         self._ahead = fetch_ahead.FetchAhead.of(self, remote, self.config.feed.remote.fetch_ahead)
         self._geometries: dict[tuple[int, int], Geometry] = {}

@@ -37,7 +37,6 @@ from pipeline.store.piece_reads import fetch_blocks
 from pipeline.urls import is_url
 
 if TYPE_CHECKING:
-    from pipeline.config import DataConfig
     from pipeline.plan.draws import Draws
     from pipeline.read.plan import Plan
 
@@ -48,13 +47,11 @@ KEPT = 4
 log = logging.getLogger("pipeline")
 
 
-def in_buckets(plan: Plan, config: DataConfig | None = None) -> bool:
+def in_buckets(plan: Plan) -> bool:
     """Whether any of the stores of `plan` is in a bucket (asked once a feed: a fetcher and
-    more reader threads for it, `FetchAhead.of`, `readers.reader_count`); `config`: the one
-    config the plan was made of (its stores are the plan's), which knows it without a look
-    at each of hundreds of stores (`DataConfig.in_buckets`)."""
-    if config is not None:
-        return bool(config.in_buckets)
+    more reader threads for it, `FetchAhead.of`, `readers.reader_count`). A plan made from one
+    config knows it from the config without a look at each of hundreds of stores
+    (`DataConfig.in_buckets`); a plan given to the feed, from its stores."""
     return any(is_url(meta.path) for meta in plan.store_set.metas())
 
 
