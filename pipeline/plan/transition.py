@@ -87,13 +87,9 @@ class Stream:
     def tokens(self) -> int:
         return int(self.virtual[-1])
 
-    def real_edges(self, starts: np.ndarray, edges: int) -> Intervals:
-        """The epoch stream's edges that windows of `edges` edges at `starts` of this stream
-        cover (a window across a joint covers no edge there)."""
-        return self.edge_pieces(starts, edges)[1:]
-
     def edge_pieces(self, starts: np.ndarray, edges: int) -> tuple[np.ndarray, ...]:
-        """`real_edges` piece by piece, with the window of each: (window, lo, hi)."""
+        """The epoch stream's edges that windows of `edges` edges at `starts` of this stream
+        cover (a window across a joint covers no edge there), as (window, lo, hi) pieces."""
         starts = np.asarray(starts, np.int64)
         ends = self.virtual[1:] - 1  # run i's edges: [virtual[i], ends[i]) here
         first = np.searchsorted(self.virtual, starts, side="right") - 1
@@ -164,35 +160,27 @@ class StreamTransition(Transition):
                 self._table = self.stream.shard_table(order, bounds)
             return self._table
 
-    def drawn_edges(self, layout: SourceLayout, count: int) -> Intervals:
-        """The epoch stream's edges of the first `count` windows of every lane."""
-        starts = [
-            lane * self.lane_tokens + self.order(layout, lane)[:count] * layout.seq_len
-            for lane in range(layout.lanes)
-        ]
-        return self.stream.real_edges(np.concatenate(starts), layout.seq_len)
-
 
 def served(layout: SourceLayout, counter: int) -> tuple[int, Intervals]:
     """(epoch, the epoch stream's edges served in it) by `layout`'s lanes before draw `counter`
     (the same on every lane: counters are)."""
     epoch, k, early = (int(a[0]) for a in layout.place(np.array([counter])))
     transition = layout.transition
-    if early:
+    if early:  # the transitional epoch: its first k windows a lane, after what it began with
         assert isinstance(transition, StreamTransition)
-        drawn = transition.drawn_edges(layout, k)
-        return epoch, merged(
-            np.concatenate([transition.served[0], drawn[0]]),
-            np.concatenate([transition.served[1], drawn[1]]),
-        )
-    windows = layout.windows_per_lane
-    starts = [
-        lane * layout.lane_tokens
-        + window_order(layout.seed, layout.name, epoch, lane, windows)[:k] * layout.seq_len
-        for lane in range(layout.lanes)
-    ]
-    first = np.concatenate(starts).astype(np.int64)
-    return epoch, merged(*layout.edge_pieces(epoch, first)[1:])
+        width, before = transition.lane_tokens, transition.served
+        orders = [transition.order(layout, lane) for lane in range(layout.lanes)]
+    else:
+        width, before, windows = layout.lane_tokens, NONE, layout.windows_per_lane
+        orders = [
+            window_order(layout.seed, layout.name, epoch, lane, windows)
+            for lane in range(layout.lanes)
+        ]
+    starts = np.concatenate(
+        [lane * width + order[:k] * layout.seq_len for lane, order in enumerate(orders)]
+    ).astype(np.int64)
+    _, lo, hi = window_edges(layout, epoch, starts)
+    return epoch, merged(np.concatenate([before[0], lo]), np.concatenate([before[1], hi]))
 
 
 def window_edges(layout: SourceLayout, epoch: int, starts: np.ndarray) -> tuple[np.ndarray, ...]:
